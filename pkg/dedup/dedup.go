@@ -1,0 +1,490 @@
+// Package dedup is the consume-log that turns at-least-once delivery into
+// exactly-once effects. A consumer claims a message key inside the same
+// Postgres transaction as the message's effects, so the claim and the effects
+// commit or vanish together.
+//
+// A row moves PROCESSING → PROCESSED. When the claim and the effects share one
+// transaction the PROCESSING row is never visible to others: a concurrent
+// claim of the same key waits on the unique index and then sees PROCESSED, or
+// nothing if the first transaction rolled back. When the work cannot live in
+// the database transaction (a side effect elsewhere), Reserve commits the
+// PROCESSING row first with a lease and a fencing token. A row whose lease has
+// expired is taken over by the next claimer with a higher fence, and Complete
+// from the old holder then fails with ErrFenced.
+//
+// The optional Cache remembers recently committed keys. It is an early-out for
+// known duplicates, never the source of truth: a key missing from it always
+// goes to the table.
+package dedup
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Querier is what the consume-log needs of the caller's transaction. A
+// pgx.Tx satisfies it.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// Beginner starts transactions; a *pgxpool.Pool satisfies it.
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Outcome is the answer to a claim.
+type Outcome int
+
+const (
+	// First means this claimer owns the key: apply the message.
+	First Outcome = iota + 1
+	// Duplicate means the key is already PROCESSED (or claimed earlier in the
+	// same batch): skip the message and ack it.
+	Duplicate
+	// InProgress means another holder has a live lease on the key: do not
+	// apply, and let the message be redelivered later.
+	InProgress
+	// Conflict means the key was processed for a message with a different
+	// fingerprint: the same key was reused for other content.
+	Conflict
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case First:
+		return "first"
+	case Duplicate:
+		return "duplicate"
+	case InProgress:
+		return "in_progress"
+	case Conflict:
+		return "conflict"
+	}
+	return fmt.Sprintf("Outcome(%d)", int(o))
+}
+
+// Key identifies one message to a consumer group.
+type Key struct {
+	// ID is the message's business key, the same on every delivery and every
+	// producer retry.
+	ID string
+	// Origin is when the message was first produced. It is carried unchanged
+	// by every redelivery and picks the day partition.
+	Origin time.Time
+	// Fingerprint optionally hashes the message content; a processed key seen
+	// again with another fingerprint is a Conflict.
+	Fingerprint []byte
+}
+
+// Claim is the answer for one key.
+type Claim struct {
+	Key     Key
+	Outcome Outcome
+	// Layer says which layer answered a Duplicate or Conflict.
+	Layer Layer
+	// Fence is the fencing token of a First claim. Complete must present it.
+	Fence int64
+	// TakenOver is set when a First claim took over an expired lease.
+	TakenOver bool
+
+	day time.Time
+}
+
+// Config tunes a Log. The zero value is usable: a one-minute lease, a
+// seven-day window, two days created ahead, the wall clock.
+type Config struct {
+	// Holder names this claimer (process or worker) on the rows it claims.
+	Holder string
+	// Lease is how long a committed PROCESSING row belongs to its holder.
+	Lease time.Duration
+	// WindowDays is how many days of partitions are kept, today included.
+	WindowDays int
+	// AheadDays is how many future days of partitions are created.
+	AheadDays int
+	// Now is the clock; tests step it.
+	Now func() time.Time
+	// Cache, if set, is consulted before the table and filled by Committed.
+	Cache *Cache
+}
+
+// Log is the consume-log. It is safe for concurrent use.
+type Log struct {
+	cfg Config
+}
+
+// Errors returned by the consume-log.
+var (
+	// ErrFenced is returned by Complete when a claim's fence is no longer the
+	// row's: its lease expired and another holder took the key over. The
+	// caller must roll back.
+	ErrFenced = errors.New("dedup: claim was fenced off by a newer holder")
+	// ErrLost is returned by a claim when a conflicting row vanished between
+	// the insert and the read (a concurrent retention drop). Retry.
+	ErrLost = errors.New("dedup: claimed row vanished; retry")
+	// ErrInvalidKey is returned for an empty key ID or a zero origin.
+	ErrInvalidKey = errors.New("dedup: invalid key")
+)
+
+// New returns a Log with defaults filled in.
+func New(cfg Config) *Log {
+	if cfg.Lease <= 0 {
+		cfg.Lease = time.Minute
+	}
+	if cfg.WindowDays <= 0 {
+		cfg.WindowDays = 7
+	}
+	if cfg.AheadDays <= 0 {
+		cfg.AheadDays = 2
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Holder == "" {
+		cfg.Holder = "anonymous"
+	}
+	return &Log{cfg: cfg}
+}
+
+// Cache returns the configured cache, or nil.
+func (l *Log) Cache() *Cache { return l.cfg.Cache }
+
+// Claim claims one key in the caller's transaction. See ClaimBatch.
+func (l *Log) Claim(ctx context.Context, tx Querier, consumer string, key Key) (Claim, error) {
+	cs, err := l.ClaimBatch(ctx, tx, consumer, []Key{key})
+	if err != nil {
+		return Claim{}, err
+	}
+	return cs[0], nil
+}
+
+// ClaimBatch claims keys for a consumer in the caller's transaction with one
+// multi-row insert, and answers each key in order. A key repeated within the
+// batch is a Duplicate of its first occurrence. Keys are inserted in sorted
+// order so concurrent batches cannot deadlock on each other's claims. It
+// returns ErrInvalidKey for an empty ID or zero origin, and any database
+// error, after which the transaction must be rolled back.
+func (l *Log) ClaimBatch(ctx context.Context, tx Querier, consumer string, keys []Key) ([]Claim, error) {
+	now := l.cfg.Now()
+	claims := make([]Claim, len(keys))
+	firstIdx := make(map[string]int, len(keys)) // key ID -> first index still to ask the table
+	for i, k := range keys {
+		if k.ID == "" || k.Origin.IsZero() {
+			return nil, fmt.Errorf("%w: id %q origin %v", ErrInvalidKey, k.ID, k.Origin)
+		}
+		claims[i] = Claim{Key: k, day: l.dayFor(k.Origin, now)}
+		if j, seen := firstIdx[k.ID]; seen {
+			claims[i].Outcome, claims[i].Layer = Duplicate, LayerTable
+			if !sameFingerprint(keys[j].Fingerprint, k.Fingerprint) {
+				claims[i].Outcome = Conflict
+			}
+			continue
+		}
+		if l.cfg.Cache != nil {
+			if fp, ok := l.cfg.Cache.get(consumer, k.ID); ok && sameFingerprint(fp, k.Fingerprint) {
+				claims[i].Outcome, claims[i].Layer = Duplicate, LayerCache
+				firstIdx[k.ID] = i
+				continue
+			}
+		}
+		firstIdx[k.ID] = i
+	}
+
+	ask := make([]int, 0, len(firstIdx))
+	for _, i := range firstIdx {
+		if claims[i].Outcome == 0 {
+			ask = append(ask, i)
+		}
+	}
+	if len(ask) == 0 {
+		return claims, nil
+	}
+	slices.SortFunc(ask, func(a, b int) int { return strings.Compare(keys[a].ID, keys[b].ID) })
+	ids := make([]string, len(ask))
+	days := make([]time.Time, len(ask))
+	fps := make([][]byte, len(ask))
+	for n, i := range ask {
+		ids[n], days[n], fps[n] = keys[i].ID, claims[i].day, keys[i].Fingerprint
+	}
+
+	rows, err := tx.Query(ctx, `
+		INSERT INTO dedup_log (consumer, msg_key, origin_day, status, fence, holder, lease_until, fingerprint, claimed_at)
+		SELECT $1, k.id, k.day, 'PROCESSING', 1, $2, $3, k.fp, $4
+		FROM unnest($5::text[], $6::date[], $7::bytea[]) WITH ORDINALITY AS k(id, day, fp, n)
+		ORDER BY k.n
+		ON CONFLICT DO NOTHING
+		RETURNING msg_key`,
+		consumer, l.cfg.Holder, now.Add(l.cfg.Lease), now, ids, days, fps)
+	if err != nil {
+		return nil, fmt.Errorf("dedup: claim: %w", err)
+	}
+	inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("dedup: claim: %w", err)
+	}
+	won := make(map[string]bool, len(inserted))
+	for _, id := range inserted {
+		won[id] = true
+		claims[firstIdx[id]].Outcome, claims[firstIdx[id]].Fence = First, 1
+	}
+	if len(won) == len(ask) {
+		l.settleRepeats(claims, firstIdx)
+		return claims, nil
+	}
+	if err := l.resolveExisting(ctx, tx, consumer, now, claims, ask, won); err != nil {
+		return nil, err
+	}
+	l.settleRepeats(claims, firstIdx)
+	return claims, nil
+}
+
+// resolveExisting answers the keys whose insert conflicted with a committed
+// row: PROCESSED is a duplicate, a live lease is in progress, an expired lease
+// is taken over with a higher fence.
+func (l *Log) resolveExisting(ctx context.Context, tx Querier, consumer string, now time.Time, claims []Claim, ask []int, won map[string]bool) error {
+	var ids []string
+	var days []time.Time
+	for _, i := range ask {
+		if !won[claims[i].Key.ID] {
+			ids, days = append(ids, claims[i].Key.ID), append(days, claims[i].day)
+		}
+	}
+	rows, err := tx.Query(ctx, `
+		SELECT d.msg_key, d.status, d.fence, d.lease_until, d.fingerprint
+		FROM dedup_log d
+		JOIN unnest($2::text[], $3::date[]) AS k(id, day) ON d.msg_key = k.id AND d.origin_day = k.day
+		WHERE d.consumer = $1`, consumer, ids, days)
+	if err != nil {
+		return fmt.Errorf("dedup: read claims: %w", err)
+	}
+	type existing struct {
+		status string
+		fence  int64
+		lease  time.Time
+		fp     []byte
+	}
+	found := map[string]existing{}
+	for rows.Next() {
+		var id string
+		var e existing
+		if err := rows.Scan(&id, &e.status, &e.fence, &e.lease, &e.fp); err != nil {
+			rows.Close()
+			return fmt.Errorf("dedup: read claims: %w", err)
+		}
+		found[id] = e
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("dedup: read claims: %w", err)
+	}
+	var takeIDs []string
+	var takeDays []time.Time
+	var takeFences []int64
+	for _, i := range ask {
+		id := claims[i].Key.ID
+		if won[id] {
+			continue
+		}
+		e, ok := found[id]
+		switch {
+		case !ok:
+			return fmt.Errorf("%w: %s", ErrLost, id)
+		case e.status == "PROCESSED" && !sameFingerprint(e.fp, claims[i].Key.Fingerprint):
+			claims[i].Outcome, claims[i].Layer = Conflict, LayerTable
+		case e.status == "PROCESSED":
+			claims[i].Outcome, claims[i].Layer = Duplicate, LayerTable
+		case e.lease.After(now):
+			claims[i].Outcome = InProgress
+		default:
+			takeIDs, takeDays, takeFences = append(takeIDs, id), append(takeDays, claims[i].day), append(takeFences, e.fence)
+			claims[i].Outcome = InProgress // until the takeover below succeeds
+		}
+	}
+	if len(takeIDs) == 0 {
+		return nil
+	}
+	rows, err = tx.Query(ctx, `
+		UPDATE dedup_log d SET fence = d.fence + 1, holder = $2, lease_until = $3, claimed_at = $4
+		FROM unnest($5::text[], $6::date[], $7::bigint[]) AS k(id, day, fence)
+		WHERE d.consumer = $1 AND d.msg_key = k.id AND d.origin_day = k.day AND d.fence = k.fence
+		  AND d.status = 'PROCESSING' AND d.lease_until <= $4
+		RETURNING d.msg_key, d.fence`,
+		consumer, l.cfg.Holder, now.Add(l.cfg.Lease), now, takeIDs, takeDays, takeFences)
+	if err != nil {
+		return fmt.Errorf("dedup: take over: %w", err)
+	}
+	idx := map[string]int{}
+	for _, i := range ask {
+		idx[claims[i].Key.ID] = i
+	}
+	for rows.Next() {
+		var id string
+		var fence int64
+		if err := rows.Scan(&id, &fence); err != nil {
+			rows.Close()
+			return fmt.Errorf("dedup: take over: %w", err)
+		}
+		c := &claims[idx[id]]
+		c.Outcome, c.Fence, c.TakenOver = First, fence, true
+	}
+	return rows.Err()
+}
+
+// settleRepeats makes a key repeated in the batch follow its first
+// occurrence: if the first was itself a duplicate, so are the repeats.
+func (l *Log) settleRepeats(claims []Claim, firstIdx map[string]int) {
+	for i := range claims {
+		j := firstIdx[claims[i].Key.ID]
+		if j == i || claims[i].Outcome == Conflict {
+			continue
+		}
+		if claims[j].Outcome == Duplicate {
+			claims[i].Layer = claims[j].Layer
+		}
+	}
+}
+
+// Complete moves First claims from PROCESSING to PROCESSED in the caller's
+// transaction, checking each fence. If any claim was fenced off it returns
+// ErrFenced with the count, and the caller must roll back.
+func (l *Log) Complete(ctx context.Context, tx Querier, consumer string, claims []Claim) error {
+	ids, days, fences := firstClaims(claims)
+	if len(ids) == 0 {
+		return nil
+	}
+	tag, err := tx.Exec(ctx, `
+		UPDATE dedup_log d SET status = 'PROCESSED', processed_at = $2
+		FROM unnest($3::text[], $4::date[], $5::bigint[]) AS k(id, day, fence)
+		WHERE d.consumer = $1 AND d.msg_key = k.id AND d.origin_day = k.day
+		  AND d.fence = k.fence AND d.status = 'PROCESSING'`,
+		consumer, l.cfg.Now(), ids, days, fences)
+	if err != nil {
+		return fmt.Errorf("dedup: complete: %w", err)
+	}
+	if n := tag.RowsAffected(); n != int64(len(ids)) {
+		return fmt.Errorf("%w: %d of %d claims", ErrFenced, int64(len(ids))-n, len(ids))
+	}
+	return nil
+}
+
+// Release deletes First claims in the caller's transaction, for messages a
+// later layer (a business unique key) found to be duplicates, so that
+// consume-log rows and applied messages stay one-to-one.
+func (l *Log) Release(ctx context.Context, tx Querier, consumer string, claims []Claim) error {
+	ids, days, fences := firstClaims(claims)
+	if len(ids) == 0 {
+		return nil
+	}
+	_, err := tx.Exec(ctx, `
+		DELETE FROM dedup_log d
+		USING unnest($2::text[], $3::date[], $4::bigint[]) AS k(id, day, fence)
+		WHERE d.consumer = $1 AND d.msg_key = k.id AND d.origin_day = k.day AND d.fence = k.fence`,
+		consumer, ids, days, fences)
+	if err != nil {
+		return fmt.Errorf("dedup: release: %w", err)
+	}
+	return nil
+}
+
+// Committed records the First claims of a committed transaction in the cache.
+// Call it only after COMMIT succeeded.
+func (l *Log) Committed(consumer string, claims []Claim) {
+	if l.cfg.Cache == nil {
+		return
+	}
+	for _, c := range claims {
+		if c.Outcome == First {
+			l.cfg.Cache.put(consumer, c.Key.ID, c.Key.Fingerprint)
+		}
+	}
+}
+
+// Reserve claims a key in a transaction of its own and commits the
+// PROCESSING row with a lease, for work whose effects cannot share the
+// database transaction. The returned First claim must later be passed to
+// Complete (in the transaction that records the outcome) before the lease
+// expires; after that another holder may take the key over.
+func (l *Log) Reserve(ctx context.Context, db Beginner, consumer string, key Key) (Claim, error) {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return Claim{}, fmt.Errorf("dedup: reserve: %w", err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // rollback after commit is a no-op
+	c, err := l.Claim(ctx, tx, consumer, key)
+	if err != nil {
+		return Claim{}, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return Claim{}, fmt.Errorf("dedup: reserve: %w", err)
+	}
+	return c, nil
+}
+
+// Status reads the row of a key: its status ("" when absent) and fence. It is
+// how a caller resolves a commit whose outcome is unknown.
+func (l *Log) Status(ctx context.Context, q Querier, consumer string, key Key) (status string, fence int64, err error) {
+	rows, err := q.Query(ctx, `SELECT status, fence FROM dedup_log WHERE consumer = $1 AND msg_key = $2 AND origin_day = $3`,
+		consumer, key.ID, l.dayFor(key.Origin, l.cfg.Now()))
+	if err != nil {
+		return "", 0, fmt.Errorf("dedup: status: %w", err)
+	}
+	defer rows.Close()
+	if rows.Next() {
+		err = rows.Scan(&status, &fence)
+	}
+	if err == nil {
+		err = rows.Err()
+	}
+	if err != nil {
+		return "", 0, fmt.Errorf("dedup: status: %w", err)
+	}
+	return status, fence, nil
+}
+
+// dayFor maps an origin to its partition day, clamped into the live window so
+// that a message older than the retention window (or from a clock far ahead)
+// still lands in an existing partition. Such a message may then be caught
+// only by a business unique key, which is why the window must be longer than
+// any plausible redelivery delay.
+func (l *Log) dayFor(origin, now time.Time) time.Time {
+	d := day(origin)
+	if lo := l.horizon(now); d.Before(lo) {
+		return lo
+	}
+	if hi := day(now).AddDate(0, 0, l.cfg.AheadDays); d.After(hi) {
+		return hi
+	}
+	return d
+}
+
+// horizon is the oldest day kept.
+func (l *Log) horizon(now time.Time) time.Time {
+	return day(now).AddDate(0, 0, -(l.cfg.WindowDays - 1))
+}
+
+func day(t time.Time) time.Time {
+	y, m, d := t.UTC().Date()
+	return time.Date(y, m, d, 0, 0, 0, 0, time.UTC)
+}
+
+func firstClaims(claims []Claim) (ids []string, days []time.Time, fences []int64) {
+	for _, c := range claims {
+		if c.Outcome == First {
+			ids, days, fences = append(ids, c.Key.ID), append(days, c.day), append(fences, c.Fence)
+		}
+	}
+	return ids, days, fences
+}
+
+// sameFingerprint treats a missing fingerprint as matching anything.
+func sameFingerprint(a, b []byte) bool {
+	return len(a) == 0 || len(b) == 0 || bytes.Equal(a, b)
+}

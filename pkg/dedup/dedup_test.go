@@ -1,0 +1,330 @@
+package dedup_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/paymesh/paymesh/internal/pgdb"
+	"github.com/paymesh/paymesh/internal/pgtest"
+	"github.com/paymesh/paymesh/pkg/dedup"
+)
+
+// clock is a steppable test clock.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) Step(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+func mustLog(tb testing.TB, cfg dedup.Config) (*dedup.Log, *pgxpool.Pool, *clock) {
+	tb.Helper()
+	pool, _ := pgtest.MustDatabase(tb, pgdb.Migration{FS: dedup.Migrations(), Table: dedup.MigrationTable})
+	clk := &clock{t: time.Now().UTC()}
+	cfg.Now = clk.Now
+	l := dedup.New(cfg)
+	if _, err := l.Maintain(context.Background(), pool); err != nil {
+		tb.Fatalf("maintain: %v", err)
+	}
+	return l, pool, clk
+}
+
+// claimTx claims keys in a transaction of its own and commits it.
+func claimTx(tb testing.TB, l *dedup.Log, pool *pgxpool.Pool, keys ...dedup.Key) []dedup.Claim {
+	tb.Helper()
+	ctx := context.Background()
+	var out []dedup.Claim
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		cs, err := l.ClaimBatch(ctx, tx, "c", keys)
+		if err != nil {
+			return err
+		}
+		out = cs
+		return l.Complete(ctx, tx, "c", cs)
+	})
+	if err != nil {
+		tb.Fatalf("claim: %v", err)
+	}
+	return out
+}
+
+func outcomes(cs []dedup.Claim) []dedup.Outcome {
+	var o []dedup.Outcome
+	for _, c := range cs {
+		o = append(o, c.Outcome)
+	}
+	return o
+}
+
+func TestClaim(t *testing.T) {
+	l, pool, _ := mustLog(t, dedup.Config{Holder: "w1"})
+	now := time.Now()
+	k := dedup.Key{ID: "m1", Origin: now, Fingerprint: []byte("a")}
+
+	t.Run("First", func(t *testing.T) {
+		c := claimTx(t, l, pool, k)[0]
+		if c.Outcome != dedup.First || c.Fence != 1 {
+			t.Fatalf("got %v fence %d, want first fence 1", c.Outcome, c.Fence)
+		}
+	})
+	t.Run("DuplicateAfterCommit", func(t *testing.T) {
+		c := claimTx(t, l, pool, k)[0]
+		if c.Outcome != dedup.Duplicate || c.Layer != dedup.LayerTable {
+			t.Fatalf("got %v/%s, want duplicate/dedup_table", c.Outcome, c.Layer)
+		}
+	})
+	t.Run("ConflictOnOtherFingerprint", func(t *testing.T) {
+		c := claimTx(t, l, pool, dedup.Key{ID: "m1", Origin: now, Fingerprint: []byte("b")})[0]
+		if c.Outcome != dedup.Conflict {
+			t.Fatalf("got %v, want conflict", c.Outcome)
+		}
+	})
+	t.Run("RepeatInsideBatch", func(t *testing.T) {
+		cs := claimTx(t, l, pool,
+			dedup.Key{ID: "m2", Origin: now}, dedup.Key{ID: "m2", Origin: now}, k, dedup.Key{ID: "m3", Origin: now})
+		got, want := outcomes(cs), []dedup.Outcome{dedup.First, dedup.Duplicate, dedup.Duplicate, dedup.First}
+		if !slices.Equal(got, want) {
+			t.Fatalf("got %v, want %v", got, want)
+		}
+	})
+	t.Run("ErrInvalidKey", func(t *testing.T) {
+		for _, bad := range []dedup.Key{{ID: "", Origin: now}, {ID: "x"}} {
+			err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
+				_, err := l.Claim(context.Background(), tx, "c", bad)
+				return err
+			})
+			if !errors.Is(err, dedup.ErrInvalidKey) {
+				t.Errorf("key %+v: got %v, want ErrInvalidKey", bad, err)
+			}
+		}
+	})
+	t.Run("RollbackLeavesNothing", func(t *testing.T) {
+		ctx := context.Background()
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c, err := l.Claim(ctx, tx, "c", dedup.Key{ID: "m9", Origin: now}); err != nil || c.Outcome != dedup.First {
+			t.Fatalf("got %v %v, want first", c.Outcome, err)
+		}
+		_ = tx.Rollback(ctx)
+		if c := claimTx(t, l, pool, dedup.Key{ID: "m9", Origin: now})[0]; c.Outcome != dedup.First {
+			t.Fatalf("after rollback got %v, want first", c.Outcome)
+		}
+	})
+}
+
+// TestConcurrentClaimWaits shows the in-transaction mode: a second claimer of
+// a key that is claimed by an open transaction waits for it, then sees the
+// key PROCESSED (first committed) or gets it (first rolled back).
+func TestConcurrentClaimWaits(t *testing.T) {
+	for _, commit := range []bool{true, false} {
+		name := map[bool]string{true: "FirstCommits", false: "FirstRollsBack"}[commit]
+		t.Run(name, func(t *testing.T) {
+			l, pool, _ := mustLog(t, dedup.Config{})
+			ctx := context.Background()
+			k := dedup.Key{ID: "k", Origin: time.Now()}
+			tx1, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c1, err := l.Claim(ctx, tx1, "c", k)
+			if err != nil || c1.Outcome != dedup.First {
+				t.Fatalf("tx1: got %v %v", c1.Outcome, err)
+			}
+			done := make(chan dedup.Claim)
+			go func() {
+				var c dedup.Claim
+				_ = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					c, err = l.Claim(ctx, tx, "c", k)
+					if err != nil {
+						return err
+					}
+					return l.Complete(ctx, tx, "c", []dedup.Claim{c})
+				})
+				done <- c
+			}()
+			select {
+			case c := <-done:
+				t.Fatalf("second claim returned %v while the first transaction was open", c.Outcome)
+			case <-time.After(300 * time.Millisecond):
+			}
+			if commit {
+				if err := l.Complete(ctx, tx1, "c", []dedup.Claim{c1}); err != nil {
+					t.Fatal(err)
+				}
+				if err := tx1.Commit(ctx); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				_ = tx1.Rollback(ctx)
+			}
+			c2 := <-done
+			want := map[bool]dedup.Outcome{true: dedup.Duplicate, false: dedup.First}[commit]
+			if c2.Outcome != want {
+				t.Fatalf("second claim got %v, want %v", c2.Outcome, want)
+			}
+		})
+	}
+}
+
+// TestLeaseAndFencing covers the reserve mode: a committed PROCESSING row is
+// in progress while its lease lives, is taken over with a higher fence after
+// it expires, and the old holder's late Complete is fenced off.
+func TestLeaseAndFencing(t *testing.T) {
+	ctx := context.Background()
+	pool, _ := pgtest.MustDatabase(t, pgdb.Migration{FS: dedup.Migrations(), Table: dedup.MigrationTable})
+	clk := &clock{t: time.Now().UTC()}
+	old := dedup.New(dedup.Config{Holder: "old", Lease: 10 * time.Second, Now: clk.Now})
+	next := dedup.New(dedup.Config{Holder: "new", Lease: 10 * time.Second, Now: clk.Now})
+	if _, err := old.Maintain(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	k := dedup.Key{ID: "job-1", Origin: clk.Now()}
+
+	c1, err := old.Reserve(ctx, pool, "c", k)
+	if err != nil || c1.Outcome != dedup.First || c1.Fence != 1 {
+		t.Fatalf("reserve: got %v fence %d err %v", c1.Outcome, c1.Fence, err)
+	}
+	if c, err := next.Reserve(ctx, pool, "c", k); err != nil || c.Outcome != dedup.InProgress {
+		t.Fatalf("live lease: got %v %v, want in_progress", c.Outcome, err)
+	}
+	clk.Step(11 * time.Second)
+	c2, err := next.Reserve(ctx, pool, "c", k)
+	if err != nil || c2.Outcome != dedup.First || !c2.TakenOver || c2.Fence != 2 {
+		t.Fatalf("expired lease: got %v takenOver=%v fence %d err %v, want first taken over with fence 2", c2.Outcome, c2.TakenOver, c2.Fence, err)
+	}
+
+	// The old holder wakes up and tries to commit its work: fenced off.
+	var effects atomic.Int64
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		effects.Add(1)
+		return old.Complete(ctx, tx, "c", []dedup.Claim{c1})
+	})
+	if !errors.Is(err, dedup.ErrFenced) {
+		t.Fatalf("late complete: got %v, want ErrFenced", err)
+	}
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return next.Complete(ctx, tx, "c", []dedup.Claim{c2}) }); err != nil {
+		t.Fatalf("new holder complete: %v", err)
+	}
+	if c, err := old.Reserve(ctx, pool, "c", k); err != nil || c.Outcome != dedup.Duplicate {
+		t.Fatalf("after completion: got %v %v, want duplicate", c.Outcome, err)
+	}
+	status, fence, err := old.Status(ctx, pool, "c", k)
+	if err != nil || status != "PROCESSED" || fence != 2 {
+		t.Fatalf("status: got %q fence %d err %v, want PROCESSED fence 2", status, fence, err)
+	}
+}
+
+// countingTx wraps a real transaction and counts statements, to show the
+// cache answers without touching the table.
+type countingTx struct {
+	pgx.Tx
+	n int
+}
+
+func (c *countingTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	c.n++
+	return c.Tx.Query(ctx, sql, args...)
+}
+
+func (c *countingTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	c.n++
+	return c.Tx.Exec(ctx, sql, args...)
+}
+
+func TestCache(t *testing.T) {
+	cache := dedup.NewCache(2)
+	l, pool, _ := mustLog(t, dedup.Config{Cache: cache})
+	ctx := context.Background()
+	now := time.Now()
+	ks := []dedup.Key{{ID: "a", Origin: now, Fingerprint: []byte("1")}, {ID: "b", Origin: now, Fingerprint: []byte("2")}, {ID: "c", Origin: now, Fingerprint: []byte("3")}}
+	l.Committed("c", claimTx(t, l, pool, ks...))
+	if cache.Len() != 2 {
+		t.Fatalf("cache holds %d keys, want 2 (bounded)", cache.Len())
+	}
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		ct := &countingTx{Tx: tx}
+		cs, err := l.ClaimBatch(ctx, ct, "c", ks[1:])
+		if err != nil {
+			return err
+		}
+		for _, c := range cs {
+			if c.Outcome != dedup.Duplicate || c.Layer != dedup.LayerCache {
+				t.Errorf("%s: got %v/%s, want duplicate/recent_cache", c.Key.ID, c.Outcome, c.Layer)
+			}
+		}
+		if ct.n != 0 {
+			t.Errorf("cache hits ran %d statements, want 0", ct.n)
+		}
+		// "a" was evicted: the table, not the cache, answers.
+		c, err := l.Claim(ctx, ct, "c", ks[0])
+		if err != nil || c.Outcome != dedup.Duplicate || c.Layer != dedup.LayerTable {
+			t.Errorf("evicted key: got %v/%s %v, want duplicate/dedup_table", c.Outcome, c.Layer, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A cached key with another fingerprint is not answered by the cache.
+	cs := claimTx(t, l, pool, dedup.Key{ID: "c", Origin: now, Fingerprint: []byte("x")})
+	if cs[0].Outcome != dedup.Conflict || cs[0].Layer != dedup.LayerTable {
+		t.Fatalf("cached key with another fingerprint: got %v/%s, want conflict/dedup_table", cs[0].Outcome, cs[0].Layer)
+	}
+}
+
+func TestRetention(t *testing.T) {
+	ctx := context.Background()
+	l, pool, clk := mustLog(t, dedup.Config{WindowDays: 3, AheadDays: 1})
+	count := func() int {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_inherits WHERE inhparent = 'dedup_log'::regclass`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if got := count(); got != 4 {
+		t.Fatalf("partitions: got %d, want 4 (3-day window + 1 ahead)", got)
+	}
+	today := clk.Now()
+	claimTx(t, l, pool, dedup.Key{ID: "old", Origin: today})
+
+	clk.Step(5 * 24 * time.Hour)
+	m, err := l.Maintain(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(m.Dropped, dedup.PartitionName(today)) {
+		t.Fatalf("dropped %v, want it to include %s", m.Dropped, dedup.PartitionName(today))
+	}
+	if got := count(); got != 4 {
+		t.Fatalf("partitions after 5 days: got %d, want 4", got)
+	}
+	if m2, err := l.Maintain(ctx, pool); err != nil || len(m2.Created)+len(m2.Dropped) != 0 {
+		t.Fatalf("second maintain: got %+v %v, want no change", m2, err)
+	}
+	// The expired key's row is gone: the consume-log no longer knows it, and
+	// an origin before the horizon lands in the oldest live partition.
+	c := claimTx(t, l, pool, dedup.Key{ID: "old", Origin: today})[0]
+	if c.Outcome != dedup.First {
+		t.Fatalf("expired key: got %v, want first (only a business key can catch it now)", c.Outcome)
+	}
+	if c := claimTx(t, l, pool, dedup.Key{ID: "old", Origin: today})[0]; c.Outcome != dedup.Duplicate {
+		t.Fatalf("clamped key seen again: got %v, want duplicate", c.Outcome)
+	}
+}
