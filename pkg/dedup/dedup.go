@@ -465,6 +465,10 @@ func (l *Log) dayFor(origin, now time.Time) time.Time {
 	return d
 }
 
+// Horizon returns the oldest day the consume-log keeps (UTC midnight):
+// every key whose origin is on or after it has a row until it expires.
+func (l *Log) Horizon() time.Time { return l.horizon(l.cfg.Now()) }
+
 // horizon is the oldest day kept.
 func (l *Log) horizon(now time.Time) time.Time {
 	return day(now).AddDate(0, 0, -(l.cfg.WindowDays - 1))

@@ -80,15 +80,19 @@ var (
 	_ [sonyflake.BitLenSequence - sequenceBits]struct{}
 	_ [timeBits - sonyflake.BitLenTime]struct{}
 	_ [sonyflake.BitLenTime - timeBits]struct{}
+	_ [MaxRegionCode - (1<<regionBits - 1)]struct{}
+	_ [(1<<regionBits - 1) - MaxRegionCode]struct{}
+	_ [MaxNode - (1<<nodeBits - 1)]struct{}
+	_ [(1<<nodeBits - 1) - MaxNode]struct{}
 )
 
 // MaxRegionCode is the largest region code that fits the 6 region bits. Valid
 // codes are 1..MaxRegionCode; 0 is reserved.
-const MaxRegionCode = 1<<regionBits - 1 // 63
+const MaxRegionCode = 63 // 1<<regionBits - 1
 
 // MaxNode is the largest node id that fits the 10 node bits. Valid node ids
 // are 0..MaxNode.
-const MaxNode = 1<<nodeBits - 1 // 1023
+const MaxNode = 1023 // 1<<nodeBits - 1
 
 // Epoch is the sonyflake start time: an ID's time bits count 10 ms ticks since
 // Epoch. It is a variable only because Go has no time constants; it MUST NEVER
@@ -255,7 +259,11 @@ func (r *Regions) Parse(s string) (ID, error) {
 		return 0, parseError(s, ErrMalformed, "missing '-' between region and value")
 	}
 	if !nameRE.MatchString(prefix) {
-		return 0, parseError(s, ErrMalformed, "region prefix %s is not a region name (want 2-8 lowercase letters)", quote(prefix))
+		if len(prefix) > 8 {
+			// Don't quote it again: the whole input is already quoted.
+			return 0, parseError(s, ErrMalformed, "region prefix is %d bytes long, not a region name (want 2-8 lowercase letters)", len(prefix))
+		}
+		return 0, parseError(s, ErrMalformed, "region prefix %q is not a region name (want 2-8 lowercase letters)", prefix)
 	}
 	if len(body) != bodyLen {
 		return 0, parseError(s, ErrMalformed, "value after %q has %d bytes, want %d", prefix+"-", len(body), bodyLen)

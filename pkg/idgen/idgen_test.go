@@ -157,7 +157,7 @@ func TestParse(t *testing.T) {
 		{name: "only_body", in: euBody, wantErr: ErrMalformed, msg: []string{"missing '-'"}},
 		{name: "empty_prefix", in: "-" + euBody, wantErr: ErrMalformed, msg: []string{`prefix ""`}},
 		{name: "uppercase_prefix", in: "EU-" + euBody, wantErr: ErrMalformed, msg: []string{`prefix "EU"`}},
-		{name: "prefix_too_long", in: "europewest-" + euBody, wantErr: ErrMalformed},
+		{name: "prefix_too_long", in: "europewest-" + euBody, wantErr: ErrMalformed, msg: []string{"prefix is 10 bytes long"}},
 		{name: "empty_body", in: "eu-", wantErr: ErrMalformed, msg: []string{"has 0 bytes, want 13"}},
 		{name: "short", in: eu[:len(eu)-1], wantErr: ErrMalformed, msg: []string{"has 12 bytes, want 13"}},
 		{name: "long", in: eu + "0", wantErr: ErrMalformed, msg: []string{"has 14 bytes, want 13"}},

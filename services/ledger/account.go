@@ -1,0 +1,67 @@
+package ledger
+
+import (
+	"math"
+	"regexp"
+	"time"
+)
+
+// Kind separates customer accounts from the issuance account of a currency.
+type Kind string
+
+// Account kinds.
+const (
+	// KindCustomer is an ordinary account owned by a client.
+	KindCustomer Kind = "customer"
+	// KindIssuance is the one account per region and currency that funding
+	// is drawn from. Its balance is minus the money issued, so the sum of all
+	// balances in a currency is always zero and money is never created
+	// silently.
+	KindIssuance Kind = "issuance"
+)
+
+// NoFloor is the floor of an account that may go arbitrarily negative.
+const NoFloor = math.MinInt64
+
+// Account holds a balance in one currency.
+type Account struct {
+	ID       string
+	ClientID string
+	Kind     Kind
+	Currency string
+	Balance  int64
+	// Floor is the lowest balance allowed: 0 for no overdraft, negative for
+	// an overdraft limit, NoFloor for the issuance account.
+	Floor  int64
+	Closed bool
+	// Version counts the postings applied to the account.
+	Version   int64
+	CreatedAt time.Time
+}
+
+var currencyRE = regexp.MustCompile(`^[A-Z]{3}$`)
+
+// ValidCurrency reports whether c has the shape of an ISO 4217 code.
+func ValidCurrency(c string) bool { return currencyRE.MatchString(c) }
+
+// NewAccount is a request to open an account.
+type NewAccount struct {
+	ClientID string
+	Currency string
+	// Floor is the lowest balance allowed; 0 forbids overdraft. It must not
+	// be positive.
+	Floor int64
+}
+
+// Validate returns an *Error describing the first problem with the request.
+func (n NewAccount) Validate() error {
+	switch {
+	case n.ClientID == "" || len(n.ClientID) > 64:
+		return Errorf(CodeInvalidRequest, "client_id must be 1-64 characters")
+	case !ValidCurrency(n.Currency):
+		return Errorf(CodeInvalidCurrency, "currency %q is not a three-letter ISO 4217 code", n.Currency)
+	case n.Floor > 0:
+		return Errorf(CodeInvalidRequest, "floor %d must not be positive", n.Floor)
+	}
+	return nil
+}

@@ -1,0 +1,192 @@
+package ledger
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/paymesh/paymesh/pkg/idgen"
+)
+
+// Command types.
+const (
+	// TypeTransfer moves money between two accounts.
+	TypeTransfer = "transfer"
+	// TypeFund draws money from the region's issuance account of the
+	// currency into an account. Its From is empty.
+	TypeFund = "fund"
+)
+
+// MaxCommandBytes bounds an encoded command.
+const MaxCommandBytes = 4 << 10
+
+// Command asks the ledger to move money. Its identity is (ClientID,
+// IdempotencyKey): every delivery and every retry of the same request carries
+// the same pair, and the ledger applies it at most once.
+type Command struct {
+	Type           string    `json:"type"`
+	TransferID     string    `json:"transfer_id"`
+	ClientID       string    `json:"client_id"`
+	IdempotencyKey string    `json:"idempotency_key"`
+	From           string    `json:"from,omitempty"`
+	To             string    `json:"to"`
+	Amount         int64     `json:"amount"`
+	Currency       string    `json:"currency"`
+	CreatedAt      time.Time `json:"created_at"`
+}
+
+// MsgKey is the command's deterministic message key: the consume-log key and
+// the Nats-Msg-Id of every publish of it.
+func (c Command) MsgKey() string { return "xfer/" + c.ClientID + "/" + c.IdempotencyKey }
+
+// Fingerprint hashes the fields that define the request, so that the same
+// key sent with a different request is detected.
+func (c Command) Fingerprint() []byte {
+	h := sha256.New()
+	for _, s := range []string{c.Type, c.From, c.To, c.Currency} {
+		_ = binary.Write(h, binary.BigEndian, uint32(len(s)))
+		io.WriteString(h, s)
+	}
+	_ = binary.Write(h, binary.BigEndian, c.Amount)
+	return h.Sum(nil)
+}
+
+// Encode returns the command's JSON form.
+func (c Command) Encode() []byte {
+	b, _ := json.Marshal(c) // cannot fail: plain fields only
+	return b
+}
+
+// wireCommand keeps the amount raw so that fractions, exponents
+// and values beyond int64 get a precise error instead of a silent rounding.
+type wireCommand struct {
+	Command
+	Amount json.RawMessage `json:"amount"`
+}
+
+// DecodeCommand parses a command strictly: unknown fields, trailing data,
+// oversize input and an amount that is not a plain integer in int64 are
+// errors. It returns an *Error (CodeInvalidRequest or CodeInvalidAmount).
+func DecodeCommand(b []byte) (Command, error) {
+	if len(b) > MaxCommandBytes {
+		return Command{}, Errorf(CodeInvalidRequest, "command is %d bytes, over the %d-byte limit", len(b), MaxCommandBytes)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	dec.UseNumber()
+	var w wireCommand
+	if err := dec.Decode(&w); err != nil {
+		return Command{}, Errorf(CodeInvalidRequest, "decode command: %v", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return Command{}, Errorf(CodeInvalidRequest, "decode command: trailing data after the JSON object")
+	}
+	if len(w.Amount) > 0 && (w.Amount[0] == '"' || w.Amount[0] == 'n') {
+		return Command{}, Errorf(CodeInvalidAmount, "amount must be a JSON integer, got %s", w.Amount)
+	}
+	amount, err := ParseAmount(string(w.Amount))
+	if err != nil {
+		return Command{}, err
+	}
+	c := w.Command
+	c.Amount = amount
+	return c, nil
+}
+
+// ParseAmount parses integer minor units. Fractions, exponents, signs other
+// than a leading minus, and values beyond int64 are refused with
+// CodeInvalidAmount; zero and negatives parse here and are refused by
+// Validate.
+func ParseAmount(s string) (int64, error) {
+	if s == "" {
+		return 0, Errorf(CodeInvalidAmount, "amount is missing")
+	}
+	if strings.ContainsAny(s, ".eE+") {
+		return 0, Errorf(CodeInvalidAmount, "amount %q must be an integer number of minor units", s)
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return 0, Errorf(CodeInvalidAmount, "amount %q is not an integer in the int64 range", s)
+	}
+	return n, nil
+}
+
+// Validate checks a decoded command against the ledger of region home. It
+// returns an *Error; an error here means the command can never apply.
+func (c Command) Validate(home string, ids *idgen.Regions) error {
+	if err := validKeyPart("client_id", c.ClientID, 64); err != nil {
+		return err
+	}
+	if err := validKeyPart("idempotency_key", c.IdempotencyKey, 255); err != nil {
+		return err
+	}
+	if c.CreatedAt.IsZero() {
+		return Errorf(CodeInvalidRequest, "created_at is missing")
+	}
+	if c.Amount <= 0 {
+		return Errorf(CodeInvalidAmount, "amount %d must be positive", c.Amount)
+	}
+	if !ValidCurrency(c.Currency) {
+		return Errorf(CodeInvalidCurrency, "currency %q is not a three-letter ISO 4217 code", c.Currency)
+	}
+	if r, err := ids.HomeRegion(c.TransferID); err != nil {
+		return Errorf(CodeInvalidRequest, "transfer_id: %v", err)
+	} else if r != home {
+		return Errorf(CodeWrongRegion, "transfer_id %s belongs to region %s, not %s", c.TransferID, r, home)
+	}
+	to, err := ids.HomeRegion(c.To)
+	if err != nil {
+		return Errorf(CodeInvalidRequest, "to: %v", err)
+	}
+	switch c.Type {
+	case TypeFund:
+		if c.From != "" {
+			return Errorf(CodeInvalidRequest, "a fund command has no from account")
+		}
+		if to != home {
+			return Errorf(CodeWrongRegion, "account %s belongs to region %s, not %s", c.To, to, home)
+		}
+	case TypeTransfer:
+		from, err := ids.HomeRegion(c.From)
+		if err != nil {
+			return Errorf(CodeInvalidRequest, "from: %v", err)
+		}
+		if from != home {
+			return Errorf(CodeWrongRegion, "source account %s belongs to region %s, not %s", c.From, from, home)
+		}
+		if c.From == c.To {
+			return Errorf(CodeSameAccount, "source and destination are both %s", c.From)
+		}
+		if to != home {
+			return Errorf(CodeCrossRegion, "destination %s is in region %s", c.To, to)
+		}
+	default:
+		return Errorf(CodeInvalidRequest, "type %q is not %q or %q", c.Type, TypeTransfer, TypeFund)
+	}
+	return nil
+}
+
+func validKeyPart(field, s string, maxLen int) error {
+	if s == "" || len(s) > maxLen {
+		return Errorf(CodeInvalidRequest, "%s must be 1-%d characters", field, maxLen)
+	}
+	for _, r := range s {
+		if r > unicode.MaxASCII || !unicode.IsPrint(r) || r == '/' {
+			return Errorf(CodeInvalidRequest, "%s has a character outside printable ASCII or a '/': %s", field, strconv.Quote(s))
+		}
+	}
+	return nil
+}
+
+// String describes the command for logs.
+func (c Command) String() string {
+	return fmt.Sprintf("%s %s %s->%s %d %s", c.Type, c.MsgKey(), c.From, c.To, c.Amount, c.Currency)
+}

@@ -1,0 +1,77 @@
+package ledger
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Code is a stable, machine-readable reason. The set is closed; the HTTP
+// layer maps each code to a status in one place.
+type Code string
+
+// Reasons a command is refused or an operation fails.
+const (
+	// CodeInvalidRequest: the command is malformed (missing or bad fields).
+	CodeInvalidRequest Code = "invalid_request"
+	// CodeInvalidAmount: the amount is zero, negative, fractional, not an
+	// integer or beyond int64.
+	CodeInvalidAmount Code = "invalid_amount"
+	// CodeInvalidCurrency: the currency is not a three-letter ISO 4217 code.
+	CodeInvalidCurrency Code = "invalid_currency"
+	// CodeSameAccount: source and destination are the same account.
+	CodeSameAccount Code = "same_account"
+	// CodeAccountNotFound: an account named by the command does not exist.
+	CodeAccountNotFound Code = "account_not_found"
+	// CodeAccountClosed: an account named by the command is closed.
+	CodeAccountClosed Code = "account_closed"
+	// CodeCurrencyMismatch: the command's currency is not the account's.
+	CodeCurrencyMismatch Code = "currency_mismatch"
+	// CodeInsufficientFunds: the debit would take the source below its floor.
+	CodeInsufficientFunds Code = "insufficient_funds"
+	// CodeBalanceOverflow: the resulting balance would not fit in int64.
+	CodeBalanceOverflow Code = "balance_overflow"
+	// CodeWrongRegion: the command was delivered to a region that is not the
+	// home region of its source account.
+	CodeWrongRegion Code = "wrong_region"
+	// CodeCrossRegion: the destination lives in another region; cross-region
+	// transfers run as a saga, which this ledger does not start.
+	CodeCrossRegion Code = "cross_region_unsupported"
+	// CodeIdempotencyKeyReused: the key was already used for a different
+	// request.
+	CodeIdempotencyKeyReused Code = "idempotency_key_reused"
+	// CodeTransferIDReused: the transfer ID already belongs to another
+	// request.
+	CodeTransferIDReused Code = "transfer_id_reused"
+	// CodeIllegalTransition: the state machine does not allow the event in
+	// the transfer's current status.
+	CodeIllegalTransition Code = "illegal_transition"
+	// CodeStaleVersion: a compare-and-set found a newer version than the one
+	// the caller read.
+	CodeStaleVersion Code = "stale_version"
+	// CodeNotFound: the object asked for does not exist.
+	CodeNotFound Code = "not_found"
+)
+
+// Error is a domain error with a stable code and a message safe to show to
+// clients.
+type Error struct {
+	Code    Code
+	Message string
+}
+
+func (e *Error) Error() string { return string(e.Code) + ": " + e.Message }
+
+// Errorf returns an *Error with a formatted message.
+func Errorf(code Code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// ErrorCode returns the code of the first *Error in err's chain, or "" when
+// there is none (an internal error).
+func ErrorCode(err error) Code {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return ""
+}

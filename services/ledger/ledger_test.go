@@ -1,0 +1,216 @@
+package ledger_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/paymesh/paymesh/pkg/idgen"
+	"github.com/paymesh/paymesh/services/ledger"
+)
+
+func mustIDs(tb testing.TB) (*idgen.Regions, func(region string) string) {
+	tb.Helper()
+	r, err := idgen.NewRegions(map[string]uint8{"eu": 1, "us": 2, "ap": 3})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	gens := map[string]*idgen.Generator{}
+	return r, func(region string) string {
+		g := gens[region]
+		if g == nil {
+			if g, err = idgen.NewGenerator(r, region, 1); err != nil {
+				tb.Fatal(err)
+			}
+			gens[region] = g
+		}
+		id, err := g.NextString()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		return id
+	}
+}
+
+func TestNext(t *testing.T) {
+	tests := []struct {
+		from ledger.Status
+		ev   ledger.Event
+		want ledger.Status
+	}{
+		{ledger.StatusPending, ledger.EventComplete, ledger.StatusCompleted},
+		{ledger.StatusPending, ledger.EventDebit, ledger.StatusDebited},
+		{ledger.StatusPending, ledger.EventReject, ledger.StatusRejected},
+		{ledger.StatusDebited, ledger.EventConfirm, ledger.StatusCompleted},
+		{ledger.StatusDebited, ledger.EventRefund, ledger.StatusRefunded},
+		// Repeated, out-of-order and backward steps are illegal.
+		{ledger.StatusCompleted, ledger.EventComplete, ""},
+		{ledger.StatusDebited, ledger.EventDebit, ""},
+		{ledger.StatusCompleted, ledger.EventRefund, ""},
+		{ledger.StatusRefunded, ledger.EventConfirm, ""},
+		{ledger.StatusPending, ledger.EventConfirm, ""},
+		{ledger.StatusRejected, ledger.EventComplete, ""},
+	}
+	for _, tt := range tests {
+		got, err := ledger.Next(tt.from, tt.ev)
+		if tt.want == "" {
+			if ledger.ErrorCode(err) != ledger.CodeIllegalTransition {
+				t.Errorf("%s --%s-->: got %q %v, want illegal_transition", tt.from, tt.ev, got, err)
+			}
+			continue
+		}
+		if err != nil || got != tt.want {
+			t.Errorf("%s --%s-->: got %q %v, want %s", tt.from, tt.ev, got, err, tt.want)
+		}
+	}
+}
+
+func TestDecodeCommand(t *testing.T) {
+	_, id := mustIDs(t)
+	good := ledger.Command{Type: ledger.TypeTransfer, TransferID: id("eu"), ClientID: "c1", IdempotencyKey: "k1",
+		From: id("eu"), To: id("eu"), Amount: 250, Currency: "EUR", CreatedAt: time.Now().UTC().Truncate(time.Microsecond)}
+	t.Run("OK", func(t *testing.T) {
+		got, err := ledger.DecodeCommand(good.Encode())
+		if err != nil || got != good {
+			t.Fatalf("got %+v %v, want %+v", got, err, good)
+		}
+	})
+	withAmount := func(a string) []byte {
+		return []byte(strings.Replace(string(good.Encode()), `"amount":250`, `"amount":`+a, 1))
+	}
+	bad := map[string]struct {
+		in   []byte
+		code ledger.Code
+	}{
+		"Fraction":      {withAmount("2.5"), ledger.CodeInvalidAmount},
+		"Exponent":      {withAmount("1e3"), ledger.CodeInvalidAmount},
+		"String":        {withAmount(`"250"`), ledger.CodeInvalidAmount},
+		"Null":          {withAmount(`null`), ledger.CodeInvalidAmount},
+		"OverInt64":     {withAmount("9223372036854775808"), ledger.CodeInvalidAmount},
+		"UnknownField":  {[]byte(strings.Replace(string(good.Encode()), `{`, `{"memo":"x",`, 1)), ledger.CodeInvalidRequest},
+		"TrailingData":  {append(good.Encode(), []byte(`{}`)...), ledger.CodeInvalidRequest},
+		"NotJSON":       {[]byte("hello"), ledger.CodeInvalidRequest},
+		"Oversize":      {[]byte(`{"type":"` + strings.Repeat("x", ledger.MaxCommandBytes) + `"}`), ledger.CodeInvalidRequest},
+		"MissingAmount": {[]byte(strings.Replace(string(good.Encode()), `"amount":250,`, ``, 1)), ledger.CodeInvalidAmount},
+	}
+	for name, tt := range bad {
+		t.Run(name, func(t *testing.T) {
+			_, err := ledger.DecodeCommand(tt.in)
+			if got := ledger.ErrorCode(err); got != tt.code {
+				t.Fatalf("got code %q (%v), want %q", got, err, tt.code)
+			}
+		})
+	}
+}
+
+func TestValidate(t *testing.T) {
+	ids, id := mustIDs(t)
+	valid := func() ledger.Command {
+		return ledger.Command{Type: ledger.TypeTransfer, TransferID: id("eu"), ClientID: "c1", IdempotencyKey: "k1",
+			From: id("eu"), To: id("eu"), Amount: 1, Currency: "EUR", CreatedAt: time.Now()}
+	}
+	if err := valid().Validate("eu", ids); err != nil {
+		t.Fatalf("valid command: %v", err)
+	}
+	fund := valid()
+	fund.Type, fund.From = ledger.TypeFund, ""
+	if err := fund.Validate("eu", ids); err != nil {
+		t.Fatalf("valid fund command: %v", err)
+	}
+	same := valid()
+	same.To = same.From
+	tests := map[string]struct {
+		mut  func(*ledger.Command)
+		code ledger.Code
+	}{
+		"ZeroAmount":        {func(c *ledger.Command) { c.Amount = 0 }, ledger.CodeInvalidAmount},
+		"NegativeAmount":    {func(c *ledger.Command) { c.Amount = -5 }, ledger.CodeInvalidAmount},
+		"LowercaseCurrency": {func(c *ledger.Command) { c.Currency = "eur" }, ledger.CodeInvalidCurrency},
+		"NoClient":          {func(c *ledger.Command) { c.ClientID = "" }, ledger.CodeInvalidRequest},
+		"SlashInKey":        {func(c *ledger.Command) { c.IdempotencyKey = "a/b" }, ledger.CodeInvalidRequest},
+		"LongKey":           {func(c *ledger.Command) { c.IdempotencyKey = strings.Repeat("k", 256) }, ledger.CodeInvalidRequest},
+		"NoCreatedAt":       {func(c *ledger.Command) { c.CreatedAt = time.Time{} }, ledger.CodeInvalidRequest},
+		"BadFrom":           {func(c *ledger.Command) { c.From = "eu-nope" }, ledger.CodeInvalidRequest},
+		"BadTransferID":     {func(c *ledger.Command) { c.TransferID = "" }, ledger.CodeInvalidRequest},
+		"SourceElsewhere":   {func(c *ledger.Command) { c.From = id("us") }, ledger.CodeWrongRegion},
+		"TransferElsewhere": {func(c *ledger.Command) { c.TransferID = id("ap") }, ledger.CodeWrongRegion},
+		"CrossRegion":       {func(c *ledger.Command) { c.To = id("us") }, ledger.CodeCrossRegion},
+		"SameAccount":       {func(c *ledger.Command) { c.To = c.From }, ledger.CodeSameAccount},
+		"FundWithFrom":      {func(c *ledger.Command) { c.Type = ledger.TypeFund }, ledger.CodeInvalidRequest},
+		"UnknownType":       {func(c *ledger.Command) { c.Type = "steal" }, ledger.CodeInvalidRequest},
+	}
+	for name, tt := range tests {
+		t.Run(name, func(t *testing.T) {
+			c := valid()
+			tt.mut(&c)
+			if got := ledger.ErrorCode(c.Validate("eu", ids)); got != tt.code {
+				t.Fatalf("got %q, want %q", got, tt.code)
+			}
+		})
+	}
+}
+
+func TestPlanBatch(t *testing.T) {
+	_, id := mustIDs(t)
+	a, b, usd, closed, mint := id("eu"), id("eu"), id("eu"), id("eu"), id("eu")
+	accounts := map[string]ledger.Account{
+		a:      {ID: a, Kind: ledger.KindCustomer, Currency: "EUR", Balance: 100, Version: 3},
+		b:      {ID: b, Kind: ledger.KindCustomer, Currency: "EUR", Balance: ledger.NoFloor * -1 / 2, Floor: -50},
+		usd:    {ID: usd, Kind: ledger.KindCustomer, Currency: "USD", Balance: 10},
+		closed: {ID: closed, Kind: ledger.KindCustomer, Currency: "EUR", Closed: true},
+		mint:   {ID: mint, Kind: ledger.KindIssuance, Currency: "EUR", Floor: ledger.NoFloor},
+	}
+	b0 := accounts[b].Balance
+	cmd := func(from, to string, amount int64) ledger.Command {
+		return ledger.Command{Type: ledger.TypeTransfer, TransferID: id("eu"), ClientID: "c", IdempotencyKey: id("eu"),
+			From: from, To: to, Amount: amount, Currency: "EUR", CreatedAt: time.Now()}
+	}
+	ghost := id("eu")
+	cmds := []ledger.Command{
+		cmd(a, b, 60),     // ok: a 100 -> 40
+		cmd(a, b, 41),     // a has 40: insufficient
+		cmd(a, b, 40),     // exactly to the floor: ok, a -> 0
+		cmd(b, a, b0+151), // b holds b0+100, floor -50: one short
+		cmd(ghost, a, 1),  // unknown source
+		cmd(a, ghost, 1),  // unknown destination
+		cmd(a, usd, 1),    // currency mismatch
+		cmd(a, closed, 1), // closed
+		cmd(mint, a, 1),   // issuance is not a customer account
+		{Type: ledger.TypeFund, TransferID: id("eu"), ClientID: "c", IdempotencyKey: "f", From: mint, To: b, Amount: 1<<63 - 1, Currency: "EUR", CreatedAt: time.Now()}, // overflow b
+	}
+	p := ledger.PlanBatch(accounts, cmds)
+	want := []ledger.Code{"", ledger.CodeInsufficientFunds, "", ledger.CodeInsufficientFunds, ledger.CodeAccountNotFound,
+		ledger.CodeAccountNotFound, ledger.CodeCurrencyMismatch, ledger.CodeAccountClosed, ledger.CodeInvalidRequest, ledger.CodeBalanceOverflow}
+	for i, o := range p.Outcomes {
+		if o.Transfer.Reason != want[i] {
+			t.Errorf("command %d: got reason %q, want %q", i, o.Transfer.Reason, want[i])
+		}
+		wantStatus, wantPostings := ledger.StatusCompleted, 2
+		if want[i] != "" {
+			wantStatus, wantPostings = ledger.StatusRejected, 0
+		}
+		if o.Transfer.Status != wantStatus || len(o.Postings) != wantPostings || o.Transfer.Version != 1 {
+			t.Errorf("command %d: got %s v%d with %d postings, want %s v1 with %d", i, o.Transfer.Status, o.Transfer.Version, len(o.Postings), wantStatus, wantPostings)
+		}
+	}
+	if accounts[a].Balance != 100 {
+		t.Fatalf("PlanBatch modified its input")
+	}
+	got := map[string]ledger.AccountChange{}
+	for _, c := range p.Accounts {
+		got[c.ID] = c
+	}
+	if c := got[a]; c.ToBalance != 0 || c.FromVersion != 3 || c.ToVersion != 5 {
+		t.Errorf("account a: got %+v, want balance 0, version 3 -> 5", c)
+	}
+	if c := got[b]; c.ToBalance != b0+100 || c.ToVersion != 2 {
+		t.Errorf("account b: got %+v, want balance %d, version 2", c, b0+100)
+	}
+	if len(p.Accounts) != 2 {
+		t.Errorf("changed accounts: got %d, want 2", len(p.Accounts))
+	}
+	// Postings carry the balance and version they produced, in order.
+	if ps := p.Outcomes[2].Postings; ps[0].BalanceAfter != 0 || ps[0].AccountVersion != 5 || ps[0].Amount != -40 {
+		t.Errorf("third transfer debit: got %+v", ps[0])
+	}
+}

@@ -1,0 +1,105 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/paymesh/paymesh/services/ledger"
+)
+
+const accountColumns = `id, client_id, kind, currency, balance, floor, closed, version, created_at`
+
+func scanAccount(row pgx.CollectableRow) (ledger.Account, error) {
+	var a ledger.Account
+	err := row.Scan(&a.ID, &a.ClientID, &a.Kind, &a.Currency, &a.Balance, &a.Floor, &a.Closed, &a.Version, &a.CreatedAt)
+	return a, err
+}
+
+// IssuanceClient owns the issuance accounts.
+const IssuanceClient = "paymesh"
+
+// CreateAccount opens an account in this region, and the region's issuance
+// account for its currency if there is none yet. It returns an *ledger.Error
+// for an invalid request.
+func (s *Store) CreateAccount(ctx context.Context, n ledger.NewAccount) (ledger.Account, error) {
+	if err := n.Validate(); err != nil {
+		return ledger.Account{}, err
+	}
+	id, err := s.cfg.IDs.NextString()
+	if err != nil {
+		return ledger.Account{}, fmt.Errorf("create account: %w", err)
+	}
+	mintID, err := s.cfg.IDs.NextString()
+	if err != nil {
+		return ledger.Account{}, fmt.Errorf("create account: %w", err)
+	}
+	var a ledger.Account
+	err = s.transact(ctx, "create account", func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `
+			INSERT INTO accounts (id, client_id, kind, currency, floor) VALUES ($1, $2, 'issuance', $3, $4)
+			ON CONFLICT (currency) WHERE kind = 'issuance' DO NOTHING`,
+			mintID, IssuanceClient, n.Currency, int64(ledger.NoFloor)); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, `
+			INSERT INTO accounts (id, client_id, kind, currency, floor) VALUES ($1, $2, 'customer', $3, $4)
+			RETURNING `+accountColumns, id, n.ClientID, n.Currency, n.Floor)
+		if err != nil {
+			return err
+		}
+		a, err = pgx.CollectExactlyOneRow(rows, scanAccount)
+		return err
+	}, nil)
+	return a, err
+}
+
+// Account returns an account, or an *ledger.Error with CodeAccountNotFound.
+func (s *Store) Account(ctx context.Context, id string) (ledger.Account, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+accountColumns+` FROM accounts WHERE id = $1`, id)
+	if err != nil {
+		return ledger.Account{}, fmt.Errorf("read account: %w", err)
+	}
+	a, err := pgx.CollectExactlyOneRow(rows, scanAccount)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ledger.Account{}, ledger.Errorf(ledger.CodeAccountNotFound, "account %s does not exist", id)
+	}
+	if err != nil {
+		return ledger.Account{}, fmt.Errorf("read account: %w", err)
+	}
+	return a, nil
+}
+
+// CloseAccount marks an account closed; later transfers touching it are
+// rejected. It returns CodeAccountNotFound for an unknown account.
+func (s *Store) CloseAccount(ctx context.Context, id string) error {
+	tag, err := s.pool.Exec(ctx, `UPDATE accounts SET closed = true WHERE id = $1 AND kind = 'customer'`, id)
+	if err != nil {
+		return fmt.Errorf("close account: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return ledger.Errorf(ledger.CodeAccountNotFound, "account %s does not exist", id)
+	}
+	return nil
+}
+
+// Postings returns an account's change-log in version order.
+func (s *Store) Postings(ctx context.Context, accountID string) ([]ledger.Posting, error) {
+	rows, err := s.pool.Query(ctx, `
+		SELECT transfer_id, leg, account_id, amount, balance_after, account_version
+		FROM postings WHERE account_id = $1 ORDER BY account_version`, accountID)
+	if err != nil {
+		return nil, fmt.Errorf("read postings: %w", err)
+	}
+	ps, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ledger.Posting, error) {
+		var p ledger.Posting
+		err := r.Scan(&p.TransferID, &p.Leg, &p.AccountID, &p.Amount, &p.BalanceAfter, &p.AccountVersion)
+		return p, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read postings: %w", err)
+	}
+	return ps, nil
+}

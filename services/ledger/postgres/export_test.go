@@ -1,0 +1,4 @@
+package postgres
+
+// UpdateBalancesSQL exposes the balance compare-and-set to tests.
+const UpdateBalancesSQL = updateBalancesSQL

@@ -1,0 +1,206 @@
+// Package postgres is the ledger's Postgres adapter: the schema (embedded,
+// numbered migrations), the batched exactly-once apply, account and transfer
+// reads, the transfer state machine's compare-and-set, and the invariant
+// checks behind `paymesh verify`.
+package postgres
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/paymesh/paymesh/internal/pgdb"
+	"github.com/paymesh/paymesh/pkg/dedup"
+	"github.com/paymesh/paymesh/pkg/idgen"
+	"github.com/paymesh/paymesh/services/ledger"
+)
+
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// Migrations returns every migration set a ledger database needs, in order:
+// the consume-log's and the ledger's own.
+func Migrations() []pgdb.Migration {
+	sub, _ := fs.Sub(migrationFiles, "migrations") // cannot fail: the path is embedded
+	return []pgdb.Migration{
+		{FS: dedup.Migrations(), Table: dedup.MigrationTable},
+		{FS: sub, Table: "ledger_schema_version"},
+	}
+}
+
+// Consumer is the consume-log consumer group of the ledger's transfer apply.
+const Consumer = "ledger"
+
+// Config wires a Store.
+type Config struct {
+	// Region is the region this database belongs to.
+	Region string
+	// IDs mints account IDs in Region.
+	IDs *idgen.Generator
+	// Dedup is the consume-log.
+	Dedup *dedup.Log
+	// MaxAttempts bounds retries of a transaction on serialization failure,
+	// deadlock, lock timeout or a business-key race. Default 8.
+	MaxAttempts uint
+	// BeforeCommit, if set, runs inside every apply transaction just before
+	// COMMIT. Tests use it as a failpoint; an error aborts the transaction.
+	BeforeCommit func(ctx context.Context) error
+	// OnRetry, if set, is told about every retried transaction attempt.
+	OnRetry func(op string, attempt int, err error)
+	// Stats, if set, receives the store's counters.
+	Stats *ledger.Stats
+}
+
+// Store is the ledger's Postgres adapter. It is safe for concurrent use.
+type Store struct {
+	pool *pgxpool.Pool
+	cfg  Config
+}
+
+// New returns a Store over pool.
+func New(pool *pgxpool.Pool, cfg Config) *Store {
+	if cfg.MaxAttempts == 0 {
+		cfg.MaxAttempts = 8
+	}
+	if cfg.Stats == nil {
+		cfg.Stats = &ledger.Stats{}
+	}
+	return &Store{pool: pool, cfg: cfg}
+}
+
+func (s *Store) stats() *ledger.Stats { return s.cfg.Stats }
+
+// Pool returns the store's pool.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Migrate applies the schema and creates the consume-log's day partitions.
+func (s *Store) Migrate(ctx context.Context) error {
+	if err := pgdb.Migrate(ctx, s.pool, Migrations()...); err != nil {
+		return err
+	}
+	if _, err := s.cfg.Dedup.Maintain(ctx, s.pool); err != nil {
+		return err
+	}
+	return nil
+}
+
+// Errors of the transaction runner.
+var (
+	// errUnknownCommit marks a COMMIT whose outcome the client could not see
+	// and could not read back. The caller must not ack: a redelivery settles
+	// it through the consume-log.
+	errUnknownCommit = errors.New("commit outcome unknown")
+	// errNotApplied marks a COMMIT that failed without an answer and was then
+	// read back as not applied: safe to run again.
+	errNotApplied = errors.New("commit failed and was not applied")
+)
+
+// transact runs fn in a READ COMMITTED transaction and retries the whole
+// transaction on 40001 (serialization failure), 40P01 (deadlock), 55P03 (lock
+// timeout) and 23505 (a unique key raced by a concurrent transaction: the
+// retry sees the winner's row). When COMMIT fails without a server answer,
+// committed reports whether it took effect; without one the error is
+// returned wrapped in errUnknownCommit.
+func (s *Store) transact(ctx context.Context, op string, fn func(pgx.Tx) error, committed func(context.Context) (bool, error)) error {
+	attempt := 0
+	_, err := backoff.Retry(ctx, func() (struct{}, error) {
+		attempt++
+		err := s.once(ctx, fn, committed)
+		if err == nil {
+			return struct{}{}, nil
+		}
+		if errors.Is(err, dedup.ErrFenced) {
+			s.stats().Fenced.Add(1)
+		}
+		if !retryable(err) {
+			return struct{}{}, backoff.Permanent(err)
+		}
+		s.stats().Retries.Add(1)
+		if s.cfg.OnRetry != nil {
+			s.cfg.OnRetry(op, attempt, err)
+		}
+		return struct{}{}, err
+	}, backoff.WithBackOff(&backoff.ExponentialBackOff{
+		InitialInterval: 2 * time.Millisecond, RandomizationFactor: 0.5, Multiplier: 2, MaxInterval: 200 * time.Millisecond,
+	}), backoff.WithMaxTries(s.cfg.MaxAttempts), backoff.WithMaxElapsedTime(0))
+	if err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	return nil
+}
+
+func (s *Store) once(ctx context.Context, fn func(pgx.Tx) error, committed func(context.Context) (bool, error)) error {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback(ctx)
+		return err
+	}
+	err = tx.Commit(ctx)
+	if err == nil || committed == nil || !commitOutcomeUnknown(err) {
+		return err
+	}
+	// The connection died during COMMIT: read back whether it happened.
+	ok, rerr := committed(ctx)
+	switch {
+	case rerr != nil:
+		return fmt.Errorf("%w: %v (the check failed: %v)", errUnknownCommit, err, rerr)
+	case ok:
+		return nil
+	default:
+		return fmt.Errorf("%w: %v", errNotApplied, err)
+	}
+}
+
+// commitOutcomeUnknown reports whether a COMMIT error may have left the
+// transaction committed: the server never answered.
+func commitOutcomeUnknown(err error) bool {
+	var pgErr *pgconn.PgError
+	return !errors.As(err, &pgErr) && ctxErr(err) == nil
+}
+
+func ctxErr(err error) error {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return nil
+}
+
+// retryable reports whether running the whole transaction again is safe and
+// may succeed. Rerunning is always safe for the apply: a transaction that did
+// commit is seen by the rerun's consume-log claim.
+func retryable(err error) bool {
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr):
+		switch pgErr.Code {
+		case "40001", "40P01", "55P03", "23505":
+			return true
+		}
+		return false
+	case errors.Is(err, errUnknownCommit), ctxErr(err) != nil:
+		return false
+	case errors.Is(err, dedup.ErrLost), errors.Is(err, dedup.ErrFenced), errors.Is(err, errNotApplied):
+		return true
+	}
+	// A connection lost before COMMIT: the transaction rolled back.
+	var connErr *pgconn.ConnectError
+	return errors.As(err, &connErr) || pgconn.SafeToRetry(err) || isNetErr(err)
+}
+
+func isNetErr(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF)
+}

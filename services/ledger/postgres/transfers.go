@@ -1,0 +1,71 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/paymesh/paymesh/services/ledger"
+)
+
+const transferColumns = `id, client_id, idempotency_key, fingerprint, from_account, to_account, amount, currency,
+	status, coalesce(reason, ''), version, created_at`
+
+func scanTransfer(row pgx.CollectableRow) (ledger.Transfer, error) {
+	var t ledger.Transfer
+	err := row.Scan(&t.ID, &t.ClientID, &t.IdempotencyKey, &t.Fingerprint, &t.From, &t.To, &t.Amount, &t.Currency,
+		&t.Status, &t.Reason, &t.Version, &t.CreatedAt)
+	return t, err
+}
+
+// Transfer returns a transfer by ID, or an *ledger.Error with CodeNotFound.
+func (s *Store) Transfer(ctx context.Context, id string) (ledger.Transfer, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+transferColumns+` FROM transfers WHERE id = $1`, id)
+	if err != nil {
+		return ledger.Transfer{}, fmt.Errorf("read transfer: %w", err)
+	}
+	t, err := pgx.CollectExactlyOneRow(rows, scanTransfer)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ledger.Transfer{}, ledger.Errorf(ledger.CodeNotFound, "transfer %s does not exist", id)
+	}
+	if err != nil {
+		return ledger.Transfer{}, fmt.Errorf("read transfer: %w", err)
+	}
+	return t, nil
+}
+
+// Advance moves a transfer along its state machine with a compare-and-set on
+// the (status, version) the caller read. It returns an *ledger.Error with
+// CodeIllegalTransition when the machine has no such step (a repeated or
+// out-of-order event), CodeStaleVersion when the transfer moved on since it
+// was read (this also stops ABA: the version never repeats), or
+// CodeNotFound. Every refusal is counted in Stats.
+func (s *Store) Advance(ctx context.Context, id string, from ledger.Status, version int64, ev ledger.Event) (ledger.Transfer, error) {
+	to, err := ledger.Next(from, ev)
+	if err != nil {
+		s.stats().IllegalTransitions.Add(1)
+		return ledger.Transfer{}, err
+	}
+	rows, err := s.pool.Query(ctx, `
+		UPDATE transfers SET status = $4, version = version + 1
+		WHERE id = $1 AND status = $2 AND version = $3
+		RETURNING `+transferColumns, id, from, version, to)
+	if err != nil {
+		return ledger.Transfer{}, fmt.Errorf("advance transfer: %w", err)
+	}
+	t, err := pgx.CollectExactlyOneRow(rows, scanTransfer)
+	if err == nil {
+		return t, nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return ledger.Transfer{}, fmt.Errorf("advance transfer: %w", err)
+	}
+	cur, err := s.Transfer(ctx, id)
+	if err != nil {
+		return ledger.Transfer{}, err
+	}
+	s.stats().StaleVersions.Add(1)
+	return cur, ledger.Errorf(ledger.CodeStaleVersion, "transfer %s is %s v%d, not %s v%d", id, cur.Status, cur.Version, from, version)
+}

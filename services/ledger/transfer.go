@@ -1,0 +1,137 @@
+package ledger
+
+import "time"
+
+// Status is a transfer's place in its state machine.
+type Status string
+
+// Transfer statuses. COMPLETED, REFUNDED and REJECTED are terminal.
+const (
+	StatusPending   Status = "PENDING"
+	StatusDebited   Status = "DEBITED"
+	StatusCompleted Status = "COMPLETED"
+	StatusRefunded  Status = "REFUNDED"
+	StatusRejected  Status = "REJECTED"
+)
+
+// Event moves a transfer from one status to the next.
+type Event string
+
+// Events of the transfer state machine.
+const (
+	// EventComplete debits and credits in one step (same-region transfer).
+	EventComplete Event = "complete"
+	// EventDebit debits the source; the credit happens elsewhere.
+	EventDebit Event = "debit"
+	// EventReject refuses the transfer with a reason; nothing is posted.
+	EventReject Event = "reject"
+	// EventConfirm records that the remote credit was applied.
+	EventConfirm Event = "confirm"
+	// EventRefund reverses the debit after the remote credit was refused.
+	EventRefund Event = "refund"
+)
+
+var transitions = map[Status]map[Event]Status{
+	StatusPending: {EventComplete: StatusCompleted, EventDebit: StatusDebited, EventReject: StatusRejected},
+	StatusDebited: {EventConfirm: StatusCompleted, EventRefund: StatusRefunded},
+}
+
+// Next returns the status that ev leads to from s, or an *Error with
+// CodeIllegalTransition when the machine has no such edge (a repeated or
+// out-of-order step). The machine has no cycles, so a transfer never returns
+// to an earlier status.
+func Next(s Status, ev Event) (Status, error) {
+	if to, ok := transitions[s][ev]; ok {
+		return to, nil
+	}
+	return "", Errorf(CodeIllegalTransition, "event %q is not allowed in status %s", ev, s)
+}
+
+// Legs lists the change-log legs a transfer in status s must have, the
+// invariant `paymesh verify` checks.
+func Legs(s Status) []Leg {
+	switch s {
+	case StatusCompleted:
+		return []Leg{LegDebit, LegCredit}
+	case StatusDebited:
+		return []Leg{LegDebit}
+	case StatusRefunded:
+		return []Leg{LegDebit, LegRefund}
+	}
+	return nil
+}
+
+// Transfer is the record of one transfer command, unique per client and
+// idempotency key.
+type Transfer struct {
+	ID             string
+	ClientID       string
+	IdempotencyKey string
+	Fingerprint    []byte
+	From, To       string
+	Amount         int64
+	Currency       string
+	Status         Status
+	// Reason is the refusal code of a REJECTED transfer.
+	Reason Code
+	// Version counts the transitions applied; a compare-and-set on
+	// (Status, Version) guards every change.
+	Version   int64
+	CreatedAt time.Time
+}
+
+// Leg names a change-log row of a transfer.
+type Leg string
+
+// Change-log legs.
+const (
+	LegDebit  Leg = "debit"
+	LegCredit Leg = "credit"
+	LegRefund Leg = "refund"
+)
+
+// Posting is one change-log row: a signed amount on one account, with the
+// balance and account version it produced. A transfer has at most one
+// posting per leg.
+type Posting struct {
+	TransferID     string
+	Leg            Leg
+	AccountID      string
+	Amount         int64
+	BalanceAfter   int64
+	AccountVersion int64
+}
+
+// ResultKind classifies what happened to one command of a batch.
+type ResultKind int
+
+// Result kinds.
+const (
+	// Applied: the transfer was recorded now (completed).
+	Applied ResultKind = iota + 1
+	// Rejected: the transfer was recorded now as REJECTED with a reason.
+	Rejected
+	// Duplicate: the command was already processed; Layer says who caught it.
+	Duplicate
+	// InProgress: another worker holds the command; let it be redelivered.
+	InProgress
+	// Conflict: the idempotency key was used before for another request.
+	Conflict
+	// Invalid: the command can never apply (malformed or misrouted).
+	Invalid
+)
+
+func (k ResultKind) String() string {
+	return [...]string{"unknown", "applied", "rejected", "duplicate", "in_progress", "conflict", "invalid"}[k]
+}
+
+// Result is the outcome of one command.
+type Result struct {
+	Kind     ResultKind
+	Transfer Transfer // for Applied, Rejected and business-key duplicates
+	Err      *Error   // the reason for Rejected, Conflict and Invalid
+	Layer    string   // the dedup layer that caught a Duplicate or Conflict
+	// DeadLetter is set when the command goes to the dead-letter stream:
+	// it can never apply as sent.
+	DeadLetter bool
+}
