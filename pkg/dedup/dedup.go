@@ -98,6 +98,7 @@ type Claim struct {
 	TakenOver bool
 
 	day time.Time
+	at  time.Time // claimed_at, which with holder and fence names this claim
 }
 
 // Config tunes a Log. The zero value is usable: a one-minute lease, a
@@ -174,14 +175,14 @@ func (l *Log) Claim(ctx context.Context, tx Querier, consumer string, key Key) (
 // returns ErrInvalidKey for an empty ID or zero origin, and any database
 // error, after which the transaction must be rolled back.
 func (l *Log) ClaimBatch(ctx context.Context, tx Querier, consumer string, keys []Key) ([]Claim, error) {
-	now := l.cfg.Now()
+	now := l.cfg.Now().UTC().Truncate(time.Microsecond) // as Postgres stores it
 	claims := make([]Claim, len(keys))
 	firstIdx := make(map[string]int, len(keys)) // key ID -> first index still to ask the table
 	for i, k := range keys {
 		if k.ID == "" || k.Origin.IsZero() {
 			return nil, fmt.Errorf("%w: id %q origin %v", ErrInvalidKey, k.ID, k.Origin)
 		}
-		claims[i] = Claim{Key: k, day: l.dayFor(k.Origin, now)}
+		claims[i] = Claim{Key: k, day: l.dayFor(k.Origin, now), at: now}
 		if j, seen := firstIdx[k.ID]; seen {
 			claims[i].Outcome, claims[i].Layer = Duplicate, LayerTable
 			if !sameFingerprint(keys[j].Fingerprint, k.Fingerprint) {
@@ -447,6 +448,26 @@ func (l *Log) Status(ctx context.Context, q Querier, consumer string, key Key) (
 		return "", 0, fmt.Errorf("dedup: status: %w", err)
 	}
 	return status, fence, nil
+}
+
+// IsMine reports whether claim c committed: its row is PROCESSED and still
+// carries this holder, c's fence and c's claim time. It is how a caller
+// resolves a COMMIT whose outcome it could not see; another holder's
+// commit of the same key does not count.
+func (l *Log) IsMine(ctx context.Context, q Querier, consumer string, c Claim) (bool, error) {
+	rows, err := q.Query(ctx, `
+		SELECT count(*) FROM dedup_log
+		WHERE consumer = $1 AND msg_key = $2 AND origin_day = $3
+		  AND status = 'PROCESSED' AND holder = $4 AND fence = $5 AND claimed_at = $6`,
+		consumer, c.Key.ID, c.day, l.cfg.Holder, c.Fence, c.at)
+	if err != nil {
+		return false, fmt.Errorf("dedup: is mine: %w", err)
+	}
+	n, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[int64])
+	if err != nil {
+		return false, fmt.Errorf("dedup: is mine: %w", err)
+	}
+	return n == 1, nil
 }
 
 // dayFor maps an origin to its partition day, clamped into the live window so

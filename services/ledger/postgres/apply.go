@@ -50,8 +50,7 @@ func (s *Store) Apply(ctx context.Context, cmds []ledger.Command) ([]ledger.Resu
 		if len(applied) == 0 {
 			return false, nil
 		}
-		st, fence, err := s.cfg.Dedup.Status(ctx, s.pool, Consumer, applied[0].Key)
-		return st == "PROCESSED" && fence == applied[0].Fence, err
+		return s.cfg.Dedup.IsMine(ctx, s.pool, Consumer, applied[0])
 	}
 	err := s.transact(ctx, "apply batch", func(tx pgx.Tx) error {
 		var err error

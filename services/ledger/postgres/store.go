@@ -38,6 +38,32 @@ func Migrations() []pgdb.Migration {
 	}
 }
 
+// Connect opens a pool whose sessions carry the ledger's transaction lease:
+// a transaction left idle for longer than lease (a hung or partitioned
+// worker) is ended by Postgres, which releases its claims and locks, and its
+// late COMMIT fails. lockTimeout bounds a wait for a row lock; zero means
+// the lease. It returns an error for a bad URL or an unreachable server.
+func Connect(ctx context.Context, url string, lease, lockTimeout time.Duration) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	if lockTimeout <= 0 {
+		lockTimeout = lease
+	}
+	cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = fmt.Sprint(lease.Milliseconds())
+	cfg.ConnConfig.RuntimeParams["lock_timeout"] = fmt.Sprint(lockTimeout.Milliseconds())
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	return pool, nil
+}
+
 // Consumer is the consume-log consumer group of the ledger's transfer apply.
 const Consumer = "ledger"
 
@@ -119,7 +145,7 @@ func (s *Store) transact(ctx context.Context, op string, fn func(pgx.Tx) error, 
 		if err == nil {
 			return struct{}{}, nil
 		}
-		if errors.Is(err, dedup.ErrFenced) {
+		if fenced(err) {
 			s.stats().Fenced.Add(1)
 		}
 		if !retryable(err) {
@@ -189,7 +215,7 @@ func retryable(err error) bool {
 		case "40001", "40P01", "55P03", "23505":
 			return true
 		}
-		return false
+		return fenced(err)
 	case errors.Is(err, errUnknownCommit), ctxErr(err) != nil:
 		return false
 	case errors.Is(err, dedup.ErrLost), errors.Is(err, dedup.ErrFenced), errors.Is(err, errNotApplied):
@@ -198,6 +224,19 @@ func retryable(err error) bool {
 	// A connection lost before COMMIT: the transaction rolled back.
 	var connErr *pgconn.ConnectError
 	return errors.As(err, &connErr) || pgconn.SafeToRetry(err) || isNetErr(err)
+}
+
+// fenced reports whether a transaction lost its claims before it could
+// commit: the consume-log fence moved on (a lease holder outlived its lease),
+// or Postgres ended the session because the transaction sat idle past its
+// lease (idle_in_transaction_session_timeout) or was terminated. Either way
+// its late COMMIT cannot land, and a rerun sees whoever took over.
+func fenced(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code == "25P03" || pgErr.Code == "57P01"
+	}
+	return errors.Is(err, dedup.ErrFenced)
 }
 
 func isNetErr(err error) bool {

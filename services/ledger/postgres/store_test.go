@@ -516,3 +516,49 @@ func mustPort(tb testing.TB, addr string) int {
 	}
 	return port
 }
+
+// TestLateCommitIsFenced: a worker that hangs inside its transaction past
+// the lease loses its claims. Postgres ends its session; a second worker,
+// which was waiting on the claim, applies the transfer; the first worker's
+// late COMMIT fails, is counted, and its rerun sees a duplicate.
+func TestLateCommitIsFenced(t *testing.T) {
+	pool, url := pgtest.MustDatabase(t, postgres.Migrations()...)
+	leased, err := postgres.Connect(context.Background(), url, time.Second, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(leased.Close)
+	inHook := make(chan struct{})
+	var once sync.Once
+	slow := mustFixtureOn(t, leased, url, func(c *postgres.Config) {
+		c.BeforeCommit = func(context.Context) error {
+			hung := false
+			once.Do(func() { hung = true })
+			if hung {
+				close(inHook)
+				time.Sleep(2500 * time.Millisecond) // past the 1 s lease
+			}
+			return nil
+		}
+	})
+	fast := mustFixtureOn(t, pool, url)
+	a, b := fast.account(t, "EUR", 100), fast.account(t, "EUR", 0)
+	cmd := fast.transfer(t, a, b, 25)
+
+	slowResult := make(chan ledger.Result)
+	go func() { slowResult <- slow.apply(t, cmd)[0] }()
+	<-inHook
+	if r := fast.apply(t, cmd)[0]; r.Kind != ledger.Applied {
+		t.Fatalf("second worker: got %v, want applied once the first lost its lease", r.Kind)
+	}
+	if r := <-slowResult; r.Kind != ledger.Duplicate {
+		t.Fatalf("first worker after its late commit failed: got %v, want duplicate", r.Kind)
+	}
+	if got := slow.stats.Fenced.Load(); got != 1 {
+		t.Fatalf("fenced late commits: got %d, want 1", got)
+	}
+	if got := fast.balance(t, a); got != 75 {
+		t.Fatalf("balance: got %d, want 75", got)
+	}
+	fast.mustVerify(t)
+}
