@@ -13,140 +13,10 @@ import (
 	"github.com/paymesh/paymesh/internal/faultproxy"
 	"github.com/paymesh/paymesh/internal/pgtest"
 	"github.com/paymesh/paymesh/pkg/dedup"
-	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/ledger"
+	"github.com/paymesh/paymesh/services/ledger/ledgertest"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 )
-
-// fixture is one region's ledger database with a steppable clock.
-type fixture struct {
-	store *postgres.Store
-	pool  *pgxpool.Pool
-	url   string
-	log   *dedup.Log
-	ids   *idgen.Generator
-	stats *ledger.Stats
-	clock *clock
-}
-
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) Step(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
-func mustFixture(tb testing.TB, mods ...func(*postgres.Config)) *fixture {
-	tb.Helper()
-	pool, url := pgtest.MustDatabase(tb, postgres.Migrations()...)
-	return mustFixtureOn(tb, pool, url, mods...)
-}
-
-func mustFixtureOn(tb testing.TB, pool *pgxpool.Pool, url string, mods ...func(*postgres.Config)) *fixture {
-	tb.Helper()
-	regions, err := idgen.NewRegions(map[string]uint8{"eu": 1, "us": 2})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	gen, err := idgen.NewGenerator(regions, "eu", 7)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	f := &fixture{pool: pool, url: url, ids: gen, stats: &ledger.Stats{}, clock: &clock{t: time.Now().UTC()}}
-	f.log = dedup.New(dedup.Config{Holder: "test", WindowDays: 3, Now: f.clock.Now})
-	cfg := postgres.Config{Region: "eu", IDs: gen, Dedup: f.log, Stats: f.stats}
-	for _, m := range mods {
-		m(&cfg)
-	}
-	f.store = postgres.New(pool, cfg)
-	if err := f.store.Migrate(context.Background()); err != nil {
-		tb.Fatal(err)
-	}
-	return f
-}
-
-func (f *fixture) id(tb testing.TB) string {
-	tb.Helper()
-	s, err := f.ids.NextString()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return s
-}
-
-func (f *fixture) account(tb testing.TB, currency string, funds int64) string {
-	tb.Helper()
-	a, err := f.store.CreateAccount(context.Background(), ledger.NewAccount{ClientID: "c1", Currency: currency})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if funds > 0 {
-		f.mustApply(tb, ledger.Command{Type: ledger.TypeFund, TransferID: f.id(tb), ClientID: "c1",
-			IdempotencyKey: "fund-" + a.ID, To: a.ID, Amount: funds, Currency: currency, CreatedAt: f.clock.Now()})
-	}
-	return a.ID
-}
-
-func (f *fixture) transfer(tb testing.TB, from, to string, amount int64) ledger.Command {
-	tb.Helper()
-	return ledger.Command{Type: ledger.TypeTransfer, TransferID: f.id(tb), ClientID: "c1", IdempotencyKey: "k-" + f.id(tb),
-		From: from, To: to, Amount: amount, Currency: "EUR", CreatedAt: f.clock.Now()}
-}
-
-func (f *fixture) apply(tb testing.TB, cmds ...ledger.Command) []ledger.Result {
-	tb.Helper()
-	rs, err := f.store.Apply(context.Background(), cmds)
-	if err != nil {
-		tb.Fatalf("apply: %v", err)
-	}
-	for _, r := range rs {
-		f.stats.Record(r)
-	}
-	return rs
-}
-
-func (f *fixture) mustApply(tb testing.TB, c ledger.Command) ledger.Result {
-	tb.Helper()
-	r := f.apply(tb, c)[0]
-	if r.Kind != ledger.Applied {
-		tb.Fatalf("apply %s: got %v %v, want applied", c, r.Kind, r.Err)
-	}
-	return r
-}
-
-func (f *fixture) balance(tb testing.TB, id string) int64 {
-	tb.Helper()
-	a, err := f.store.Account(context.Background(), id)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return a.Balance
-}
-
-func (f *fixture) mustVerify(tb testing.TB) {
-	tb.Helper()
-	rep, err := f.store.Verify(context.Background())
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if !rep.OK() {
-		tb.Fatalf("verify failed:\n%s", rep)
-	}
-}
-
-func (f *fixture) count(tb testing.TB, sql string, args ...any) int {
-	tb.Helper()
-	var n int
-	if err := f.pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
-		tb.Fatal(err)
-	}
-	return n
-}
 
 func kinds(rs []ledger.Result) map[ledger.ResultKind]int {
 	m := map[ledger.ResultKind]int{}
@@ -160,30 +30,30 @@ func kinds(rs []ledger.Result) map[ledger.ResultKind]int {
 // after another, all in one batch, and concurrently from many workers: it is
 // applied once, with one pair of change-log rows and one balance change.
 func TestExactlyOnce(t *testing.T) {
-	f := mustFixture(t)
+	f := ledgertest.New(t)
 	for _, n := range []int{1, 2, 50} {
 		for _, mode := range []string{"Sequential", "OneBatch", "Concurrent"} {
 			t.Run(fmt.Sprintf("%s%d", mode, n), func(t *testing.T) {
-				a, b := f.account(t, "EUR", 1000), f.account(t, "EUR", 0)
-				cmd := f.transfer(t, a, b, 100)
+				a, b := f.Account(t, "EUR", 1000), f.Account(t, "EUR", 0)
+				cmd := f.Transfer(t, a, b, 100)
 				var rs []ledger.Result
 				switch mode {
 				case "Sequential":
 					for range n {
-						rs = append(rs, f.apply(t, cmd)...)
+						rs = append(rs, f.Apply(t, cmd)...)
 					}
 				case "OneBatch":
 					batch := make([]ledger.Command, n)
 					for i := range batch {
 						batch[i] = cmd
 					}
-					rs = f.apply(t, batch...)
+					rs = f.Apply(t, batch...)
 				case "Concurrent":
 					var mu sync.Mutex
 					var wg sync.WaitGroup
 					for range n {
 						wg.Go(func() {
-							r := f.apply(t, cmd)
+							r := f.Apply(t, cmd)
 							mu.Lock()
 							rs = append(rs, r...)
 							mu.Unlock()
@@ -194,36 +64,36 @@ func TestExactlyOnce(t *testing.T) {
 				if k := kinds(rs); k[ledger.Applied] != 1 || k[ledger.Duplicate] != n-1 {
 					t.Fatalf("got %v, want 1 applied and %d duplicates", k, n-1)
 				}
-				if got := f.balance(t, a); got != 900 {
+				if got := f.Balance(t, a); got != 900 {
 					t.Errorf("source balance: got %d, want 900", got)
 				}
-				if got := f.balance(t, b); got != 100 {
+				if got := f.Balance(t, b); got != 100 {
 					t.Errorf("destination balance: got %d, want 100", got)
 				}
-				if got := f.count(t, `SELECT count(*) FROM postings WHERE transfer_id = $1`, cmd.TransferID); got != 2 {
+				if got := f.Count(t, `SELECT count(*) FROM postings WHERE transfer_id = $1`, cmd.TransferID); got != 2 {
 					t.Errorf("change-log rows: got %d, want 2", got)
 				}
 			})
 		}
 	}
-	f.mustVerify(t)
-	dups := f.stats.Duplicates()
+	f.MustVerify(t)
+	dups := f.Stats.Duplicates()
 	if dups[string(dedup.LayerTable)] == 0 {
 		t.Errorf("duplicates by layer %v: want some caught by the dedup table", dups)
 	}
 }
 
 func TestRefusals(t *testing.T) {
-	f := mustFixture(t)
-	a, b, usd := f.account(t, "EUR", 100), f.account(t, "EUR", 0), f.account(t, "USD", 0)
-	ghost := f.id(t)
-	huge := f.account(t, "EUR", 0)
+	f := ledgertest.New(t)
+	a, b, usd := f.Account(t, "EUR", 100), f.Account(t, "EUR", 0), f.Account(t, "USD", 0)
+	ghost := f.ID(t)
+	huge := f.Account(t, "EUR", 0)
 	// Fill huge to the top of int64 through the issuance account.
-	f.mustApply(t, ledger.Command{Type: ledger.TypeFund, TransferID: f.id(t), ClientID: "c1", IdempotencyKey: "top",
-		To: huge, Amount: 1<<63 - 1 - 100, Currency: "EUR", CreatedAt: f.clock.Now()})
+	f.MustApply(t, ledger.Command{Type: ledger.TypeFund, TransferID: f.ID(t), ClientID: "c1", IdempotencyKey: "top",
+		To: huge, Amount: 1<<63 - 1 - 100, Currency: "EUR", CreatedAt: f.Clock.Now()})
 
 	// An account with an overdraft limit can send more than it holds.
-	od, err := f.store.CreateAccount(context.Background(), ledger.NewAccount{ClientID: "c1", Currency: "EUR", Floor: -1000})
+	od, err := f.Store.CreateAccount(context.Background(), ledger.NewAccount{ClientID: "c1", Currency: "EUR", Floor: -1000})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,20 +103,20 @@ func TestRefusals(t *testing.T) {
 		code       ledger.Code
 		deadLetter bool
 	}{
-		{"ErrInsufficientFunds", f.transfer(t, a, b, 101), ledger.CodeInsufficientFunds, false},
-		{"ErrUnknownSource", f.transfer(t, ghost, b, 1), ledger.CodeAccountNotFound, true},
-		{"ErrUnknownDestination", f.transfer(t, a, ghost, 1), ledger.CodeAccountNotFound, true},
-		{"ErrCurrencyMismatch", f.transfer(t, a, usd, 1), ledger.CodeCurrencyMismatch, false},
-		{"ErrBalanceOverflow", f.transfer(t, od.ID, huge, 500), ledger.CodeBalanceOverflow, false},
-		{"ErrFundUnknownCurrency", ledger.Command{Type: ledger.TypeFund, TransferID: f.id(t), ClientID: "c1", IdempotencyKey: "jpy",
-			To: a, Amount: 1, Currency: "JPY", CreatedAt: f.clock.Now()}, ledger.CodeAccountNotFound, true},
+		{"ErrInsufficientFunds", f.Transfer(t, a, b, 101), ledger.CodeInsufficientFunds, false},
+		{"ErrUnknownSource", f.Transfer(t, ghost, b, 1), ledger.CodeAccountNotFound, true},
+		{"ErrUnknownDestination", f.Transfer(t, a, ghost, 1), ledger.CodeAccountNotFound, true},
+		{"ErrCurrencyMismatch", f.Transfer(t, a, usd, 1), ledger.CodeCurrencyMismatch, false},
+		{"ErrBalanceOverflow", f.Transfer(t, od.ID, huge, 500), ledger.CodeBalanceOverflow, false},
+		{"ErrFundUnknownCurrency", ledger.Command{Type: ledger.TypeFund, TransferID: f.ID(t), ClientID: "c1", IdempotencyKey: "jpy",
+			To: a, Amount: 1, Currency: "JPY", CreatedAt: f.Clock.Now()}, ledger.CodeAccountNotFound, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			before := []int64{f.balance(t, a), f.balance(t, b), f.balance(t, usd), f.balance(t, huge)}
+			before := []int64{f.Balance(t, a), f.Balance(t, b), f.Balance(t, usd), f.Balance(t, huge)}
 			// A refused command in a batch does not stop the others.
-			ok := f.transfer(t, a, b, 1)
-			rs := f.apply(t, tt.cmd, ok)
+			ok := f.Transfer(t, a, b, 1)
+			rs := f.Apply(t, tt.cmd, ok)
 			r := rs[0]
 			if r.Kind != ledger.Rejected || r.Err == nil || r.Err.Code != tt.code || r.DeadLetter != tt.deadLetter {
 				t.Fatalf("got %v %v deadLetter=%v, want rejected %s deadLetter=%v", r.Kind, r.Err, r.DeadLetter, tt.code, tt.deadLetter)
@@ -257,55 +127,55 @@ func TestRefusals(t *testing.T) {
 			if rs[1].Kind != ledger.Applied {
 				t.Fatalf("the rest of the batch: got %v, want applied", rs[1].Kind)
 			}
-			after := []int64{f.balance(t, a), f.balance(t, b), f.balance(t, usd), f.balance(t, huge)}
+			after := []int64{f.Balance(t, a), f.Balance(t, b), f.Balance(t, usd), f.Balance(t, huge)}
 			want := []int64{before[0] - 1, before[1] + 1, before[2], before[3]}
 			if fmt.Sprint(after) != fmt.Sprint(want) {
 				t.Errorf("balances: got %v, want %v (only the good transfer moved money)", after, want)
 			}
-			tr, err := f.store.Transfer(context.Background(), tt.cmd.TransferID)
+			tr, err := f.Store.Transfer(context.Background(), tt.cmd.TransferID)
 			if err != nil || tr.Status != ledger.StatusRejected || tr.Reason != tt.code {
 				t.Errorf("recorded transfer: got %+v %v, want REJECTED %s", tr, err, tt.code)
 			}
 			// The refusal is recorded: a redelivery is a duplicate, not a retry.
-			if r := f.apply(t, tt.cmd)[0]; r.Kind != ledger.Duplicate {
+			if r := f.Apply(t, tt.cmd)[0]; r.Kind != ledger.Duplicate {
 				t.Errorf("redelivery: got %v, want duplicate", r.Kind)
 			}
 		})
 	}
 	t.Run("ErrAccountClosed", func(t *testing.T) {
-		c := f.account(t, "EUR", 0)
-		if err := f.store.CloseAccount(context.Background(), c); err != nil {
+		c := f.Account(t, "EUR", 0)
+		if err := f.Store.CloseAccount(context.Background(), c); err != nil {
 			t.Fatal(err)
 		}
-		if r := f.apply(t, f.transfer(t, a, c, 1))[0]; r.Err == nil || r.Err.Code != ledger.CodeAccountClosed {
+		if r := f.Apply(t, f.Transfer(t, a, c, 1))[0]; r.Err == nil || r.Err.Code != ledger.CodeAccountClosed {
 			t.Fatalf("got %v %v, want account_closed", r.Kind, r.Err)
 		}
 	})
 	t.Run("ErrInvalidAccount", func(t *testing.T) {
 		for _, n := range []ledger.NewAccount{{ClientID: "", Currency: "EUR"}, {ClientID: "c", Currency: "euro"}, {ClientID: "c", Currency: "EUR", Floor: 5}} {
-			if _, err := f.store.CreateAccount(context.Background(), n); ledger.ErrorCode(err) == "" {
+			if _, err := f.Store.CreateAccount(context.Background(), n); ledger.ErrorCode(err) == "" {
 				t.Errorf("create %+v: got %v, want a domain error", n, err)
 			}
 		}
 	})
-	f.mustVerify(t)
+	f.MustVerify(t)
 }
 
 // TestFloorWithinBatch debits one account several times in one batch: the
 // floor check sees each earlier debit.
 func TestFloorWithinBatch(t *testing.T) {
-	f := mustFixture(t)
-	a, b := f.account(t, "EUR", 100), f.account(t, "EUR", 0)
-	rs := f.apply(t, f.transfer(t, a, b, 40), f.transfer(t, a, b, 40), f.transfer(t, a, b, 40), f.transfer(t, a, b, 20))
+	f := ledgertest.New(t)
+	a, b := f.Account(t, "EUR", 100), f.Account(t, "EUR", 0)
+	rs := f.Apply(t, f.Transfer(t, a, b, 40), f.Transfer(t, a, b, 40), f.Transfer(t, a, b, 40), f.Transfer(t, a, b, 20))
 	got := []ledger.ResultKind{rs[0].Kind, rs[1].Kind, rs[2].Kind, rs[3].Kind}
 	want := []ledger.ResultKind{ledger.Applied, ledger.Applied, ledger.Rejected, ledger.Applied}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("got %v, want %v", got, want)
 	}
-	if bal := f.balance(t, a); bal != 0 {
+	if bal := f.Balance(t, a); bal != 0 {
 		t.Fatalf("balance: got %d, want 0", bal)
 	}
-	f.mustVerify(t)
+	f.MustVerify(t)
 }
 
 // TestBusinessKeyAfterExpiry: once the consume-log partition holding a
@@ -313,100 +183,100 @@ func TestFloorWithinBatch(t *testing.T) {
 // the business unique key, and a reuse of the key for another request is a
 // conflict.
 func TestBusinessKeyAfterExpiry(t *testing.T) {
-	f := mustFixture(t)
-	a, b := f.account(t, "EUR", 100), f.account(t, "EUR", 0)
-	cmd := f.transfer(t, a, b, 10)
-	f.mustApply(t, cmd)
+	f := ledgertest.New(t)
+	a, b := f.Account(t, "EUR", 100), f.Account(t, "EUR", 0)
+	cmd := f.Transfer(t, a, b, 10)
+	f.MustApply(t, cmd)
 
-	f.clock.Step(5 * 24 * time.Hour)
-	m, err := f.log.Maintain(context.Background(), f.pool)
+	f.Clock.Step(5 * 24 * time.Hour)
+	m, err := f.Log.Maintain(context.Background(), f.Pool)
 	if err != nil || len(m.Dropped) == 0 {
 		t.Fatalf("maintain: dropped %v, err %v; want old partitions dropped", m.Dropped, err)
 	}
-	if n := f.count(t, `SELECT count(*) FROM dedup_log WHERE msg_key = $1`, cmd.MsgKey()); n != 0 {
+	if n := f.Count(t, `SELECT count(*) FROM dedup_log WHERE msg_key = $1`, cmd.MsgKey()); n != 0 {
 		t.Fatalf("consume-log rows of the expired message: got %d, want 0", n)
 	}
-	r := f.apply(t, cmd)[0]
+	r := f.Apply(t, cmd)[0]
 	if r.Kind != ledger.Duplicate || r.Layer != string(dedup.LayerBusinessKey) || r.Transfer.ID != cmd.TransferID {
 		t.Fatalf("late redelivery: got %v/%s %s, want duplicate/business_key of %s", r.Kind, r.Layer, r.Transfer.ID, cmd.TransferID)
 	}
 	other := cmd
-	other.Amount, other.TransferID = 11, f.id(t)
-	if r := f.apply(t, other)[0]; r.Kind != ledger.Conflict || r.Err.Code != ledger.CodeIdempotencyKeyReused {
+	other.Amount, other.TransferID = 11, f.ID(t)
+	if r := f.Apply(t, other)[0]; r.Kind != ledger.Conflict || r.Err.Code != ledger.CodeIdempotencyKeyReused {
 		t.Fatalf("same key, other body: got %v %v, want conflict idempotency_key_reused", r.Kind, r.Err)
 	}
-	reused := f.transfer(t, a, b, 1)
+	reused := f.Transfer(t, a, b, 1)
 	reused.TransferID = cmd.TransferID
-	if r := f.apply(t, reused)[0]; r.Kind != ledger.Invalid || r.Err.Code != ledger.CodeTransferIDReused || !r.DeadLetter {
+	if r := f.Apply(t, reused)[0]; r.Kind != ledger.Invalid || r.Err.Code != ledger.CodeTransferIDReused || !r.DeadLetter {
 		t.Fatalf("reused transfer id: got %v %v, want invalid transfer_id_reused, dead-lettered", r.Kind, r.Err)
 	}
-	if got := f.balance(t, a); got != 90 {
+	if got := f.Balance(t, a); got != 90 {
 		t.Fatalf("balance: got %d, want 90", got)
 	}
-	f.mustVerify(t)
+	f.MustVerify(t)
 }
 
 // TestStateMachineCAS: illegal and repeated transitions are refused and
 // counted, and a writer holding a stale version loses the compare-and-set.
 func TestStateMachineCAS(t *testing.T) {
-	f := mustFixture(t)
+	f := ledgertest.New(t)
 	ctx := context.Background()
-	a, b := f.account(t, "EUR", 100), f.account(t, "EUR", 0)
-	done := f.mustApply(t, f.transfer(t, a, b, 10)).Transfer
+	a, b := f.Account(t, "EUR", 100), f.Account(t, "EUR", 0)
+	done := f.MustApply(t, f.Transfer(t, a, b, 10)).Transfer
 
 	t.Run("ErrIllegalTransition", func(t *testing.T) {
-		_, err := f.store.Advance(ctx, done.ID, done.Status, done.Version, ledger.EventComplete)
+		_, err := f.Store.Advance(ctx, done.ID, done.Status, done.Version, ledger.EventComplete)
 		if ledger.ErrorCode(err) != ledger.CodeIllegalTransition {
 			t.Fatalf("repeated completion: got %v, want illegal_transition", err)
 		}
-		if f.stats.IllegalTransitions.Load() != 1 {
-			t.Fatalf("illegal transitions counted: got %d, want 1", f.stats.IllegalTransitions.Load())
+		if f.Stats.IllegalTransitions.Load() != 1 {
+			t.Fatalf("illegal transitions counted: got %d, want 1", f.Stats.IllegalTransitions.Load())
 		}
 	})
 	t.Run("ErrStaleVersion", func(t *testing.T) {
 		// A debited transfer (the first half of a cross-region saga), read
 		// by two workers at (DEBITED, v1).
-		id := f.id(t)
-		if _, err := f.pool.Exec(ctx, `
+		id := f.ID(t)
+		if _, err := f.Pool.Exec(ctx, `
 			INSERT INTO transfers (id, client_id, idempotency_key, fingerprint, type, from_account, to_account, amount, currency, status, version, created_at)
 			VALUES ($1, 'c1', $1, '\x00', 'transfer', $2, $3, 5, 'EUR', 'DEBITED', 1, now())`, id, a, b); err != nil {
 			t.Fatal(err)
 		}
-		first, err := f.store.Advance(ctx, id, ledger.StatusDebited, 1, ledger.EventConfirm)
+		first, err := f.Store.Advance(ctx, id, ledger.StatusDebited, 1, ledger.EventConfirm)
 		if err != nil || first.Status != ledger.StatusCompleted || first.Version != 2 {
 			t.Fatalf("first writer: got %s v%d %v, want COMPLETED v2", first.Status, first.Version, err)
 		}
-		cur, err := f.store.Advance(ctx, id, ledger.StatusDebited, 1, ledger.EventRefund)
+		cur, err := f.Store.Advance(ctx, id, ledger.StatusDebited, 1, ledger.EventRefund)
 		if ledger.ErrorCode(err) != ledger.CodeStaleVersion || cur.Status != ledger.StatusCompleted {
 			t.Fatalf("stale writer: got %s %v, want stale_version with the current COMPLETED", cur.Status, err)
 		}
-		if f.stats.StaleVersions.Load() != 1 {
-			t.Fatalf("stale versions counted: got %d, want 1", f.stats.StaleVersions.Load())
+		if f.Stats.StaleVersions.Load() != 1 {
+			t.Fatalf("stale versions counted: got %d, want 1", f.Stats.StaleVersions.Load())
 		}
-		if _, err := f.pool.Exec(ctx, `DELETE FROM transfers WHERE id = $1`, id); err != nil {
+		if _, err := f.Pool.Exec(ctx, `DELETE FROM transfers WHERE id = $1`, id); err != nil {
 			t.Fatal(err)
 		}
 	})
 	t.Run("ErrStaleBalanceABA", func(t *testing.T) {
 		// The balance goes 90 -> 50 -> 90: a CAS on the balance alone would
 		// accept a writer that read 90 at the start. The version does not.
-		read, err := f.store.Account(ctx, a)
+		read, err := f.Store.Account(ctx, a)
 		if err != nil {
 			t.Fatal(err)
 		}
-		f.mustApply(t, f.transfer(t, a, b, 40))
-		back := f.transfer(t, b, a, 40)
-		f.mustApply(t, back)
-		now, _ := f.store.Account(ctx, a)
+		f.MustApply(t, f.Transfer(t, a, b, 40))
+		back := f.Transfer(t, b, a, 40)
+		f.MustApply(t, back)
+		now, _ := f.Store.Account(ctx, a)
 		if now.Balance != read.Balance || now.Version != read.Version+2 {
 			t.Fatalf("setup: balance %d v%d, want %d v%d", now.Balance, now.Version, read.Balance, read.Version+2)
 		}
-		tag, err := f.pool.Exec(ctx, postgres.UpdateBalancesSQL, []string{a}, []int64{read.Version}, []int64{read.Version + 1}, []int64{read.Balance - 90})
+		tag, err := f.Pool.Exec(ctx, postgres.UpdateBalancesSQL, []string{a}, []int64{read.Version}, []int64{read.Version + 1}, []int64{read.Balance - 90})
 		if err != nil || tag.RowsAffected() != 0 {
 			t.Fatalf("stale balance CAS: updated %d rows (%v), want 0", tag.RowsAffected(), err)
 		}
 	})
-	f.mustVerify(t)
+	f.MustVerify(t)
 }
 
 // TestVerifyDetectsTampering: verify passes on a clean ledger and names the
@@ -434,16 +304,16 @@ func TestVerifyDetectsTampering(t *testing.T) {
 	}
 	for name, tt := range tamper {
 		t.Run(name, func(t *testing.T) {
-			f := mustFixture(t)
-			a, b := f.account(t, "EUR", 100), f.account(t, "EUR", 0)
-			cmd := f.transfer(t, a, b, 10)
-			f.mustApply(t, cmd)
-			f.mustVerify(t)
+			f := ledgertest.New(t)
+			a, b := f.Account(t, "EUR", 100), f.Account(t, "EUR", 0)
+			cmd := f.Transfer(t, a, b, 10)
+			f.MustApply(t, cmd)
+			f.MustVerify(t)
 			sql, args := tt.sql(a, b, cmd)
-			if _, err := f.pool.Exec(ctx, sql, args...); err != nil {
+			if _, err := f.Pool.Exec(ctx, sql, args...); err != nil {
 				t.Fatal(err)
 			}
-			rep, err := f.store.Verify(ctx)
+			rep, err := f.Store.Verify(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -484,26 +354,26 @@ func TestCommitOutcomeUnknown(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(pool.Close)
-			f := mustFixtureOn(t, pool, url)
-			a, b := f.account(t, "EUR", 100), f.account(t, "EUR", 0)
-			cmd := f.transfer(t, a, b, 30)
+			f := ledgertest.On(t, pool, url)
+			a, b := f.Account(t, "EUR", 100), f.Account(t, "EUR", 0)
+			cmd := f.Transfer(t, a, b, 30)
 
 			proxy.Trap([]byte("commit"), mode)
-			r := f.apply(t, cmd)[0]
+			r := f.Apply(t, cmd)[0]
 			if proxy.Fired() != 1 {
 				t.Fatalf("the fault did not fire")
 			}
 			if r.Kind != ledger.Applied {
 				t.Fatalf("got %v, want applied", r.Kind)
 			}
-			if got := f.balance(t, a); got != 70 {
+			if got := f.Balance(t, a); got != 70 {
 				t.Fatalf("balance: got %d, want 70 (applied exactly once)", got)
 			}
 			wantRetries := map[faultproxy.Mode]int64{faultproxy.DropAfter: 0, faultproxy.DropBefore: 1}[mode]
-			if got := f.stats.Retries.Load(); got != wantRetries {
+			if got := f.Stats.Retries.Load(); got != wantRetries {
 				t.Fatalf("retries: got %d, want %d", got, wantRetries)
 			}
-			f.mustVerify(t)
+			f.MustVerify(t)
 		})
 	}
 }
@@ -530,7 +400,7 @@ func TestLateCommitIsFenced(t *testing.T) {
 	t.Cleanup(leased.Close)
 	inHook := make(chan struct{})
 	var once sync.Once
-	slow := mustFixtureOn(t, leased, url, func(c *postgres.Config) {
+	slow := ledgertest.On(t, leased, url, func(c *postgres.Config) {
 		c.BeforeCommit = func(context.Context) error {
 			hung := false
 			once.Do(func() { hung = true })
@@ -541,24 +411,24 @@ func TestLateCommitIsFenced(t *testing.T) {
 			return nil
 		}
 	})
-	fast := mustFixtureOn(t, pool, url)
-	a, b := fast.account(t, "EUR", 100), fast.account(t, "EUR", 0)
-	cmd := fast.transfer(t, a, b, 25)
+	fast := ledgertest.On(t, pool, url)
+	a, b := fast.Account(t, "EUR", 100), fast.Account(t, "EUR", 0)
+	cmd := fast.Transfer(t, a, b, 25)
 
 	slowResult := make(chan ledger.Result)
-	go func() { slowResult <- slow.apply(t, cmd)[0] }()
+	go func() { slowResult <- slow.Apply(t, cmd)[0] }()
 	<-inHook
-	if r := fast.apply(t, cmd)[0]; r.Kind != ledger.Applied {
+	if r := fast.Apply(t, cmd)[0]; r.Kind != ledger.Applied {
 		t.Fatalf("second worker: got %v, want applied once the first lost its lease", r.Kind)
 	}
 	if r := <-slowResult; r.Kind != ledger.Duplicate {
 		t.Fatalf("first worker after its late commit failed: got %v, want duplicate", r.Kind)
 	}
-	if got := slow.stats.Fenced.Load(); got != 1 {
+	if got := slow.Stats.Fenced.Load(); got != 1 {
 		t.Fatalf("fenced late commits: got %d, want 1", got)
 	}
-	if got := fast.balance(t, a); got != 75 {
+	if got := fast.Balance(t, a); got != 75 {
 		t.Fatalf("balance: got %d, want 75", got)
 	}
-	fast.mustVerify(t)
+	fast.MustVerify(t)
 }

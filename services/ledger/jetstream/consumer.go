@@ -1,0 +1,328 @@
+package jetstream
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/paymesh/paymesh/pkg/idgen"
+	"github.com/paymesh/paymesh/services/ledger"
+)
+
+// Applier applies a batch of valid commands in one transaction; the
+// Postgres store implements it.
+type Applier interface {
+	Apply(ctx context.Context, cmds []ledger.Command) ([]ledger.Result, error)
+}
+
+// Dead-letter headers.
+const (
+	HeaderDLQReason   = "Paymesh-Dlq-Reason"   // a ledger.Code, or "max_deliveries"
+	HeaderDLQDetail   = "Paymesh-Dlq-Detail"   // human-readable reason
+	HeaderDLQSubject  = "Paymesh-Dlq-Subject"  // the original subject
+	HeaderDLQSequence = "Paymesh-Dlq-Sequence" // the original stream sequence
+	HeaderDLQDelivery = "Paymesh-Dlq-Delivery" // delivery count when dead-lettered
+)
+
+// ReasonMaxDeliveries is the dead-letter reason of a message JetStream gave
+// up on after MaxDeliver attempts.
+const ReasonMaxDeliveries = "max_deliveries"
+
+// ConsumerConfig configures a ledger consumer.
+type ConsumerConfig struct {
+	Topology Topology
+	// Durable names the JetStream consumer; workers sharing it share the work.
+	Durable string
+	// Filter restricts the consumer to some ledger subjects; empty means all.
+	Filter []string
+	// BatchSize is the most messages applied in one transaction.
+	BatchSize int
+	// AckWait is how long a delivery may stay unacked before redelivery.
+	AckWait time.Duration
+	// MaxDeliver is how many times a message is delivered before it is
+	// dead-lettered.
+	MaxDeliver int
+	// Regions parses IDs to check that commands belong to this region.
+	Regions *idgen.Regions
+	// AfterCommit, if set, runs after a batch committed and before its acks.
+	// It is a failpoint: returning an error skips the acks, as a crash would.
+	AfterCommit func(msgs []jetstream.Msg) error
+	Stats       *ledger.Stats
+	Log         *slog.Logger
+}
+
+// Defaults for ConsumerConfig's zero fields.
+const (
+	DefaultBatchSize  = 128
+	DefaultAckWait    = 30 * time.Second
+	DefaultMaxDeliver = 10
+)
+
+// Consumer applies the region's ledger stream in batches.
+type Consumer struct {
+	cfg     ConsumerConfig
+	js      jetstream.JetStream
+	applier Applier
+}
+
+// NewConsumer returns a consumer; Run starts it.
+func NewConsumer(js jetstream.JetStream, applier Applier, cfg ConsumerConfig) *Consumer {
+	cfg.Topology = cfg.Topology.withDefaults()
+	if cfg.Durable == "" {
+		cfg.Durable = "ledger"
+	}
+	if cfg.BatchSize <= 0 {
+		cfg.BatchSize = DefaultBatchSize
+	}
+	if cfg.AckWait <= 0 {
+		cfg.AckWait = DefaultAckWait
+	}
+	if cfg.MaxDeliver <= 0 {
+		cfg.MaxDeliver = DefaultMaxDeliver
+	}
+	if cfg.Stats == nil {
+		cfg.Stats = &ledger.Stats{}
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	return &Consumer{cfg: cfg, js: js, applier: applier}
+}
+
+// Run consumes until ctx ends. Messages arrive through a pull subscription
+// and are applied in batches of whatever has arrived, up to BatchSize: a
+// batch forms while the previous one commits. It returns an error only when
+// the consumer cannot be set up.
+func (c *Consumer) Run(ctx context.Context) error {
+	t := c.cfg.Topology
+	cons, err := c.js.CreateOrUpdateConsumer(ctx, t.Stream(), jetstream.ConsumerConfig{
+		Durable:        c.cfg.Durable,
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		AckWait:        c.cfg.AckWait,
+		MaxDeliver:     c.cfg.MaxDeliver,
+		FilterSubjects: c.cfg.Filter,
+		MaxAckPending:  16 * c.cfg.BatchSize,
+	})
+	if err != nil {
+		return fmt.Errorf("ledger consumer %s: %w", c.cfg.Durable, err)
+	}
+	stopAdvisories, err := c.watchMaxDeliveries(ctx)
+	if err != nil {
+		return err
+	}
+	defer stopAdvisories()
+
+	inbox := make(chan jetstream.Msg, 2*c.cfg.BatchSize)
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		select {
+		case inbox <- m:
+		case <-ctx.Done(): // unacked: redelivered after AckWait
+		}
+	}, jetstream.PullMaxMessages(2*c.cfg.BatchSize), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		c.cfg.Log.Warn("ledger consume", "err", err)
+	}))
+	if err != nil {
+		return fmt.Errorf("ledger consumer %s: %w", c.cfg.Durable, err)
+	}
+	defer cc.Stop()
+
+	for {
+		var batch []jetstream.Msg
+		select {
+		case <-ctx.Done():
+			return nil
+		case m := <-inbox:
+			batch = append(batch, m)
+		}
+	fill:
+		for len(batch) < c.cfg.BatchSize {
+			select {
+			case m := <-inbox:
+				batch = append(batch, m)
+			default:
+				break fill
+			}
+		}
+		c.process(ctx, batch)
+	}
+}
+
+// process applies one batch: decode and validate each message (a message
+// that can never apply is dead-lettered, the rest go on), apply the valid
+// ones in one transaction, then ack after the commit.
+func (c *Consumer) process(ctx context.Context, msgs []jetstream.Msg) {
+	var (
+		cmds  []ledger.Command
+		valid []jetstream.Msg
+	)
+	for _, m := range msgs {
+		if md, err := m.Metadata(); err == nil && md.NumDelivered > 1 {
+			c.cfg.Stats.Redeliveries.Add(1)
+		}
+		cmd, err := ledger.DecodeCommand(m.Data())
+		if err == nil {
+			err = cmd.Validate(c.cfg.Topology.Region, c.cfg.Regions)
+		}
+		if err != nil {
+			c.cfg.Stats.Invalid.Add(1)
+			c.deadLetter(ctx, m, err)
+			continue
+		}
+		cmds, valid = append(cmds, cmd), append(valid, m)
+	}
+	if len(cmds) == 0 {
+		return
+	}
+	results, err := c.applier.Apply(ctx, cmds)
+	if err != nil {
+		c.cfg.Log.Error("apply batch failed; messages will be redelivered", "size", len(cmds), "err", err)
+		for _, m := range valid {
+			c.retryLater(ctx, m, err)
+		}
+		return
+	}
+	if c.cfg.AfterCommit != nil {
+		if err := c.cfg.AfterCommit(valid); err != nil {
+			c.cfg.Log.Warn("after-commit failpoint: acks skipped", "err", err)
+			return
+		}
+	}
+	var ack []jetstream.Msg
+	for i, r := range results {
+		c.cfg.Stats.Record(r)
+		switch {
+		case r.DeadLetter:
+			c.deadLetter(ctx, valid[i], r.Err)
+		case r.Kind == ledger.InProgress:
+			// Another holder owns the key: see it again once it finished.
+			_ = valid[i].NakWithDelay(c.cfg.AckWait / 4)
+		default:
+			ack = append(ack, valid[i])
+		}
+	}
+	c.ackAll(ctx, ack)
+}
+
+// retryLater leaves a message for redelivery, or dead-letters it on its
+// last allowed delivery so that it is never silently dropped.
+func (c *Consumer) retryLater(ctx context.Context, m jetstream.Msg, cause error) {
+	md, err := m.Metadata()
+	if err == nil && int(md.NumDelivered) >= c.cfg.MaxDeliver {
+		c.deadLetter(ctx, m, ledger.Errorf(ReasonMaxDeliveries, "gave up after %d deliveries: %v", md.NumDelivered, cause))
+		return
+	}
+	delay := time.Second
+	if err == nil {
+		delay = min(time.Duration(md.NumDelivered)*time.Second, c.cfg.AckWait)
+	}
+	_ = m.NakWithDelay(delay)
+}
+
+// ackAll double-acks messages concurrently: each ack waits for the server's
+// confirmation. A lost ack only causes a redelivery, which dedup absorbs.
+func (c *Consumer) ackAll(ctx context.Context, msgs []jetstream.Msg) {
+	var wg sync.WaitGroup
+	for _, m := range msgs {
+		wg.Go(func() {
+			if err := m.DoubleAck(ctx); err != nil {
+				c.cfg.Log.Warn("ack failed; the message will be redelivered", "err", err)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// deadLetter publishes a message to the dead-letter stream with its reason,
+// then terminates it. The dead-letter publish is deduplicated by the
+// original stream sequence, so a repeat is harmless; if it fails the message
+// is left for redelivery instead.
+func (c *Consumer) deadLetter(ctx context.Context, m jetstream.Msg, reason error) {
+	md, err := m.Metadata()
+	if err != nil {
+		c.cfg.Log.Error("dead-letter: no metadata", "err", err)
+		return
+	}
+	code := string(ledger.ErrorCode(reason))
+	if code == "" {
+		code = "internal"
+	}
+	dup, err := c.publishDLQ(ctx, m.Subject(), m.Data(), md.Sequence.Stream, md.NumDelivered, code, reason.Error())
+	if err != nil {
+		c.cfg.Log.Error("dead-letter publish failed; leaving the message for redelivery", "err", err)
+		_ = m.NakWithDelay(time.Second)
+		return
+	}
+	if !dup {
+		c.cfg.Stats.DeadLettered.Add(1)
+	}
+	if err := m.TermWithReason(code); err != nil {
+		c.cfg.Log.Warn("term after dead-letter", "err", err)
+	}
+}
+
+func (c *Consumer) publishDLQ(ctx context.Context, subject string, data []byte, seq, delivered uint64, code, detail string) (duplicate bool, err error) {
+	t := c.cfg.Topology
+	dl := nats.NewMsg(t.DLQSubject())
+	dl.Data = data
+	dl.Header.Set(HeaderDLQReason, code)
+	dl.Header.Set(HeaderDLQDetail, detail)
+	dl.Header.Set(HeaderDLQSubject, subject)
+	dl.Header.Set(HeaderDLQSequence, strconv.FormatUint(seq, 10))
+	dl.Header.Set(HeaderDLQDelivery, strconv.FormatUint(delivered, 10))
+	dl.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("dlq/%s/%d", t.Stream(), seq))
+	ack, err := c.js.PublishMsg(ctx, dl, jetstream.WithExpectStream(t.DLQStream()))
+	if err != nil {
+		return false, err
+	}
+	return ack.Duplicate, nil
+}
+
+// watchMaxDeliveries copies a message that JetStream stopped delivering
+// (MaxDeliver reached without an ack, e.g. a worker that crashed on its last
+// attempt) from the stream into the dead-letter stream.
+func (c *Consumer) watchMaxDeliveries(ctx context.Context) (func(), error) {
+	t := c.cfg.Topology
+	stream, err := c.js.Stream(ctx, t.Stream())
+	if err != nil {
+		return nil, fmt.Errorf("ledger consumer: %w", err)
+	}
+	subject := "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + t.Stream() + "." + c.cfg.Durable
+	sub, err := c.js.Conn().Subscribe(subject, func(msg *nats.Msg) {
+		var adv struct {
+			StreamSeq  uint64 `json:"stream_seq"`
+			Deliveries uint64 `json:"deliveries"`
+		}
+		if err := json.Unmarshal(msg.Data, &adv); err != nil {
+			c.cfg.Log.Error("max-deliveries advisory", "err", err)
+			return
+		}
+		raw, err := stream.GetMsg(ctx, adv.StreamSeq)
+		if err != nil {
+			c.cfg.Log.Error("max-deliveries: read message", "seq", adv.StreamSeq, "err", err)
+			return
+		}
+		dup, err := c.publishDLQ(ctx, raw.Subject, raw.Data, adv.StreamSeq, adv.Deliveries, ReasonMaxDeliveries,
+			fmt.Sprintf("JetStream stopped after %d deliveries without an ack", adv.Deliveries))
+		if err != nil {
+			if !errors.Is(err, context.Canceled) {
+				c.cfg.Log.Error("max-deliveries: dead-letter publish", "seq", adv.StreamSeq, "err", err)
+			}
+			return
+		}
+		if !dup {
+			c.cfg.Stats.DeadLettered.Add(1)
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ledger consumer: %w", err)
+	}
+	return func() { _ = sub.Unsubscribe() }, nil
+}

@@ -1,0 +1,106 @@
+// Package jetstream is the ledger's JetStream adapter: the region's ledger
+// and dead-letter streams, a publisher that always uses the command's
+// deterministic Nats-Msg-Id, and a batching pull consumer that acks only
+// after the batch committed.
+//
+// Subjects of region <r>:
+//
+//	ledger.<r>.<shard>   transfer commands whose source account is homed in <r>;
+//	                     shard = FNV-1a(source account) mod Shards, so one
+//	                     account's commands stay in one subject, in order
+//	dlq.<r>.ledger       dead letters: commands that can never apply, with
+//	                     the reason in headers
+package jetstream
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Topology names a region's ledger streams and subjects.
+type Topology struct {
+	Region string
+	// Shards is how many ledger subjects the region's accounts spread over.
+	Shards int
+	// DuplicateWindow is the JetStream Nats-Msg-Id window (dedup layer 2).
+	DuplicateWindow time.Duration
+	// MaxAge bounds how long commands stay in the stream, so a new consumer
+	// can replay them (an invariant check replays from the start).
+	MaxAge time.Duration
+}
+
+// Defaults for a Topology's zero fields.
+const (
+	DefaultShards          = 16
+	DefaultDuplicateWindow = 2 * time.Minute
+	DefaultMaxAge          = 7 * 24 * time.Hour
+)
+
+func (t Topology) withDefaults() Topology {
+	if t.Shards <= 0 {
+		t.Shards = DefaultShards
+	}
+	if t.DuplicateWindow <= 0 {
+		t.DuplicateWindow = DefaultDuplicateWindow
+	}
+	if t.MaxAge <= 0 {
+		t.MaxAge = DefaultMaxAge
+	}
+	return t
+}
+
+// Stream is the region's ledger stream name.
+func (t Topology) Stream() string { return "LEDGER_" + strings.ToUpper(t.Region) }
+
+// DLQStream is the region's dead-letter stream name.
+func (t Topology) DLQStream() string { return "DLQ_" + strings.ToUpper(t.Region) }
+
+// DLQSubject is where the region's dead letters go.
+func (t Topology) DLQSubject() string { return "dlq." + t.Region + ".ledger" }
+
+// Subjects is the wildcard of every ledger subject of the region.
+func (t Topology) Subjects() string { return "ledger." + t.Region + ".>" }
+
+// Subject is the ledger subject of an account.
+func (t Topology) Subject(accountID string) string {
+	t = t.withDefaults()
+	h := fnv.New32a()
+	h.Write([]byte(accountID))
+	return fmt.Sprintf("ledger.%s.%d", t.Region, h.Sum32()%uint32(t.Shards))
+}
+
+// EnsureStreams creates or updates the region's ledger and dead-letter
+// streams (file storage, limits retention). It is idempotent and returns the
+// first JetStream error.
+func EnsureStreams(ctx context.Context, js jetstream.JetStream, t Topology) error {
+	t = t.withDefaults()
+	for _, cfg := range []jetstream.StreamConfig{
+		{
+			Name:        t.Stream(),
+			Description: "transfer commands for accounts homed in region " + t.Region,
+			Subjects:    []string{t.Subjects()},
+			Storage:     jetstream.FileStorage,
+			Retention:   jetstream.LimitsPolicy,
+			MaxAge:      t.MaxAge,
+			Duplicates:  t.DuplicateWindow,
+		},
+		{
+			Name:        t.DLQStream(),
+			Description: "dead-lettered ledger commands of region " + t.Region + ", with the reason in headers",
+			Subjects:    []string{t.DLQSubject()},
+			Storage:     jetstream.FileStorage,
+			Retention:   jetstream.LimitsPolicy,
+			Duplicates:  t.DuplicateWindow,
+		},
+	} {
+		if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
+			return fmt.Errorf("ensure stream %s: %w", cfg.Name, err)
+		}
+	}
+	return nil
+}
