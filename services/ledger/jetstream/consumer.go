@@ -189,6 +189,9 @@ func (c *Consumer) process(ctx context.Context, msgs []jetstream.Msg) {
 		}
 		return
 	}
+	for _, r := range results {
+		c.cfg.Stats.Record(r)
+	}
 	if c.cfg.AfterCommit != nil {
 		if err := c.cfg.AfterCommit(valid); err != nil {
 			c.cfg.Log.Warn("after-commit failpoint: acks skipped", "err", err)
@@ -197,7 +200,6 @@ func (c *Consumer) process(ctx context.Context, msgs []jetstream.Msg) {
 	}
 	var ack []jetstream.Msg
 	for i, r := range results {
-		c.cfg.Stats.Record(r)
 		switch {
 		case r.DeadLetter:
 			c.deadLetter(ctx, valid[i], r.Err)

@@ -1,0 +1,232 @@
+// Command paymesh runs the parts of paymesh: a region's ledger, the
+// invariant check, migrations and the demo.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/alecthomas/kong"
+
+	"github.com/paymesh/paymesh/deploy/regions"
+	"github.com/paymesh/paymesh/internal/demo"
+	"github.com/paymesh/paymesh/internal/pgdb"
+	"github.com/paymesh/paymesh/pkg/dedup"
+	"github.com/paymesh/paymesh/pkg/idgen"
+	"github.com/paymesh/paymesh/services/ledger/postgres"
+	"github.com/paymesh/paymesh/services/ledger/server"
+)
+
+// errFailed makes main exit 1 after a command already printed why.
+var errFailed = errors.New("failed")
+
+type cli struct {
+	RegionsFile string `name:"regions-file" env:"PAYMESH_REGIONS_FILE" help:"Region table (default: the built-in deploy/regions/regions.yaml)." type:"existingfile"`
+	Verbose     bool   `short:"v" help:"Log debug messages."`
+
+	Demo    demoCmd    `cmd:"" help:"Run the single-region demo: transfers with injected duplicates, then the invariant report."`
+	Ledger  ledgerCmd  `cmd:"" help:"Run a region's ledger: consume its JetStream stream and apply transfers exactly once."`
+	Verify  verifyCmd  `cmd:"" help:"Check a region's ledger invariants and print PASS/FAIL for each."`
+	Migrate migrateCmd `cmd:"" help:"Apply a region's database migrations and create its consume-log partitions."`
+}
+
+// regionDB names a region and its database.
+type regionDB struct {
+	Region      string `default:"eu" env:"PAYMESH_REGION" help:"Region name from the region table."`
+	PostgresURL string `name:"postgres-url" env:"PAYMESH_POSTGRES_URL" help:"Postgres server URL; its database is replaced by the region's (default: ${default_pg})."`
+	Database    string `env:"PAYMESH_DATABASE" help:"Database name (default: the region's postgres.database)."`
+}
+
+func (r regionDB) resolve(t regions.Table) (regions.Region, string, error) {
+	reg, ok := t.Get(r.Region)
+	if !ok {
+		return regions.Region{}, "", fmt.Errorf("unknown region %q", r.Region)
+	}
+	base := r.PostgresURL
+	if base == "" {
+		base = pgdb.DefaultURL
+	}
+	db := r.Database
+	if db == "" {
+		db = reg.Postgres.Database
+	}
+	url, err := pgdb.WithDatabase(base, db)
+	return reg, url, err
+}
+
+type ledgerCmd struct {
+	regionDB
+	NATSURL    string        `name:"nats-url" env:"PAYMESH_NATS_URL" default:"nats://127.0.0.1:4222" help:"NATS server of the region."`
+	Node       uint16        `env:"PAYMESH_NODE" default:"1" help:"Node id (0-1023), unique per running ledger process in the region."`
+	Workers    int           `env:"PAYMESH_WORKERS" default:"2" help:"Consumers in this process."`
+	BatchSize  int           `name:"batch-size" env:"PAYMESH_BATCH_SIZE" default:"128" help:"Most messages applied in one transaction."`
+	AckWait    time.Duration `name:"ack-wait" env:"PAYMESH_ACK_WAIT" default:"30s" help:"JetStream redelivery timeout."`
+	MaxDeliver int           `name:"max-deliver" env:"PAYMESH_MAX_DELIVER" default:"10" help:"Deliveries before a message is dead-lettered."`
+	Lease      time.Duration `env:"PAYMESH_LEASE" default:"30s" help:"Longest a transaction may sit idle before Postgres ends it and its claims pass on."`
+	WindowDays int           `name:"dedup-window-days" env:"PAYMESH_DEDUP_WINDOW_DAYS" default:"7" help:"Days of consume-log kept."`
+	CacheSize  int           `name:"cache-size" env:"PAYMESH_CACHE_SIZE" default:"100000" help:"Recently committed keys kept in memory (0 disables)."`
+	Shards     int           `env:"PAYMESH_SHARDS" default:"16" help:"Ledger subjects per region."`
+}
+
+func (c *ledgerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, log *slog.Logger) error {
+	reg, url, err := c.resolve(t)
+	if err != nil {
+		return err
+	}
+	srv, err := server.Open(ctx, server.Config{
+		Region: reg.Name, Regions: ids, Node: c.Node, PostgresURL: url, NATSURL: c.NATSURL, Workers: c.Workers,
+		BatchSize: c.BatchSize, AckWait: c.AckWait, MaxDeliver: c.MaxDeliver, Lease: c.Lease,
+		WindowDays: c.WindowDays, CacheSize: c.CacheSize, Shards: c.Shards, Log: log,
+	})
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+	log.Info("ledger running", "region", reg.Name, "stream", srv.Topo.Stream(), "workers", c.Workers)
+	return srv.Run(ctx)
+}
+
+type verifyCmd struct {
+	regionDB
+	WindowDays int `name:"dedup-window-days" env:"PAYMESH_DEDUP_WINDOW_DAYS" default:"7" help:"Days of consume-log kept."`
+}
+
+func (c *verifyCmd) Run(ctx context.Context, t regions.Table) error {
+	reg, url, err := c.resolve(t)
+	if err != nil {
+		return err
+	}
+	pool, err := postgres.Connect(ctx, url, time.Minute, 0)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	store := postgres.New(pool, postgres.Config{Region: reg.Name, Dedup: dedup.New(dedup.Config{WindowDays: c.WindowDays})})
+	rep, err := store.Verify(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Print(rep.String())
+	if !rep.OK() {
+		return errFailed
+	}
+	return nil
+}
+
+type migrateCmd struct {
+	regionDB
+	Create     bool `help:"Create the database first if it does not exist."`
+	WindowDays int  `name:"dedup-window-days" env:"PAYMESH_DEDUP_WINDOW_DAYS" default:"7" help:"Days of consume-log kept."`
+}
+
+func (c *migrateCmd) Run(ctx context.Context, t regions.Table) error {
+	reg, url, err := c.resolve(t)
+	if err != nil {
+		return err
+	}
+	if c.Create {
+		base := c.PostgresURL
+		if base == "" {
+			base = pgdb.DefaultURL
+		}
+		if _, err := pgdb.Create(ctx, base, reg.Postgres.Database, false); err != nil {
+			fmt.Fprintf(os.Stderr, "create database: %v (continuing)\n", err)
+		}
+	}
+	pool, err := postgres.Connect(ctx, url, time.Minute, 0)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	store := postgres.New(pool, postgres.Config{Region: reg.Name, Dedup: dedup.New(dedup.Config{WindowDays: c.WindowDays})})
+	if err := store.Migrate(ctx); err != nil {
+		return err
+	}
+	fmt.Printf("region %s: database migrated\n", reg.Name)
+	return nil
+}
+
+type demoCmd struct {
+	PostgresURL   string  `name:"postgres-url" env:"PAYMESH_POSTGRES_URL" help:"Postgres server on which to create the demo database (default: ${default_pg})."`
+	Region        string  `default:"eu" help:"Region to run."`
+	Accounts      int     `default:"200" help:"Accounts to open and fund."`
+	Transfers     int     `default:"20000" help:"Transfers to send."`
+	Seed          uint64  `default:"1" help:"Seed of the random workload."`
+	ProducerRetry float64 `name:"producer-retry" default:"0.05" help:"Rate of producer retries with the same Nats-Msg-Id."`
+	LateCopy      float64 `name:"late-copy" default:"0.05" help:"Rate of extra copies that bypass the Msg-Id window."`
+	DropAck       float64 `name:"drop-ack" default:"0.03" help:"Rate of committed batches whose acks are dropped (forced redelivery)."`
+	ClientRetry   float64 `name:"client-retry" default:"0.05" help:"Rate of client retries: an old idempotency key with a new transfer id."`
+	Poison        float64 `default:"0.002" help:"Rate of malformed messages."`
+	Keep          bool    `help:"Keep the demo database afterwards."`
+}
+
+func (c *demoCmd) Run(ctx context.Context) error {
+	if c.PostgresURL == "" {
+		c.PostgresURL = pgdb.DefaultURL
+	}
+	for name, r := range map[string]float64{"producer-retry": c.ProducerRetry, "late-copy": c.LateCopy, "drop-ack": c.DropAck, "client-retry": c.ClientRetry, "poison": c.Poison} {
+		if r < 0 || r > 1 {
+			return fmt.Errorf("--%s %v: a rate must be between 0 and 1", name, r)
+		}
+	}
+	if c.Accounts < 2 || c.Transfers < 0 {
+		return fmt.Errorf("need at least 2 accounts and a non-negative transfer count")
+	}
+	rep, err := demo.Run(ctx, demo.Config{
+		PostgresURL: c.PostgresURL, Region: c.Region, Accounts: c.Accounts, Transfers: c.Transfers, Seed: c.Seed,
+		ProducerRetry: c.ProducerRetry, Redelivery: c.LateCopy, DropAck: c.DropAck, ClientRetry: c.ClientRetry,
+		Poison: c.Poison, Keep: c.Keep, Live: isTerminal(os.Stdout),
+	}, os.Stdout)
+	if err != nil {
+		return err
+	}
+	rep.Print(os.Stdout)
+	if !rep.OK() {
+		return errFailed
+	}
+	return nil
+}
+
+func main() {
+	var c cli
+	k := kong.Parse(&c,
+		kong.Name("paymesh"),
+		kong.Description("A multi-region payment ledger that turns at-least-once messaging into exactly-once effects."),
+		kong.Vars{"default_pg": pgdb.DefaultURL},
+		kong.UsageOnError())
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	level := slog.LevelInfo
+	if c.Verbose {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	table, err := loadRegions(c.RegionsFile)
+	k.FatalIfErrorf(err)
+	ids, err := idgen.NewRegions(table.Codes())
+	k.FatalIfErrorf(err)
+	k.BindTo(ctx, (*context.Context)(nil))
+	err = k.Run(table, ids, log)
+	if errors.Is(err, errFailed) {
+		os.Exit(1)
+	}
+	k.FatalIfErrorf(err)
+}
+
+func loadRegions(path string) (regions.Table, error) {
+	if path == "" {
+		return regions.Default()
+	}
+	return regions.Load(path)
+}
+
+func isTerminal(f *os.File) bool {
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
