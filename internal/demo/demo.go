@@ -33,6 +33,7 @@ import (
 // Config sets the demo's size and its duplicate injection rates (0..1).
 type Config struct {
 	PostgresURL   string // admin URL of the server to create the demo database on
+	Database      string // demo database name (default paymesh_demo_<region>); dropped and recreated
 	Region        string
 	Accounts      int
 	Transfers     int
@@ -92,7 +93,10 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
-	dbName := "paymesh_demo_" + reg.Name
+	dbName := cfg.Database
+	if dbName == "" {
+		dbName = "paymesh_demo_" + reg.Name
+	}
 	url, err := pgdb.Create(ctx, cfg.PostgresURL, dbName, true)
 	if err != nil {
 		return Report{}, fmt.Errorf("%w\n\nThe demo needs PostgreSQL. Start the local server (pg_ctlcluster 15 main start) or set PAYMESH_POSTGRES_URL to a server where it may create databases", err)

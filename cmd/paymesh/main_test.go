@@ -1,0 +1,41 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/paymesh/paymesh/deploy/regions"
+	"github.com/paymesh/paymesh/services/ledger/ledgertest"
+)
+
+// TestVerifyCommand: `paymesh verify` passes a clean ledger and fails (exit
+// 1) on one whose balance was tampered with.
+func TestVerifyCommand(t *testing.T) {
+	f := ledgertest.New(t)
+	a, b := f.Account(t, "EUR", 100), f.Account(t, "EUR", 0)
+	f.MustApply(t, f.Transfer(t, a, b, 5))
+	u, err := url.Parse(f.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tab, err := regions.Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := &verifyCmd{regionDB: regionDB{Region: "eu", PostgresURL: f.URL, Database: strings.TrimPrefix(u.Path, "/")}, WindowDays: 7}
+	if err := cmd.Run(context.Background(), tab); err != nil {
+		t.Fatalf("clean ledger: %v", err)
+	}
+	if _, err := f.Pool.Exec(context.Background(), `UPDATE accounts SET balance = balance + 5 WHERE id = $1`, b); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Run(context.Background(), tab); !errors.Is(err, errFailed) {
+		t.Fatalf("tampered ledger: got %v, want the failing exit", err)
+	}
+	if err := (&verifyCmd{regionDB: regionDB{Region: "mars"}}).Run(context.Background(), tab); err == nil || !strings.Contains(err.Error(), "mars") {
+		t.Fatalf("unknown region: got %v", err)
+	}
+}

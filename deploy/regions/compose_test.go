@@ -1,0 +1,89 @@
+package regions_test
+
+import (
+	"fmt"
+	"net/url"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/paymesh/paymesh/deploy/regions"
+)
+
+type composeService struct {
+	Command     []string          `yaml:"command"`
+	Ports       []string          `yaml:"ports"`
+	Environment map[string]string `yaml:"environment"`
+	DependsOn   []string          `yaml:"depends_on"`
+}
+
+// TestComposeMatchesRegions checks docker-compose.yml against the region
+// table: every region has its nats, postgres, ledger and verify services,
+// with the table's ports, database and names, and no service belongs to a
+// region the table does not know.
+func TestComposeMatchesRegions(t *testing.T) {
+	b, err := os.ReadFile("../../docker-compose.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var compose struct {
+		Services map[string]composeService `yaml:"services"`
+	}
+	if err := yaml.Unmarshal(b, &compose); err != nil {
+		t.Fatalf("docker-compose.yml: %v", err)
+	}
+	tab, err := regions.Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name := range compose.Services {
+		i := strings.LastIndex(name, "-")
+		if _, ok := tab.Get(name[i+1:]); i < 0 || !ok {
+			t.Errorf("service %s does not belong to a region of regions.yaml", name)
+		}
+	}
+	for _, r := range tab.Regions {
+		svc := func(kind string) composeService {
+			s, ok := compose.Services[kind+"-"+r.Name]
+			if !ok {
+				t.Errorf("region %s: no service %s-%s", r.Name, kind, r.Name)
+			}
+			return s
+		}
+		natsSvc, pg, ledger, verify := svc("nats"), svc("postgres"), svc("ledger"), svc("verify")
+
+		for _, p := range []string{fmt.Sprintf("%d:4222", r.NATS.ClientPort), fmt.Sprintf("%d:8222", r.NATS.MonitorPort)} {
+			if !slices.Contains(natsSvc.Ports, p) {
+				t.Errorf("nats-%s: ports %v, want %s", r.Name, natsSvc.Ports, p)
+			}
+		}
+		if got := pg.Environment["POSTGRES_DB"]; got != r.Postgres.Database {
+			t.Errorf("postgres-%s: POSTGRES_DB %q, want %q", r.Name, got, r.Postgres.Database)
+		}
+		if p := fmt.Sprintf("%d:5432", r.Postgres.Port); !slices.Contains(pg.Ports, p) {
+			t.Errorf("postgres-%s: ports %v, want %s", r.Name, pg.Ports, p)
+		}
+		for name, s := range map[string]composeService{"ledger": ledger, "verify": verify} {
+			env := s.Environment
+			if env["PAYMESH_REGION"] != r.Name || env["PAYMESH_DATABASE"] != r.Postgres.Database {
+				t.Errorf("%s-%s: region %q database %q, want %q %q", name, r.Name, env["PAYMESH_REGION"], env["PAYMESH_DATABASE"], r.Name, r.Postgres.Database)
+			}
+			u, err := url.Parse(env["PAYMESH_POSTGRES_URL"])
+			if err != nil || u.Hostname() != "postgres-"+r.Name {
+				t.Errorf("%s-%s: PAYMESH_POSTGRES_URL %q, want host postgres-%s", name, r.Name, env["PAYMESH_POSTGRES_URL"], r.Name)
+			}
+			if !slices.Contains(s.DependsOn, "postgres-"+r.Name) {
+				t.Errorf("%s-%s: depends_on %v, want postgres-%s", name, r.Name, s.DependsOn, r.Name)
+			}
+		}
+		if got, want := ledger.Environment["PAYMESH_NATS_URL"], "nats://nats-"+r.Name+":4222"; got != want {
+			t.Errorf("ledger-%s: PAYMESH_NATS_URL %q, want %q", r.Name, got, want)
+		}
+		if !slices.Equal(ledger.Command, []string{"ledger"}) || !slices.Equal(verify.Command, []string{"verify"}) {
+			t.Errorf("region %s: ledger command %v, verify command %v", r.Name, ledger.Command, verify.Command)
+		}
+	}
+}
