@@ -72,6 +72,23 @@ type ledgerCmd struct {
 	WindowDays int           `name:"dedup-window-days" env:"PAYMESH_DEDUP_WINDOW_DAYS" default:"7" help:"Days of consume-log kept."`
 	CacheSize  int           `name:"cache-size" env:"PAYMESH_CACHE_SIZE" default:"100000" help:"Recently committed keys kept in memory (0 disables)."`
 	Shards     int           `env:"PAYMESH_SHARDS" default:"16" help:"Ledger subjects per region."`
+	ShardSet   string        `name:"shard-set" env:"PAYMESH_SHARD_SET" default:"0/1" help:"i/n: this process applies the shards k with k mod n = i. Give each ledger replica of a region its own i."`
+}
+
+// ownShards parses --shard-set.
+func (c *ledgerCmd) ownShards() ([]int, error) {
+	var i, n int
+	if _, err := fmt.Sscanf(c.ShardSet, "%d/%d", &i, &n); err != nil || n < 1 || i < 0 || i >= n || fmt.Sprintf("%d/%d", i, n) != c.ShardSet {
+		return nil, fmt.Errorf("--shard-set %q: want i/n with 0 <= i < n", c.ShardSet)
+	}
+	if c.Shards < n {
+		return nil, fmt.Errorf("--shard-set %q: only %d shards to share", c.ShardSet, c.Shards)
+	}
+	var own []int
+	for k := i; k < c.Shards; k += n {
+		own = append(own, k)
+	}
+	return own, nil
 }
 
 func (c *ledgerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, log *slog.Logger) error {
@@ -79,7 +96,11 @@ func (c *ledgerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 	if err != nil {
 		return err
 	}
-	srv, err := server.Open(ctx, server.Config{
+	own, err := c.ownShards()
+	if err != nil {
+		return err
+	}
+	srv, err := server.Open(ctx, server.Config{OwnShards: own,
 		Region: reg.Name, Regions: ids, Node: c.Node, PostgresURL: url, NATSURL: c.NATSURL, Workers: c.Workers,
 		BatchSize: c.BatchSize, AckWait: c.AckWait, MaxDeliver: c.MaxDeliver, Lease: c.Lease,
 		WindowDays: c.WindowDays, CacheSize: c.CacheSize, Shards: c.Shards, Log: log,
@@ -88,7 +109,7 @@ func (c *ledgerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 		return err
 	}
 	defer srv.Close()
-	log.Info("ledger running", "region", reg.Name, "stream", srv.Topo.Stream(), "workers", c.Workers)
+	log.Info("ledger running", "region", reg.Name, "stream", srv.Topo.Stream(), "shards", own, "workers", c.Workers)
 	return srv.Run(ctx)
 }
 

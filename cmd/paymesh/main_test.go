@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/url"
 	"strings"
 	"testing"
@@ -37,5 +38,19 @@ func TestVerifyCommand(t *testing.T) {
 	}
 	if err := (&verifyCmd{regionDB: regionDB{Region: "mars"}}).Run(context.Background(), tab); err == nil || !strings.Contains(err.Error(), "mars") {
 		t.Fatalf("unknown region: got %v", err)
+	}
+}
+
+func TestShardSet(t *testing.T) {
+	for in, want := range map[string]string{"0/1": "[0 1 2 3 4 5]", "1/2": "[1 3 5]", "2/3": "[2 5]"} {
+		got, err := (&ledgerCmd{Shards: 6, ShardSet: in}).ownShards()
+		if err != nil || fmt.Sprint(got) != want {
+			t.Errorf("%s: got %v %v, want %s", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "1", "2/2", "-1/2", "a/b", "0/0", "0/7", "1/2x"} {
+		if _, err := (&ledgerCmd{Shards: 6, ShardSet: bad}).ownShards(); err == nil {
+			t.Errorf("%q: want an error", bad)
+		}
 	}
 }

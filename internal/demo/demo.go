@@ -327,13 +327,9 @@ func (d *driver) waitDrained(ctx context.Context) error {
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		c, err := js.Consumer(ctx, d.srv.Topo.Stream(), "ledger")
-		if err == nil {
-			info, err := c.Info(ctx)
-			if err == nil && info.NumPending == 0 && info.NumAckPending == 0 {
-				d.progress(d.cfg.Transfers, true)
-				return nil
-			}
+		if n, err := ljs.Backlog(ctx, js, d.srv.Topo); err == nil && n == 0 {
+			d.progress(d.cfg.Transfers, true)
+			return nil
 		}
 		d.progress(d.cfg.Transfers, false)
 		select {

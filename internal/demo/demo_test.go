@@ -18,7 +18,7 @@ func TestDemoPasses(t *testing.T) {
 	rep, err := demo.Run(context.Background(), demo.Config{
 		PostgresURL: pgtest.AdminURL(), Database: fmt.Sprintf("pmtest_demo_%d", os.Getpid()), Region: "eu",
 		Accounts: 20, Transfers: 1500, Seed: 7,
-		ProducerRetry: 0.05, Redelivery: 0.05, DropAck: 0.05, ClientRetry: 0.05, Poison: 0.01,
+		ProducerRetry: 0.05, Redelivery: 0.05, DropAck: 0.3, ClientRetry: 0.05, Poison: 0.01,
 	}, &out)
 	if err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -39,10 +40,12 @@ const ReasonMaxDeliveries = "max_deliveries"
 // ConsumerConfig configures a ledger consumer.
 type ConsumerConfig struct {
 	Topology Topology
-	// Durable names the JetStream consumer; workers sharing it share the work.
-	Durable string
-	// Filter restricts the consumer to some ledger subjects; empty means all.
-	Filter []string
+	// Shards lists the ledger shards this consumer applies; empty means all.
+	// Each shard has its own durable JetStream consumer (ShardDurable), so
+	// a shard owned by one worker is applied in stream order. Workers that
+	// own the same shard share its durable: exactly-once still holds, but
+	// one account's commands may then apply out of order.
+	Shards []int
 	// BatchSize is the most messages applied in one transaction.
 	BatchSize int
 	// AckWait is how long a delivery may stay unacked before redelivery.
@@ -76,8 +79,8 @@ type Consumer struct {
 // NewConsumer returns a consumer; Run starts it.
 func NewConsumer(js jetstream.JetStream, applier Applier, cfg ConsumerConfig) *Consumer {
 	cfg.Topology = cfg.Topology.withDefaults()
-	if cfg.Durable == "" {
-		cfg.Durable = "ledger"
+	if len(cfg.Shards) == 0 {
+		cfg.Shards = AllShards(cfg.Topology)
 	}
 	if cfg.BatchSize <= 0 {
 		cfg.BatchSize = DefaultBatchSize
@@ -97,42 +100,19 @@ func NewConsumer(js jetstream.JetStream, applier Applier, cfg ConsumerConfig) *C
 	return &Consumer{cfg: cfg, js: js, applier: applier}
 }
 
-// Run consumes until ctx ends. Messages arrive through a pull subscription
-// and are applied in batches of whatever has arrived, up to BatchSize: a
+// Run consumes its shards until ctx ends. Messages arrive through pull
+// subscriptions and are applied in batches of whatever has arrived, up to BatchSize: a
 // batch forms while the previous one commits. It returns an error only when
 // the consumer cannot be set up.
 func (c *Consumer) Run(ctx context.Context) error {
-	t := c.cfg.Topology
-	cons, err := c.js.CreateOrUpdateConsumer(ctx, t.Stream(), jetstream.ConsumerConfig{
-		Durable:        c.cfg.Durable,
-		AckPolicy:      jetstream.AckExplicitPolicy,
-		AckWait:        c.cfg.AckWait,
-		MaxDeliver:     c.cfg.MaxDeliver,
-		FilterSubjects: c.cfg.Filter,
-		MaxAckPending:  16 * c.cfg.BatchSize,
-	})
-	if err != nil {
-		return fmt.Errorf("ledger consumer %s: %w", c.cfg.Durable, err)
-	}
-	stopAdvisories, err := c.watchMaxDeliveries(ctx)
-	if err != nil {
-		return err
-	}
-	defer stopAdvisories()
-
 	inbox := make(chan jetstream.Msg, 2*c.cfg.BatchSize)
-	cc, err := cons.Consume(func(m jetstream.Msg) {
-		select {
-		case inbox <- m:
-		case <-ctx.Done(): // unacked: redelivered after AckWait
+	for _, shard := range c.cfg.Shards {
+		stop, err := c.consumeShard(ctx, shard, inbox)
+		if err != nil {
+			return err
 		}
-	}, jetstream.PullMaxMessages(2*c.cfg.BatchSize), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-		c.cfg.Log.Warn("ledger consume", "err", err)
-	}))
-	if err != nil {
-		return fmt.Errorf("ledger consumer %s: %w", c.cfg.Durable, err)
+		defer stop()
 	}
-	defer cc.Stop()
 
 	for {
 		var batch []jetstream.Msg
@@ -153,6 +133,48 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		c.process(ctx, batch)
 	}
+}
+
+// consumeShard creates (or binds to) the shard's durable consumer and feeds
+// its messages, in stream order, into inbox. The returned func stops it.
+func (c *Consumer) consumeShard(ctx context.Context, shard int, inbox chan<- jetstream.Msg) (func(), error) {
+	t := c.cfg.Topology
+	durable := ShardDurable(shard)
+	var cons jetstream.Consumer
+	// Several workers may create the same durable at once; a losing
+	// concurrent create is retried.
+	_, err := backoff.Retry(ctx, func() (struct{}, error) {
+		var err error
+		cons, err = c.js.CreateOrUpdateConsumer(ctx, t.Stream(), jetstream.ConsumerConfig{
+			Durable:       durable,
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			AckWait:       c.cfg.AckWait,
+			MaxDeliver:    c.cfg.MaxDeliver,
+			FilterSubject: t.ShardSubject(shard),
+			MaxAckPending: 4 * c.cfg.BatchSize,
+		})
+		return struct{}{}, err
+	}, backoff.WithMaxTries(5))
+	if err != nil {
+		return nil, fmt.Errorf("ledger consumer %s: %w", durable, err)
+	}
+	stopAdvisories, err := c.watchMaxDeliveries(ctx, durable)
+	if err != nil {
+		return nil, err
+	}
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		select {
+		case inbox <- m:
+		case <-ctx.Done(): // unacked: redelivered after AckWait
+		}
+	}, jetstream.PullMaxMessages(2*c.cfg.BatchSize), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		c.cfg.Log.Warn("ledger consume", "durable", durable, "err", err)
+	}))
+	if err != nil {
+		stopAdvisories()
+		return nil, fmt.Errorf("ledger consumer %s: %w", durable, err)
+	}
+	return func() { cc.Stop(); stopAdvisories() }, nil
 }
 
 // process applies one batch: decode and validate each message (a message
@@ -290,13 +312,13 @@ func (c *Consumer) publishDLQ(ctx context.Context, subject string, data []byte, 
 // watchMaxDeliveries copies a message that JetStream stopped delivering
 // (MaxDeliver reached without an ack, e.g. a worker that crashed on its last
 // attempt) from the stream into the dead-letter stream.
-func (c *Consumer) watchMaxDeliveries(ctx context.Context) (func(), error) {
+func (c *Consumer) watchMaxDeliveries(ctx context.Context, durable string) (func(), error) {
 	t := c.cfg.Topology
 	stream, err := c.js.Stream(ctx, t.Stream())
 	if err != nil {
 		return nil, fmt.Errorf("ledger consumer: %w", err)
 	}
-	subject := "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + t.Stream() + "." + c.cfg.Durable
+	subject := "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + t.Stream() + "." + durable
 	sub, err := c.js.Conn().Subscribe(subject, func(msg *nats.Msg) {
 		var adv struct {
 			StreamSeq  uint64 `json:"stream_seq"`

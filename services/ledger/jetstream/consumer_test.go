@@ -88,22 +88,18 @@ func (h *harness) publishData(tb testing.TB, subject string, data []byte) {
 	}
 }
 
-// drained waits until the ledger consumer has acked or terminated every
+// drained waits until the ledger consumers have acked or terminated every
 // message in the stream.
-func (h *harness) drained(tb testing.TB, durable string) {
+func (h *harness) drained(tb testing.TB) {
 	tb.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
-		c, err := h.js.Consumer(context.Background(), h.topo.Stream(), durable)
-		if err == nil {
-			info, err := c.Info(context.Background())
-			if err == nil && info.NumPending == 0 && info.NumAckPending == 0 && info.Delivered.Stream > 0 {
-				return
-			}
+		if n, err := ljs.Backlog(context.Background(), h.js, h.topo); err == nil && n == 0 {
+			return
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	tb.Fatalf("consumer %s did not drain in 60s", durable)
+	tb.Fatalf("the ledger consumers did not drain in 60s")
 }
 
 // dlq reads every dead letter.
@@ -153,7 +149,7 @@ func TestDeliveredManyTimes(t *testing.T) {
 	}
 	h.worker(t, h.f.Store, nil)
 	h.worker(t, h.f.Store, nil)
-	h.drained(t, "ledger")
+	h.drained(t)
 	for _, c := range cases {
 		if got := h.f.Balance(t, c.from); got != 900 {
 			t.Errorf("%d copies: source balance %d, want 900", c.copies, got)
@@ -188,7 +184,7 @@ func TestDeliveredManyTimes(t *testing.T) {
 	if got := h.f.Stats.Duplicates()[string(dedup.LayerMsgID)]; got != 1 {
 		t.Fatalf("msg_id duplicates: got %d, want 1", got)
 	}
-	h.drained(t, "ledger")
+	h.drained(t)
 	if got := h.f.Balance(t, b); got != 10 {
 		t.Fatalf("balance after producer retry: got %d, want 10", got)
 	}
@@ -214,7 +210,7 @@ func TestCrashAfterCommitBeforeAck(t *testing.T) {
 	if _, err := h.pub.Publish(context.Background(), cmd); err != nil {
 		t.Fatal(err)
 	}
-	h.drained(t, "ledger")
+	h.drained(t)
 	if crashes.Load() < 2 {
 		t.Fatalf("the message was not redelivered after the crash")
 	}
@@ -260,7 +256,7 @@ func TestRedeliveryWhileFirstAttemptRuns(t *testing.T) {
 	}
 	<-inHook
 	h.worker(t, fast.Store, oneSecond)
-	h.drained(t, "ledger")
+	h.drained(t)
 	time.Sleep(3 * time.Second) // let the slow attempt finish and ack
 	if got := h.f.Stats.Redeliveries.Load(); got < 1 {
 		t.Fatalf("redeliveries: got %d, want >= 1 (the scenario did not happen)", got)
@@ -284,14 +280,14 @@ func TestPoisonMessages(t *testing.T) {
 	subject := h.topo.Subject(a)
 
 	h.publishRaw(t, good1)
-	h.publishData(t, subject, []byte(`{"type":"transfer",`))                                                // not JSON
-	h.publishData(t, subject, []byte(`{"type":"transfer","amount":1.5,"currency":"EUR"}`))                  // fractional amount
+	h.publishData(t, subject, []byte(`{"type":"transfer",`))                                              // not JSON
+	h.publishData(t, subject, []byte(`{"type":"transfer","amount":1.5,"currency":"EUR"}`))                // fractional amount
 	h.publishData(t, subject, []byte(`{"type":"transfer","amount":10,"currency":"EUR","surprise":true}`)) // unknown field
 	h.publishRaw(t, ghost)
 	h.publishRaw(t, good2)
 
 	h.worker(t, h.f.Store, nil)
-	h.drained(t, "ledger")
+	h.drained(t)
 
 	if got := h.f.Balance(t, b); got != 30 {
 		t.Fatalf("destination: got %d, want 30 (both good transfers)", got)
@@ -336,7 +332,7 @@ func TestMaxDeliverDeadLetters(t *testing.T) {
 	if _, err := h.pub.Publish(context.Background(), cmd); err != nil {
 		t.Fatal(err)
 	}
-	h.drained(t, "ledger")
+	h.drained(t)
 	if app.calls.Load() != 3 {
 		t.Fatalf("apply attempts: got %d, want 3", app.calls.Load())
 	}
@@ -389,7 +385,7 @@ func TestRandomizedRunVerifies(t *testing.T) {
 	<-h.js.PublishAsyncComplete()
 	h.worker(t, h.f.Store, nil)
 	h.worker(t, h.f.Store, nil)
-	h.drained(t, "ledger")
+	h.drained(t)
 	st := h.f.Stats
 	var caught int64
 	for _, v := range st.Duplicates() {

@@ -66,12 +66,70 @@ func (t Topology) DLQSubject() string { return "dlq." + t.Region + ".ledger" }
 // Subjects is the wildcard of every ledger subject of the region.
 func (t Topology) Subjects() string { return "ledger." + t.Region + ".>" }
 
-// Subject is the ledger subject of an account.
-func (t Topology) Subject(accountID string) string {
+// Shard is the shard of an account: FNV-1a of its ID modulo Shards.
+func (t Topology) Shard(accountID string) int {
 	t = t.withDefaults()
 	h := fnv.New32a()
 	h.Write([]byte(accountID))
-	return fmt.Sprintf("ledger.%s.%d", t.Region, h.Sum32()%uint32(t.Shards))
+	return int(h.Sum32() % uint32(t.Shards))
+}
+
+// Subject is the ledger subject of an account.
+func (t Topology) Subject(accountID string) string { return t.ShardSubject(t.Shard(accountID)) }
+
+// ShardSubject is the ledger subject of a shard.
+func (t Topology) ShardSubject(shard int) string { return fmt.Sprintf("ledger.%s.%d", t.Region, shard) }
+
+// ShardDurable names the durable consumer of a shard.
+func ShardDurable(shard int) string { return fmt.Sprintf("ledger-%d", shard) }
+
+// AllShards lists every shard of the topology.
+func AllShards(t Topology) []int {
+	t = t.withDefaults()
+	s := make([]int, t.Shards)
+	for i := range s {
+		s[i] = i
+	}
+	return s
+}
+
+// Split deals shards round-robin into n sets: set i holds the shards k with
+// k mod n == i. Splitting by worker keeps each shard with one worker.
+func Split(shards []int, n int) [][]int {
+	sets := make([][]int, n)
+	for j, k := range shards {
+		sets[j%n] = append(sets[j%n], k)
+	}
+	return sets
+}
+
+// Backlog sums, over every shard's ledger consumer of the stream, the messages not
+// yet delivered and those delivered but not acked. Zero means the ledger
+// has applied everything published so far.
+func Backlog(ctx context.Context, js jetstream.JetStream, t Topology) (uint64, error) {
+	s, err := js.Stream(ctx, t.Stream())
+	if err != nil {
+		return 0, err
+	}
+	var n uint64
+	consumers := 0
+	infos := s.ListConsumers(ctx)
+	for info := range infos.Info() {
+		n += info.NumPending + uint64(info.NumAckPending)
+		consumers++
+	}
+	if err := infos.Err(); err != nil {
+		return 0, err
+	}
+	if consumers < t.withDefaults().Shards {
+		// Some shard has no consumer yet: count the whole stream as pending.
+		si, err := s.Info(ctx)
+		if err != nil {
+			return 0, err
+		}
+		n += si.State.Msgs
+	}
+	return n, nil
 }
 
 // EnsureStreams creates or updates the region's ledger and dead-letter

@@ -159,4 +159,3 @@ func (f *Fixture) Count(tb testing.TB, sql string, args ...any) int {
 	}
 	return n
 }
-

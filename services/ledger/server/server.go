@@ -30,7 +30,8 @@ type Config struct {
 	Node        uint16        // node id in the region, unique per running ledger process
 	PostgresURL string        // the region's database
 	NATSURL     string        // a server of the region
-	Workers     int           // consumers in this process sharing the durable consumer
+	Workers     int           // consumers in this process; each applies its own shards in order
+	OwnShards   []int         // shards this process applies (default: all); give replicas disjoint sets
 	BatchSize   int           // most messages per transaction
 	AckWait     time.Duration // JetStream redelivery timeout
 	MaxDeliver  int           // deliveries before dead-lettering
@@ -122,10 +123,14 @@ func (s *Server) Run(ctx context.Context) error {
 	defer cancel()
 	var wg sync.WaitGroup
 	wg.Go(func() { s.dedup.RunRetention(ctx, s.pool, time.Hour, s.cfg.Log) })
-	errs := make(chan error, s.cfg.Workers)
-	for range s.cfg.Workers {
+	errs := make(chan error, max(s.cfg.Workers, 1))
+	own := s.cfg.OwnShards
+	if len(own) == 0 {
+		own = ljs.AllShards(s.Topo)
+	}
+	for _, shards := range ljs.Split(own, min(s.cfg.Workers, len(own))) {
 		c := ljs.NewConsumer(s.js, s.Store, ljs.ConsumerConfig{
-			Topology: s.Topo, Durable: "ledger", BatchSize: s.cfg.BatchSize, AckWait: s.cfg.AckWait,
+			Topology: s.Topo, Shards: shards, BatchSize: s.cfg.BatchSize, AckWait: s.cfg.AckWait,
 			MaxDeliver: s.cfg.MaxDeliver, Regions: s.cfg.Regions, Stats: s.Stats, Log: s.cfg.Log,
 			AfterCommit: s.cfg.AfterCommit,
 		})

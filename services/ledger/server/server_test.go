@@ -1,0 +1,87 @@
+package server_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/paymesh/paymesh/internal/natsembed"
+	"github.com/paymesh/paymesh/internal/pgtest"
+	"github.com/paymesh/paymesh/pkg/idgen"
+	"github.com/paymesh/paymesh/services/ledger"
+	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
+	"github.com/paymesh/paymesh/services/ledger/server"
+)
+
+// TestServerRuns opens a region ledger on an empty database (it migrates it
+// and creates its streams), runs it, and applies a funded transfer sent
+// through JetStream.
+func TestServerRuns(t *testing.T) {
+	ns, _ := natsembed.MustStart(t)
+	_, url := pgtest.MustDatabase(t) // empty: the server migrates it
+	ids, err := idgen.NewRegions(map[string]uint8{"eu": 1, "us": 2, "ap": 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	srv, err := server.Open(ctx, server.Config{Region: "eu", Regions: ids, Node: 3, PostgresURL: url, NATSURL: ns.ClientURL(),
+		Workers: 2, BatchSize: 16, AckWait: 5 * time.Second, MaxDeliver: 3, WindowDays: 2, CacheSize: 100, Shards: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+
+	a, err := srv.Store.CreateAccount(ctx, ledger.NewAccount{ClientID: "c", Currency: "EUR"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := srv.Store.CreateAccount(ctx, ledger.NewAccount{ClientID: "c", Currency: "EUR"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gen, _ := idgen.NewGenerator(ids, "eu", 4)
+	tid := func() string { s, _ := gen.NextString(); return s }
+	pub := ljs.NewPublisher(srv.JetStream(), srv.Topo, nil)
+	for _, c := range []ledger.Command{
+		{Type: ledger.TypeFund, TransferID: tid(), ClientID: "c", IdempotencyKey: "f1", To: a.ID, Amount: 500, Currency: "EUR", CreatedAt: time.Now()},
+		{Type: ledger.TypeTransfer, TransferID: tid(), ClientID: "c", IdempotencyKey: "t1", From: a.ID, To: b.ID, Amount: 200, Currency: "EUR", CreatedAt: time.Now()},
+	} {
+		if _, err := pub.Publish(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for srv.Stats.Applied.Load() < 2 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	got, err := srv.Store.Account(ctx, b.ID)
+	if err != nil || got.Balance != 200 {
+		t.Fatalf("destination: got %d %v, want 200", got.Balance, err)
+	}
+	rep, err := srv.Store.Verify(ctx)
+	if err != nil || !rep.OK() {
+		t.Fatalf("verify: %v\n%s", err, rep)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("run: %v", err)
+	}
+}
+
+func TestServerOpenErrors(t *testing.T) {
+	ids, _ := idgen.NewRegions(map[string]uint8{"eu": 1})
+	ctx := context.Background()
+	if _, err := server.Open(ctx, server.Config{Region: "eu", Regions: ids, PostgresURL: "postgres://postgres@127.0.0.1:1/x?connect_timeout=2"}); err == nil {
+		t.Fatal("unreachable Postgres: want an error")
+	}
+	if _, err := server.Open(ctx, server.Config{Region: "mars", Regions: ids}); err == nil {
+		t.Fatal("unknown region: want an error")
+	}
+	_, url := pgtest.MustDatabase(t)
+	if _, err := server.Open(ctx, server.Config{Region: "eu", Regions: ids, PostgresURL: url, NATSURL: "nats://127.0.0.1:1"}); err == nil {
+		t.Fatal("unreachable NATS: want an error")
+	}
+}
