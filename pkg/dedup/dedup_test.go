@@ -328,3 +328,42 @@ func TestRetention(t *testing.T) {
 		t.Fatalf("clamped key seen again: got %v, want duplicate", c.Outcome)
 	}
 }
+
+// TestRetentionDoesNotBlockClaims: dropping an expired partition while a
+// claim transaction is open neither blocks new claims nor loses the
+// partition change: a detach that cannot finish yet is finalised by a later
+// run.
+func TestRetentionDoesNotBlockClaims(t *testing.T) {
+	ctx := context.Background()
+	l, pool, clk := mustLog(t, dedup.Config{WindowDays: 2, AheadDays: 1})
+	old := clk.Now()
+	open, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Rollback(ctx) //nolint:errcheck
+	if _, err := l.Claim(ctx, open, "c", dedup.Key{ID: "held", Origin: old}); err != nil {
+		t.Fatal(err)
+	}
+	clk.Step(3 * 24 * time.Hour) // today's partition is now expired
+
+	maintained := make(chan error, 1)
+	go func() { _, err := l.Maintain(ctx, pool); maintained <- err }()
+	time.Sleep(200 * time.Millisecond)
+	start := time.Now()
+	claimTx(t, l, pool, dedup.Key{ID: "meanwhile", Origin: clk.Now()})
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("a claim waited %s behind retention", d)
+	}
+	<-maintained // may fail: the open transaction still uses the old partition
+	if err := open.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Maintain(ctx, pool); err != nil {
+		t.Fatalf("maintain after the transaction ended: %v", err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_class WHERE relname = $1`, dedup.PartitionName(old)).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("expired partition still exists (%d, %v)", n, err)
+	}
+}

@@ -2,12 +2,17 @@ package dedup
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // partitionLock serialises Maintain across processes sharing a database.
@@ -19,59 +24,107 @@ type Maintenance struct {
 	Dropped []string
 }
 
+// maintainLockTimeout bounds how long a partition change may queue for its
+// lock on dedup_log. Claims queue behind a waiting partition change, so the
+// wait must stay short; partitions are made days ahead, so a change that
+// gives up is simply retried at the next run.
+const maintainLockTimeout = "2s"
+
 // Maintain creates the day partitions from the retention horizon up to
-// AheadDays after today, and drops partitions wholly before the horizon. It
-// is idempotent and safe to run from several processes at once. It returns
-// the first database error.
-func (l *Log) Maintain(ctx context.Context, db Beginner) (Maintenance, error) {
+// AheadDays after today, and drops partitions wholly before the horizon. An
+// expired partition is first detached CONCURRENTLY, which does not block
+// claims, then dropped. It is idempotent and safe to run from several
+// processes at once (a session advisory lock serialises it). It returns the
+// first database error; what it changed before that is reported too.
+func (l *Log) Maintain(ctx context.Context, pool *pgxpool.Pool) (Maintenance, error) {
 	var m Maintenance
 	now := l.cfg.Now()
 	lo, hi := l.horizon(now), day(now).AddDate(0, 0, l.cfg.AheadDays)
-	tx, err := db.Begin(ctx)
+	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return m, fmt.Errorf("dedup: maintain: %w", err)
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck // rollback after commit is a no-op
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, partitionLock); err != nil {
-		return m, fmt.Errorf("dedup: maintain: %w", err)
+	defer conn.Release()
+	for _, sql := range []string{`SELECT pg_advisory_lock(` + fmt.Sprint(partitionLock) + `)`, `SET lock_timeout = '` + maintainLockTimeout + `'`} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			conn.Conn().Close(ctx) //nolint:errcheck // discard a connection in an unknown state
+			return m, fmt.Errorf("dedup: maintain: %w", err)
+		}
 	}
-	existing, err := partitions(ctx, tx)
+	defer func() {
+		ctx := context.Background()
+		if _, err := conn.Exec(ctx, `RESET lock_timeout; SELECT pg_advisory_unlock(`+fmt.Sprint(partitionLock)+`)`); err != nil {
+			conn.Conn().Close(ctx) //nolint:errcheck // the lock dies with the session
+		}
+	}()
+	existing, err := partitions(ctx, conn)
 	if err != nil {
 		return m, err
 	}
-	for name, d := range existing {
-		if d.Before(lo) {
-			if _, err := tx.Exec(ctx, `DROP TABLE `+pgx.Identifier{name}.Sanitize()); err != nil {
-				return m, fmt.Errorf("dedup: drop %s: %w", name, err)
-			}
-			m.Dropped = append(m.Dropped, name)
-		}
-	}
+	// Create first: claims need tomorrow's partition more than anyone needs
+	// an old one gone. A partition is built as a plain table with a CHECK of
+	// its range, then attached: ATTACH takes a lock that does not conflict
+	// with claims (CREATE TABLE … PARTITION OF would block them).
 	for d := lo; !d.After(hi); d = d.AddDate(0, 0, 1) {
 		name := PartitionName(d)
 		if _, ok := existing[name]; ok {
 			continue
 		}
-		sql := fmt.Sprintf(`CREATE TABLE %s PARTITION OF dedup_log FOR VALUES FROM ('%s') TO ('%s')`,
-			pgx.Identifier{name}.Sanitize(), d.Format(time.DateOnly), d.AddDate(0, 0, 1).Format(time.DateOnly))
-		if _, err := tx.Exec(ctx, sql); err != nil {
-			return m, fmt.Errorf("dedup: create %s: %w", name, err)
+		ident := pgx.Identifier{name}.Sanitize()
+		from, to := d.Format(time.DateOnly), d.AddDate(0, 0, 1).Format(time.DateOnly)
+		for _, sql := range []string{
+			`CREATE TABLE IF NOT EXISTS ` + ident + ` (LIKE dedup_log INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`,
+			fmt.Sprintf(`ALTER TABLE %s ADD CONSTRAINT %s CHECK (origin_day >= '%s' AND origin_day < '%s')`,
+				ident, pgx.Identifier{name + "_range"}.Sanitize(), from, to),
+			fmt.Sprintf(`ALTER TABLE dedup_log ATTACH PARTITION %s FOR VALUES FROM ('%s') TO ('%s')`, ident, from, to),
+		} {
+			if _, err := conn.Exec(ctx, sql); err != nil && !isDuplicateObject(err) {
+				return m, fmt.Errorf("dedup: create %s: %w", name, err)
+			}
 		}
 		m.Created = append(m.Created, name)
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return m, fmt.Errorf("dedup: maintain: %w", err)
+	// Postgres allows one pending detach per table: finish an interrupted
+	// one before starting the next.
+	names := slices.Collect(maps.Keys(existing))
+	slices.SortFunc(names, func(a, b string) int {
+		pa, pb := existing[a], existing[b]
+		if pa.detachPending != pb.detachPending {
+			if pa.detachPending {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a, b)
+	})
+	for _, name := range names {
+		p := existing[name]
+		if !p.day.Before(lo) {
+			continue
+		}
+		ident := pgx.Identifier{name}.Sanitize()
+		detach := `ALTER TABLE dedup_log DETACH PARTITION ` + ident + ` CONCURRENTLY`
+		if p.detachPending { // an earlier detach was interrupted
+			detach = `ALTER TABLE dedup_log DETACH PARTITION ` + ident + ` FINALIZE`
+		}
+		if _, err := conn.Exec(ctx, detach); err != nil {
+			return m, fmt.Errorf("dedup: detach %s: %w", name, err)
+		}
+		if _, err := conn.Exec(ctx, `DROP TABLE `+ident); err != nil {
+			return m, fmt.Errorf("dedup: drop %s: %w", name, err)
+		}
+		m.Dropped = append(m.Dropped, name)
 	}
 	return m, nil
 }
 
 // RunRetention calls Maintain now and then every interval until ctx ends,
 // logging failures; a failed run is retried at the next tick.
-func (l *Log) RunRetention(ctx context.Context, db Beginner, every time.Duration, log *slog.Logger) {
+func (l *Log) RunRetention(ctx context.Context, pool *pgxpool.Pool, every time.Duration, log *slog.Logger) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
-		if m, err := l.Maintain(ctx, db); err != nil {
+		if m, err := l.Maintain(ctx, pool); err != nil {
 			log.Error("dedup retention failed", "err", err)
 		} else if len(m.Created)+len(m.Dropped) > 0 {
 			log.Info("dedup retention", "created", m.Created, "dropped", m.Dropped)
@@ -87,27 +140,40 @@ func (l *Log) RunRetention(ctx context.Context, db Beginner, every time.Duration
 // PartitionName is the table name of the partition holding day d.
 func PartitionName(d time.Time) string { return "dedup_log_p" + day(d).Format("20060102") }
 
+type partition struct {
+	day           time.Time
+	detachPending bool
+}
+
 // partitions lists the existing day partitions of dedup_log by name.
-func partitions(ctx context.Context, tx pgx.Tx) (map[string]time.Time, error) {
-	rows, err := tx.Query(ctx, `
-		SELECT c.relname FROM pg_inherits i
+func partitions(ctx context.Context, conn *pgxpool.Conn) (map[string]partition, error) {
+	rows, err := conn.Query(ctx, `
+		SELECT c.relname, i.inhdetachpending FROM pg_inherits i
 		JOIN pg_class c ON c.oid = i.inhrelid
 		WHERE i.inhparent = 'dedup_log'::regclass`)
 	if err != nil {
 		return nil, fmt.Errorf("dedup: list partitions: %w", err)
 	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	out := map[string]partition{}
+	var name string
+	var pending bool
+	_, err = pgx.ForEachRow(rows, []any{&name, &pending}, func() error {
+		suffix, ok := strings.CutPrefix(name, "dedup_log_p")
+		d, err := time.Parse("20060102", suffix)
+		if !ok || err != nil {
+			return fmt.Errorf("dedup: unexpected partition %q", name)
+		}
+		out[name] = partition{day: d, detachPending: pending}
+		return nil
+	})
 	if err != nil {
 		return nil, fmt.Errorf("dedup: list partitions: %w", err)
 	}
-	out := make(map[string]time.Time, len(names))
-	for _, n := range names {
-		suffix, ok := strings.CutPrefix(n, "dedup_log_p")
-		d, err := time.Parse("20060102", suffix)
-		if !ok || err != nil {
-			return nil, fmt.Errorf("dedup: unexpected partition %q", n)
-		}
-		out[n] = d
-	}
 	return out, nil
+}
+
+// isDuplicateObject reports a constraint left by an interrupted earlier run.
+func isDuplicateObject(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42710"
 }

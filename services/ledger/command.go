@@ -50,8 +50,12 @@ func (c Command) MsgKey() string { return "xfer/" + c.ClientID + "/" + c.Idempot
 // Fingerprint hashes the fields that define the request, so that the same
 // key sent with a different request is detected.
 func (c Command) Fingerprint() []byte {
+	from := c.From
+	if c.Type == TypeFund {
+		from = "" // the ledger fills in the issuance account
+	}
 	h := sha256.New()
-	for _, s := range []string{c.Type, c.From, c.To, c.Currency} {
+	for _, s := range []string{c.Type, from, c.To, c.Currency} {
 		_ = binary.Write(h, binary.BigEndian, uint32(len(s)))
 		io.WriteString(h, s)
 	}
@@ -79,6 +83,9 @@ func DecodeCommand(b []byte) (Command, error) {
 	if len(b) > MaxCommandBytes {
 		return Command{}, Errorf(CodeInvalidRequest, "command is %d bytes, over the %d-byte limit", len(b), MaxCommandBytes)
 	}
+	if err := checkKeys(b); err != nil {
+		return Command{}, err
+	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	dec.UseNumber()
@@ -101,6 +108,39 @@ func DecodeCommand(b []byte) (Command, error) {
 	return c, nil
 }
 
+// commandFields are the exact JSON names of a command's fields.
+var commandFields = map[string]bool{"type": true, "transfer_id": true, "client_id": true, "idempotency_key": true,
+	"from": true, "to": true, "amount": true, "currency": true, "created_at": true}
+
+// checkKeys refuses what encoding/json lets through: keys that match a field
+// only case-insensitively, and keys given twice (where the last would win).
+func checkKeys(b []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return Errorf(CodeInvalidRequest, "decode command: want a JSON object")
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return Errorf(CodeInvalidRequest, "decode command: %v", err)
+		}
+		key, _ := t.(string)
+		switch {
+		case !commandFields[key]:
+			return Errorf(CodeInvalidRequest, "decode command: unknown field %q", key)
+		case seen[key]:
+			return Errorf(CodeInvalidRequest, "decode command: field %q given twice", key)
+		}
+		seen[key] = true
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return Errorf(CodeInvalidRequest, "decode command: %v", err)
+		}
+	}
+	return nil
+}
+
 // ParseAmount parses integer minor units. Fractions, exponents, signs other
 // than a leading minus, and values beyond int64 are refused with
 // CodeInvalidAmount; zero and negatives parse here and are refused by
@@ -119,9 +159,13 @@ func ParseAmount(s string) (int64, error) {
 	return n, nil
 }
 
-// Validate checks a decoded command against the ledger of region home. It
-// returns an *Error; an error here means the command can never apply.
-func (c Command) Validate(home string, ids *idgen.Regions) error {
+// MaxClockSkew is how far in the future a command's created_at may be.
+const MaxClockSkew = 5 * time.Minute
+
+// Validate checks a decoded command against the ledger of region home at
+// time now. It returns an *Error; an error here means the command can never
+// apply.
+func (c Command) Validate(home string, ids *idgen.Regions, now time.Time) error {
 	if err := validKeyPart("client_id", c.ClientID, 64); err != nil {
 		return err
 	}
@@ -130,6 +174,9 @@ func (c Command) Validate(home string, ids *idgen.Regions) error {
 	}
 	if c.CreatedAt.IsZero() {
 		return Errorf(CodeInvalidRequest, "created_at is missing")
+	}
+	if c.CreatedAt.After(now.Add(MaxClockSkew)) {
+		return Errorf(CodeInvalidRequest, "created_at %s is more than %s in the future", c.CreatedAt.Format(time.RFC3339), MaxClockSkew)
 	}
 	if c.Amount <= 0 {
 		return Errorf(CodeInvalidAmount, "amount %d must be positive", c.Amount)

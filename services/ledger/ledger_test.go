@@ -109,12 +109,13 @@ func TestValidate(t *testing.T) {
 		return ledger.Command{Type: ledger.TypeTransfer, TransferID: id("eu"), ClientID: "c1", IdempotencyKey: "k1",
 			From: id("eu"), To: id("eu"), Amount: 1, Currency: "EUR", CreatedAt: time.Now()}
 	}
-	if err := valid().Validate("eu", ids); err != nil {
+	now := time.Now()
+	if err := valid().Validate("eu", ids, now); err != nil {
 		t.Fatalf("valid command: %v", err)
 	}
 	fund := valid()
 	fund.Type, fund.From = ledger.TypeFund, ""
-	if err := fund.Validate("eu", ids); err != nil {
+	if err := fund.Validate("eu", ids, now); err != nil {
 		t.Fatalf("valid fund command: %v", err)
 	}
 	same := valid()
@@ -130,6 +131,7 @@ func TestValidate(t *testing.T) {
 		"SlashInKey":        {func(c *ledger.Command) { c.IdempotencyKey = "a/b" }, ledger.CodeInvalidRequest},
 		"LongKey":           {func(c *ledger.Command) { c.IdempotencyKey = strings.Repeat("k", 256) }, ledger.CodeInvalidRequest},
 		"NoCreatedAt":       {func(c *ledger.Command) { c.CreatedAt = time.Time{} }, ledger.CodeInvalidRequest},
+		"FutureCreatedAt":   {func(c *ledger.Command) { c.CreatedAt = time.Now().Add(time.Hour) }, ledger.CodeInvalidRequest},
 		"BadFrom":           {func(c *ledger.Command) { c.From = "eu-nope" }, ledger.CodeInvalidRequest},
 		"BadTransferID":     {func(c *ledger.Command) { c.TransferID = "" }, ledger.CodeInvalidRequest},
 		"SourceElsewhere":   {func(c *ledger.Command) { c.From = id("us") }, ledger.CodeWrongRegion},
@@ -143,7 +145,7 @@ func TestValidate(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			c := valid()
 			tt.mut(&c)
-			if got := ledger.ErrorCode(c.Validate("eu", ids)); got != tt.code {
+			if got := ledger.ErrorCode(c.Validate("eu", ids, now)); got != tt.code {
 				t.Fatalf("got %q, want %q", got, tt.code)
 			}
 		})
@@ -177,10 +179,13 @@ func TestPlanBatch(t *testing.T) {
 		cmd(a, closed, 1), // closed
 		cmd(mint, a, 1),   // issuance is not a customer account
 		{Type: ledger.TypeFund, TransferID: id("eu"), ClientID: "c", IdempotencyKey: "f", From: mint, To: b, Amount: 1<<63 - 1, Currency: "EUR", CreatedAt: time.Now()}, // overflow b
+		{Type: ledger.TypeFund, TransferID: id("eu"), ClientID: "c", IdempotencyKey: "g", From: mint, To: mint, Amount: 1, Currency: "EUR", CreatedAt: time.Now()},      // fund the issuance account itself
+		cmd(a, mint, 1), // into the issuance account
 	}
 	p := ledger.PlanBatch(accounts, cmds)
 	want := []ledger.Code{"", ledger.CodeInsufficientFunds, "", ledger.CodeInsufficientFunds, ledger.CodeAccountNotFound,
-		ledger.CodeAccountNotFound, ledger.CodeCurrencyMismatch, ledger.CodeAccountClosed, ledger.CodeInvalidRequest, ledger.CodeBalanceOverflow}
+		ledger.CodeAccountNotFound, ledger.CodeCurrencyMismatch, ledger.CodeAccountClosed, ledger.CodeInvalidRequest, ledger.CodeBalanceOverflow,
+		ledger.CodeSameAccount, ledger.CodeInvalidRequest}
 	for i, o := range p.Outcomes {
 		if o.Transfer.Reason != want[i] {
 			t.Errorf("command %d: got reason %q, want %q", i, o.Transfer.Reason, want[i])
@@ -212,5 +217,21 @@ func TestPlanBatch(t *testing.T) {
 	// Postings carry the balance and version they produced, in order.
 	if ps := p.Outcomes[2].Postings; ps[0].BalanceAfter != 0 || ps[0].AccountVersion != 5 || ps[0].Amount != -40 {
 		t.Errorf("third transfer debit: got %+v", ps[0])
+	}
+}
+
+// TestFundFingerprint: a fund command's fingerprint does not depend on the
+// issuance account the ledger fills in, so a retry matches the stored one.
+func TestFundFingerprint(t *testing.T) {
+	c := ledger.Command{Type: ledger.TypeFund, To: "eu-x", Amount: 5, Currency: "EUR"}
+	resolved := c
+	resolved.From = "eu-mint"
+	if string(c.Fingerprint()) != string(resolved.Fingerprint()) {
+		t.Fatal("fund fingerprint changed when From was resolved")
+	}
+	other := c
+	other.Amount = 6
+	if string(c.Fingerprint()) == string(other.Fingerprint()) {
+		t.Fatal("fingerprint ignores the amount")
 	}
 }

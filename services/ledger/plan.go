@@ -104,7 +104,11 @@ func check(work map[string]*Account, c Command) (from, to *Account, err *Error) 
 		return nil, nil, Errorf(CodeCurrencyMismatch, "source account %s holds %s, not %s", from.ID, from.Currency, c.Currency)
 	case to.Currency != c.Currency:
 		return nil, nil, Errorf(CodeCurrencyMismatch, "destination account %s holds %s, not %s", to.ID, to.Currency, c.Currency)
-	case c.Type == TypeTransfer && (from.Kind != KindCustomer || to.Kind != KindCustomer):
+	case from.ID == to.ID:
+		return nil, nil, Errorf(CodeSameAccount, "source and destination are both %s", from.ID)
+	case to.Kind != KindCustomer:
+		return nil, nil, Errorf(CodeInvalidRequest, "money can only be moved into a customer account")
+	case c.Type == TypeTransfer && from.Kind != KindCustomer:
 		return nil, nil, Errorf(CodeInvalidRequest, "transfers move money between customer accounts only")
 	}
 	// Balance >= Floor always holds, so Balance - Floor >= 0; it can only

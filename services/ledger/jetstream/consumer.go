@@ -2,8 +2,6 @@ package jetstream
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -25,6 +23,10 @@ type Applier interface {
 }
 
 // Dead-letter headers.
+//
+// A message is dead-lettered when it can never apply as sent (the reason is
+// a ledger.Code), or when MaxDeliver attempts to apply it failed
+// (ReasonMaxDeliveries).
 const (
 	HeaderDLQReason   = "Paymesh-Dlq-Reason"   // a ledger.Code, or "max_deliveries"
 	HeaderDLQDetail   = "Paymesh-Dlq-Detail"   // human-readable reason
@@ -33,8 +35,8 @@ const (
 	HeaderDLQDelivery = "Paymesh-Dlq-Delivery" // delivery count when dead-lettered
 )
 
-// ReasonMaxDeliveries is the dead-letter reason of a message JetStream gave
-// up on after MaxDeliver attempts.
+// ReasonMaxDeliveries is the dead-letter reason of a message whose apply
+// failed on MaxDeliver deliveries.
 const ReasonMaxDeliveries = "max_deliveries"
 
 // ConsumerConfig configures a ledger consumer.
@@ -50,8 +52,8 @@ type ConsumerConfig struct {
 	BatchSize int
 	// AckWait is how long a delivery may stay unacked before redelivery.
 	AckWait time.Duration
-	// MaxDeliver is how many times a message is delivered before it is
-	// dead-lettered.
+	// MaxDeliver is the delivery on which a message whose apply keeps
+	// failing is dead-lettered instead of retried.
 	MaxDeliver int
 	// Regions parses IDs to check that commands belong to this region.
 	Regions *idgen.Regions
@@ -146,10 +148,13 @@ func (c *Consumer) consumeShard(ctx context.Context, shard int, inbox chan<- jet
 	_, err := backoff.Retry(ctx, func() (struct{}, error) {
 		var err error
 		cons, err = c.js.CreateOrUpdateConsumer(ctx, t.Stream(), jetstream.ConsumerConfig{
-			Durable:       durable,
-			AckPolicy:     jetstream.AckExplicitPolicy,
-			AckWait:       c.cfg.AckWait,
-			MaxDeliver:    c.cfg.MaxDeliver,
+			Durable:   durable,
+			AckPolicy: jetstream.AckExplicitPolicy,
+			AckWait:   c.cfg.AckWait,
+			// JetStream never gives up on a message by itself: the worker
+			// dead-letters it at MaxDeliver, so a worker that crashes on
+			// the last attempt cannot make it vanish.
+			MaxDeliver:    -1,
 			FilterSubject: t.ShardSubject(shard),
 			MaxAckPending: 4 * c.cfg.BatchSize,
 		})
@@ -157,10 +162,6 @@ func (c *Consumer) consumeShard(ctx context.Context, shard int, inbox chan<- jet
 	}, backoff.WithMaxTries(5))
 	if err != nil {
 		return nil, fmt.Errorf("ledger consumer %s: %w", durable, err)
-	}
-	stopAdvisories, err := c.watchMaxDeliveries(ctx, durable)
-	if err != nil {
-		return nil, err
 	}
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		select {
@@ -171,15 +172,14 @@ func (c *Consumer) consumeShard(ctx context.Context, shard int, inbox chan<- jet
 		c.cfg.Log.Warn("ledger consume", "durable", durable, "err", err)
 	}))
 	if err != nil {
-		stopAdvisories()
 		return nil, fmt.Errorf("ledger consumer %s: %w", durable, err)
 	}
-	return func() { cc.Stop(); stopAdvisories() }, nil
+	return cc.Stop, nil
 }
 
-// process applies one batch: decode and validate each message (a message
-// that can never apply is dead-lettered, the rest go on), apply the valid
-// ones in one transaction, then ack after the commit.
+// process handles one batch: decode and validate each message (a message
+// that can never apply is dead-lettered, the rest go on), then apply the
+// valid ones.
 func (c *Consumer) process(ctx context.Context, msgs []jetstream.Msg) {
 	var (
 		cmds  []ledger.Command
@@ -191,7 +191,7 @@ func (c *Consumer) process(ctx context.Context, msgs []jetstream.Msg) {
 		}
 		cmd, err := ledger.DecodeCommand(m.Data())
 		if err == nil {
-			err = cmd.Validate(c.cfg.Topology.Region, c.cfg.Regions)
+			err = cmd.Validate(c.cfg.Topology.Region, c.cfg.Regions, time.Now())
 		}
 		if err != nil {
 			c.cfg.Stats.Invalid.Add(1)
@@ -200,15 +200,30 @@ func (c *Consumer) process(ctx context.Context, msgs []jetstream.Msg) {
 		}
 		cmds, valid = append(cmds, cmd), append(valid, m)
 	}
-	if len(cmds) == 0 {
+	if len(cmds) > 0 {
+		c.apply(ctx, cmds, valid)
+	}
+}
+
+// apply applies valid commands in one transaction and acks them after the
+// commit.
+func (c *Consumer) apply(ctx context.Context, cmds []ledger.Command, valid []jetstream.Msg) {
+	results, err := c.applier.Apply(ctx, cmds)
+	if err != nil && len(cmds) > 1 && ctx.Err() == nil {
+		// Isolate whatever failed the batch: apply one by one, so that a
+		// single bad command cannot hold up or use the deliveries of others.
+		c.cfg.Log.Warn("apply batch failed; applying its commands one by one", "size", len(cmds), "err", err)
+		for i := range cmds {
+			c.apply(ctx, cmds[i:i+1], valid[i:i+1])
+		}
 		return
 	}
-	results, err := c.applier.Apply(ctx, cmds)
 	if err != nil {
-		c.cfg.Log.Error("apply batch failed; messages will be redelivered", "size", len(cmds), "err", err)
-		for _, m := range valid {
-			c.retryLater(ctx, m, err)
+		if ctx.Err() != nil {
+			return // shutting down: redelivered after AckWait, not a failed attempt
 		}
+		c.cfg.Log.Error("apply failed; the message will be redelivered", "err", err)
+		c.retryLater(ctx, valid[0], err)
 		return
 	}
 	for _, r := range results {
@@ -307,46 +322,4 @@ func (c *Consumer) publishDLQ(ctx context.Context, subject string, data []byte, 
 		return false, err
 	}
 	return ack.Duplicate, nil
-}
-
-// watchMaxDeliveries copies a message that JetStream stopped delivering
-// (MaxDeliver reached without an ack, e.g. a worker that crashed on its last
-// attempt) from the stream into the dead-letter stream.
-func (c *Consumer) watchMaxDeliveries(ctx context.Context, durable string) (func(), error) {
-	t := c.cfg.Topology
-	stream, err := c.js.Stream(ctx, t.Stream())
-	if err != nil {
-		return nil, fmt.Errorf("ledger consumer: %w", err)
-	}
-	subject := "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + t.Stream() + "." + durable
-	sub, err := c.js.Conn().Subscribe(subject, func(msg *nats.Msg) {
-		var adv struct {
-			StreamSeq  uint64 `json:"stream_seq"`
-			Deliveries uint64 `json:"deliveries"`
-		}
-		if err := json.Unmarshal(msg.Data, &adv); err != nil {
-			c.cfg.Log.Error("max-deliveries advisory", "err", err)
-			return
-		}
-		raw, err := stream.GetMsg(ctx, adv.StreamSeq)
-		if err != nil {
-			c.cfg.Log.Error("max-deliveries: read message", "seq", adv.StreamSeq, "err", err)
-			return
-		}
-		dup, err := c.publishDLQ(ctx, raw.Subject, raw.Data, adv.StreamSeq, adv.Deliveries, ReasonMaxDeliveries,
-			fmt.Sprintf("JetStream stopped after %d deliveries without an ack", adv.Deliveries))
-		if err != nil {
-			if !errors.Is(err, context.Canceled) {
-				c.cfg.Log.Error("max-deliveries: dead-letter publish", "seq", adv.StreamSeq, "err", err)
-			}
-			return
-		}
-		if !dup {
-			c.cfg.Stats.DeadLettered.Add(1)
-		}
-	})
-	if err != nil {
-		return nil, fmt.Errorf("ledger consumer: %w", err)
-	}
-	return func() { _ = sub.Unsubscribe() }, nil
 }

@@ -411,3 +411,50 @@ func TestRandomizedRunVerifies(t *testing.T) {
 		t.Fatalf("verify passed a tampered balance:\n%s", rep)
 	}
 }
+
+// poisonedBatch wraps the real store but fails any batch of more than one
+// command that contains the marked key, like a command that breaks a batch's
+// writes would.
+type poisonedBatch struct {
+	ljs.Applier
+	key    string
+	failed atomic.Int64
+}
+
+func (p *poisonedBatch) Apply(ctx context.Context, cmds []ledger.Command) ([]ledger.Result, error) {
+	for _, c := range cmds {
+		if c.IdempotencyKey == p.key && len(cmds) > 1 {
+			p.failed.Add(1)
+			return nil, errors.New("batch broken by one command")
+		}
+	}
+	return p.Applier.Apply(ctx, cmds)
+}
+
+// TestFailedBatchIsSplit: when a batch fails as a whole, its commands are
+// applied one by one, so the others neither wait for redelivery nor use up
+// their deliveries.
+func TestFailedBatchIsSplit(t *testing.T) {
+	h := mustHarness(t)
+	a, b := h.f.Account(t, "EUR", 1000), h.f.Account(t, "EUR", 0)
+	var cmds []ledger.Command
+	for range 20 {
+		cmds = append(cmds, h.f.Transfer(t, a, b, 10))
+	}
+	for _, c := range cmds {
+		h.publishRaw(t, c)
+	}
+	app := &poisonedBatch{Applier: h.f.Store, key: cmds[7].IdempotencyKey}
+	h.worker(t, app, nil)
+	h.drained(t)
+	if app.failed.Load() == 0 {
+		t.Fatal("no batch failed: the scenario did not happen")
+	}
+	if got := h.f.Balance(t, b); got != 200 {
+		t.Fatalf("balance: got %d, want 200", got)
+	}
+	if got := h.f.Stats.Redeliveries.Load(); got != 0 {
+		t.Fatalf("redeliveries: got %d, want 0", got)
+	}
+	h.f.MustVerify(t)
+}

@@ -44,9 +44,14 @@ func (s *Store) CreateAccount(ctx context.Context, n ledger.NewAccount) (ledger.
 			mintID, IssuanceClient, n.Currency, int64(ledger.NoFloor)); err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, `
+		// ON CONFLICT: a rerun after a COMMIT whose answer was lost finds
+		// the account it created.
+		if _, err := tx.Exec(ctx, `
 			INSERT INTO accounts (id, client_id, kind, currency, floor) VALUES ($1, $2, 'customer', $3, $4)
-			RETURNING `+accountColumns, id, n.ClientID, n.Currency, n.Floor)
+			ON CONFLICT (id) DO NOTHING`, id, n.ClientID, n.Currency, n.Floor); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, `SELECT `+accountColumns+` FROM accounts WHERE id = $1`, id)
 		if err != nil {
 			return err
 		}

@@ -60,7 +60,21 @@ func (s *Store) Apply(ctx context.Context, cmds []ledger.Command) ([]ledger.Resu
 	if err != nil {
 		return nil, err
 	}
-	s.cfg.Dedup.Committed(Consumer, applied)
+	// Cache the committed keys, except refusals that are dead-lettered: their
+	// redeliveries must reach the table to be dead-lettered again.
+	refused := map[string]bool{}
+	for i, r := range results {
+		if r.DeadLetter {
+			refused[keys[i].ID] = true
+		}
+	}
+	cacheable := applied[:0:0]
+	for _, c := range applied {
+		if !refused[c.Key.ID] {
+			cacheable = append(cacheable, c)
+		}
+	}
+	s.cfg.Dedup.Committed(Consumer, cacheable)
 	return results, nil
 }
 
@@ -70,32 +84,57 @@ func (s *Store) applyTx(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, k
 	if err != nil {
 		return nil, nil, err
 	}
-	var first []int
+	var first, dups []int
 	for i, c := range claims {
 		switch c.Outcome {
 		case dedup.First:
 			first = append(first, i)
 		case dedup.Duplicate:
 			results[i] = ledger.Result{Kind: ledger.Duplicate, Layer: string(c.Layer)}
+			if c.Layer == dedup.LayerTable {
+				dups = append(dups, i)
+			}
 		case dedup.InProgress:
 			results[i] = ledger.Result{Kind: ledger.InProgress}
 		case dedup.Conflict:
 			results[i] = conflict(cmds[i], c.Layer)
 		}
 	}
-	if len(first) == 0 {
+	if len(first)+len(dups) == 0 {
 		return results, nil, nil
 	}
 
-	// Layer 5: business keys.
-	known, err := existingTransfers(ctx, tx, cmds, first)
+	// Layer 5: business keys, and the stored outcome of the duplicates the
+	// consume-log caught (a replay answers with the first outcome).
+	known, err := existingTransfers(ctx, tx, cmds, append(first, dups...))
 	if err != nil {
 		return nil, nil, err
 	}
+	for _, i := range dups {
+		if t, ok := known.byKey[[2]string{cmds[i].ClientID, cmds[i].IdempotencyKey}]; ok {
+			results[i].Transfer = t
+			// A refusal that must be dead-lettered is dead-lettered on every
+			// delivery, in case an earlier dead-letter publish failed (the
+			// dead-letter stream drops the repeats).
+			results[i].DeadLetter = deadLetterReason(t.Reason)
+			if results[i].DeadLetter {
+				results[i].Err = ledger.Errorf(t.Reason, "transfer %s was refused: %s", t.ID, t.Reason)
+			}
+		}
+	}
 	var release, keep []dedup.Claim
 	var apply []int
+	batchIDs := map[string]bool{}
 	for _, i := range first {
 		c := cmds[i]
+		if batchIDs[c.TransferID] {
+			// The same transfer ID under another key earlier in this batch.
+			release = append(release, claims[i])
+			results[i] = ledger.Result{Kind: ledger.Invalid, DeadLetter: true,
+				Err: ledger.Errorf(ledger.CodeTransferIDReused, "transfer id %s already belongs to another request in this batch", c.TransferID)}
+			continue
+		}
+		batchIDs[c.TransferID] = true
 		if t, ok := known.byKey[[2]string{c.ClientID, c.IdempotencyKey}]; ok {
 			release = append(release, claims[i])
 			if bytes.Equal(t.Fingerprint, c.Fingerprint()) {
@@ -143,10 +182,8 @@ func (s *Store) applyTx(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, k
 		o := plan.Outcomes[n]
 		if o.Rejected() {
 			results[i] = ledger.Result{Kind: ledger.Rejected, Transfer: o.Transfer,
-				Err: o.Err,
-				// A command naming an account that does not exist can never
-				// apply as sent: it is recorded and dead-lettered.
-				DeadLetter: o.Transfer.Reason == ledger.CodeAccountNotFound}
+				Err:        o.Err,
+				DeadLetter: deadLetterReason(o.Transfer.Reason)}
 		} else {
 			results[i] = ledger.Result{Kind: ledger.Applied, Transfer: o.Transfer}
 		}
@@ -159,8 +196,15 @@ func (s *Store) applyTx(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, k
 	return results, keep, nil
 }
 
+// deadLetterReason reports whether a refusal means the command can never
+// apply as sent (it names an account that does not exist), so it also goes
+// to the dead-letter stream.
+func deadLetterReason(c ledger.Code) bool { return c == ledger.CodeAccountNotFound }
+
+// conflict answers a reuse of an idempotency key for another request. It can
+// never apply as sent, so it is dead-lettered.
 func conflict(c ledger.Command, layer dedup.Layer) ledger.Result {
-	return ledger.Result{Kind: ledger.Conflict, Layer: string(layer),
+	return ledger.Result{Kind: ledger.Conflict, Layer: string(layer), DeadLetter: true,
 		Err: ledger.Errorf(ledger.CodeIdempotencyKeyReused, "idempotency key %q of client %q was used for a different request", c.IdempotencyKey, c.ClientID)}
 }
 

@@ -298,6 +298,9 @@ func TestVerifyDetectsTampering(t *testing.T) {
 			        INSERT INTO postings (transfer_id, leg, account_id, amount, balance_after, account_version)
 			        SELECT 'forged', 'credit', $1, 7, balance, version FROM x`, []any{a}
 		}, "money per currency equals funding"},
+		"PostingVersion": {func(a, _ string, _ ledger.Command) (string, []any) {
+			return `UPDATE postings SET account_version = account_version + 100 WHERE account_id = $1 AND account_version = 1`, []any{a}
+		}, "balance equals the sum of its change-log"},
 		"ConsumeLog": {func(_, _ string, c ledger.Command) (string, []any) {
 			return `DELETE FROM dedup_log WHERE msg_key = $1`, []any{c.MsgKey()}
 		}, "consume-log rows match applied messages"},
@@ -431,4 +434,79 @@ func TestLateCommitIsFenced(t *testing.T) {
 		t.Fatalf("balance: got %d, want 75", got)
 	}
 	fast.MustVerify(t)
+}
+
+// TestBatchIsolation: commands that could break a batch's writes are refused
+// inside the plan, and the rest of the batch commits.
+func TestBatchIsolation(t *testing.T) {
+	f := ledgertest.New(t)
+	ctx := context.Background()
+	a, b := f.Account(t, "EUR", 100), f.Account(t, "EUR", 0)
+	var mint string
+	if err := f.Pool.QueryRow(ctx, `SELECT id FROM accounts WHERE kind = 'issuance' AND currency = 'EUR'`).Scan(&mint); err != nil {
+		t.Fatal(err)
+	}
+	intoMint := ledger.Command{Type: ledger.TypeFund, TransferID: f.ID(t), ClientID: "c1", IdempotencyKey: "mint",
+		To: mint, Amount: 5, Currency: "EUR", CreatedAt: f.Clock.Now()}
+	first := f.Transfer(t, a, b, 1)
+	sameID := f.Transfer(t, a, b, 2)
+	sameID.TransferID = first.TransferID
+	rs := f.Apply(t, intoMint, first, sameID, f.Transfer(t, a, b, 3))
+
+	if r := rs[0]; r.Kind != ledger.Rejected || r.Err.Code != ledger.CodeSameAccount {
+		t.Errorf("fund into the issuance account: got %v %v, want rejected same_account", r.Kind, r.Err)
+	}
+	if rs[1].Kind != ledger.Applied || rs[3].Kind != ledger.Applied {
+		t.Errorf("good commands: got %v and %v, want applied", rs[1].Kind, rs[3].Kind)
+	}
+	if r := rs[2]; r.Kind != ledger.Invalid || r.Err.Code != ledger.CodeTransferIDReused || !r.DeadLetter {
+		t.Errorf("same transfer id twice in a batch: got %v %v, want invalid transfer_id_reused, dead-lettered", r.Kind, r.Err)
+	}
+	if got := f.Balance(t, b); got != 4 {
+		t.Errorf("balance: got %d, want 4", got)
+	}
+	f.MustVerify(t)
+}
+
+// TestReplayAnswers: a duplicate caught by the consume-log answers with the
+// stored transfer; a refusal that was dead-lettered is dead-lettered again
+// (in case the first dead-letter publish was lost); a repeated fund is a
+// duplicate, not a conflict; a reused key is dead-lettered.
+func TestReplayAnswers(t *testing.T) {
+	f := ledgertest.New(t)
+	a, b := f.Account(t, "EUR", 100), f.Account(t, "EUR", 0)
+	ok := f.Transfer(t, a, b, 10)
+	ghost := f.Transfer(t, a, f.ID(t), 10)
+	fund := ledger.Command{Type: ledger.TypeFund, TransferID: f.ID(t), ClientID: "c1", IdempotencyKey: "fund-again",
+		To: b, Amount: 7, Currency: "EUR", CreatedAt: f.Clock.Now()}
+	f.Apply(t, ok, ghost, fund)
+
+	rs := f.Apply(t, ok, ghost, fund)
+	if r := rs[0]; r.Kind != ledger.Duplicate || r.Transfer.ID != ok.TransferID || r.Transfer.Status != ledger.StatusCompleted || r.DeadLetter {
+		t.Errorf("replayed transfer: got %v %s %s deadLetter=%v", r.Kind, r.Transfer.ID, r.Transfer.Status, r.DeadLetter)
+	}
+	if r := rs[1]; r.Kind != ledger.Duplicate || !r.DeadLetter || r.Err == nil || r.Err.Code != ledger.CodeAccountNotFound {
+		t.Errorf("replayed refusal: got %v deadLetter=%v %v, want duplicate, dead-lettered again", r.Kind, r.DeadLetter, r.Err)
+	}
+	if r := rs[2]; r.Kind != ledger.Duplicate {
+		t.Errorf("replayed fund: got %v %v, want duplicate", r.Kind, r.Err)
+	}
+
+	// After the consume-log forgot them, the business key must agree.
+	f.Clock.Step(5 * 24 * time.Hour)
+	if _, err := f.Log.Maintain(context.Background(), f.Pool); err != nil {
+		t.Fatal(err)
+	}
+	if r := f.Apply(t, fund)[0]; r.Kind != ledger.Duplicate || r.Layer != string(dedup.LayerBusinessKey) {
+		t.Errorf("late fund retry: got %v/%s %v, want duplicate/business_key", r.Kind, r.Layer, r.Err)
+	}
+	reused := fund
+	reused.Amount = 8
+	if r := f.Apply(t, reused)[0]; r.Kind != ledger.Conflict || !r.DeadLetter {
+		t.Errorf("reused key: got %v deadLetter=%v, want conflict, dead-lettered", r.Kind, r.DeadLetter)
+	}
+	if got := f.Balance(t, b); got != 17 {
+		t.Errorf("balance: got %d, want 17", got)
+	}
+	f.MustVerify(t)
 }

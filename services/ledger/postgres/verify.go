@@ -57,8 +57,9 @@ func (r Report) String() string {
 
 // Verify checks the ledger invariants on this database in one REPEATABLE
 // READ snapshot:
-//   - every balance equals the sum of its change-log, and every account
-//     version equals its number of postings;
+//   - every balance equals the sum of its change-log, every account version
+//     equals its number of postings, numbered 1..n without gaps, and every
+//     posting names an existing account;
 //   - per currency, customer money equals the money funded, and all
 //     balances sum to zero (double entry);
 //   - every transfer has exactly the change-log legs its status implies,
@@ -100,13 +101,18 @@ func (s *Store) Verify(ctx context.Context) (Report, error) {
 }
 
 const balanceSQL = `
-	SELECT format('account %s: balance %s, change-log sums to %s; version %s, %s postings',
-	              a.id, a.balance, coalesce(p.total, 0), a.version, coalesce(p.n, 0))
+	SELECT format('account %s: balance %s, change-log sums to %s; version %s, %s postings numbered %s..%s',
+	              a.id, a.balance, coalesce(p.total, 0), a.version, coalesce(p.n, 0), p.lo, p.hi)
 	FROM accounts a
-	LEFT JOIN (SELECT account_id, sum(amount) AS total, count(*) AS n FROM postings GROUP BY account_id) p
+	LEFT JOIN (SELECT account_id, sum(amount) AS total, count(*) AS n,
+	                  min(account_version) AS lo, max(account_version) AS hi
+	           FROM postings GROUP BY account_id) p
 	       ON p.account_id = a.id
 	WHERE a.balance <> coalesce(p.total, 0) OR a.version <> coalesce(p.n, 0) OR a.balance < a.floor
-	ORDER BY a.id`
+	   OR (p.n > 0 AND (p.lo <> 1 OR p.hi <> p.n))
+	UNION ALL
+	SELECT format('posting %s/%s names account %s, which does not exist', p.transfer_id, p.leg, p.account_id)
+	FROM postings p LEFT JOIN accounts a ON a.id = p.account_id WHERE a.id IS NULL`
 
 const moneySQL = `
 	WITH bal AS (
