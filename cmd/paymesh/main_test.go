@@ -54,3 +54,35 @@ func TestShardSet(t *testing.T) {
 		}
 	}
 }
+
+func TestDemoFlagsRejected(t *testing.T) {
+	for name, c := range map[string]demoCmd{
+		"RateAboveOne":  {Accounts: 10, DropAck: 1.5},
+		"NegativeRate":  {Accounts: 10, Poison: -0.1},
+		"OneAccount":    {Accounts: 1},
+		"NegativeCount": {Accounts: 10, Transfers: -1},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if err := c.Run(context.Background()); err == nil {
+				t.Fatal("want an error")
+			}
+		})
+	}
+}
+
+func TestMigrateCommand(t *testing.T) {
+	tab, err := regions.Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := ledgertest.New(t)
+	u, _ := url.Parse(f.URL)
+	cmd := &migrateCmd{regionDB: regionDB{Region: "us", PostgresURL: f.URL, Database: strings.TrimPrefix(u.Path, "/")}, WindowDays: 7}
+	if err := cmd.Run(context.Background(), tab); err != nil {
+		t.Fatalf("migrate an up-to-date database: %v", err)
+	}
+	bad := &migrateCmd{regionDB: regionDB{Region: "eu", PostgresURL: "mysql://nope"}}
+	if err := bad.Run(context.Background(), tab); err == nil || !strings.Contains(err.Error(), "postgres://") {
+		t.Fatalf("bad URL: got %v, want an error naming the expected scheme", err)
+	}
+}
