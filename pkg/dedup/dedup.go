@@ -3,10 +3,11 @@
 // Postgres transaction as the message's effects, so the claim and the effects
 // commit or vanish together.
 //
-// A row moves PROCESSING → PROCESSED. When the claim and the effects share one
-// transaction the PROCESSING row is never visible to others: a concurrent
-// claim of the same key waits on the unique index and then sees PROCESSED, or
-// nothing if the first transaction rolled back. When the work cannot live in
+// A row moves PROCESSING → PROCESSED (Complete). When the claim and the
+// effects share one transaction (ClaimForTx) the row is written PROCESSED at
+// once, since nobody can see it before COMMIT anyway: a concurrent claim of
+// the same key waits on the unique index and then sees PROCESSED, or nothing
+// if the first transaction rolled back. When the work cannot live in
 // the database transaction (a side effect elsewhere), Reserve commits the
 // PROCESSING row first with a lease and a fencing token. A row whose lease has
 // expired is taken over by the next claimer with a higher fence, and Complete
@@ -97,8 +98,9 @@ type Claim struct {
 	// TakenOver is set when a First claim took over an expired lease.
 	TakenOver bool
 
-	day time.Time
-	at  time.Time // claimed_at, which with holder and fence names this claim
+	day  time.Time
+	at   time.Time // claimed_at, which with holder and fence names this claim
+	done bool      // written PROCESSED at claim time (ClaimForTx)
 }
 
 // Config tunes a Log. The zero value is usable: a one-minute lease, a
@@ -175,6 +177,24 @@ func (l *Log) Claim(ctx context.Context, tx Querier, consumer string, key Key) (
 // returns ErrInvalidKey for an empty ID or zero origin, and any database
 // error, after which the transaction must be rolled back.
 func (l *Log) ClaimBatch(ctx context.Context, tx Querier, consumer string, keys []Key) ([]Claim, error) {
+	return l.claim(ctx, tx, consumer, keys, statusProcessing)
+}
+
+// ClaimForTx claims keys whose effects commit in this same transaction, as
+// ClaimBatch does, but writes the rows PROCESSED at once: no other
+// transaction can see them before COMMIT, when the effects become visible
+// too, so a PROCESSING step would only cost a second write of every row.
+// Complete is a no-op for these claims; Release still undoes them.
+func (l *Log) ClaimForTx(ctx context.Context, tx Querier, consumer string, keys []Key) ([]Claim, error) {
+	return l.claim(ctx, tx, consumer, keys, statusProcessed)
+}
+
+const (
+	statusProcessing = "PROCESSING"
+	statusProcessed  = "PROCESSED"
+)
+
+func (l *Log) claim(ctx context.Context, tx Querier, consumer string, keys []Key, status string) ([]Claim, error) {
 	now := l.cfg.Now().UTC().Truncate(time.Microsecond) // as Postgres stores it
 	claims := make([]Claim, len(keys))
 	firstIdx := make(map[string]int, len(keys)) // key ID -> first index still to ask the table
@@ -218,13 +238,13 @@ func (l *Log) ClaimBatch(ctx context.Context, tx Querier, consumer string, keys 
 	}
 
 	rows, err := tx.Query(ctx, `
-		INSERT INTO dedup_log (consumer, msg_key, origin_day, status, fence, holder, lease_until, fingerprint, claimed_at)
-		SELECT $1, k.id, k.day, 'PROCESSING', 1, $2, $3, k.fp, $4
+		INSERT INTO dedup_log (consumer, msg_key, origin_day, status, fence, holder, lease_until, fingerprint, claimed_at, processed_at)
+		SELECT $1, k.id, k.day, $8, 1, $2, $3, k.fp, $4, CASE WHEN $8 = 'PROCESSED' THEN $4::timestamptz END
 		FROM unnest($5::text[], $6::date[], $7::bytea[]) WITH ORDINALITY AS k(id, day, fp, n)
 		ORDER BY k.n
 		ON CONFLICT DO NOTHING
 		RETURNING msg_key`,
-		consumer, l.cfg.Holder, now.Add(l.cfg.Lease), now, ids, days, fps)
+		consumer, l.cfg.Holder, now.Add(l.cfg.Lease), now, ids, days, fps, status)
 	if err != nil {
 		return nil, fmt.Errorf("dedup: claim: %w", err)
 	}
@@ -233,15 +253,17 @@ func (l *Log) ClaimBatch(ctx context.Context, tx Querier, consumer string, keys 
 		return nil, fmt.Errorf("dedup: claim: %w", err)
 	}
 	won := make(map[string]bool, len(inserted))
+	done := status == statusProcessed
 	for _, id := range inserted {
 		won[id] = true
-		claims[firstIdx[id]].Outcome, claims[firstIdx[id]].Fence = First, 1
+		c := &claims[firstIdx[id]]
+		c.Outcome, c.Fence, c.done = First, 1, done
 	}
 	if len(won) == len(ask) {
 		l.settleRepeats(claims, firstIdx)
 		return claims, nil
 	}
-	if err := l.resolveExisting(ctx, tx, consumer, now, claims, ask, won); err != nil {
+	if err := l.resolveExisting(ctx, tx, consumer, now, status, claims, ask, won); err != nil {
 		return nil, err
 	}
 	l.settleRepeats(claims, firstIdx)
@@ -251,7 +273,7 @@ func (l *Log) ClaimBatch(ctx context.Context, tx Querier, consumer string, keys 
 // resolveExisting answers the keys whose insert conflicted with a committed
 // row: PROCESSED is a duplicate, a live lease is in progress, an expired lease
 // is taken over with a higher fence.
-func (l *Log) resolveExisting(ctx context.Context, tx Querier, consumer string, now time.Time, claims []Claim, ask []int, won map[string]bool) error {
+func (l *Log) resolveExisting(ctx context.Context, tx Querier, consumer string, now time.Time, status string, claims []Claim, ask []int, won map[string]bool) error {
 	var ids []string
 	var days []time.Time
 	for _, i := range ask {
@@ -313,12 +335,13 @@ func (l *Log) resolveExisting(ctx context.Context, tx Querier, consumer string, 
 		return nil
 	}
 	rows, err = tx.Query(ctx, `
-		UPDATE dedup_log d SET fence = d.fence + 1, holder = $2, lease_until = $3, claimed_at = $4
+		UPDATE dedup_log d SET fence = d.fence + 1, holder = $2, lease_until = $3, claimed_at = $4, status = $8,
+		       processed_at = CASE WHEN $8 = 'PROCESSED' THEN $4::timestamptz END
 		FROM unnest($5::text[], $6::date[], $7::bigint[]) AS k(id, day, fence)
 		WHERE d.consumer = $1 AND d.msg_key = k.id AND d.origin_day = k.day AND d.fence = k.fence
 		  AND d.status = 'PROCESSING' AND d.lease_until <= $4
 		RETURNING d.msg_key, d.fence`,
-		consumer, l.cfg.Holder, now.Add(l.cfg.Lease), now, takeIDs, takeDays, takeFences)
+		consumer, l.cfg.Holder, now.Add(l.cfg.Lease), now, takeIDs, takeDays, takeFences, status)
 	if err != nil {
 		return fmt.Errorf("dedup: take over: %w", err)
 	}
@@ -334,7 +357,7 @@ func (l *Log) resolveExisting(ctx context.Context, tx Querier, consumer string, 
 			return fmt.Errorf("dedup: take over: %w", err)
 		}
 		c := &claims[idx[id]]
-		c.Outcome, c.Fence, c.TakenOver = First, fence, true
+		c.Outcome, c.Fence, c.TakenOver, c.done = First, fence, true, status == statusProcessed
 	}
 	return rows.Err()
 }
@@ -357,7 +380,13 @@ func (l *Log) settleRepeats(claims []Claim, firstIdx map[string]int) {
 // transaction, checking each fence. If any claim was fenced off it returns
 // ErrFenced with the count, and the caller must roll back.
 func (l *Log) Complete(ctx context.Context, tx Querier, consumer string, claims []Claim) error {
-	ids, days, fences := firstClaims(claims)
+	var pending []Claim
+	for _, c := range claims {
+		if !c.done {
+			pending = append(pending, c)
+		}
+	}
+	ids, days, fences := firstClaims(pending)
 	if len(ids) == 0 {
 		return nil
 	}

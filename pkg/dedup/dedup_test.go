@@ -367,3 +367,31 @@ func TestRetentionDoesNotBlockClaims(t *testing.T) {
 		t.Fatalf("expired partition still exists (%d, %v)", n, err)
 	}
 }
+
+// TestClaimForTx: rows claimed for the same transaction are PROCESSED at
+// once (Complete has nothing to do) and still answer later claims.
+func TestClaimForTx(t *testing.T) {
+	l, pool, _ := mustLog(t, dedup.Config{})
+	ctx := context.Background()
+	k := dedup.Key{ID: "tx-1", Origin: time.Now()}
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		cs, err := l.ClaimForTx(ctx, tx, "c", []dedup.Key{k})
+		if err != nil || cs[0].Outcome != dedup.First {
+			t.Fatalf("claim: got %v %v", cs, err)
+		}
+		ct := &countingTx{Tx: tx}
+		if err := l.Complete(ctx, ct, "c", cs); err != nil || ct.n != 0 {
+			t.Fatalf("complete: %v after %d statements, want a no-op", err, ct.n)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, _, err := l.Status(ctx, pool, "c", k); err != nil || st != "PROCESSED" {
+		t.Fatalf("status: got %q %v, want PROCESSED", st, err)
+	}
+	if c := claimTx(t, l, pool, k)[0]; c.Outcome != dedup.Duplicate {
+		t.Fatalf("second claim: got %v, want duplicate", c.Outcome)
+	}
+}

@@ -168,13 +168,21 @@ func (c *Consumer) consumeShard(ctx context.Context, shard int, inbox chan<- jet
 		case inbox <- m:
 		case <-ctx.Done(): // unacked: redelivered after AckWait
 		}
-	}, jetstream.PullMaxMessages(2*c.cfg.BatchSize), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+	}, jetstream.PullMaxMessages(c.prefetch()), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 		c.cfg.Log.Warn("ledger consume", "durable", durable, "err", err)
 	}))
 	if err != nil {
 		return nil, fmt.Errorf("ledger consumer %s: %w", durable, err)
 	}
 	return cc.Stop, nil
+}
+
+// prefetch is how many messages each shard's subscription may buffer. The
+// worker's shards share about two batches in all: a delivered message's
+// AckWait runs while it waits in the buffer, so a deep buffer would turn a
+// backlog into redeliveries.
+func (c *Consumer) prefetch() int {
+	return max(2*c.cfg.BatchSize/len(c.cfg.Shards), 8)
 }
 
 // process handles one batch: decode and validate each message (a message

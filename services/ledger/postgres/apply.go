@@ -25,8 +25,8 @@ import (
 //  4. plan the batch in the domain (exact floor and overflow checks, in
 //     message order);
 //  5. write the transfers, the change-log and one balance update per
-//     account, guarded by a compare-and-set on the account version, and
-//     mark the claims PROCESSED (fenced);
+//     account, guarded by a compare-and-set on the account version (the
+//     claims were written PROCESSED in step 1: see dedup.ClaimForTx);
 //  6. commit. If the connection dies during COMMIT, the consume-log row of
 //     a claimed key is read back to learn whether the batch committed.
 //
@@ -80,7 +80,7 @@ func (s *Store) Apply(ctx context.Context, cmds []ledger.Command) ([]ledger.Resu
 
 func (s *Store) applyTx(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, keys []dedup.Key) ([]ledger.Result, []dedup.Claim, error) {
 	results := make([]ledger.Result, len(cmds))
-	claims, err := s.cfg.Dedup.ClaimBatch(ctx, tx, Consumer, keys)
+	claims, err := s.cfg.Dedup.ClaimForTx(ctx, tx, Consumer, keys)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -175,9 +175,6 @@ func (s *Store) applyTx(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, k
 	if err := writePlan(ctx, tx, batch, plan); err != nil {
 		return nil, nil, err
 	}
-	if err := s.cfg.Dedup.Complete(ctx, tx, Consumer, keep); err != nil {
-		return nil, nil, err
-	}
 	for n, i := range apply {
 		o := plan.Outcomes[n]
 		if o.Rejected() {
@@ -221,9 +218,13 @@ func existingTransfers(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, id
 		clients[n], ikeys[n], ids[n] = cmds[i].ClientID, cmds[i].IdempotencyKey, cmds[i].TransferID
 	}
 	rows, err := tx.Query(ctx, `
-		SELECT `+transferColumns+` FROM transfers
-		WHERE (client_id, idempotency_key) IN (SELECT * FROM unnest($1::text[], $2::text[]))
-		   OR id = ANY($3::text[])`, clients, ikeys, ids)
+		SELECT t.* FROM unnest($1::text[], $2::text[]) AS k(client_id, idempotency_key)
+		CROSS JOIN LATERAL (
+		    -- LIMIT 1 keeps this a per-key index lookup whatever the plan.
+		    SELECT `+transferColumns+` FROM transfers
+		    WHERE client_id = k.client_id AND idempotency_key = k.idempotency_key LIMIT 1) t
+		UNION
+		SELECT `+transferColumns+` FROM transfers WHERE id = ANY($3::text[])`, clients, ikeys, ids)
 	if err != nil {
 		return knownTransfers{}, fmt.Errorf("read business keys: %w", err)
 	}
