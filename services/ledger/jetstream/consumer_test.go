@@ -284,6 +284,10 @@ func TestPoisonMessages(t *testing.T) {
 	h.publishData(t, subject, []byte(`{"type":"transfer","amount":1.5,"currency":"EUR"}`))                // fractional amount
 	h.publishData(t, subject, []byte(`{"type":"transfer","amount":10,"currency":"EUR","surprise":true}`)) // unknown field
 	h.publishRaw(t, ghost)
+	zero, negative := h.f.Transfer(t, a, b, 1), h.f.Transfer(t, a, b, 1)
+	zero.Amount, negative.Amount = 0, -5
+	h.publishRaw(t, zero)
+	h.publishRaw(t, negative)
 	h.publishRaw(t, good2)
 
 	h.worker(t, h.f.Store, nil)
@@ -299,12 +303,15 @@ func TestPoisonMessages(t *testing.T) {
 			t.Errorf("dead letter without detail or sequence: %v", m.Header)
 		}
 	}
-	want := map[string]int{"invalid_request": 2, "invalid_amount": 1, "account_not_found": 1}
+	want := map[string]int{"invalid_request": 2, "invalid_amount": 3, "account_not_found": 1}
 	if fmt.Sprint(reasons) != fmt.Sprint(want) {
 		t.Fatalf("dead-letter reasons: got %v, want %v", reasons, want)
 	}
-	if got := h.f.Stats.DeadLettered.Load(); got != 4 {
-		t.Fatalf("dead-lettered: got %d, want 4", got)
+	if got := h.f.Stats.DeadLettered.Load(); got != 6 {
+		t.Fatalf("dead-lettered: got %d, want 6", got)
+	}
+	if got := h.f.Balance(t, a); got != 70 {
+		t.Fatalf("source: got %d, want 70 (only the good transfers moved money)", got)
 	}
 	tr, err := h.f.Store.Transfer(context.Background(), ghost.TransferID)
 	if err != nil || tr.Reason != ledger.CodeAccountNotFound {
