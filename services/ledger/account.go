@@ -18,6 +18,11 @@ const (
 	// balances in a currency is always zero and money is never created
 	// silently.
 	KindIssuance Kind = "issuance"
+	// KindTransit is the one account per region and currency that holds
+	// money between the debit in the source region and the credit in the
+	// destination region. Across all regions the transit balances sum to
+	// the money in transit.
+	KindTransit Kind = "transit"
 )
 
 // NoFloor is the floor of an account that may go arbitrarily negative.

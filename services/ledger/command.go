@@ -23,7 +23,21 @@ const (
 	// TypeFund draws money from the region's issuance account of the
 	// currency into an account. Its From is empty.
 	TypeFund = "fund"
+	// TypeCredit is the saga step that credits the destination of a
+	// cross-region transfer in the destination's home region.
+	TypeCredit = "credit"
+	// TypeConfirm tells the source region that the credit was applied.
+	TypeConfirm = "confirm"
+	// TypeRefuse tells the source region that the credit was refused, with
+	// the reason; the source refunds.
+	TypeRefuse = "refuse"
 )
+
+// IsStep reports whether the command is a saga step rather than a client
+// request.
+func (c Command) IsStep() bool {
+	return c.Type == TypeCredit || c.Type == TypeConfirm || c.Type == TypeRefuse
+}
 
 // MaxCommandBytes bounds an encoded command.
 const MaxCommandBytes = 4 << 10
@@ -41,11 +55,25 @@ type Command struct {
 	Amount         int64     `json:"amount"`
 	Currency       string    `json:"currency"`
 	CreatedAt      time.Time `json:"created_at"`
+	// Reason is why a credit was refused (refuse steps only).
+	Reason Code `json:"reason,omitempty"`
 }
 
 // MsgKey is the command's deterministic message key: the consume-log key and
-// the Nats-Msg-Id of every publish of it.
-func (c Command) MsgKey() string { return "xfer/" + c.ClientID + "/" + c.IdempotencyKey }
+// the Nats-Msg-Id of every publish of it. A client request is keyed by its
+// client and idempotency key, a saga step by its transfer and step.
+func (c Command) MsgKey() string {
+	if c.IsStep() {
+		return "step/" + c.TransferID + "/" + c.Type
+	}
+	return "xfer/" + c.ClientID + "/" + c.IdempotencyKey
+}
+
+// Step returns the saga step of type typ that follows c.
+func (c Command) Step(typ string, reason Code) Command {
+	return Command{Type: typ, TransferID: c.TransferID, ClientID: c.ClientID, IdempotencyKey: c.IdempotencyKey,
+		From: c.From, To: c.To, Amount: c.Amount, Currency: c.Currency, CreatedAt: c.CreatedAt, Reason: reason}
+}
 
 // Fingerprint hashes the fields that define the request, so that the same
 // key sent with a different request is detected.
@@ -110,7 +138,7 @@ func DecodeCommand(b []byte) (Command, error) {
 
 // commandFields are the exact JSON names of a command's fields.
 var commandFields = map[string]bool{"type": true, "transfer_id": true, "client_id": true, "idempotency_key": true,
-	"from": true, "to": true, "amount": true, "currency": true, "created_at": true}
+	"from": true, "to": true, "amount": true, "currency": true, "created_at": true, "reason": true}
 
 // checkKeys refuses what encoding/json lets through: keys that match a field
 // only case-insensitively, and keys given twice (where the last would win).
@@ -184,39 +212,56 @@ func (c Command) Validate(home string, ids *idgen.Regions, now time.Time) error 
 	if !ValidCurrency(c.Currency) {
 		return Errorf(CodeInvalidCurrency, "currency %q is not a three-letter ISO 4217 code", c.Currency)
 	}
-	if r, err := ids.HomeRegion(c.TransferID); err != nil {
+	tr, err := ids.HomeRegion(c.TransferID)
+	if err != nil {
 		return Errorf(CodeInvalidRequest, "transfer_id: %v", err)
-	} else if r != home {
-		return Errorf(CodeWrongRegion, "transfer_id %s belongs to region %s, not %s", c.TransferID, r, home)
 	}
 	to, err := ids.HomeRegion(c.To)
 	if err != nil {
 		return Errorf(CodeInvalidRequest, "to: %v", err)
 	}
+	var from string
+	if c.Type != TypeFund {
+		if from, err = ids.HomeRegion(c.From); err != nil {
+			return Errorf(CodeInvalidRequest, "from: %v", err)
+		}
+		if c.From == c.To {
+			return Errorf(CodeSameAccount, "source and destination are both %s", c.From)
+		}
+		if from != tr {
+			return Errorf(CodeInvalidRequest, "transfer_id %s is not from the source account's region %s", c.TransferID, from)
+		}
+	}
+	// where is the region whose ledger applies this command.
+	where := map[string]string{TypeTransfer: from, TypeFund: to, TypeCredit: to, TypeConfirm: from, TypeRefuse: from}
 	switch c.Type {
 	case TypeFund:
 		if c.From != "" {
 			return Errorf(CodeInvalidRequest, "a fund command has no from account")
 		}
-		if to != home {
-			return Errorf(CodeWrongRegion, "account %s belongs to region %s, not %s", c.To, to, home)
+		if tr != to {
+			return Errorf(CodeInvalidRequest, "transfer_id %s is not from the account's region %s", c.TransferID, to)
+		}
+	case TypeCredit, TypeConfirm:
+		if from == to {
+			return Errorf(CodeInvalidRequest, "a %s step belongs to a cross-region transfer", c.Type)
+		}
+	case TypeRefuse:
+		if from == to {
+			return Errorf(CodeInvalidRequest, "a %s step belongs to a cross-region transfer", c.Type)
+		}
+		if c.Reason == "" {
+			return Errorf(CodeInvalidRequest, "a refuse step needs a reason")
 		}
 	case TypeTransfer:
-		from, err := ids.HomeRegion(c.From)
-		if err != nil {
-			return Errorf(CodeInvalidRequest, "from: %v", err)
-		}
-		if from != home {
-			return Errorf(CodeWrongRegion, "source account %s belongs to region %s, not %s", c.From, from, home)
-		}
-		if c.From == c.To {
-			return Errorf(CodeSameAccount, "source and destination are both %s", c.From)
-		}
-		if to != home {
-			return Errorf(CodeCrossRegion, "destination %s is in region %s", c.To, to)
-		}
 	default:
-		return Errorf(CodeInvalidRequest, "type %q is not %q or %q", c.Type, TypeTransfer, TypeFund)
+		return Errorf(CodeInvalidRequest, "type %q is not one of transfer, fund, credit, confirm, refuse", c.Type)
+	}
+	if where[c.Type] != home {
+		return Errorf(CodeWrongRegion, "a %s of %s->%s applies in region %s, not %s", c.Type, c.From, c.To, where[c.Type], home)
+	}
+	if c.Type != TypeRefuse && c.Reason != "" {
+		return Errorf(CodeInvalidRequest, "only a refuse step has a reason")
 	}
 	return nil
 }

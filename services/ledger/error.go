@@ -33,9 +33,6 @@ const (
 	// CodeWrongRegion: the command was delivered to a region that is not the
 	// home region of its source account.
 	CodeWrongRegion Code = "wrong_region"
-	// CodeCrossRegion: the destination lives in another region; cross-region
-	// transfers run as a saga, which this ledger does not start.
-	CodeCrossRegion Code = "cross_region_unsupported"
 	// CodeIdempotencyKeyReused: the key was already used for a different
 	// request.
 	CodeIdempotencyKeyReused Code = "idempotency_key_reused"

@@ -134,9 +134,13 @@ func TestValidate(t *testing.T) {
 		"FutureCreatedAt":   {func(c *ledger.Command) { c.CreatedAt = time.Now().Add(time.Hour) }, ledger.CodeInvalidRequest},
 		"BadFrom":           {func(c *ledger.Command) { c.From = "eu-nope" }, ledger.CodeInvalidRequest},
 		"BadTransferID":     {func(c *ledger.Command) { c.TransferID = "" }, ledger.CodeInvalidRequest},
-		"SourceElsewhere":   {func(c *ledger.Command) { c.From = id("us") }, ledger.CodeWrongRegion},
-		"TransferElsewhere": {func(c *ledger.Command) { c.TransferID = id("ap") }, ledger.CodeWrongRegion},
-		"CrossRegion":       {func(c *ledger.Command) { c.To = id("us") }, ledger.CodeCrossRegion},
+		"SourceElsewhere":   {func(c *ledger.Command) { c.From = id("us") }, ledger.CodeInvalidRequest},
+		"TransferElsewhere": {func(c *ledger.Command) { c.TransferID, c.From = id("ap"), id("ap") }, ledger.CodeWrongRegion},
+		"StepWithoutReason": {func(c *ledger.Command) { c.Type, c.To = ledger.TypeRefuse, id("us") }, ledger.CodeInvalidRequest},
+		"ReasonOnTransfer":  {func(c *ledger.Command) { c.Reason = ledger.CodeAccountNotFound }, ledger.CodeInvalidRequest},
+		"SameRegionCredit":  {func(c *ledger.Command) { c.Type = ledger.TypeCredit }, ledger.CodeInvalidRequest},
+		"CreditElsewhere":   {func(c *ledger.Command) { c.Type, c.To = ledger.TypeCredit, id("us") }, ledger.CodeWrongRegion},
+		"TransferIDOfOther": {func(c *ledger.Command) { c.TransferID = id("us") }, ledger.CodeInvalidRequest},
 		"SameAccount":       {func(c *ledger.Command) { c.To = c.From }, ledger.CodeSameAccount},
 		"FundWithFrom":      {func(c *ledger.Command) { c.Type = ledger.TypeFund }, ledger.CodeInvalidRequest},
 		"UnknownType":       {func(c *ledger.Command) { c.Type = "steal" }, ledger.CodeInvalidRequest},
@@ -182,7 +186,7 @@ func TestPlanBatch(t *testing.T) {
 		{Type: ledger.TypeFund, TransferID: id("eu"), ClientID: "c", IdempotencyKey: "g", From: mint, To: mint, Amount: 1, Currency: "EUR", CreatedAt: time.Now()},      // fund the issuance account itself
 		cmd(a, mint, 1), // into the issuance account
 	}
-	p := ledger.PlanBatch(accounts, cmds)
+	p := ledger.Batch{Accounts: accounts, Issuance: map[string]string{"EUR": mint}}.Plan(cmds)
 	want := []ledger.Code{"", ledger.CodeInsufficientFunds, "", ledger.CodeInsufficientFunds, ledger.CodeAccountNotFound,
 		ledger.CodeAccountNotFound, ledger.CodeCurrencyMismatch, ledger.CodeAccountClosed, ledger.CodeInvalidRequest, ledger.CodeBalanceOverflow,
 		ledger.CodeSameAccount, ledger.CodeInvalidRequest}

@@ -47,18 +47,57 @@ func Next(s Status, ev Event) (Status, error) {
 	return "", Errorf(CodeIllegalTransition, "event %q is not allowed in status %s", ev, s)
 }
 
-// Legs lists the change-log legs a transfer in status s must have, the
-// invariant `paymesh verify` checks.
-func Legs(s Status) []Leg {
-	switch s {
-	case StatusCompleted:
+// Legs lists the change-log legs a transfer in status s must have in its
+// source region, the invariant `paymesh verify` checks. A cross-region
+// transfer parks its money in the region's transit account (hold) until the
+// destination region credits it, or gives it back (refund, unhold).
+func Legs(s Status, cross bool) []Leg {
+	switch {
+	case s == StatusCompleted && !cross:
 		return []Leg{LegDebit, LegCredit}
-	case StatusDebited:
-		return []Leg{LegDebit}
-	case StatusRefunded:
-		return []Leg{LegDebit, LegRefund}
+	case s == StatusDebited, s == StatusCompleted:
+		return []Leg{LegDebit, LegHold}
+	case s == StatusRefunded:
+		return []Leg{LegDebit, LegHold, LegRefund, LegUnhold}
 	}
 	return nil
+}
+
+// CreditStatus is the outcome of a credit step in the destination region.
+type CreditStatus string
+
+// Credit statuses.
+const (
+	CreditApplied CreditStatus = "CREDITED"
+	CreditRefused CreditStatus = "REFUSED"
+)
+
+// CreditLegs lists the change-log legs of a credit in the destination region.
+func CreditLegs(s CreditStatus) []Leg {
+	if s == CreditApplied {
+		return []Leg{LegCredit, LegRelease}
+	}
+	return nil
+}
+
+// Credit is the destination region's record of a cross-region credit step,
+// unique per transfer: the business key of the credit.
+type Credit struct {
+	TransferID string
+	From, To   string
+	Amount     int64
+	Currency   string
+	Status     CreditStatus
+	Reason     Code
+	CreatedAt  time.Time
+}
+
+// OutboxMessage is the next saga step, written in the same transaction as
+// the step that causes it and relayed to Region afterwards.
+type OutboxMessage struct {
+	Region  string  // the region whose ledger applies it
+	Account string  // the account whose shard carries it
+	Command Command // the step
 }
 
 // Transfer is the record of one transfer command, unique per client and
@@ -85,9 +124,12 @@ type Leg string
 
 // Change-log legs.
 const (
-	LegDebit  Leg = "debit"
-	LegCredit Leg = "credit"
-	LegRefund Leg = "refund"
+	LegDebit   Leg = "debit"   // source account pays
+	LegCredit  Leg = "credit"  // destination account receives
+	LegHold    Leg = "hold"    // the source region's transit account takes a cross-region debit
+	LegRelease Leg = "release" // the destination region's transit account pays the credit
+	LegRefund  Leg = "refund"  // a refused cross-region transfer returns to the source account
+	LegUnhold  Leg = "unhold"  // and leaves the source region's transit account
 )
 
 // Posting is one change-log row: a signed amount on one account, with the
@@ -119,16 +161,20 @@ const (
 	Conflict
 	// Invalid: the command can never apply (malformed or misrouted).
 	Invalid
+	// Parked: a saga step arrived before the state it needs; let it be
+	// redelivered later.
+	Parked
 )
 
 func (k ResultKind) String() string {
-	return [...]string{"unknown", "applied", "rejected", "duplicate", "in_progress", "conflict", "invalid"}[k]
+	return [...]string{"unknown", "applied", "rejected", "duplicate", "in_progress", "conflict", "invalid", "parked"}[k]
 }
 
 // Result is the outcome of one command.
 type Result struct {
 	Kind     ResultKind
 	Transfer Transfer // for Applied, Rejected and business-key duplicates
+	Credit   *Credit  // for an applied credit step
 	Err      *Error   // the reason for Rejected, Conflict and Invalid
 	Layer    string   // the dedup layer that caught a Duplicate or Conflict
 	// DeadLetter is set when the command goes to the dead-letter stream:

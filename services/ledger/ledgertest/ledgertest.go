@@ -63,7 +63,7 @@ func On(tb testing.TB, pool *pgxpool.Pool, url string, mods ...func(*postgres.Co
 	}
 	f := &Fixture{Pool: pool, URL: url, IDs: gen, Regions: regions, Stats: &ledger.Stats{}, Clock: &Clock{t: time.Now().UTC()}}
 	f.Log = dedup.New(dedup.Config{Holder: "test-" + f.ID(tb), WindowDays: 3, Now: f.Clock.Now})
-	cfg := postgres.Config{Region: "eu", IDs: gen, Dedup: f.Log, Stats: f.Stats}
+	cfg := postgres.Config{Region: "eu", IDs: gen, Regions: regions, Dedup: f.Log, Stats: f.Stats}
 	for _, m := range mods {
 		m(&cfg)
 	}

@@ -18,31 +18,33 @@ func scanAccount(row pgx.CollectableRow) (ledger.Account, error) {
 	return a, err
 }
 
-// IssuanceClient owns the issuance accounts.
-const IssuanceClient = "paymesh"
+// SystemClient owns the issuance and transit accounts.
+const SystemClient = "paymesh"
 
 // CreateAccount opens an account in this region, and the region's issuance
-// account for its currency if there is none yet. It returns an *ledger.Error
+// and transit accounts for its currency if there are none yet. It returns an *ledger.Error
 // for an invalid request.
 func (s *Store) CreateAccount(ctx context.Context, n ledger.NewAccount) (ledger.Account, error) {
 	if err := n.Validate(); err != nil {
 		return ledger.Account{}, err
 	}
-	id, err := s.cfg.IDs.NextString()
-	if err != nil {
-		return ledger.Account{}, fmt.Errorf("create account: %w", err)
+	var ids [3]string // the account, and the issuance and transit accounts if missing
+	for i := range ids {
+		var err error
+		if ids[i], err = s.cfg.IDs.NextString(); err != nil {
+			return ledger.Account{}, fmt.Errorf("create account: %w", err)
+		}
 	}
-	mintID, err := s.cfg.IDs.NextString()
-	if err != nil {
-		return ledger.Account{}, fmt.Errorf("create account: %w", err)
-	}
+	id := ids[0]
 	var a ledger.Account
-	err = s.transact(ctx, "create account", func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `
-			INSERT INTO accounts (id, client_id, kind, currency, floor) VALUES ($1, $2, 'issuance', $3, $4)
-			ON CONFLICT (currency) WHERE kind = 'issuance' DO NOTHING`,
-			mintID, IssuanceClient, n.Currency, int64(ledger.NoFloor)); err != nil {
-			return err
+	err := s.transact(ctx, "create account", func(tx pgx.Tx) error {
+		for i, kind := range []ledger.Kind{ledger.KindIssuance, ledger.KindTransit} {
+			if _, err := tx.Exec(ctx, `
+				INSERT INTO accounts (id, client_id, kind, currency, floor) VALUES ($1, $2, $3, $4, $5)
+				ON CONFLICT (currency) WHERE kind = '`+string(kind)+`' DO NOTHING`,
+				ids[i+1], SystemClient, kind, n.Currency, int64(ledger.NoFloor)); err != nil {
+				return err
+			}
 		}
 		// ON CONFLICT: a rerun after a COMMIT whose answer was lost finds
 		// the account it created.

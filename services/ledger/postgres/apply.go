@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -91,7 +92,7 @@ func (s *Store) applyTx(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, k
 			first = append(first, i)
 		case dedup.Duplicate:
 			results[i] = ledger.Result{Kind: ledger.Duplicate, Layer: string(c.Layer)}
-			if c.Layer == dedup.LayerTable {
+			if c.Layer == dedup.LayerTable && !cmds[i].IsStep() {
 				dups = append(dups, i)
 			}
 		case dedup.InProgress:
@@ -106,7 +107,11 @@ func (s *Store) applyTx(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, k
 
 	// Layer 5: business keys, and the stored outcome of the duplicates the
 	// consume-log caught (a replay answers with the first outcome).
-	known, err := existingTransfers(ctx, tx, cmds, append(first, dups...))
+	known, err := existingTransfers(ctx, tx, cmds, append(requests(cmds, first), dups...))
+	if err != nil {
+		return nil, nil, err
+	}
+	credited, err := existingCredits(ctx, tx, cmds, first)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -122,11 +127,24 @@ func (s *Store) applyTx(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, k
 			}
 		}
 	}
-	var release, keep []dedup.Claim
+	var release []dedup.Claim
 	var apply []int
 	batchIDs := map[string]bool{}
 	for _, i := range first {
 		c := cmds[i]
+		if c.Type == ledger.TypeCredit {
+			if _, ok := credited[c.TransferID]; ok {
+				release = append(release, claims[i])
+				results[i] = ledger.Result{Kind: ledger.Duplicate, Layer: string(dedup.LayerBusinessKey)}
+				continue
+			}
+			apply = append(apply, i)
+			continue
+		}
+		if c.IsStep() { // confirm, refuse: the state machine decides
+			apply = append(apply, i)
+			continue
+		}
 		if batchIDs[c.TransferID] {
 			// The same transfer ID under another key earlier in this batch.
 			release = append(release, claims[i])
@@ -150,40 +168,44 @@ func (s *Store) applyTx(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, k
 				Err: ledger.Errorf(ledger.CodeTransferIDReused, "transfer id %s already belongs to another request", c.TransferID)}
 			continue
 		}
-		keep = append(keep, claims[i])
 		apply = append(apply, i)
+	}
+
+	var keep []dedup.Claim
+	if len(apply) > 0 {
+		batch := make([]ledger.Command, len(apply))
+		for n, i := range apply {
+			batch[n] = cmds[i]
+		}
+		state, err := s.lockState(ctx, tx, batch)
+		if err != nil {
+			return nil, nil, err
+		}
+		plan := state.Plan(batch)
+		if err := s.writePlan(ctx, tx, batch, plan); err != nil {
+			return nil, nil, err
+		}
+		for n, i := range apply {
+			o := plan.Outcomes[n]
+			r := ledger.Result{Kind: o.Result, Transfer: o.Transfer, Err: o.Err, Credit: o.Credit}
+			switch o.Result {
+			case ledger.Applied, ledger.Rejected:
+				keep = append(keep, claims[i])
+				r.DeadLetter = o.Result == ledger.Rejected && deadLetterReason(o.Transfer.Reason)
+			case ledger.Duplicate: // the transfer already took this step
+				release = append(release, claims[i])
+				r.Layer = string(dedup.LayerStateCAS)
+			case ledger.Parked:
+				release = append(release, claims[i])
+			case ledger.Invalid:
+				release = append(release, claims[i])
+				r.DeadLetter = true
+			}
+			results[i] = r
+		}
 	}
 	if err := s.cfg.Dedup.Release(ctx, tx, Consumer, release); err != nil {
 		return nil, nil, err
-	}
-	if len(apply) == 0 {
-		return results, nil, nil
-	}
-
-	batch := make([]ledger.Command, len(apply))
-	for n, i := range apply {
-		batch[n] = cmds[i]
-	}
-	if err := resolveIssuance(ctx, tx, batch); err != nil {
-		return nil, nil, err
-	}
-	accounts, err := lockAccounts(ctx, tx, batch)
-	if err != nil {
-		return nil, nil, err
-	}
-	plan := ledger.PlanBatch(accounts, batch)
-	if err := writePlan(ctx, tx, batch, plan); err != nil {
-		return nil, nil, err
-	}
-	for n, i := range apply {
-		o := plan.Outcomes[n]
-		if o.Rejected() {
-			results[i] = ledger.Result{Kind: ledger.Rejected, Transfer: o.Transfer,
-				Err:        o.Err,
-				DeadLetter: deadLetterReason(o.Transfer.Reason)}
-		} else {
-			results[i] = ledger.Result{Kind: ledger.Applied, Transfer: o.Transfer}
-		}
 	}
 	if s.cfg.BeforeCommit != nil {
 		if err := s.cfg.BeforeCommit(ctx); err != nil {
@@ -191,6 +213,17 @@ func (s *Store) applyTx(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, k
 		}
 	}
 	return results, keep, nil
+}
+
+// requests filters idx down to client requests (transfer, fund).
+func requests(cmds []ledger.Command, idx []int) []int {
+	var out []int
+	for _, i := range idx {
+		if !cmds[i].IsStep() {
+			out = append(out, i)
+		}
+	}
+	return out
 }
 
 // deadLetterReason reports whether a refusal means the command can never
@@ -213,6 +246,10 @@ type knownTransfers struct {
 // existingTransfers finds transfers sharing a business key or an ID with the
 // commands at idx.
 func existingTransfers(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, idx []int) (knownTransfers, error) {
+	k := knownTransfers{byKey: map[[2]string]ledger.Transfer{}, byID: map[string]bool{}}
+	if len(idx) == 0 {
+		return k, nil
+	}
 	clients, ikeys, ids := make([]string, len(idx)), make([]string, len(idx)), make([]string, len(idx))
 	for n, i := range idx {
 		clients[n], ikeys[n], ids[n] = cmds[i].ClientID, cmds[i].IdempotencyKey, cmds[i].TransferID
@@ -232,7 +269,6 @@ func existingTransfers(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, id
 	if err != nil {
 		return knownTransfers{}, fmt.Errorf("read business keys: %w", err)
 	}
-	k := knownTransfers{byKey: map[[2]string]ledger.Transfer{}, byID: map[string]bool{}}
 	for _, t := range ts {
 		k.byKey[[2]string{t.ClientID, t.IdempotencyKey}] = t
 		k.byID[t.ID] = true
@@ -240,90 +276,148 @@ func existingTransfers(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, id
 	return k, nil
 }
 
-// resolveIssuance points each fund command's From at the region's issuance
-// account of its currency. A currency without one leaves From empty, and the
-// plan rejects the command as account_not_found.
-func resolveIssuance(ctx context.Context, tx pgx.Tx, cmds []ledger.Command) error {
-	var currencies []string
-	for _, c := range cmds {
-		if c.Type == ledger.TypeFund && !slices.Contains(currencies, c.Currency) {
-			currencies = append(currencies, c.Currency)
+// existingCredits finds the credits already recorded for the credit steps
+// at idx: the business key of a credit is its transfer.
+func existingCredits(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, idx []int) (map[string]bool, error) {
+	var ids []string
+	for _, i := range idx {
+		if cmds[i].Type == ledger.TypeCredit {
+			ids = append(ids, cmds[i].TransferID)
 		}
 	}
-	if len(currencies) == 0 {
-		return nil
+	out := map[string]bool{}
+	if len(ids) == 0 {
+		return out, nil
 	}
-	rows, err := tx.Query(ctx, `SELECT currency, id FROM accounts WHERE kind = 'issuance' AND currency = ANY($1::text[])`, currencies)
+	rows, err := tx.Query(ctx, `SELECT transfer_id FROM credits WHERE transfer_id = ANY($1::text[])`, ids)
 	if err != nil {
-		return fmt.Errorf("read issuance accounts: %w", err)
+		return nil, fmt.Errorf("read credits: %w", err)
 	}
-	mint := map[string]string{}
-	var cur, id string
-	_, err = pgx.ForEachRow(rows, []any{&cur, &id}, func() error { mint[cur] = id; return nil })
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return fmt.Errorf("read issuance accounts: %w", err)
+		return nil, fmt.Errorf("read credits: %w", err)
 	}
-	for i := range cmds {
-		if cmds[i].Type == ledger.TypeFund {
-			cmds[i].From = mint[cmds[i].Currency]
-		}
+	for _, id := range got {
+		out[id] = true
 	}
-	return nil
+	return out, nil
 }
 
-// lockAccounts reads and row-locks every account the commands name, in
-// sorted ID order.
-func lockAccounts(ctx context.Context, tx pgx.Tx, cmds []ledger.Command) (map[string]ledger.Account, error) {
+// lockState reads and row-locks what the batch touches, always in the same
+// order so that concurrent batches cannot deadlock: first the transfers that
+// confirm and refuse steps settle (sorted), then every account (sorted),
+// including the region's issuance and transit accounts of the currencies
+// involved.
+func (s *Store) lockState(ctx context.Context, tx pgx.Tx, cmds []ledger.Command) (ledger.Batch, error) {
+	b := ledger.Batch{Home: s.cfg.Region, Regions: s.cfg.Regions, Issuance: map[string]string{}, Transit: map[string]string{}}
+	var currencies, settle []string
+	for _, c := range cmds {
+		if !slices.Contains(currencies, c.Currency) {
+			currencies = append(currencies, c.Currency)
+		}
+		if c.Type == ledger.TypeConfirm || c.Type == ledger.TypeRefuse {
+			settle = append(settle, c.TransferID)
+		}
+	}
+	rows, err := tx.Query(ctx, `SELECT currency, kind, id FROM accounts WHERE kind IN ('issuance', 'transit') AND currency = ANY($1::text[])`, currencies)
+	if err != nil {
+		return b, fmt.Errorf("read system accounts: %w", err)
+	}
+	var cur, kind, id string
+	_, err = pgx.ForEachRow(rows, []any{&cur, &kind, &id}, func() error {
+		map[string]map[string]string{"issuance": b.Issuance, "transit": b.Transit}[kind][cur] = id
+		return nil
+	})
+	if err != nil {
+		return b, fmt.Errorf("read system accounts: %w", err)
+	}
+	if len(settle) > 0 {
+		slices.Sort(settle)
+		rows, err := tx.Query(ctx, `SELECT `+transferColumns+` FROM transfers WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE`, settle)
+		if err != nil {
+			return b, fmt.Errorf("lock transfers: %w", err)
+		}
+		ts, err := pgx.CollectRows(rows, scanTransfer)
+		if err != nil {
+			return b, fmt.Errorf("lock transfers: %w", err)
+		}
+		b.Transfers = make(map[string]ledger.Transfer, len(ts))
+		for _, t := range ts {
+			b.Transfers[t.ID] = t
+		}
+	}
 	ids := make([]string, 0, 2*len(cmds))
 	for _, c := range cmds {
-		if c.From != "" {
-			ids = append(ids, c.From)
+		switch c.Type {
+		case ledger.TypeFund:
+			ids = append(ids, b.Issuance[c.Currency], c.To)
+		case ledger.TypeTransfer:
+			ids = append(ids, c.From, c.To, b.Transit[c.Currency])
+		case ledger.TypeCredit:
+			ids = append(ids, c.To, b.Transit[c.Currency])
+		case ledger.TypeRefuse:
+			ids = append(ids, c.From, b.Transit[c.Currency])
 		}
-		ids = append(ids, c.To)
 	}
 	slices.Sort(ids)
 	ids = slices.Compact(ids)
-	rows, err := tx.Query(ctx, `SELECT `+accountColumns+` FROM accounts WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE`, ids)
+	if len(ids) > 0 && ids[0] == "" {
+		ids = ids[1:]
+	}
+	rows, err = tx.Query(ctx, `SELECT `+accountColumns+` FROM accounts WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE`, ids)
 	if err != nil {
-		return nil, fmt.Errorf("lock accounts: %w", err)
+		return b, fmt.Errorf("lock accounts: %w", err)
 	}
 	as, err := pgx.CollectRows(rows, scanAccount)
 	if err != nil {
-		return nil, fmt.Errorf("lock accounts: %w", err)
+		return b, fmt.Errorf("lock accounts: %w", err)
 	}
-	m := make(map[string]ledger.Account, len(as))
+	b.Accounts = make(map[string]ledger.Account, len(as))
 	for _, a := range as {
-		m[a.ID] = a
+		b.Accounts[a.ID] = a
 	}
-	return m, nil
+	return b, nil
 }
 
 // writePlan writes a planned batch with set-based statements, sent in one
-// round trip: the transfers, the change-log rows and one compare-and-set
-// balance update per account.
-func writePlan(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, p ledger.Plan) error {
-	n := len(p.Outcomes)
+// round trip: new transfers, compare-and-set updates of settled transfers,
+// credits, the change-log, one compare-and-set balance update per account,
+// and the outbox rows of the next saga steps.
+func (s *Store) writePlan(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, p ledger.Plan) error {
 	var (
-		tID, tClient, tKey, tType, tFrom, tTo, tCur, tStatus = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-		tReason                                              = make([]*string, n)
-		tFP                                                  = make([][]byte, n)
-		tAmount, tVersion                                    = make([]int64, n), make([]int64, n)
-		tCreated                                             = make([]any, n)
-		pTransfer, pLeg, pAccount                            []string
-		pAmount, pAfter, pVersion                            []int64
+		nt                             newTransfers
+		uID, uFrom, uTo, uReason       []string
+		uFromV, uToV                   []int64
+		cID, cFrom, cTo, cCur, cStatus []string
+		cReason                        []*string
+		cAmount                        []int64
+		cCreated                       []time.Time
+		pTransfer, pLeg, pAccount      []string
+		pAmount, pAfter, pVersion      []int64
+		oMsg, oRegion, oAccount        []string
+		oPayload                       [][]byte
 	)
 	for i, o := range p.Outcomes {
-		t := o.Transfer
-		tID[i], tClient[i], tKey[i], tType[i] = t.ID, t.ClientID, t.IdempotencyKey, cmds[i].Type
-		tFrom[i], tTo[i], tCur[i], tStatus[i] = t.From, t.To, t.Currency, string(t.Status)
-		if t.Reason != "" {
-			r := string(t.Reason)
-			tReason[i] = &r
+		c := cmds[i]
+		switch {
+		case !c.IsStep() && (o.Result == ledger.Applied || o.Result == ledger.Rejected):
+			nt.add(c, o.Transfer)
+		case o.Credit != nil:
+			cr := o.Credit
+			cID, cFrom, cTo, cCur, cStatus = append(cID, cr.TransferID), append(cFrom, cr.From), append(cTo, cr.To), append(cCur, cr.Currency), append(cStatus, string(cr.Status))
+			cReason, cAmount, cCreated = append(cReason, optional(cr.Reason)), append(cAmount, cr.Amount), append(cCreated, cr.CreatedAt)
+		case o.Result == ledger.Applied: // a settled transfer
+			t := o.Transfer
+			uID, uFrom, uTo, uReason = append(uID, t.ID), append(uFrom, string(o.FromStatus)), append(uTo, string(t.Status)), append(uReason, string(t.Reason))
+			uFromV, uToV = append(uFromV, o.FromVersion), append(uToV, t.Version)
 		}
-		tFP[i], tAmount[i], tVersion[i], tCreated[i] = t.Fingerprint, t.Amount, t.Version, t.CreatedAt
 		for _, ps := range o.Postings {
 			pTransfer, pLeg, pAccount = append(pTransfer, ps.TransferID), append(pLeg, string(ps.Leg)), append(pAccount, ps.AccountID)
 			pAmount, pAfter, pVersion = append(pAmount, ps.Amount), append(pAfter, ps.BalanceAfter), append(pVersion, ps.AccountVersion)
+		}
+		for _, m := range o.Outbox {
+			oMsg, oRegion, oAccount = append(oMsg, m.Command.MsgKey()), append(oRegion, m.Region), append(oAccount, m.Account)
+			oPayload = append(oPayload, m.Command.Encode())
 		}
 	}
 	aID := make([]string, len(p.Accounts))
@@ -333,12 +427,34 @@ func writePlan(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, p ledger.P
 	}
 
 	b := &pgx.Batch{}
-	b.Queue(`
-		INSERT INTO transfers (id, client_id, idempotency_key, type, from_account, to_account, currency, status, reason,
-		                       fingerprint, amount, version, created_at)
-		SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
-		                     $9::text[], $10::bytea[], $11::bigint[], $12::bigint[], $13::timestamptz[])`,
-		tID, tClient, tKey, tType, tFrom, tTo, tCur, tStatus, tReason, tFP, tAmount, tVersion, tCreated)
+	if len(nt.id) > 0 {
+		b.Queue(`
+			INSERT INTO transfers (id, client_id, idempotency_key, type, from_account, to_account, currency, status, reason,
+			                       fingerprint, amount, version, created_at)
+			SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
+			                     $9::text[], $10::bytea[], $11::bigint[], $12::bigint[], $13::timestamptz[])`,
+			nt.id, nt.client, nt.key, nt.typ, nt.from, nt.to, nt.cur, nt.status, nt.reason, nt.fp, nt.amount, nt.version, nt.created)
+	}
+	if len(uID) > 0 {
+		b.Queue(`
+			UPDATE transfers t SET status = u.status, version = u.to_version, reason = nullif(u.reason, '')
+			FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::text[])
+			     AS u(id, from_status, from_version, status, to_version, reason)
+			WHERE t.id = u.id AND t.status = u.from_status AND t.version = u.from_version`,
+			uID, uFrom, uFromV, uTo, uToV, uReason).Exec(func(tag pgconn.CommandTag) error {
+			if tag.RowsAffected() != int64(len(uID)) {
+				s.stats().StaleVersions.Add(1)
+				return ledger.Errorf(ledger.CodeStaleVersion, "transfer compare-and-set matched %d of %d transfers", tag.RowsAffected(), len(uID))
+			}
+			return nil
+		})
+	}
+	if len(cID) > 0 {
+		b.Queue(`
+			INSERT INTO credits (transfer_id, from_account, to_account, currency, status, reason, amount, created_at)
+			SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bigint[], $8::timestamptz[])`,
+			cID, cFrom, cTo, cCur, cStatus, cReason, cAmount, cCreated)
+	}
 	if len(pTransfer) > 0 {
 		b.Queue(`
 			INSERT INTO postings (transfer_id, leg, account_id, amount, balance_after, account_version)
@@ -353,10 +469,43 @@ func writePlan(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, p ledger.P
 			return nil
 		})
 	}
+	if len(oMsg) > 0 {
+		b.Queue(`
+			INSERT INTO outbox (msg_id, region, account, payload)
+			SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[])`,
+			oMsg, oRegion, oAccount, oPayload)
+	}
+	if b.Len() == 0 {
+		return nil
+	}
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("write batch: %w", err)
 	}
 	return nil
+}
+
+// newTransfers collects the columns of the transfers a batch records.
+type newTransfers struct {
+	id, client, key, typ, from, to, cur, status []string
+	reason                                      []*string
+	fp                                          [][]byte
+	amount, version                             []int64
+	created                                     []time.Time
+}
+
+func (n *newTransfers) add(c ledger.Command, t ledger.Transfer) {
+	n.id, n.client, n.key, n.typ = append(n.id, t.ID), append(n.client, t.ClientID), append(n.key, t.IdempotencyKey), append(n.typ, c.Type)
+	n.from, n.to, n.cur, n.status = append(n.from, t.From), append(n.to, t.To), append(n.cur, t.Currency), append(n.status, string(t.Status))
+	n.reason, n.fp = append(n.reason, optional(t.Reason)), append(n.fp, t.Fingerprint)
+	n.amount, n.version, n.created = append(n.amount, t.Amount), append(n.version, t.Version), append(n.created, t.CreatedAt)
+}
+
+func optional(c ledger.Code) *string {
+	if c == "" {
+		return nil
+	}
+	s := string(c)
+	return &s
 }
 
 // updateBalancesSQL sets each account's balance and version only where the

@@ -73,6 +73,8 @@ type Config struct {
 	Region string
 	// IDs mints account IDs in Region.
 	IDs *idgen.Generator
+	// Regions tells an ID's home region, to route saga steps.
+	Regions *idgen.Regions
 	// Dedup is the consume-log.
 	Dedup *dedup.Log
 	// MaxAttempts bounds retries of a transaction on serialization failure,

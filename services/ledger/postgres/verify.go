@@ -60,10 +60,12 @@ func (r Report) String() string {
 //   - every balance equals the sum of its change-log, every account version
 //     equals its number of postings, numbered 1..n without gaps, and every
 //     posting names an existing account;
-//   - per currency, customer money equals the money funded, and all
-//     balances sum to zero (double entry);
-//   - every transfer has exactly the change-log legs its status implies,
-//     with the right accounts and amounts, and no posting is orphaned;
+//   - per currency, the issuance account holds minus the money funded, and
+//     customer, issuance and transit balances sum to zero (double entry; the
+//     transit balance is this region's share of the money in transit);
+//   - every transfer and every credit has exactly the change-log legs its
+//     status implies, with the right accounts and amounts, and no posting
+//     is orphaned;
 //   - consume-log rows and applied messages match one-to-one within the
 //     consume-log window, and no claim is stuck PROCESSING past its lease.
 //
@@ -77,8 +79,8 @@ func (s *Store) Verify(ctx context.Context) (Report, error) {
 		}{
 			{"balance equals the sum of its change-log", `SELECT count(*) FROM accounts`, balanceSQL, nil},
 			{"money per currency equals funding", `SELECT count(DISTINCT currency) FROM accounts`, moneySQL, nil},
-			{"transfers have the change-log rows their status implies", `SELECT count(*) FROM transfers`, legsSQL(), nil},
-			{"consume-log rows match applied messages", `SELECT count(*) FROM transfers`, dedupSQL, []any{Consumer, s.cfg.Dedup.Horizon()}},
+			{"transfers have the change-log rows their status implies", `SELECT (SELECT count(*) FROM transfers) + (SELECT count(*) FROM credits)`, legsSQL(), []any{s.cfg.Region}},
+			{"consume-log rows match applied messages", `SELECT count(*) FROM dedup_log WHERE consumer = 'ledger'`, dedupSQL, []any{Consumer, s.cfg.Dedup.Horizon(), s.cfg.Region}},
 		} {
 			chk := Check{Name: c.name}
 			if err := tx.QueryRow(ctx, c.count).Scan(&chk.Checked); err != nil {
@@ -118,59 +120,85 @@ const moneySQL = `
 	WITH bal AS (
 	    SELECT currency,
 	           coalesce(sum(balance) FILTER (WHERE kind = 'customer'), 0) AS customer,
-	           coalesce(sum(balance) FILTER (WHERE kind = 'issuance'), 0) AS issuance
+	           coalesce(sum(balance) FILTER (WHERE kind = 'issuance'), 0) AS issuance,
+	           coalesce(sum(balance) FILTER (WHERE kind = 'transit'), 0) AS transit
 	    FROM accounts GROUP BY currency),
 	funded AS (
 	    SELECT currency, sum(amount) AS total FROM transfers
 	    WHERE type = 'fund' AND status = 'COMPLETED' GROUP BY currency)
-	SELECT format('%s: customer balances %s, funded %s, issuance %s (sum of all balances must be 0)',
-	              b.currency, b.customer, coalesce(f.total, 0), b.issuance)
+	SELECT format('%s: customer balances %s, funded %s, issuance %s, transit %s (want issuance = -funded and a zero sum)',
+	              b.currency, b.customer, coalesce(f.total, 0), b.issuance, b.transit)
 	FROM bal b LEFT JOIN funded f USING (currency)
-	WHERE b.customer <> coalesce(f.total, 0) OR b.customer + b.issuance <> 0
+	WHERE b.issuance <> -coalesce(f.total, 0) OR b.customer + b.issuance + b.transit <> 0
 	ORDER BY b.currency`
 
 // legsSQL derives the expected legs of each status from the domain's Legs.
 func legsSQL() string {
+	legs := func(ls []ledger.Leg) string {
+		var out []string
+		for _, l := range ls {
+			out = append(out, string(l))
+		}
+		slices.Sort(out) // string_agg below orders legs alphabetically
+		return strings.Join(out, ",")
+	}
 	var cases strings.Builder
 	for _, st := range []ledger.Status{ledger.StatusPending, ledger.StatusDebited, ledger.StatusCompleted, ledger.StatusRefunded, ledger.StatusRejected} {
-		var legs []string
-		for _, l := range ledger.Legs(st) {
-			legs = append(legs, string(l))
+		for _, cross := range []bool{false, true} {
+			fmt.Fprintf(&cases, " WHEN 'transfer/%s/%t' THEN '%s'", st, cross, legs(ledger.Legs(st, cross)))
 		}
-		// string_agg below orders legs alphabetically.
-		slices.Sort(legs)
-		fmt.Fprintf(&cases, " WHEN '%s' THEN '%s'", st, strings.Join(legs, ","))
+	}
+	for _, st := range []ledger.CreditStatus{ledger.CreditApplied, ledger.CreditRefused} {
+		fmt.Fprintf(&cases, " WHEN 'credit/%s/false' THEN '%s'", st, legs(ledger.CreditLegs(st)))
 	}
 	return `
-	WITH t AS (
-	    SELECT t.id, t.status, coalesce(string_agg(p.leg, ',' ORDER BY p.leg), '') AS legs,
+	WITH x AS (
+	    SELECT 'transfer' AS kind, id, from_account AS src, to_account AS dst, amount, status,
+	           split_part(to_account, '-', 1) <> $1 AS cross
+	    FROM transfers
+	    UNION ALL
+	    SELECT 'credit', transfer_id, from_account, to_account, amount, status, false FROM credits),
+	l AS (
+	    SELECT x.kind, x.id, x.status, x.kind || '/' || x.status || '/' || x.cross AS shape,
+	           coalesce(string_agg(p.leg, ',' ORDER BY p.leg), '') AS legs,
 	           bool_and(p.leg IS NULL
-	                 OR (p.leg = 'debit'  AND p.amount = -t.amount AND p.account_id = t.from_account)
-	                 OR (p.leg = 'credit' AND p.amount =  t.amount AND p.account_id = t.to_account)
-	                 OR (p.leg = 'refund' AND p.amount =  t.amount AND p.account_id = t.from_account)) AS amounts_ok
-	    FROM transfers t LEFT JOIN postings p ON p.transfer_id = t.id
-	    GROUP BY t.id)
-	SELECT format('transfer %s is %s with legs [%s]%s', id, status, legs,
+	                 OR (p.leg = 'debit'  AND p.amount = -x.amount AND p.account_id = x.src)
+	                 OR (p.leg = 'credit' AND p.amount =  x.amount AND p.account_id = x.dst)
+	                 OR (p.leg = 'refund' AND p.amount =  x.amount AND p.account_id = x.src)
+	                 OR (p.leg = 'hold'   AND p.amount =  x.amount AND a.kind = 'transit')
+	                 OR (p.leg IN ('release', 'unhold') AND p.amount = -x.amount AND a.kind = 'transit')) AS amounts_ok
+	    FROM x LEFT JOIN postings p ON p.transfer_id = x.id
+	    LEFT JOIN accounts a ON a.id = p.account_id
+	    GROUP BY x.kind, x.id, x.status, x.cross)
+	SELECT format('%s %s is %s with legs [%s]%s', kind, id, status, legs,
 	              CASE WHEN amounts_ok THEN '' ELSE ' of wrong accounts or amounts' END)
-	FROM t WHERE legs <> CASE status` + cases.String() + ` END OR NOT amounts_ok
+	FROM l WHERE legs <> CASE shape` + cases.String() + ` END OR NOT amounts_ok
 	UNION ALL
-	SELECT format('posting %s/%s has no transfer', p.transfer_id, p.leg)
-	FROM postings p LEFT JOIN transfers t ON t.id = p.transfer_id WHERE t.id IS NULL`
+	SELECT format('posting %s/%s has no transfer or credit', p.transfer_id, p.leg)
+	FROM postings p WHERE NOT EXISTS (SELECT FROM transfers t WHERE t.id = p.transfer_id)
+	                  AND NOT EXISTS (SELECT FROM credits c WHERE c.transfer_id = p.transfer_id)`
 }
 
-// dedupSQL pairs each ledger consume-log row with the transfer its message
-// produced (the key is Command.MsgKey: 'xfer/<client>/<idempotency key>').
+// dedupSQL pairs each ledger consume-log row with what its message produced
+// (the keys are Command.MsgKey): a client request 'xfer/<client>/<key>' its
+// transfer; a credit step 'step/<transfer>/credit' its credit; a confirm or
+// refuse step the transfer it completed or refunded.
 const dedupSQL = `
 	WITH d AS (
 	    SELECT msg_key, status, lease_until FROM dedup_log WHERE consumer = $1),
-	t AS (
-	    SELECT id, 'xfer/' || client_id || '/' || idempotency_key AS msg_key, created_at FROM transfers)
-	SELECT format('consume-log row %s has no transfer', d.msg_key)
-	FROM d LEFT JOIN t USING (msg_key) WHERE d.status = 'PROCESSED' AND t.id IS NULL
+	m AS (
+	    SELECT 'xfer/' || client_id || '/' || idempotency_key AS msg_key, id, created_at FROM transfers
+	    UNION ALL
+	    SELECT 'step/' || transfer_id || '/credit', transfer_id, created_at FROM credits
+	    UNION ALL
+	    SELECT 'step/' || id || '/' || CASE status WHEN 'COMPLETED' THEN 'confirm' ELSE 'refuse' END, id, created_at
+	    FROM transfers WHERE status IN ('COMPLETED', 'REFUNDED') AND split_part(to_account, '-', 1) <> $3)
+	SELECT format('consume-log row %s has nothing it applied', d.msg_key)
+	FROM d LEFT JOIN m USING (msg_key) WHERE d.status = 'PROCESSED' AND m.id IS NULL
 	UNION ALL
 	SELECT format('consume-log row %s is stuck PROCESSING (lease ended %s)', d.msg_key, d.lease_until)
 	FROM d WHERE d.status = 'PROCESSING' AND d.lease_until < now()
 	UNION ALL
-	SELECT format('transfer %s has %s consume-log rows, want 1', t.id, count(d.msg_key))
-	FROM t LEFT JOIN d USING (msg_key) WHERE t.created_at >= $2
-	GROUP BY t.id HAVING count(d.msg_key) <> 1`
+	SELECT format('%s has %s consume-log rows, want 1', m.msg_key, count(d.msg_key))
+	FROM m LEFT JOIN d USING (msg_key) WHERE m.created_at >= $2
+	GROUP BY m.msg_key HAVING count(d.msg_key) <> 1`

@@ -98,7 +98,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		Holder: fmt.Sprintf("%s/%s-%d/%d", cfg.Region, host, os.Getpid(), cfg.Node), Lease: cfg.Lease,
 		WindowDays: cfg.WindowDays, Cache: cache,
 	})
-	s.Store = postgres.New(pool, postgres.Config{Region: cfg.Region, IDs: gen, Dedup: s.dedup, Stats: s.Stats,
+	s.Store = postgres.New(pool, postgres.Config{Region: cfg.Region, IDs: gen, Regions: cfg.Regions, Dedup: s.dedup, Stats: s.Stats,
 		OnRetry: func(op string, attempt int, err error) {
 			cfg.Log.Debug("transaction retried", "op", op, "attempt", attempt, "err", err)
 		}})
