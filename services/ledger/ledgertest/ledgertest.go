@@ -6,6 +6,7 @@ package ledgertest
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -50,23 +51,25 @@ func New(tb testing.TB, mods ...func(*postgres.Config)) *Fixture {
 	return On(tb, pool, url, mods...)
 }
 
-// On builds a ledger on an existing migrated database.
+// On builds a ledger on an existing migrated database. Its region is eu
+// unless a mod (see Region) says otherwise; every fixture mints IDs on a
+// node of its own.
 func On(tb testing.TB, pool *pgxpool.Pool, url string, mods ...func(*postgres.Config)) *Fixture {
 	tb.Helper()
-	regions, err := idgen.NewRegions(map[string]uint8{"eu": 1, "us": 2})
+	regions, err := idgen.NewRegions(map[string]uint8{"eu": 1, "us": 2, "ap": 3})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	gen, err := idgen.NewGenerator(regions, "eu", 7)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	f := &Fixture{Pool: pool, URL: url, IDs: gen, Regions: regions, Stats: &ledger.Stats{}, Clock: &Clock{t: time.Now().UTC()}}
-	f.Log = dedup.New(dedup.Config{Holder: "test-" + f.ID(tb), WindowDays: 3, Now: f.Clock.Now})
-	cfg := postgres.Config{Region: "eu", IDs: gen, Regions: regions, Dedup: f.Log, Stats: f.Stats}
+	f := &Fixture{Pool: pool, URL: url, Regions: regions, Stats: &ledger.Stats{}, Clock: &Clock{t: time.Now().UTC()}}
+	cfg := postgres.Config{Region: "eu", Regions: regions, Stats: f.Stats}
 	for _, m := range mods {
 		m(&cfg)
 	}
+	if f.IDs, err = idgen.NewGenerator(regions, cfg.Region, uint16(nodes.Add(1)%idgen.MaxNode)); err != nil {
+		tb.Fatal(err)
+	}
+	f.Log = dedup.New(dedup.Config{Holder: "test-" + f.ID(tb), WindowDays: 3, Now: f.Clock.Now})
+	cfg.IDs, cfg.Dedup = f.IDs, f.Log
 	f.Store = postgres.New(pool, cfg)
 	if err := f.Store.Migrate(context.Background()); err != nil {
 		tb.Fatal(err)
@@ -74,7 +77,13 @@ func On(tb testing.TB, pool *pgxpool.Pool, url string, mods ...func(*postgres.Co
 	return f
 }
 
-// ID mints an ID in region eu.
+// nodes hands every fixture of the process its own ID node.
+var nodes atomic.Int64
+
+// Region makes a fixture's ledger belong to region r.
+func Region(r string) func(*postgres.Config) { return func(c *postgres.Config) { c.Region = r } }
+
+// ID mints an ID in the fixture's region.
 func (f *Fixture) ID(tb testing.TB) string {
 	tb.Helper()
 	s, err := f.IDs.NextString()

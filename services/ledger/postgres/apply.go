@@ -303,6 +303,41 @@ func existingCredits(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, idx 
 	return out, nil
 }
 
+// systemAccounts fills in the issuance and transit account IDs of the
+// currencies. They never change once created, so they are cached; only a
+// currency not seen before costs a query.
+func (s *Store) systemAccounts(ctx context.Context, tx pgx.Tx, currencies []string, issuance, transit map[string]string) error {
+	var missing []string
+	for _, c := range currencies {
+		if ids, ok := s.system.Load(c); ok {
+			issuance[c], transit[c] = ids.([2]string)[0], ids.([2]string)[1]
+		} else {
+			missing = append(missing, c)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	rows, err := tx.Query(ctx, `SELECT currency, kind, id FROM accounts WHERE kind IN ('issuance', 'transit') AND currency = ANY($1::text[])`, missing)
+	if err != nil {
+		return fmt.Errorf("read system accounts: %w", err)
+	}
+	var cur, kind, id string
+	_, err = pgx.ForEachRow(rows, []any{&cur, &kind, &id}, func() error {
+		map[string]map[string]string{"issuance": issuance, "transit": transit}[kind][cur] = id
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("read system accounts: %w", err)
+	}
+	for _, c := range missing {
+		if issuance[c] != "" && transit[c] != "" {
+			s.system.Store(c, [2]string{issuance[c], transit[c]})
+		}
+	}
+	return nil
+}
+
 // lockState reads and row-locks what the batch touches, always in the same
 // order so that concurrent batches cannot deadlock: first the transfers that
 // confirm and refuse steps settle (sorted), then every account (sorted),
@@ -319,17 +354,8 @@ func (s *Store) lockState(ctx context.Context, tx pgx.Tx, cmds []ledger.Command)
 			settle = append(settle, c.TransferID)
 		}
 	}
-	rows, err := tx.Query(ctx, `SELECT currency, kind, id FROM accounts WHERE kind IN ('issuance', 'transit') AND currency = ANY($1::text[])`, currencies)
-	if err != nil {
-		return b, fmt.Errorf("read system accounts: %w", err)
-	}
-	var cur, kind, id string
-	_, err = pgx.ForEachRow(rows, []any{&cur, &kind, &id}, func() error {
-		map[string]map[string]string{"issuance": b.Issuance, "transit": b.Transit}[kind][cur] = id
-		return nil
-	})
-	if err != nil {
-		return b, fmt.Errorf("read system accounts: %w", err)
+	if err := s.systemAccounts(ctx, tx, currencies, b.Issuance, b.Transit); err != nil {
+		return b, err
 	}
 	if len(settle) > 0 {
 		slices.Sort(settle)
@@ -364,7 +390,7 @@ func (s *Store) lockState(ctx context.Context, tx pgx.Tx, cmds []ledger.Command)
 	if len(ids) > 0 && ids[0] == "" {
 		ids = ids[1:]
 	}
-	rows, err = tx.Query(ctx, `SELECT `+accountColumns+` FROM accounts WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE`, ids)
+	rows, err := tx.Query(ctx, `SELECT `+accountColumns+` FROM accounts WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE`, ids)
 	if err != nil {
 		return b, fmt.Errorf("lock accounts: %w", err)
 	}

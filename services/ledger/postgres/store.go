@@ -12,6 +12,7 @@ import (
 	"io"
 	"io/fs"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -91,8 +92,9 @@ type Config struct {
 
 // Store is the ledger's Postgres adapter. It is safe for concurrent use.
 type Store struct {
-	pool *pgxpool.Pool
-	cfg  Config
+	pool   *pgxpool.Pool
+	cfg    Config
+	system sync.Map // currency -> [2]string{issuance, transit account ID}
 }
 
 // New returns a Store over pool.

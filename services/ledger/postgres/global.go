@@ -1,0 +1,213 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/paymesh/paymesh/pkg/idgen"
+	"github.com/paymesh/paymesh/services/ledger"
+)
+
+// regionSaga is what one region contributes to the global checks.
+type regionSaga struct {
+	transfers map[string]ledger.Transfer // cross-region transfers sourced here
+	credits   map[string]ledger.Credit   // credits applied or refused here
+	transit   map[string]int64           // transit balance per currency
+	unsent    int64                      // outbox rows not relayed yet
+}
+
+// VerifyGlobal runs every region's own checks and then the checks that need
+// all regions (each region is read in one snapshot of its own):
+//   - per currency, the transit balances of all regions sum to the money in
+//     transit: debited cross-region transfers whose credit is not applied;
+//   - no transfer is credited without its debit, and the credit matches it;
+//   - no transfer is both credited and refunded, and every refund answers a
+//     refused credit; every completed cross-region transfer was credited;
+//   - with quiescent set: nothing is left in transit, no transfer is still
+//     DEBITED and no outbox row is unsent.
+//
+// It returns an error only when a database cannot be read.
+func VerifyGlobal(ctx context.Context, stores []*Store, quiescent bool) (Report, error) {
+	rep := Report{Region: "global"}
+	sagas := map[string]regionSaga{}
+	for _, s := range stores {
+		r, err := s.Verify(ctx)
+		if err != nil {
+			return rep, err
+		}
+		rep.Checks = append(rep.Checks, prefixed(r)...)
+		if sagas[s.cfg.Region], err = s.sagaState(ctx); err != nil {
+			return rep, err
+		}
+	}
+	var ids *idgen.Regions
+	if len(stores) > 0 {
+		ids = stores[0].cfg.Regions
+	}
+	rep.Checks = append(rep.Checks, globalChecks(sagas, ids, quiescent)...)
+	return rep, nil
+}
+
+func prefixed(r Report) []Check {
+	out := make([]Check, len(r.Checks))
+	for i, c := range r.Checks {
+		c.Name = r.Region + ": " + c.Name
+		out[i] = c
+	}
+	return out
+}
+
+func globalChecks(sagas map[string]regionSaga, ids *idgen.Regions, quiescent bool) []Check {
+	inTransit := map[string]int64{}
+	transit := map[string]int64{}
+	credited := Check{Name: "no transfer is credited without its debit"}
+	settled := Check{Name: "no transfer is both credited and refunded; refunds answer refusals"}
+	fail := func(c *Check, format string, args ...any) {
+		if len(c.Failures) < MaxFailures {
+			c.Failures = append(c.Failures, fmt.Sprintf(format, args...))
+		}
+		c.OK = false
+	}
+	credited.OK, settled.OK = true, true
+	credit := func(t ledger.Transfer) (ledger.Credit, bool) {
+		dest, err := ids.HomeRegion(t.To)
+		if err != nil {
+			return ledger.Credit{}, false
+		}
+		c, ok := sagas[dest].credits[t.ID]
+		return c, ok
+	}
+	for _, s := range sagas {
+		for cur, b := range s.transit {
+			transit[cur] += b
+		}
+		for _, t := range s.transfers {
+			c, ok := credit(t)
+			applied := ok && c.Status == ledger.CreditApplied
+			settled.Checked++
+			switch {
+			case t.Status == ledger.StatusDebited && !applied:
+				inTransit[t.Currency] += t.Amount
+			case t.Status == ledger.StatusRefunded && applied:
+				fail(&settled, "transfer %s is REFUNDED but was credited", t.ID)
+			case t.Status == ledger.StatusRefunded && !ok:
+				fail(&settled, "transfer %s is REFUNDED without a refused credit", t.ID)
+			case t.Status == ledger.StatusCompleted && !applied:
+				fail(&settled, "transfer %s is COMPLETED but was not credited", t.ID)
+			}
+		}
+	}
+	for region, s := range sagas {
+		for _, c := range s.credits {
+			credited.Checked++
+			source, err := ids.HomeRegion(c.TransferID)
+			t, ok := sagas[source].transfers[c.TransferID]
+			switch {
+			case err != nil || !ok:
+				fail(&credited, "%s: credit of %s has no debit in region %s", region, c.TransferID, source)
+			case c.Status == ledger.CreditApplied && t.Status != ledger.StatusDebited && t.Status != ledger.StatusCompleted:
+				fail(&credited, "%s: credit of %s applied but the transfer is %s", region, c.TransferID, t.Status)
+			case c.Amount != t.Amount || c.Currency != t.Currency || c.From != t.From || c.To != t.To:
+				fail(&credited, "%s: credit of %s does not match its transfer", region, c.TransferID)
+			}
+		}
+	}
+	money := Check{Name: "per currency, transit balances equal the money in transit", OK: true}
+	for _, cur := range sortedCurrencies(transit, inTransit) {
+		money.Checked++
+		if transit[cur] != inTransit[cur] {
+			fail(&money, "%s: transit accounts hold %d, transfers in transit amount to %d", cur, transit[cur], inTransit[cur])
+		}
+	}
+	checks := []Check{money, credited, settled}
+	if quiescent {
+		q := Check{Name: "after quiescence nothing is left in transit", OK: true}
+		for cur, n := range inTransit {
+			q.Checked++
+			if n != 0 {
+				fail(&q, "%s: %d still in transit", cur, n)
+			}
+		}
+		for region, s := range sagas {
+			q.Checked++
+			if s.unsent != 0 {
+				fail(&q, "%s: %d outbox rows not relayed", region, s.unsent)
+			}
+			for _, t := range s.transfers {
+				if t.Status == ledger.StatusDebited {
+					fail(&q, "%s: transfer %s is still DEBITED", region, t.ID)
+				}
+			}
+		}
+		checks = append(checks, q)
+	}
+	return checks
+}
+
+func sortedCurrencies(ms ...map[string]int64) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, m := range ms {
+		for c := range m {
+			if !seen[c] {
+				seen[c] = true
+				out = append(out, c)
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// sagaState reads this region's cross-region transfers, credits, transit
+// balances and unsent outbox rows in one snapshot.
+func (s *Store) sagaState(ctx context.Context) (regionSaga, error) {
+	st := regionSaga{transfers: map[string]ledger.Transfer{}, credits: map[string]ledger.Credit{}, transit: map[string]int64{}}
+	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `SELECT `+transferColumns+` FROM transfers
+			WHERE type = 'transfer' AND split_part(to_account, '-', 1) <> $1`, s.cfg.Region)
+		if err != nil {
+			return err
+		}
+		ts, err := pgx.CollectRows(rows, scanTransfer)
+		if err != nil {
+			return err
+		}
+		for _, t := range ts {
+			st.transfers[t.ID] = t
+		}
+		rows, err = tx.Query(ctx, `SELECT transfer_id, from_account, to_account, amount, currency, status, coalesce(reason, ''), created_at FROM credits`)
+		if err != nil {
+			return err
+		}
+		cs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ledger.Credit, error) {
+			var c ledger.Credit
+			err := r.Scan(&c.TransferID, &c.From, &c.To, &c.Amount, &c.Currency, &c.Status, &c.Reason, &c.CreatedAt)
+			return c, err
+		})
+		if err != nil {
+			return err
+		}
+		for _, c := range cs {
+			st.credits[c.TransferID] = c
+		}
+		rows, err = tx.Query(ctx, `SELECT currency, balance FROM accounts WHERE kind = 'transit'`)
+		if err != nil {
+			return err
+		}
+		var cur string
+		var bal int64
+		if _, err := pgx.ForEachRow(rows, []any{&cur, &bal}, func() error { st.transit[strings.TrimSpace(cur)] += bal; return nil }); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE sent_at IS NULL`).Scan(&st.unsent)
+	})
+	if err != nil {
+		return st, fmt.Errorf("read saga state of %s: %w", s.cfg.Region, err)
+	}
+	return st, nil
+}

@@ -1,0 +1,77 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// OutboxRow is a saga step waiting to be relayed to the ledger of Region.
+type OutboxRow struct {
+	ID       int64
+	MsgID    string // the step's Nats-Msg-Id
+	Region   string // the region whose ledger applies it
+	Account  string // the account whose shard carries it
+	Payload  []byte // the encoded ledger.Command
+	Attempts int
+	Created  time.Time
+}
+
+// PendingOutbox returns up to limit unsent rows, oldest first.
+func (s *Store) PendingOutbox(ctx context.Context, limit int) ([]OutboxRow, error) {
+	rows, err := s.pool.Query(ctx, `
+		SELECT id, msg_id, region, account, payload, attempts, created_at
+		FROM outbox WHERE sent_at IS NULL ORDER BY id LIMIT $1`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("read outbox: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (OutboxRow, error) {
+		var o OutboxRow
+		err := r.Scan(&o.ID, &o.MsgID, &o.Region, &o.Account, &o.Payload, &o.Attempts, &o.Created)
+		return o, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read outbox: %w", err)
+	}
+	return out, nil
+}
+
+// MarkSent records that the rows' steps were acked by their destination
+// streams. It must only be called after the PubAck: a row marked sent is
+// never relayed again.
+func (s *Store) MarkSent(ctx context.Context, ids []int64) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	if _, err := s.pool.Exec(ctx, `UPDATE outbox SET sent_at = now(), attempts = attempts + 1 WHERE id = ANY($1::bigint[]) AND sent_at IS NULL`, ids); err != nil {
+		return fmt.Errorf("mark outbox sent: %w", err)
+	}
+	return nil
+}
+
+// MarkFailed counts a failed relay attempt of the rows.
+func (s *Store) MarkFailed(ctx context.Context, ids []int64) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	if _, err := s.pool.Exec(ctx, `UPDATE outbox SET attempts = attempts + 1 WHERE id = ANY($1::bigint[]) AND sent_at IS NULL`, ids); err != nil {
+		return fmt.Errorf("mark outbox attempt: %w", err)
+	}
+	return nil
+}
+
+// OutboxLag returns how many rows wait to be relayed and the age of the
+// oldest.
+func (s *Store) OutboxLag(ctx context.Context) (unsent int64, oldest time.Duration, err error) {
+	var age *time.Duration
+	err = s.pool.QueryRow(ctx, `SELECT count(*), max(now() - created_at) FROM outbox WHERE sent_at IS NULL`).Scan(&unsent, &age)
+	if err != nil {
+		return 0, 0, fmt.Errorf("outbox lag: %w", err)
+	}
+	if age != nil {
+		oldest = *age
+	}
+	return unsent, oldest, nil
+}

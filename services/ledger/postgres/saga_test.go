@@ -1,0 +1,148 @@
+package postgres_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/paymesh/paymesh/pkg/dedup"
+	"github.com/paymesh/paymesh/services/ledger"
+	"github.com/paymesh/paymesh/services/ledger/ledgertest"
+	"github.com/paymesh/paymesh/services/ledger/postgres"
+)
+
+// relay moves every unsent outbox row of from to the ledger it names, the
+// way the router does, and returns the results there.
+func relay(tb testing.TB, from *ledgertest.Fixture, to map[string]*ledgertest.Fixture) []ledger.Result {
+	tb.Helper()
+	ctx := context.Background()
+	rows, err := from.Store.PendingOutbox(ctx, 1000)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var out []ledger.Result
+	var ids []int64
+	for _, r := range rows {
+		cmd, err := ledger.DecodeCommand(r.Payload)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if r.MsgID != cmd.MsgKey() {
+			tb.Fatalf("outbox msg id %s, want %s", r.MsgID, cmd.MsgKey())
+		}
+		if err := cmd.Validate(r.Region, from.Regions, from.Clock.Now()); err != nil {
+			tb.Fatalf("relayed step does not validate in %s: %v", r.Region, err)
+		}
+		out = append(out, to[r.Region].Apply(tb, cmd)...)
+		ids = append(ids, r.ID)
+	}
+	if err := from.Store.MarkSent(ctx, ids); err != nil {
+		tb.Fatal(err)
+	}
+	return out
+}
+
+func transferStatus(tb testing.TB, f *ledgertest.Fixture, id string) ledger.Transfer {
+	tb.Helper()
+	t, err := f.Store.Transfer(context.Background(), id)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return t
+}
+
+// TestCrossRegionSaga runs transfers eu→us through the saga by hand: debit
+// into transit with an outbox step, credit in us, confirm back in eu; a
+// credit refused in us refunds in eu. Repeated and early steps never apply
+// twice or move a transfer backwards.
+func TestCrossRegionSaga(t *testing.T) {
+	eu, us := ledgertest.New(t), ledgertest.New(t, ledgertest.Region("us"))
+	regions := map[string]*ledgertest.Fixture{"eu": eu, "us": us}
+	a := eu.Account(t, "EUR", 1000)
+	b := us.Account(t, "EUR", 0)
+	usd := us.Account(t, "USD", 0)
+
+	t.Run("Completed", func(t *testing.T) {
+		cmd := eu.Transfer(t, a, b, 300)
+		r := eu.Apply(t, cmd)[0]
+		if r.Kind != ledger.Applied || r.Transfer.Status != ledger.StatusDebited {
+			t.Fatalf("debit: got %v %s, want applied DEBITED", r.Kind, r.Transfer.Status)
+		}
+		if got := eu.Balance(t, a); got != 700 {
+			t.Fatalf("source after debit: got %d, want 700", got)
+		}
+		credits := relay(t, eu, regions)
+		if len(credits) != 1 || credits[0].Kind != ledger.Applied || credits[0].Credit.Status != ledger.CreditApplied {
+			t.Fatalf("credit: got %+v", credits)
+		}
+		if got := us.Balance(t, b); got != 300 {
+			t.Fatalf("destination: got %d, want 300", got)
+		}
+		// The credit step delivered again: the consume-log catches it.
+		credit := cmd.Step(ledger.TypeCredit, "")
+		if r := us.Apply(t, credit)[0]; r.Kind != ledger.Duplicate {
+			t.Fatalf("repeated credit: got %v, want duplicate", r.Kind)
+		}
+		confirms := relay(t, us, regions)
+		if len(confirms) != 1 || confirms[0].Kind != ledger.Applied || confirms[0].Transfer.Status != ledger.StatusCompleted {
+			t.Fatalf("confirm: got %+v", confirms)
+		}
+		// A refuse arriving after the confirm cannot move the transfer back.
+		if r := eu.Apply(t, cmd.Step(ledger.TypeRefuse, ledger.CodeAccountClosed))[0]; r.Kind != ledger.Invalid || !r.DeadLetter {
+			t.Fatalf("refuse after confirm: got %v, want invalid and dead-lettered", r.Kind)
+		}
+		if got := transferStatus(t, eu, cmd.TransferID); got.Status != ledger.StatusCompleted || got.Version != 2 {
+			t.Fatalf("final: got %s v%d, want COMPLETED v2", got.Status, got.Version)
+		}
+	})
+
+	t.Run("RefundedWhenDestinationMissing", func(t *testing.T) {
+		before := eu.Balance(t, a)
+		for _, cmd := range []ledger.Command{eu.Transfer(t, a, us.ID(t), 50), eu.Transfer(t, a, usd, 60)} {
+			eu.MustApply(t, cmd)
+			refusals := relay(t, eu, regions)
+			if len(refusals) != 1 || refusals[0].Credit.Status != ledger.CreditRefused {
+				t.Fatalf("credit: got %+v, want refused", refusals)
+			}
+			rs := relay(t, us, regions)
+			if len(rs) != 1 || rs[0].Transfer.Status != ledger.StatusRefunded {
+				t.Fatalf("refund: got %+v", rs)
+			}
+			if got := eu.Balance(t, a); got != before {
+				t.Fatalf("source after refund: got %d, want %d", got, before)
+			}
+		}
+	})
+
+	t.Run("StepsOutOfOrder", func(t *testing.T) {
+		cmd := eu.Transfer(t, a, b, 10)
+		// A confirm that overtakes the debit is parked, not applied.
+		if r := eu.Apply(t, cmd.Step(ledger.TypeConfirm, ""))[0]; r.Kind != ledger.Parked {
+			t.Fatalf("early confirm: got %v, want parked", r.Kind)
+		}
+		eu.MustApply(t, cmd)
+		relay(t, eu, regions)
+		relay(t, us, regions)
+		// The parked confirm comes back after the real one: caught by the
+		// state machine or the consume-log, never applied twice.
+		r := eu.Apply(t, cmd.Step(ledger.TypeConfirm, ""))[0]
+		if r.Kind != ledger.Duplicate {
+			t.Fatalf("late confirm: got %v, want duplicate", r.Kind)
+		}
+		if got := transferStatus(t, eu, cmd.TransferID); got.Status != ledger.StatusCompleted || got.Version != 2 {
+			t.Fatalf("final: got %s v%d, want COMPLETED v2", got.Status, got.Version)
+		}
+	})
+
+	if dups := eu.Stats.Duplicates(); dups[string(dedup.LayerTable)]+dups[string(dedup.LayerStateCAS)] == 0 {
+		t.Errorf("eu duplicates by layer: %v", dups)
+	}
+	eu.MustVerify(t)
+	us.MustVerify(t)
+	rep, err := postgres.VerifyGlobal(context.Background(), []*postgres.Store{eu.Store, us.Store}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.OK() {
+		t.Fatalf("global verify:\n%s", rep)
+	}
+}
