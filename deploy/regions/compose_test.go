@@ -14,7 +14,9 @@ import (
 )
 
 type composeService struct {
+	Image       string            `yaml:"image"`
 	Command     []string          `yaml:"command"`
+	Volumes     []string          `yaml:"volumes"`
 	Ports       []string          `yaml:"ports"`
 	Environment map[string]string `yaml:"environment"`
 	DependsOn   []string          `yaml:"depends_on"`
@@ -23,7 +25,9 @@ type composeService struct {
 // TestComposeMatchesRegions checks docker-compose.yml against the region
 // table: every region has its nats, postgres, ledger and verify services,
 // with the table's ports, database and names, and no service belongs to a
-// region the table does not know.
+// region the table does not know. The one service outside the regions is the
+// leafnode hub nats-hub; every region's nats service runs from its config in
+// deploy/regions/nats and depends on the hub.
 func TestComposeMatchesRegions(t *testing.T) {
 	b, err := os.ReadFile("../../docker-compose.yml")
 	if err != nil {
@@ -39,7 +43,20 @@ func TestComposeMatchesRegions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	hub, ok := compose.Services[hubService]
+	if !ok {
+		t.Errorf("no service %s", hubService)
+	}
+	if want := natsCommand("hub"); !slices.Equal(hub.Command, want) {
+		t.Errorf("%s: command %v, want %v", hubService, hub.Command, want)
+	}
+	if want := natsVolume("hub"); !slices.Contains(hub.Volumes, want) {
+		t.Errorf("%s: volumes %v, want %s", hubService, hub.Volumes, want)
+	}
 	for name := range compose.Services {
+		if name == hubService {
+			continue
+		}
 		i := strings.LastIndex(name, "-")
 		if _, ok := tab.Get(name[i+1:]); i < 0 || !ok {
 			t.Errorf("service %s does not belong to a region of regions.yaml", name)
@@ -82,8 +99,32 @@ func TestComposeMatchesRegions(t *testing.T) {
 		if got, want := ledger.Environment["PAYMESH_NATS_URL"], "nats://nats-"+r.Name+":4222"; got != want {
 			t.Errorf("ledger-%s: PAYMESH_NATS_URL %q, want %q", r.Name, got, want)
 		}
+		if want := natsCommand(r.Name); !slices.Equal(natsSvc.Command, want) {
+			t.Errorf("nats-%s: command %v, want %v", r.Name, natsSvc.Command, want)
+		}
+		if want := natsVolume(r.Name); !slices.Contains(natsSvc.Volumes, want) {
+			t.Errorf("nats-%s: volumes %v, want %s", r.Name, natsSvc.Volumes, want)
+		}
+		if !slices.Contains(natsSvc.DependsOn, hubService) {
+			t.Errorf("nats-%s: depends_on %v, want %s", r.Name, natsSvc.DependsOn, hubService)
+		}
+		if natsSvc.Image != hub.Image {
+			t.Errorf("nats-%s: image %q, want the hub's %q", r.Name, natsSvc.Image, hub.Image)
+		}
 		if !slices.Equal(ledger.Command, []string{"ledger"}) || !slices.Equal(verify.Command, []string{"verify"}) {
 			t.Errorf("region %s: ledger command %v, verify command %v", r.Name, ledger.Command, verify.Command)
 		}
 	}
+}
+
+// hubService is the compose service of the leafnode hub.
+const hubService = "nats-hub"
+
+// natsCommand is the command of the nats service that runs config name
+// (a region or "hub").
+func natsCommand(name string) []string { return []string{"-c", "/etc/nats/" + name + ".conf"} }
+
+// natsVolume mounts config name read-only where natsCommand expects it.
+func natsVolume(name string) string {
+	return "./deploy/regions/nats/" + name + ".conf:/etc/nats/" + name + ".conf:ro"
 }

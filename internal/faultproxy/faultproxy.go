@@ -2,11 +2,13 @@
 // connections to a target and can cut every connection at the moment a given
 // byte pattern passes from client to server: either before the pattern is
 // delivered (the server never sees it) or right after (the server acts on it
-// but the client never hears the answer).
+// but the client never hears the answer). It can also take the whole link
+// down (Cut) and bring it back (Heal), to simulate a network partition.
 package faultproxy
 
 import (
 	"bytes"
+	"fmt"
 	"net"
 	"sync"
 )
@@ -30,6 +32,7 @@ type Proxy struct {
 	trap  []byte
 	mode  Mode
 	fired int
+	down  bool
 	conns map[net.Conn]struct{}
 }
 
@@ -38,7 +41,7 @@ type Proxy struct {
 func New(target string) (*Proxy, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("faultproxy: listen: %w", err)
 	}
 	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
 	go p.serve()
@@ -63,6 +66,26 @@ func (p *Proxy) Fired() int {
 	return p.fired
 }
 
+// Cut takes the link down: it closes every relayed connection, and until
+// Heal every new connection is accepted and closed at once, so a dialer sees
+// its connection reset or closed as on a broken link.
+func (p *Proxy) Cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = true
+	for c := range p.conns {
+		c.Close()
+	}
+}
+
+// Heal brings the link back up after Cut: new connections are relayed again.
+// Connections closed by Cut stay closed; their clients have to reconnect.
+func (p *Proxy) Heal() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = false
+}
+
 // Close stops listening and closes every relayed connection.
 func (p *Proxy) Close() error {
 	err := p.ln.Close()
@@ -80,17 +103,34 @@ func (p *Proxy) serve() {
 		if err != nil {
 			return
 		}
+		if p.isDown() {
+			client.Close()
+			continue
+		}
 		server, err := net.Dial("tcp", p.target)
 		if err != nil {
 			client.Close()
 			continue
 		}
 		p.mu.Lock()
+		if p.down {
+			// Cut while dialing: this connection belongs to the broken link.
+			p.mu.Unlock()
+			client.Close()
+			server.Close()
+			continue
+		}
 		p.conns[client], p.conns[server] = struct{}{}, struct{}{}
 		p.mu.Unlock()
 		go p.pipe(client, server, true)
 		go p.pipe(server, client, false)
 	}
+}
+
+func (p *Proxy) isDown() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.down
 }
 
 func (p *Proxy) pipe(from, to net.Conn, upstream bool) {

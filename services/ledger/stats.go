@@ -14,6 +14,7 @@ type Stats struct {
 	Rejected           atomic.Int64
 	Conflicts          atomic.Int64
 	InProgress         atomic.Int64
+	Parked             atomic.Int64 // saga steps that arrived before the state they need
 	Invalid            atomic.Int64
 	DeadLettered       atomic.Int64
 	Redeliveries       atomic.Int64
@@ -58,5 +59,7 @@ func (s *Stats) Record(r Result) {
 		s.Conflicts.Add(1)
 	case Invalid:
 		s.Invalid.Add(1)
+	case Parked:
+		s.Parked.Add(1)
 	}
 }

@@ -251,6 +251,10 @@ func (c *Consumer) apply(ctx context.Context, cmds []ledger.Command, valid []jet
 		case r.Kind == ledger.InProgress:
 			// Another holder owns the key: see it again once it finished.
 			_ = valid[i].NakWithDelay(c.cfg.AckWait / 4)
+		case r.Kind == ledger.Parked:
+			// A saga step ahead of the state it needs: see it again later,
+			// and dead-letter it if that state never comes.
+			c.retryLater(ctx, valid[i], r.Err)
 		default:
 			ack = append(ack, valid[i])
 		}

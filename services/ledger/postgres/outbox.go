@@ -19,11 +19,13 @@ type OutboxRow struct {
 	Created  time.Time
 }
 
-// PendingOutbox returns up to limit unsent rows, oldest first.
-func (s *Store) PendingOutbox(ctx context.Context, limit int) ([]OutboxRow, error) {
+// PendingOutbox returns up to limit unsent rows, oldest first, skipping
+// rows for the regions in skip (unreachable ones, so that they cannot hold
+// up the others).
+func (s *Store) PendingOutbox(ctx context.Context, limit int, skip ...string) ([]OutboxRow, error) {
 	rows, err := s.pool.Query(ctx, `
 		SELECT id, msg_id, region, account, payload, attempts, created_at
-		FROM outbox WHERE sent_at IS NULL ORDER BY id LIMIT $1`, limit)
+		FROM outbox WHERE sent_at IS NULL AND NOT (region = ANY($2::text[])) ORDER BY id LIMIT $1`, limit, append([]string{}, skip...))
 	if err != nil {
 		return nil, fmt.Errorf("read outbox: %w", err)
 	}

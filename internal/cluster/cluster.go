@@ -1,0 +1,275 @@
+// Package cluster runs several paymesh regions in one process: per region a
+// database, a ledger and a router (forwarder and outbox relay), on an
+// embedded multi-region NATS topology. The multi-region tests and the demo
+// use it.
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/paymesh/paymesh/internal/natsembed"
+	"github.com/paymesh/paymesh/internal/pgdb"
+	"github.com/paymesh/paymesh/pkg/idgen"
+	"github.com/paymesh/paymesh/services/ledger"
+	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
+	"github.com/paymesh/paymesh/services/ledger/postgres"
+	"github.com/paymesh/paymesh/services/ledger/server"
+	"github.com/paymesh/paymesh/services/router"
+)
+
+// Config describes the regions to run.
+type Config struct {
+	// Regions maps region names to codes (from deploy/regions).
+	Regions map[string]uint8
+	// Topology is the running NATS topology, one server per region.
+	Topology *natsembed.Topology
+	// PostgresURL is the admin URL on which each region's database is
+	// created as DatabasePrefix + region (dropped first).
+	PostgresURL    string
+	DatabasePrefix string
+	Shards         int
+	BatchSize      int
+	AckWait        time.Duration
+	// Inject asks, per router publish, for a duplicate (see router.Config).
+	Inject func() bool
+	// DropAck asks, per committed ledger batch, to skip its acks (a forced
+	// redelivery).
+	DropAck func() bool
+	Log     *slog.Logger
+}
+
+// Region is one running region.
+type Region struct {
+	Name   string
+	URL    string // database URL
+	Ledger *server.Server
+	Router *router.Router
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	stop   context.CancelFunc
+	done   sync.WaitGroup
+}
+
+// Cluster is a set of running regions.
+type Cluster struct {
+	cfg     Config
+	ids     *idgen.Regions
+	regions map[string]*Region
+	mu      sync.Mutex
+}
+
+// Start creates each region's database and starts its ledger and router.
+// It returns an error naming the region that could not start.
+func Start(ctx context.Context, cfg Config) (*Cluster, error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Shards <= 0 {
+		cfg.Shards = ljs.DefaultShards
+	}
+	ids, err := idgen.NewRegions(cfg.Regions)
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{cfg: cfg, ids: ids, regions: map[string]*Region{}}
+	for name := range cfg.Regions {
+		url, err := pgdb.Create(ctx, cfg.PostgresURL, cfg.DatabasePrefix+name, true)
+		if err != nil {
+			c.Stop()
+			return nil, fmt.Errorf("region %s: %w", name, err)
+		}
+		r := &Region{Name: name, URL: url}
+		c.regions[name] = r
+		if err := c.startRegion(ctx, r); err != nil {
+			c.Stop()
+			return nil, fmt.Errorf("region %s: %w", name, err)
+		}
+	}
+	return c, nil
+}
+
+// IDs returns the region table for IDs.
+func (c *Cluster) IDs() *idgen.Regions { return c.ids }
+
+// Region returns a running region.
+func (c *Cluster) Region(name string) *Region {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.regions[name]
+}
+
+// Names returns the region names.
+func (c *Cluster) Names() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for n := range c.regions {
+		out = append(out, n)
+	}
+	return out
+}
+
+func (c *Cluster) startRegion(ctx context.Context, r *Region) error {
+	var afterCommit func([]jetstream.Msg) error
+	if c.cfg.DropAck != nil {
+		afterCommit = func([]jetstream.Msg) error {
+			if c.cfg.DropAck() {
+				return errors.New("acks dropped")
+			}
+			return nil
+		}
+	}
+	url := c.cfg.Topology.ClientURL(r.Name)
+	srv, err := server.Open(ctx, server.Config{
+		Region: r.Name, Regions: c.ids, Node: 1, PostgresURL: r.URL, NATSURL: url, Workers: 2,
+		BatchSize: c.cfg.BatchSize, AckWait: c.cfg.AckWait, MaxDeliver: 1000, Shards: c.cfg.Shards,
+		CacheSize: 10_000, AfterCommit: afterCommit, Log: c.cfg.Log.With("region", r.Name, "service", "ledger"),
+	})
+	if err != nil {
+		return err
+	}
+	nc, err := nats.Connect(url, nats.Name("paymesh-router-"+r.Name), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		srv.Close()
+		return err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		srv.Close()
+		nc.Close()
+		return err
+	}
+	if err := router.EnsureStream(ctx, js, r.Name, 0); err != nil {
+		srv.Close()
+		nc.Close()
+		return err
+	}
+	rt := router.New(js, router.Config{Region: r.Name, Regions: c.ids, Shards: c.cfg.Shards, Inject: c.cfg.Inject, AckWait: c.cfg.AckWait})
+	runCtx, stop := context.WithCancel(context.Background())
+	r.Ledger, r.Router, r.nc, r.js, r.stop = srv, rt, nc, js, stop
+	log := c.cfg.Log.With("region", r.Name)
+	r.done.Go(func() {
+		if err := srv.Run(runCtx); err != nil {
+			log.Error("ledger stopped", "err", err)
+		}
+	})
+	r.done.Go(func() {
+		if err := rt.RunForwarder(runCtx, log.With("service", "forwarder")); err != nil {
+			log.Error("forwarder stopped", "err", err)
+		}
+	})
+	r.done.Go(func() { rt.RunRelay(runCtx, srv.Store, log.With("service", "relay")) })
+	return nil
+}
+
+func (r *Region) close() {
+	if r.stop == nil {
+		return
+	}
+	r.stop()
+	r.done.Wait()
+	r.Ledger.Close()
+	r.nc.Close()
+	r.stop = nil
+}
+
+// RestartRegion stops a region's ledger and router as a crash would and
+// starts them again on the same database and NATS server.
+func (c *Cluster) RestartRegion(ctx context.Context, name string) error {
+	r := c.Region(name)
+	r.close()
+	return c.startRegion(ctx, r)
+}
+
+// Submit hands a command to the router of region via.
+func (c *Cluster) Submit(ctx context.Context, via string, cmd ledger.Command) error {
+	_, err := c.Region(via).Router.Submit(ctx, cmd)
+	return err
+}
+
+// Stores returns every region's ledger store.
+func (c *Cluster) Stores() []*postgres.Store {
+	var out []*postgres.Store
+	for _, n := range c.Names() {
+		out = append(out, c.Region(n).Ledger.Store)
+	}
+	return out
+}
+
+// Backlog counts the work still moving anywhere: route streams not yet
+// forwarded, ledger streams not yet applied, outbox rows not yet relayed
+// and transfers still DEBITED. Zero means the cluster is quiet.
+func (c *Cluster) Backlog(ctx context.Context) (int64, error) {
+	var n int64
+	for _, name := range c.Names() {
+		r := c.Region(name)
+		b, err := ljs.Backlog(ctx, r.js, r.Ledger.Topo)
+		if err != nil {
+			return 0, err
+		}
+		n += int64(b)
+		cons, err := r.js.Consumer(ctx, router.Stream(name), "forwarder")
+		if err != nil {
+			return 0, err
+		}
+		info, err := cons.Info(ctx)
+		if err != nil {
+			return 0, err
+		}
+		n += int64(info.NumPending) + int64(info.NumAckPending)
+		unsent, _, err := r.Ledger.Store.OutboxLag(ctx)
+		if err != nil {
+			return 0, err
+		}
+		n += unsent
+		var debited int64
+		if err := r.Ledger.Store.Pool().QueryRow(ctx, `SELECT count(*) FROM transfers WHERE status = 'DEBITED'`).Scan(&debited); err != nil {
+			return 0, err
+		}
+		n += debited
+	}
+	return n, nil
+}
+
+// WaitQuiet waits until Backlog is zero twice in a row, or ctx ends.
+func (c *Cluster) WaitQuiet(ctx context.Context) error {
+	zeros := 0
+	for zeros < 2 {
+		n, err := c.Backlog(ctx)
+		if err == nil && n == 0 {
+			zeros++
+		} else {
+			zeros = 0
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("cluster not quiet (backlog %d, last error %v): %w", n, err, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// Stop stops every region and drops nothing: databases stay until Drop.
+func (c *Cluster) Stop() {
+	for _, n := range c.Names() {
+		c.Region(n).close()
+	}
+}
+
+// Drop removes the regions' databases.
+func (c *Cluster) Drop(ctx context.Context) error {
+	var errs []error
+	for _, n := range c.Names() {
+		errs = append(errs, pgdb.Drop(ctx, c.cfg.PostgresURL, c.cfg.DatabasePrefix+n))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,190 @@
+package natsembed_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/paymesh/paymesh/internal/natsembed"
+)
+
+func connectJS(t *testing.T, url string) jetstream.JetStream {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatalf("connect %s: %v", url, err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+func createStream(t *testing.T, js jetstream.JetStream, name, subjects string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:       name,
+		Subjects:   []string{subjects},
+		Storage:    jetstream.FileStorage,
+		Duplicates: 2 * time.Minute,
+	})
+	if err != nil {
+		t.Fatalf("create stream %s: %v", name, err)
+	}
+}
+
+// publish publishes one message with a Msg-Id, giving up after timeout.
+func publish(js jetstream.JetStream, subject, msgID string, timeout time.Duration) (*jetstream.PubAck, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return js.Publish(ctx, subject, []byte(msgID), jetstream.WithMsgID(msgID))
+}
+
+// publishEventually retries a publish until it is acked or within expires.
+func publishEventually(t *testing.T, js jetstream.JetStream, subject, msgID string, within time.Duration) *jetstream.PubAck {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		ack, err := publish(js, subject, msgID, time.Second)
+		if err == nil {
+			return ack
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("publish %s %s: still failing after %s: %v", subject, msgID, within, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestTopologyCrossRegionPublishCutHealRestart(t *testing.T) {
+	start := time.Now()
+	topo := natsembed.MustStartTopology(t, "eu", "us", "ap")
+	t.Logf("topology started in %s", time.Since(start))
+	for _, r := range topo.Regions() {
+		if !topo.LinkUp(r) {
+			t.Fatalf("region %s: link not up after start", r)
+		}
+	}
+
+	us := connectJS(t, topo.ClientURL("us"))
+	eu := connectJS(t, topo.ClientURL("eu"))
+	createStream(t, us, "LEDGER_US", "ledger.us.>")
+
+	// Cross-region publish from eu lands in us's stream, deduplicated by
+	// Msg-Id. The stream's interest may take a moment to reach eu.
+	firstAt := time.Now()
+	ack := publishEventually(t, eu, "ledger.us.1", "xfer/c/1", 5*time.Second)
+	t.Logf("first cross-region publish acked after %s", time.Since(firstAt))
+	if ack.Stream != "LEDGER_US" || ack.Domain != "us" || ack.Duplicate {
+		t.Fatalf("first publish: ack %+v, want stream LEDGER_US in domain us, not a duplicate", ack)
+	}
+	ack, err := publish(eu, "ledger.us.1", "xfer/c/1", 2*time.Second)
+	if err != nil || !ack.Duplicate || ack.Sequence != 1 {
+		t.Fatalf("repeated Msg-Id: ack %+v, %v; want a duplicate of sequence 1", ack, err)
+	}
+
+	// Cut off us: eu cannot reach it, but both keep their own domains.
+	topo.Cut("us")
+	if topo.LinkUp("us") {
+		t.Fatal("us link up after Cut")
+	}
+	cutAt := time.Now()
+	if ack, err := publish(eu, "ledger.us.1", "xfer/c/2", 2*time.Second); err == nil {
+		t.Fatalf("publish across the cut: got ack %+v", ack)
+	} else {
+		t.Logf("publish across the cut failed after %s: %v (no responders: %v)",
+			time.Since(cutAt), err, errors.Is(err, jetstream.ErrNoStreamResponse))
+	}
+	createStream(t, eu, "LEDGER_EU", "ledger.eu.>")
+	if ack, err := publish(eu, "ledger.eu.1", "xfer/c/3", 2*time.Second); err != nil || ack.Stream != "LEDGER_EU" {
+		t.Fatalf("eu local publish while us is cut: %+v, %v", ack, err)
+	}
+	if ack, err := publish(us, "ledger.us.2", "xfer/c/4", 2*time.Second); err != nil || ack.Stream != "LEDGER_US" {
+		t.Fatalf("us local publish while cut off: %+v, %v", ack, err)
+	}
+	// The cut-off region keeps full control of its domain.
+	createStream(t, us, "LEDGER_US_SCRATCH", "scratch.us.>")
+
+	// Heal: eu reaches us again.
+	healAt := time.Now()
+	topo.Heal("us")
+	linkAt := time.Since(healAt)
+	if !topo.LinkUp("us") {
+		t.Fatal("us link not up after Heal")
+	}
+	ack = publishEventually(t, eu, "ledger.us.1", "xfer/c/2", 10*time.Second)
+	t.Logf("heal: link back after %s, cross-region publish after %s", linkAt, time.Since(healAt))
+	if ack.Stream != "LEDGER_US" || ack.Duplicate {
+		t.Fatalf("publish after heal: ack %+v", ack)
+	}
+	// The healed link still runs through the proxy: a second cut holds.
+	topo.Cut("us")
+	if _, err := publish(eu, "ledger.us.1", "xfer/c/6", 2*time.Second); err == nil {
+		t.Fatal("publish across the second cut: acked")
+	}
+	topo.Heal("us")
+	if !topo.LinkUp("us") {
+		t.Fatal("us link not up after the second Heal")
+	}
+
+	// Restart us: its stream and messages survive, and eu publishes again.
+	restartAt := time.Now()
+	if err := topo.RestartRegion("us"); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("restart: link back after %s", time.Since(restartAt))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var info *jetstream.StreamInfo
+	for {
+		// us's connection reconnects to the same URL by itself.
+		s, err := us.Stream(ctx, "LEDGER_US")
+		if err == nil {
+			if info, err = s.Info(ctx); err == nil {
+				break
+			}
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("LEDGER_US after restart: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if info.State.Msgs != 3 {
+		t.Fatalf("LEDGER_US after restart: %d messages, want 3", info.State.Msgs)
+	}
+	ack = publishEventually(t, eu, "ledger.us.3", "xfer/c/5", 10*time.Second)
+	t.Logf("restart: cross-region publish after %s", time.Since(restartAt))
+	if ack.Stream != "LEDGER_US" || ack.Sequence != 4 || ack.Duplicate {
+		t.Fatalf("publish after restart: ack %+v, want sequence 4", ack)
+	}
+	// The duplicate window survives the restart too.
+	if ack, err := publish(eu, "ledger.us.1", "xfer/c/1", 2*time.Second); err != nil || !ack.Duplicate {
+		t.Fatalf("repeated Msg-Id after restart: %+v, %v; want a duplicate", ack, err)
+	}
+}
+
+func TestStartTopologyRejects(t *testing.T) {
+	for name, o := range map[string]natsembed.TopologyOptions{
+		"NoRegions": {Dir: t.TempDir()},
+		"NoDir":     {Regions: []string{"eu"}},
+		"Repeated":  {Regions: []string{"eu", "eu"}, Dir: t.TempDir()},
+		"Hub":       {Regions: []string{"hub"}, Dir: t.TempDir()},
+	} {
+		if topo, err := natsembed.StartTopology(o); err == nil {
+			topo.Shutdown()
+			t.Errorf("%s: started", name)
+		}
+	}
+	topo := natsembed.MustStartTopology(t, "eu")
+	if err := topo.RestartRegion("mars"); err == nil {
+		t.Error("RestartRegion of an unknown region: no error")
+	}
+}

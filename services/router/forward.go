@@ -1,0 +1,165 @@
+package router
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Forwarding tunables.
+const (
+	forwardBatch  = 256
+	maxRetryDelay = 5 * time.Second
+)
+
+// publishTimeout bounds the wait for the PubAcks of one batch.
+func (r *Router) publishTimeout() time.Duration { return r.cfg.AckWait / 2 }
+
+// retryDelay grows with the number of failed attempts: 100 ms, 200 ms, …,
+// at most maxRetryDelay.
+func retryDelay(attempt uint64) time.Duration {
+	d := 100 * time.Millisecond
+	for i := uint64(1); i < attempt && d < maxRetryDelay; i++ {
+		d *= 2
+	}
+	return min(d, maxRetryDelay)
+}
+
+// RunForwarder forwards the local route stream to the home regions' ledger
+// streams until ctx ends. It returns an error only when it cannot set up
+// its consumer.
+func (r *Router) RunForwarder(ctx context.Context, log *slog.Logger) error {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	cons, err := r.js.CreateOrUpdateConsumer(ctx, Stream(r.cfg.Region), jetstream.ConsumerConfig{
+		Durable:       "forwarder",
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       r.cfg.AckWait,
+		MaxDeliver:    -1, // store and forward: never give up
+		MaxAckPending: 4 * forwardBatch,
+	})
+	if err != nil {
+		return fmt.Errorf("forwarder: %w", err)
+	}
+	inbox := make(chan jetstream.Msg, 2*forwardBatch)
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		select {
+		case inbox <- m:
+		case <-ctx.Done():
+		}
+	}, jetstream.PullMaxMessages(2*forwardBatch), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		log.Warn("forwarder consume", "err", err)
+	}))
+	if err != nil {
+		return fmt.Errorf("forwarder: %w", err)
+	}
+	defer cc.Stop()
+	for {
+		var batch []jetstream.Msg
+		select {
+		case <-ctx.Done():
+			return nil
+		case m := <-inbox:
+			batch = append(batch, m)
+		}
+	fill:
+		for len(batch) < forwardBatch {
+			select {
+			case m := <-inbox:
+				batch = append(batch, m)
+			default:
+				break fill
+			}
+		}
+		r.forward(ctx, batch, log)
+	}
+}
+
+// forward publishes a batch to the home ledger streams asynchronously and
+// acks each local copy after its PubAck; a failed one is NAKed with a
+// growing delay.
+func (r *Router) forward(ctx context.Context, msgs []jetstream.Msg, log *slog.Logger) {
+	futures := make([][]jetstream.PubAckFuture, len(msgs))
+	unroutable := make([]bool, len(msgs))
+	for i, m := range msgs {
+		subject, err := ledgerSubject(m.Subject())
+		if err != nil {
+			log.Error("unroutable message in the route stream", "err", err)
+			_ = m.TermWithReason("unroutable")
+			unroutable[i] = true
+			continue
+		}
+		out := nats.NewMsg(subject)
+		out.Data = m.Data()
+		out.Header.Set(jetstream.MsgIDHeader, m.Headers().Get(jetstream.MsgIDHeader))
+		futures[i] = r.publish(out)
+	}
+	wctx, cancel := context.WithTimeout(ctx, r.publishTimeout())
+	defer cancel()
+	for i, m := range msgs {
+		if unroutable[i] {
+			continue
+		}
+		ok, dup := wait(wctx, futures[i])
+		switch {
+		case ok:
+			r.cfg.Stats.Forwarded.Add(1)
+			if dup {
+				r.cfg.Stats.ForwardDuplicates.Add(1)
+			}
+			_ = m.Ack()
+		case ctx.Err() != nil:
+			return // shutting down: redelivered after AckWait
+		default:
+			r.cfg.Stats.ForwardRetries.Add(1)
+			var n uint64 = 1
+			if md, err := m.Metadata(); err == nil {
+				n = md.NumDelivered
+			}
+			_ = m.NakWithDelay(retryDelay(n))
+		}
+	}
+}
+
+// publish sends a message asynchronously, twice when Inject asks for a
+// duplicate. A publish that cannot even be queued yields a nil future.
+func (r *Router) publish(m *nats.Msg) []jetstream.PubAckFuture {
+	copies := 1
+	if r.cfg.Inject != nil && r.cfg.Inject() {
+		copies = 2
+		r.cfg.Stats.Injected.Add(1)
+	}
+	var fs []jetstream.PubAckFuture
+	for range copies {
+		f, err := r.js.PublishMsgAsync(m)
+		if err != nil {
+			return nil
+		}
+		fs = append(fs, f)
+	}
+	return fs
+}
+
+// wait reports whether every copy was acked before ctx ended, and whether
+// the stream recognised any as a duplicate.
+func wait(ctx context.Context, fs []jetstream.PubAckFuture) (ok, duplicate bool) {
+	if len(fs) == 0 {
+		return false, false
+	}
+	for _, f := range fs {
+		select {
+		case ack := <-f.Ok():
+			duplicate = duplicate || ack.Duplicate
+		case <-f.Err():
+			return false, false
+		case <-ctx.Done():
+			return false, false
+		}
+	}
+	return true, duplicate
+}

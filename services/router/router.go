@@ -1,0 +1,150 @@
+// Package router routes transfer commands to the home region of their
+// source account and relays each region's transactional outbox.
+//
+// Subjects and streams of region <r>:
+//
+//	route.<r>.<home>.<shard>   ROUTE_<R>: commands accepted in <r> for accounts
+//	                           homed in <home>, stored here first
+//	ledger.<home>.<shard>      the home region's ledger stream (see
+//	                           services/ledger/jetstream)
+//
+// Store and forward: Submit stores a command in the local ROUTE stream,
+// which succeeds while other regions are unreachable. The forwarder then
+// publishes it to the home region's ledger stream with the same Nats-Msg-Id
+// on every attempt, and acks the local copy only after the home stream
+// acked. Failed forwards are retried with backoff, forever: a command is
+// never dropped.
+//
+// The relay reads the ledger's outbox table and publishes each saga step to
+// the ledger stream of the region that applies it, with the step's
+// Nats-Msg-Id; a row is marked sent only after the PubAck.
+package router
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/paymesh/paymesh/pkg/idgen"
+	"github.com/paymesh/paymesh/services/ledger"
+	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
+)
+
+// Stream is the name of a region's route stream.
+func Stream(region string) string { return "ROUTE_" + strings.ToUpper(region) }
+
+// EnsureStream creates or updates the region's route stream (file storage,
+// limits retention, a Nats-Msg-Id window). It is idempotent.
+func EnsureStream(ctx context.Context, js jetstream.JetStream, region string, window time.Duration) error {
+	if window <= 0 {
+		window = ljs.DefaultDuplicateWindow
+	}
+	_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        Stream(region),
+		Description: "commands accepted in region " + region + ", stored until their home region acked them",
+		Subjects:    []string{"route." + region + ".>"},
+		Storage:     jetstream.FileStorage,
+		Retention:   jetstream.LimitsPolicy,
+		MaxAge:      ljs.DefaultMaxAge,
+		Duplicates:  window,
+	})
+	if err != nil {
+		return fmt.Errorf("ensure stream %s: %w", Stream(region), err)
+	}
+	return nil
+}
+
+// Config configures a region's router.
+type Config struct {
+	Region  string
+	Regions *idgen.Regions
+	// Shards must match the ledgers' shard count.
+	Shards int
+	// AckWait is how long a forward may take before the route stream hands
+	// the command out again (default 10 s); a publish waits at most half of
+	// it for its PubAck. A forwarder that crashed mid-batch delays its
+	// commands by this much.
+	AckWait time.Duration
+	// Inject, if set, is asked before every forward and relay publish; when
+	// it answers true the message is published twice (a producer retry with
+	// the same Nats-Msg-Id), for duplicate injection in tests and the demo.
+	Inject func() bool
+	Stats  *Stats
+}
+
+// Router submits commands into the local route stream.
+type Router struct {
+	cfg Config
+	js  jetstream.JetStream
+}
+
+// New returns a router on a connection to the region's NATS server.
+func New(js jetstream.JetStream, cfg Config) *Router {
+	if cfg.Stats == nil {
+		cfg.Stats = &Stats{}
+	}
+	if cfg.AckWait <= 0 {
+		cfg.AckWait = 10 * time.Second
+	}
+	return &Router{cfg: cfg, js: js}
+}
+
+// Stats returns the router's counters.
+func (r *Router) Stats() *Stats { return r.cfg.Stats }
+
+// home returns the region whose ledger applies cmd and the account whose
+// shard carries it.
+func (r *Router) home(cmd ledger.Command) (region, account string, err error) {
+	account = cmd.From
+	if cmd.Type == ledger.TypeFund || cmd.Type == ledger.TypeCredit {
+		account = cmd.To
+	}
+	region, err = r.cfg.Regions.HomeRegion(account)
+	if err != nil {
+		return "", "", ledger.Errorf(ledger.CodeInvalidRequest, "cannot route %s: %v", cmd.MsgKey(), err)
+	}
+	return region, account, nil
+}
+
+func (r *Router) topo(region string) ljs.Topology {
+	return ljs.Topology{Region: region, Shards: r.cfg.Shards}
+}
+
+// Submit stores a command in the local route stream, addressed to its home
+// region. It succeeds while the home region is unreachable. It reports
+// whether the stream recognised the command as a duplicate (same
+// Nats-Msg-Id within the window), and returns an error for a command that
+// cannot be routed or when the local stream did not ack.
+func (r *Router) Submit(ctx context.Context, cmd ledger.Command) (duplicate bool, err error) {
+	home, account, err := r.home(cmd)
+	if err != nil {
+		return false, err
+	}
+	shard := r.topo(home).Shard(account)
+	m := nats.NewMsg(fmt.Sprintf("route.%s.%s.%d", r.cfg.Region, home, shard))
+	m.Data = cmd.Encode()
+	m.Header.Set(jetstream.MsgIDHeader, cmd.MsgKey())
+	ack, err := r.js.PublishMsg(ctx, m, jetstream.WithExpectStream(Stream(r.cfg.Region)))
+	if err != nil {
+		return false, fmt.Errorf("submit %s: %w", cmd.MsgKey(), err)
+	}
+	r.cfg.Stats.Submitted.Add(1)
+	if ack.Duplicate {
+		r.cfg.Stats.DuplicateSubmits.Add(1)
+	}
+	return ack.Duplicate, nil
+}
+
+// ledgerSubject maps a route subject route.<r>.<home>.<shard> to the home
+// ledger subject ledger.<home>.<shard>.
+func ledgerSubject(routeSubject string) (string, error) {
+	parts := strings.Split(routeSubject, ".")
+	if len(parts) != 4 || parts[0] != "route" {
+		return "", fmt.Errorf("route subject %q is not route.<region>.<home>.<shard>", routeSubject)
+	}
+	return "ledger." + parts[2] + "." + parts[3], nil
+}
