@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/alecthomas/kong"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/paymesh/paymesh/deploy/regions"
 	"github.com/paymesh/paymesh/internal/demo"
@@ -21,6 +23,7 @@ import (
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 	"github.com/paymesh/paymesh/services/ledger/server"
+	"github.com/paymesh/paymesh/services/router"
 )
 
 // errFailed makes main exit 1 after a command already printed why.
@@ -32,6 +35,7 @@ type cli struct {
 
 	Demo    demoCmd    `cmd:"" help:"Run the single-region demo: transfers with injected duplicates, then the invariant report."`
 	Ledger  ledgerCmd  `cmd:"" help:"Run a region's ledger: consume its JetStream stream and apply transfers exactly once."`
+	Router  routerCmd  `cmd:"" help:"Run a region's router: forward its route stream to the home regions and relay its ledger's outbox."`
 	Verify  verifyCmd  `cmd:"" help:"Check a region's ledger invariants and print PASS/FAIL for each."`
 	Migrate migrateCmd `cmd:"" help:"Apply a region's database migrations and create its consume-log partitions."`
 }
@@ -115,10 +119,67 @@ func (c *ledgerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 
 type verifyCmd struct {
 	regionDB
-	WindowDays int `name:"dedup-window-days" env:"PAYMESH_DEDUP_WINDOW_DAYS" default:"7" help:"Days of consume-log kept."`
+	All        bool   `help:"Check every region of the region table, and the invariants across them."`
+	DBPrefix   string `name:"database-prefix" env:"PAYMESH_DATABASE_PREFIX" help:"With --all: region databases are named <prefix><region> instead of the region table's."`
+	Quiescent  bool   `help:"With --all: also require that nothing is in transit (run it once traffic has stopped)."`
+	WindowDays int    `name:"dedup-window-days" env:"PAYMESH_DEDUP_WINDOW_DAYS" default:"7" help:"Days of consume-log kept."`
 }
 
-func (c *verifyCmd) Run(ctx context.Context, t regions.Table) error {
+func (c *verifyCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions) error {
+	names := []string{c.Region}
+	if c.All {
+		names = nil
+		for _, r := range t.Regions {
+			names = append(names, r.Name)
+		}
+	}
+	var stores []*postgres.Store
+	for _, name := range names {
+		one := c.regionDB
+		one.Region = name
+		if c.All {
+			one.Database = "" // each region's own database
+			if c.DBPrefix != "" {
+				one.Database = c.DBPrefix + name
+			}
+		}
+		reg, url, err := one.resolve(t)
+		if err != nil {
+			return err
+		}
+		pool, err := postgres.Connect(ctx, url, time.Minute, 0)
+		if err != nil {
+			return fmt.Errorf("region %s: %w", reg.Name, err)
+		}
+		defer pool.Close()
+		stores = append(stores, postgres.New(pool, postgres.Config{Region: reg.Name, Regions: ids,
+			Dedup: dedup.New(dedup.Config{WindowDays: c.WindowDays})}))
+	}
+	var rep postgres.Report
+	var err error
+	if c.All {
+		rep, err = postgres.VerifyGlobal(ctx, stores, c.Quiescent)
+	} else {
+		rep, err = stores[0].Verify(ctx)
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Print(rep.String())
+	if !rep.OK() {
+		return errFailed
+	}
+	return nil
+}
+
+type routerCmd struct {
+	regionDB
+	NATSURL string        `name:"nats-url" env:"PAYMESH_NATS_URL" default:"nats://127.0.0.1:4222" help:"NATS server of the region."`
+	Shards  int           `env:"PAYMESH_SHARDS" default:"16" help:"Ledger subjects per region (as the ledgers)."`
+	AckWait time.Duration `name:"ack-wait" env:"PAYMESH_ROUTER_ACK_WAIT" default:"10s" help:"How long a forward may take before it is retried."`
+}
+
+func (c *routerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, log *slog.Logger) error {
 	reg, url, err := c.resolve(t)
 	if err != nil {
 		return err
@@ -128,16 +189,23 @@ func (c *verifyCmd) Run(ctx context.Context, t regions.Table) error {
 		return err
 	}
 	defer pool.Close()
-	store := postgres.New(pool, postgres.Config{Region: reg.Name, Dedup: dedup.New(dedup.Config{WindowDays: c.WindowDays})})
-	rep, err := store.Verify(ctx)
+	nc, err := nats.Connect(c.NATSURL, nats.Name("paymesh-router-"+reg.Name), nats.MaxReconnects(-1))
+	if err != nil {
+		return fmt.Errorf("nats %s: %w", c.NATSURL, err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
 	if err != nil {
 		return err
 	}
-	fmt.Print(rep.String())
-	if !rep.OK() {
-		return errFailed
+	if err := router.EnsureStream(ctx, js, reg.Name, 0); err != nil {
+		return err
 	}
-	return nil
+	rt := router.New(js, router.Config{Region: reg.Name, Regions: ids, Shards: c.Shards, AckWait: c.AckWait})
+	store := postgres.New(pool, postgres.Config{Region: reg.Name, Regions: ids})
+	log.Info("router running", "region", reg.Name, "stream", router.Stream(reg.Name))
+	go rt.RunRelay(ctx, store, log.With("service", "relay"))
+	return rt.RunForwarder(ctx, log.With("service", "forwarder"))
 }
 
 type migrateCmd struct {

@@ -5,11 +5,19 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/paymesh/paymesh/deploy/regions"
+	"github.com/paymesh/paymesh/internal/pgdb"
+	"github.com/paymesh/paymesh/internal/pgtest"
+	"github.com/paymesh/paymesh/pkg/dedup"
+	"github.com/paymesh/paymesh/pkg/idgen"
+	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/ledgertest"
+	"github.com/paymesh/paymesh/services/ledger/postgres"
 )
 
 // TestVerifyCommand: `paymesh verify` passes a clean ledger and fails (exit
@@ -27,16 +35,20 @@ func TestVerifyCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmd := &verifyCmd{regionDB: regionDB{Region: "eu", PostgresURL: f.URL, Database: strings.TrimPrefix(u.Path, "/")}, WindowDays: 7}
-	if err := cmd.Run(context.Background(), tab); err != nil {
+	ids, err := idgen.NewRegions(tab.Codes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Run(context.Background(), tab, ids); err != nil {
 		t.Fatalf("clean ledger: %v", err)
 	}
 	if _, err := f.Pool.Exec(context.Background(), `UPDATE accounts SET balance = balance + 5 WHERE id = $1`, b); err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Run(context.Background(), tab); !errors.Is(err, errFailed) {
+	if err := cmd.Run(context.Background(), tab, ids); !errors.Is(err, errFailed) {
 		t.Fatalf("tampered ledger: got %v, want the failing exit", err)
 	}
-	if err := (&verifyCmd{regionDB: regionDB{Region: "mars"}}).Run(context.Background(), tab); err == nil || !strings.Contains(err.Error(), "mars") {
+	if err := (&verifyCmd{regionDB: regionDB{Region: "mars"}}).Run(context.Background(), tab, ids); err == nil || !strings.Contains(err.Error(), "mars") {
 		t.Fatalf("unknown region: got %v", err)
 	}
 }
@@ -84,5 +96,55 @@ func TestMigrateCommand(t *testing.T) {
 	bad := &migrateCmd{regionDB: regionDB{Region: "eu", PostgresURL: "mysql://nope"}}
 	if err := bad.Run(context.Background(), tab); err == nil || !strings.Contains(err.Error(), "postgres://") {
 		t.Fatalf("bad URL: got %v, want an error naming the expected scheme", err)
+	}
+}
+
+// TestVerifyAll: `paymesh verify --all` checks every region and the
+// invariants across them, and fails when transit money has no transfer.
+func TestVerifyAll(t *testing.T) {
+	ctx := context.Background()
+	tab, err := regions.Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := idgen.NewRegions(tab.Codes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefix := fmt.Sprintf("pmtest_all_%d_", os.Getpid())
+	var eu *postgres.Store
+	for _, r := range tab.Regions {
+		url, err := pgdb.Create(ctx, pgtest.AdminURL(), prefix+r.Name, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = pgdb.Drop(context.Background(), pgtest.AdminURL(), prefix+r.Name) })
+		pool, err := pgxpool.New(ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		gen, _ := idgen.NewGenerator(ids, r.Name, 5)
+		s := postgres.New(pool, postgres.Config{Region: r.Name, Regions: ids, IDs: gen, Dedup: dedup.New(dedup.Config{})})
+		if err := s.Migrate(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.CreateAccount(ctx, ledger.NewAccount{ClientID: "c", Currency: "EUR"}); err != nil {
+			t.Fatal(err)
+		}
+		if r.Name == "eu" {
+			eu = s
+		}
+	}
+	cmd := &verifyCmd{regionDB: regionDB{PostgresURL: pgtest.AdminURL()}, All: true, Quiescent: true, DBPrefix: prefix, WindowDays: 7}
+	if err := cmd.Run(ctx, tab, ids); err != nil {
+		t.Fatalf("empty regions: %v", err)
+	}
+	// Money parked in eu's transit account with no transfer in flight.
+	if _, err := eu.Pool().Exec(ctx, `UPDATE accounts SET balance = balance + 5 WHERE kind = 'transit'`); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Run(ctx, tab, ids); !errors.Is(err, errFailed) {
+		t.Fatalf("transit money without a transfer: got %v, want the failing exit", err)
 	}
 }

@@ -23,7 +23,7 @@ type composeService struct {
 }
 
 // TestComposeMatchesRegions checks docker-compose.yml against the region
-// table: every region has its nats, postgres, ledger and verify services,
+// table: every region has its nats, postgres, ledger, router and verify services,
 // with the table's ports, database and names, and no service belongs to a
 // region the table does not know. The one service outside the regions is the
 // leafnode hub nats-hub; every region's nats service runs from its config in
@@ -70,7 +70,7 @@ func TestComposeMatchesRegions(t *testing.T) {
 			}
 			return s
 		}
-		natsSvc, pg, ledger, verify := svc("nats"), svc("postgres"), svc("ledger"), svc("verify")
+		natsSvc, pg, ledger, verify, rt := svc("nats"), svc("postgres"), svc("ledger"), svc("verify"), svc("router")
 
 		for _, p := range []string{fmt.Sprintf("%d:4222", r.NATS.ClientPort), fmt.Sprintf("%d:8222", r.NATS.MonitorPort)} {
 			if !slices.Contains(natsSvc.Ports, p) {
@@ -83,7 +83,7 @@ func TestComposeMatchesRegions(t *testing.T) {
 		if p := fmt.Sprintf("%d:5432", r.Postgres.Port); !slices.Contains(pg.Ports, p) {
 			t.Errorf("postgres-%s: ports %v, want %s", r.Name, pg.Ports, p)
 		}
-		for name, s := range map[string]composeService{"ledger": ledger, "verify": verify} {
+		for name, s := range map[string]composeService{"ledger": ledger, "verify": verify, "router": rt} {
 			env := s.Environment
 			if env["PAYMESH_REGION"] != r.Name || env["PAYMESH_DATABASE"] != r.Postgres.Database {
 				t.Errorf("%s-%s: region %q database %q, want %q %q", name, r.Name, env["PAYMESH_REGION"], env["PAYMESH_DATABASE"], r.Name, r.Postgres.Database)
@@ -96,8 +96,13 @@ func TestComposeMatchesRegions(t *testing.T) {
 				t.Errorf("%s-%s: depends_on %v, want postgres-%s", name, r.Name, s.DependsOn, r.Name)
 			}
 		}
-		if got, want := ledger.Environment["PAYMESH_NATS_URL"], "nats://nats-"+r.Name+":4222"; got != want {
-			t.Errorf("ledger-%s: PAYMESH_NATS_URL %q, want %q", r.Name, got, want)
+		for name, s := range map[string]composeService{"ledger": ledger, "router": rt} {
+			if got, want := s.Environment["PAYMESH_NATS_URL"], "nats://nats-"+r.Name+":4222"; got != want {
+				t.Errorf("%s-%s: PAYMESH_NATS_URL %q, want %q", name, r.Name, got, want)
+			}
+		}
+		if !slices.Equal(rt.Command, []string{"router"}) {
+			t.Errorf("router-%s: command %v, want [router]", r.Name, rt.Command)
 		}
 		if want := natsCommand(r.Name); !slices.Equal(natsSvc.Command, want) {
 			t.Errorf("nats-%s: command %v, want %v", r.Name, natsSvc.Command, want)

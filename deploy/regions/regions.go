@@ -33,7 +33,6 @@ type Region struct {
 // NATS holds a region's nats-server ports as published by docker-compose.
 type NATS struct {
 	ClientPort  int `yaml:"client_port"`
-	GatewayPort int `yaml:"gateway_port"`
 	MonitorPort int `yaml:"monitor_port"`
 }
 
@@ -109,7 +108,7 @@ func (t Table) validate() error {
 		if r.Postgres.Database == "" {
 			return fmt.Errorf("region %q: postgres.database is empty", r.Name)
 		}
-		for _, p := range []int{r.NATS.ClientPort, r.NATS.GatewayPort, r.NATS.MonitorPort, r.Postgres.Port, r.APIPort, r.MetricsPort} {
+		for _, p := range []int{r.NATS.ClientPort, r.NATS.MonitorPort, r.Postgres.Port, r.APIPort, r.MetricsPort} {
 			if p <= 0 || p > 65535 {
 				return fmt.Errorf("region %q: port %d out of range", r.Name, p)
 			}

@@ -28,15 +28,15 @@ func TestParseRejects(t *testing.T) {
 	const ok = `
   - name: eu
     code: 1
-    nats: {client_port: 1, gateway_port: 2, monitor_port: 3}
+    nats: {client_port: 1, monitor_port: 3}
     postgres: {database: paymesh_eu, port: 4}
     api_port: 5
     metrics_port: 6`
 	if _, err := regions.Parse([]byte("regions:" + ok)); err != nil {
 		t.Fatalf("valid table: %v", err)
 	}
-	second := strings.NewReplacer("name: eu", "name: us", "code: 1", "code: 2", "paymesh_eu", "paymesh_us",
-		": 1,", ": 11,", ": 2,", ": 12,", ": 3}", ": 13}", "port: 4}", "port: 14}", "api_port: 5", "api_port: 15", "metrics_port: 6", "metrics_port: 16")
+	second := strings.NewReplacer("name: eu", "name: us", "code: 1", "code: 2", "paymesh_eu", "paymesh_us", "client_port: 1,", "client_port: 11,",
+		": 3}", ": 13}", "port: 4}", "port: 14}", "api_port: 5", "api_port: 15", "metrics_port: 6", "metrics_port: 16")
 	tests := map[string]struct{ yaml, want string }{
 		"Empty":         {"regions: []", "no regions"},
 		"BadName":       {"regions:" + strings.Replace(ok, "name: eu", "name: EU", 1), "lowercase"},
