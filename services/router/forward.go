@@ -8,6 +8,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
 )
 
 // Forwarding tunables.
@@ -60,21 +62,9 @@ func (r *Router) RunForwarder(ctx context.Context, log *slog.Logger) error {
 	}
 	defer cc.Stop()
 	for {
-		var batch []jetstream.Msg
-		select {
-		case <-ctx.Done():
+		batch, ok := ljs.NextBatch(ctx, inbox, forwardBatch)
+		if !ok {
 			return nil
-		case m := <-inbox:
-			batch = append(batch, m)
-		}
-	fill:
-		for len(batch) < forwardBatch {
-			select {
-			case m := <-inbox:
-				batch = append(batch, m)
-			default:
-				break fill
-			}
 		}
 		r.forward(ctx, batch, log)
 	}

@@ -117,24 +117,35 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 
 	for {
-		var batch []jetstream.Msg
-		select {
-		case <-ctx.Done():
+		batch, ok := NextBatch(ctx, inbox, c.cfg.BatchSize)
+		if !ok {
 			return nil
-		case m := <-inbox:
-			batch = append(batch, m)
-		}
-	fill:
-		for len(batch) < c.cfg.BatchSize {
-			select {
-			case m := <-inbox:
-				batch = append(batch, m)
-			default:
-				break fill
-			}
 		}
 		c.process(ctx, batch)
 	}
+}
+
+// NextBatch waits for a first message on inbox, then takes whatever else
+// has already arrived, up to max: a batch forms while the previous one is
+// being processed, and a lone message is not held back. It returns false
+// when ctx ends first.
+func NextBatch(ctx context.Context, inbox <-chan jetstream.Msg, max int) ([]jetstream.Msg, bool) {
+	var batch []jetstream.Msg
+	select {
+	case <-ctx.Done():
+		return nil, false
+	case m := <-inbox:
+		batch = append(batch, m)
+	}
+	for len(batch) < max {
+		select {
+		case m := <-inbox:
+			batch = append(batch, m)
+		default:
+			return batch, true
+		}
+	}
+	return batch, true
 }
 
 // consumeShard creates (or binds to) the shard's durable consumer and feeds

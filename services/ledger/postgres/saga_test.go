@@ -133,6 +133,52 @@ func TestCrossRegionSaga(t *testing.T) {
 		}
 	})
 
+	t.Run("CreditsAndConfirmationsReordered", func(t *testing.T) {
+		ctx := context.Background()
+		var cmds []ledger.Command
+		for i := range 4 {
+			to := b
+			if i == 2 {
+				to = us.ID(t) // refused: its refuse step travels with the confirms
+			}
+			cmd := eu.Transfer(t, a, to, int64(10+i))
+			eu.MustApply(t, cmd)
+			cmds = append(cmds, cmd)
+		}
+		// Apply each hop's steps newest first, each twice.
+		for _, hop := range []*ledgertest.Fixture{eu, us} {
+			rows, err := hop.Store.PendingOutbox(ctx, 100)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ids []int64
+			for i := len(rows) - 1; i >= 0; i-- {
+				cmd, err := ledger.DecodeCommand(rows[i].Payload)
+				if err != nil {
+					t.Fatal(err)
+				}
+				target := regions[rows[i].Region]
+				target.Apply(t, cmd)
+				if r := target.Apply(t, cmd)[0]; r.Kind != ledger.Duplicate {
+					t.Fatalf("step %s again: got %v, want duplicate", cmd.MsgKey(), r.Kind)
+				}
+				ids = append(ids, rows[i].ID)
+			}
+			if err := hop.Store.MarkSent(ctx, ids); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i, cmd := range cmds {
+			want := ledger.StatusCompleted
+			if i == 2 {
+				want = ledger.StatusRefunded
+			}
+			if got := transferStatus(t, eu, cmd.TransferID); got.Status != want || got.Version != 2 {
+				t.Errorf("transfer %d: got %s v%d, want %s v2", i, got.Status, got.Version, want)
+			}
+		}
+	})
+
 	if dups := eu.Stats.Duplicates(); dups[string(dedup.LayerTable)]+dups[string(dedup.LayerStateCAS)] == 0 {
 		t.Errorf("eu duplicates by layer: %v", dups)
 	}
