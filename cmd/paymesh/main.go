@@ -9,12 +9,12 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/alecthomas/kong"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/paymesh/paymesh/deploy/regions"
 	"github.com/paymesh/paymesh/internal/demo"
@@ -194,7 +194,7 @@ func (c *routerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 		return fmt.Errorf("nats %s: %w", c.NATSURL, err)
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
+	js, err := router.NewJetStream(nc, c.AckWait)
 	if err != nil {
 		return err
 	}
@@ -204,8 +204,13 @@ func (c *routerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 	rt := router.New(js, router.Config{Region: reg.Name, Regions: ids, Shards: c.Shards, AckWait: c.AckWait})
 	store := postgres.New(pool, postgres.Config{Region: reg.Name, Regions: ids})
 	log.Info("router running", "region", reg.Name, "stream", router.Stream(reg.Name))
-	go rt.RunRelay(ctx, store, log.With("service", "relay"))
-	return rt.RunForwarder(ctx, log.With("service", "forwarder"))
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { rt.RunRelay(ctx, store, log.With("service", "relay")) })
+	err = rt.RunForwarder(ctx, log.With("service", "forwarder"))
+	cancel()
+	wg.Wait()
+	return err
 }
 
 type migrateCmd struct {

@@ -141,7 +141,7 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) error {
 		srv.Close()
 		return err
 	}
-	js, err := jetstream.New(nc)
+	js, err := router.NewJetStream(nc, c.cfg.AckWait)
 	if err != nil {
 		srv.Close()
 		nc.Close()
@@ -216,15 +216,15 @@ func (c *Cluster) Backlog(ctx context.Context) (int64, error) {
 			return 0, err
 		}
 		n += int64(b)
-		cons, err := r.js.Consumer(ctx, router.Stream(name), "forwarder")
+		route, err := r.js.Stream(ctx, router.Stream(name))
 		if err != nil {
 			return 0, err
 		}
-		info, err := cons.Info(ctx)
+		info, err := route.Info(ctx)
 		if err != nil {
 			return 0, err
 		}
-		n += int64(info.NumPending) + int64(info.NumAckPending)
+		n += int64(info.State.Msgs) // a work queue: what is left is not forwarded yet
 		unsent, _, err := r.Ledger.Store.OutboxLag(ctx)
 		if err != nil {
 			return 0, err

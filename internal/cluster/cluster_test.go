@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -123,6 +122,18 @@ func (h *harness) verify(tb testing.TB) {
 	}
 }
 
+// status reads a transfer's status in its home region, "" while it is not
+// there yet.
+func (h *harness) status(tb testing.TB, cmd ledger.Command) ledger.Status {
+	tb.Helper()
+	src, _ := h.c.IDs().HomeRegion(cmd.From)
+	t, err := h.c.Region(src).Ledger.Store.Transfer(context.Background(), cmd.TransferID)
+	if err != nil {
+		return ""
+	}
+	return t.Status
+}
+
 // final reads a transfer's status in its home region.
 func (h *harness) final(tb testing.TB, cmd ledger.Command) ledger.Transfer {
 	tb.Helper()
@@ -217,9 +228,12 @@ func TestCrossRegionTransfers(t *testing.T) {
 	h.verify(t)
 }
 
-// TestRegionCutOff: while us is cut off, transfers to and from it are still
-// accepted in every region; after the link heals they complete and nothing
-// is left in transit.
+// TestRegionCutOff: while us is cut off, every region still accepts
+// commands bound for it and keeps applying its own: eu stores us-homed
+// commands until the link heals (more of them than one forwarder may hold
+// unacked), holds its credit steps for us in its outbox, and completes
+// eu→eu transfers meanwhile. After the heal everything completes and
+// nothing is left in transit.
 func TestRegionCutOff(t *testing.T) {
 	h := mustCluster(t, nil, nil)
 	h.open(t, 4, 10_000)
@@ -227,29 +241,45 @@ func TestRegionCutOff(t *testing.T) {
 	ctx := context.Background()
 
 	h.topo.Cut("us")
-	var cmds []ledger.Command
-	var accepted atomic.Int64
-	for i := range 60 {
-		pairs := [][2]string{{"eu", "us"}, {"us", "ap"}, {"ap", "us"}, {"us", "eu"}}
-		p := pairs[i%len(pairs)]
-		cmd := h.transfer(t, h.accts[p[0]][i%4], h.accts[p[1]][(i+1)%4], 10)
-		cmds = append(cmds, cmd)
-		// Submitted in the source region: us accepts its own commands while
-		// cut off; eu and ap accept commands bound for us.
+	var waiting, local []ledger.Command
+	submit := func(via string, cmd ledger.Command) {
+		t.Helper()
 		sub, cancel := context.WithTimeout(ctx, 5*time.Second)
-		if err := h.c.Submit(sub, p[0], cmd); err != nil {
-			t.Fatalf("submit %d while us is cut off: %v", i, err)
+		defer cancel()
+		if err := h.c.Submit(sub, via, cmd); err != nil {
+			t.Fatalf("submit in %s while us is cut off: %v", via, err)
 		}
-		cancel()
-		accepted.Add(1)
 	}
-	time.Sleep(3 * time.Second)
-	if n, err := h.c.Backlog(ctx); err != nil || n == 0 {
-		t.Fatalf("backlog while cut off: %d %v, want work waiting for the link", n, err)
+	for i := range 1100 { // us-homed, submitted in eu: stored in eu
+		cmd := h.transfer(t, h.accts["us"][i%4], h.accts["eu"][i%4], 1)
+		waiting = append(waiting, cmd)
+		submit("eu", cmd)
+	}
+	for i := range 20 {
+		for _, p := range [][2]string{{"eu", "us"}, {"us", "ap"}} { // credits wait in the outbox
+			cmd := h.transfer(t, h.accts[p[0]][i%4], h.accts[p[1]][(i+1)%4], 10)
+			waiting = append(waiting, cmd)
+			submit(p[0], cmd)
+		}
+		cmd := h.transfer(t, h.accts["eu"][i%4], h.accts["eu"][(i+1)%4], 10)
+		local = append(local, cmd)
+		submit("eu", cmd)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for _, cmd := range local {
+		for h.status(t, cmd) != ledger.StatusCompleted {
+			if time.Now().After(deadline) {
+				t.Fatalf("eu→eu transfer %s did not complete while us was cut off", cmd.TransferID)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	if n, err := h.c.Backlog(ctx); err != nil || n < int64(len(waiting)) {
+		t.Fatalf("backlog while cut off: %d %v, want at least the %d commands waiting for us", n, err, len(waiting))
 	}
 	h.topo.Heal("us")
-	h.quiet(t, 90*time.Second)
-	for _, cmd := range cmds {
+	h.quiet(t, 2*time.Minute)
+	for _, cmd := range append(waiting, local...) {
 		if tr := h.final(t, cmd); tr.Status != ledger.StatusCompleted {
 			t.Errorf("transfer %s: %s %s, want COMPLETED", tr.ID, tr.Status, tr.Reason)
 		}

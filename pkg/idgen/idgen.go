@@ -191,6 +191,17 @@ func NewRegions(codes map[string]uint8) (*Regions, error) {
 	return r, nil
 }
 
+// Names returns the region names in code order.
+func (r *Regions) Names() []string {
+	var out []string
+	for _, n := range r.byCode {
+		if n != "" {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
 // Code returns the code of the named region, or 0 and false if the name is not
 // in the table.
 func (r *Regions) Code(name string) (uint8, bool) {

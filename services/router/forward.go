@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -32,22 +33,43 @@ func retryDelay(attempt uint64) time.Duration {
 }
 
 // RunForwarder forwards the local route stream to the home regions' ledger
-// streams until ctx ends. It returns an error only when it cannot set up
-// its consumer.
+// streams until ctx ends. Each home region has its own durable consumer
+// (forward-<home>), so a region that is unreachable, whose commands wait
+// with growing delays, cannot hold up the commands for the others. It
+// returns an error only when it cannot set up a consumer.
 func (r *Router) RunForwarder(ctx context.Context, log *slog.Logger) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	cons, err := r.js.CreateOrUpdateConsumer(ctx, Stream(r.cfg.Region), jetstream.ConsumerConfig{
-		Durable:       "forwarder",
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       r.cfg.AckWait,
-		MaxDeliver:    -1, // store and forward: never give up
-		MaxAckPending: 4 * forwardBatch,
-	})
-	if err != nil {
-		return fmt.Errorf("forwarder: %w", err)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make(chan error, len(r.cfg.Regions.Names()))
+	for _, home := range r.cfg.Regions.Names() {
+		cons, err := r.js.CreateOrUpdateConsumer(ctx, Stream(r.cfg.Region), jetstream.ConsumerConfig{
+			Durable:       "forward-" + home,
+			FilterSubject: "route." + r.cfg.Region + "." + home + ".>",
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			AckWait:       r.cfg.AckWait,
+			MaxDeliver:    -1, // store and forward: never give up
+			MaxAckPending: 4 * forwardBatch,
+		})
+		if err != nil {
+			return fmt.Errorf("forwarder to %s: %w", home, err)
+		}
+		wg.Go(func() {
+			if err := r.forwardFrom(ctx, cons, log.With("home", home)); err != nil {
+				errs <- err
+				cancel()
+			}
+		})
 	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+func (r *Router) forwardFrom(ctx context.Context, cons jetstream.Consumer, log *slog.Logger) error {
 	inbox := make(chan jetstream.Msg, 2*forwardBatch)
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		select {
@@ -136,20 +158,29 @@ func (r *Router) publish(m *nats.Msg) []jetstream.PubAckFuture {
 }
 
 // wait reports whether every copy was acked before ctx ended, and whether
-// the stream recognised any as a duplicate.
+// the stream recognised any as a duplicate. An answer that has already
+// arrived counts even when ctx has ended meanwhile, so one slow destination
+// cannot make the others of its batch look failed.
 func wait(ctx context.Context, fs []jetstream.PubAckFuture) (ok, duplicate bool) {
 	if len(fs) == 0 {
 		return false, false
 	}
 	for _, f := range fs {
+		var ack *jetstream.PubAck
 		select {
-		case ack := <-f.Ok():
-			duplicate = duplicate || ack.Duplicate
+		case ack = <-f.Ok():
 		case <-f.Err():
 			return false, false
-		case <-ctx.Done():
-			return false, false
+		default:
+			select {
+			case ack = <-f.Ok():
+			case <-f.Err():
+				return false, false
+			case <-ctx.Done():
+				return false, false
+			}
 		}
+		duplicate = duplicate || ack.Duplicate
 	}
 	return true, duplicate
 }

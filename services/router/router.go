@@ -8,8 +8,9 @@
 //	ledger.<home>.<shard>      the home region's ledger stream (see
 //	                           services/ledger/jetstream)
 //
-// Store and forward: Submit stores a command in the local ROUTE stream,
-// which succeeds while other regions are unreachable. The forwarder then
+// Store and forward: Submit stores a command in the local ROUTE stream (a
+// work queue), which succeeds while other regions are unreachable. The
+// forwarder, with one durable consumer per home region, then
 // publishes it to the home region's ledger stream with the same Nats-Msg-Id
 // on every attempt, and acks the local copy only after the home stream
 // acked. Failed forwards are retried with backoff, forever: a command is
@@ -38,7 +39,9 @@ import (
 func Stream(region string) string { return "ROUTE_" + strings.ToUpper(region) }
 
 // EnsureStream creates or updates the region's route stream (file storage,
-// limits retention, a Nats-Msg-Id window). It is idempotent.
+// a Nats-Msg-Id window). It is a work queue: a command stays, with no age
+// limit, until the forwarder acks it after the home region acked, then it is
+// removed. It is idempotent.
 func EnsureStream(ctx context.Context, js jetstream.JetStream, region string, window time.Duration) error {
 	if window <= 0 {
 		window = ljs.DefaultDuplicateWindow
@@ -48,8 +51,7 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, region string, wi
 		Description: "commands accepted in region " + region + ", stored until their home region acked them",
 		Subjects:    []string{"route." + region + ".>"},
 		Storage:     jetstream.FileStorage,
-		Retention:   jetstream.LimitsPolicy,
-		MaxAge:      ljs.DefaultMaxAge,
+		Retention:   jetstream.WorkQueuePolicy,
 		Duplicates:  window,
 	})
 	if err != nil {
@@ -82,13 +84,24 @@ type Router struct {
 	js  jetstream.JetStream
 }
 
-// New returns a router on a connection to the region's NATS server.
+// NewJetStream returns the JetStream handle a router needs on conn: async
+// publishes time out, so a lost PubAck cannot pile up pending futures.
+func NewJetStream(nc *nats.Conn, ackWait time.Duration) (jetstream.JetStream, error) {
+	if ackWait <= 0 {
+		ackWait = defaultAckWait
+	}
+	return jetstream.New(nc, jetstream.WithPublishAsyncTimeout(ackWait/2))
+}
+
+const defaultAckWait = 10 * time.Second
+
+// New returns a router on a JetStream handle from NewJetStream.
 func New(js jetstream.JetStream, cfg Config) *Router {
 	if cfg.Stats == nil {
 		cfg.Stats = &Stats{}
 	}
 	if cfg.AckWait <= 0 {
-		cfg.AckWait = 10 * time.Second
+		cfg.AckWait = defaultAckWait
 	}
 	return &Router{cfg: cfg, js: js}
 }

@@ -242,7 +242,7 @@ func (c *Consumer) apply(ctx context.Context, cmds []ledger.Command, valid []jet
 			return // shutting down: redelivered after AckWait, not a failed attempt
 		}
 		c.cfg.Log.Error("apply failed; the message will be redelivered", "err", err)
-		c.retryLater(ctx, valid[0], err)
+		c.retryLater(ctx, valid[0], err, cmds[0].IsStep())
 		return
 	}
 	for _, r := range results {
@@ -263,9 +263,8 @@ func (c *Consumer) apply(ctx context.Context, cmds []ledger.Command, valid []jet
 			// Another holder owns the key: see it again once it finished.
 			_ = valid[i].NakWithDelay(c.cfg.AckWait / 4)
 		case r.Kind == ledger.Parked:
-			// A saga step ahead of the state it needs: see it again later,
-			// and dead-letter it if that state never comes.
-			c.retryLater(ctx, valid[i], r.Err)
+			// A saga step ahead of the state it needs: see it again later.
+			c.retryLater(ctx, valid[i], r.Err, true)
 		default:
 			ack = append(ack, valid[i])
 		}
@@ -273,11 +272,15 @@ func (c *Consumer) apply(ctx context.Context, cmds []ledger.Command, valid []jet
 	c.ackAll(ctx, ack)
 }
 
-// retryLater leaves a message for redelivery, or dead-letters it on its
-// last allowed delivery so that it is never silently dropped.
-func (c *Consumer) retryLater(ctx context.Context, m jetstream.Msg, cause error) {
+// retryLater leaves a message for redelivery with a growing delay. A client
+// request is dead-lettered on its MaxDeliver-th delivery instead, so that it
+// is never silently dropped. A saga step is never dead-lettered for a
+// failure that may pass (a database down, a step ahead of its state): its
+// money is in transit and only the step can settle it, so it is retried
+// for as long as it takes.
+func (c *Consumer) retryLater(ctx context.Context, m jetstream.Msg, cause error, step bool) {
 	md, err := m.Metadata()
-	if err == nil && int(md.NumDelivered) >= c.cfg.MaxDeliver {
+	if err == nil && !step && int(md.NumDelivered) >= c.cfg.MaxDeliver {
 		c.deadLetter(ctx, m, ledger.Errorf(ReasonMaxDeliveries, "gave up after %d deliveries: %v", md.NumDelivered, cause))
 		return
 	}

@@ -378,7 +378,13 @@ func (s *Store) lockState(ctx context.Context, tx pgx.Tx, cmds []ledger.Command)
 		case ledger.TypeFund:
 			ids = append(ids, b.Issuance[c.Currency], c.To)
 		case ledger.TypeTransfer:
-			ids = append(ids, c.From, c.To, b.Transit[c.Currency])
+			// Only a cross-region transfer touches the transit account: a
+			// lock on it would serialise every batch of the currency.
+			if to, _ := s.cfg.Regions.HomeRegion(c.To); to == s.cfg.Region {
+				ids = append(ids, c.From, c.To)
+			} else {
+				ids = append(ids, c.From, b.Transit[c.Currency])
+			}
 		case ledger.TypeCredit:
 			ids = append(ids, c.To, b.Transit[c.Currency])
 		case ledger.TypeRefuse:

@@ -111,6 +111,8 @@ func globalChecks(sagas map[string]regionSaga, ids *idgen.Regions, quiescent boo
 				fail(&credited, "%s: credit of %s has no debit in region %s", region, c.TransferID, source)
 			case c.Status == ledger.CreditApplied && t.Status != ledger.StatusDebited && t.Status != ledger.StatusCompleted:
 				fail(&credited, "%s: credit of %s applied but the transfer is %s", region, c.TransferID, t.Status)
+			case c.Status == ledger.CreditRefused && t.Status != ledger.StatusDebited && t.Status != ledger.StatusRefunded:
+				fail(&credited, "%s: credit of %s refused but the transfer is %s", region, c.TransferID, t.Status)
 			case c.Amount != t.Amount || c.Currency != t.Currency || c.From != t.From || c.To != t.To:
 				fail(&credited, "%s: credit of %s does not match its transfer", region, c.TransferID)
 			}
