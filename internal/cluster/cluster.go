@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
 	"sync"
 	"time"
 
@@ -18,6 +20,7 @@ import (
 	"github.com/paymesh/paymesh/internal/natsembed"
 	"github.com/paymesh/paymesh/internal/pgdb"
 	"github.com/paymesh/paymesh/pkg/idgen"
+	"github.com/paymesh/paymesh/services/api"
 	"github.com/paymesh/paymesh/services/ledger"
 	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
@@ -43,6 +46,9 @@ type Config struct {
 	// DropAck asks, per committed ledger batch, to skip its acks (a forced
 	// redelivery).
 	DropAck func() bool
+	// APIWait and KeyTTL configure each region's HTTP API (see api.Config).
+	APIWait time.Duration
+	KeyTTL  time.Duration
 	Log     *slog.Logger
 }
 
@@ -52,6 +58,10 @@ type Region struct {
 	URL    string // database URL
 	Ledger *server.Server
 	Router *router.Router
+	API    *api.Server
+	// APIURL is the base URL of the region's HTTP API.
+	APIURL string
+	http   *http.Server
 	nc     *nats.Conn
 	js     jetstream.JetStream
 	stop   context.CancelFunc
@@ -132,6 +142,7 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) error {
 		Region: r.Name, Regions: c.ids, Node: 1, PostgresURL: r.URL, NATSURL: url, Workers: 2,
 		BatchSize: c.cfg.BatchSize, AckWait: c.cfg.AckWait, MaxDeliver: 1000, Shards: c.cfg.Shards,
 		CacheSize: 10_000, AfterCommit: afterCommit, Log: c.cfg.Log.With("region", r.Name, "service", "ledger"),
+		Respond: api.Respond,
 	})
 	if err != nil {
 		return err
@@ -153,6 +164,29 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) error {
 		return err
 	}
 	rt := router.New(js, router.Config{Region: r.Name, Regions: c.ids, Shards: c.cfg.Shards, Inject: c.cfg.Inject, AckWait: c.cfg.AckWait})
+	gen, err := idgen.NewGenerator(c.ids, r.Name, 2)
+	if err != nil {
+		srv.Close()
+		nc.Close()
+		return err
+	}
+	apiSrv := api.New(api.Config{Region: r.Name, Regions: c.ids, IDs: gen, Store: srv.Store, Router: rt, NATS: nc,
+		Wait: c.cfg.APIWait, KeyTTL: c.cfg.KeyTTL, Log: c.cfg.Log.With("region", r.Name, "service", "api")})
+	if err := apiSrv.Listen(); err != nil {
+		srv.Close()
+		nc.Close()
+		return err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		apiSrv.Close()
+		srv.Close()
+		nc.Close()
+		return err
+	}
+	r.http = &http.Server{Handler: apiSrv, ReadHeaderTimeout: 5 * time.Second}
+	r.API, r.APIURL = apiSrv, "http://"+ln.Addr().String()
+	go func() { _ = r.http.Serve(ln) }()
 	runCtx, stop := context.WithCancel(context.Background())
 	r.Ledger, r.Router, r.nc, r.js, r.stop = srv, rt, nc, js, stop
 	log := c.cfg.Log.With("region", r.Name)
@@ -174,6 +208,8 @@ func (r *Region) close() {
 	if r.stop == nil {
 		return
 	}
+	_ = r.http.Close()
+	r.API.Close()
 	r.stop()
 	r.done.Wait()
 	r.Ledger.Close()

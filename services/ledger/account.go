@@ -2,7 +2,6 @@ package ledger
 
 import (
 	"math"
-	"regexp"
 	"time"
 )
 
@@ -44,11 +43,6 @@ type Account struct {
 	CreatedAt time.Time
 }
 
-var currencyRE = regexp.MustCompile(`^[A-Z]{3}$`)
-
-// ValidCurrency reports whether c has the shape of an ISO 4217 code.
-func ValidCurrency(c string) bool { return currencyRE.MatchString(c) }
-
 // NewAccount is a request to open an account.
 type NewAccount struct {
 	ClientID string
@@ -64,7 +58,7 @@ func (n NewAccount) Validate() error {
 	case n.ClientID == "" || len(n.ClientID) > 64:
 		return Errorf(CodeInvalidRequest, "client_id must be 1-64 characters")
 	case !ValidCurrency(n.Currency):
-		return Errorf(CodeInvalidCurrency, "currency %q is not a three-letter ISO 4217 code", n.Currency)
+		return Errorf(CodeInvalidCurrency, "currency %q is not an ISO 4217 currency code", n.Currency)
 	case n.Floor > 0:
 		return Errorf(CodeInvalidRequest, "floor %d must not be positive", n.Floor)
 	}

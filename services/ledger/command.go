@@ -212,7 +212,7 @@ func (c Command) Validate(home string, ids *idgen.Regions, now time.Time) error 
 		return Errorf(CodeInvalidAmount, "amount %d must be positive", c.Amount)
 	}
 	if !ValidCurrency(c.Currency) {
-		return Errorf(CodeInvalidCurrency, "currency %q is not a three-letter ISO 4217 code", c.Currency)
+		return Errorf(CodeInvalidCurrency, "currency %q is not an ISO 4217 currency code", c.Currency)
 	}
 	tr, err := ids.HomeRegion(c.TransferID)
 	if err != nil {

@@ -16,7 +16,7 @@ const (
 	// CodeInvalidAmount: the amount is zero, negative, fractional, not an
 	// integer or beyond int64.
 	CodeInvalidAmount Code = "invalid_amount"
-	// CodeInvalidCurrency: the currency is not a three-letter ISO 4217 code.
+	// CodeInvalidCurrency: the currency is not an active ISO 4217 code.
 	CodeInvalidCurrency Code = "invalid_currency"
 	// CodeSameAccount: source and destination are the same account.
 	CodeSameAccount Code = "same_account"

@@ -94,19 +94,5 @@ func (s *Store) CloseAccount(ctx context.Context, id string) error {
 
 // Postings returns an account's change-log in version order.
 func (s *Store) Postings(ctx context.Context, accountID string) ([]ledger.Posting, error) {
-	rows, err := s.pool.Query(ctx, `
-		SELECT transfer_id, leg, account_id, amount, balance_after, account_version
-		FROM postings WHERE account_id = $1 ORDER BY account_version`, accountID)
-	if err != nil {
-		return nil, fmt.Errorf("read postings: %w", err)
-	}
-	ps, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ledger.Posting, error) {
-		var p ledger.Posting
-		err := r.Scan(&p.TransferID, &p.Leg, &p.AccountID, &p.Amount, &p.BalanceAfter, &p.AccountVersion)
-		return p, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("read postings: %w", err)
-	}
-	return ps, nil
+	return s.PostingsPage(ctx, accountID, 0, 1<<31-1)
 }

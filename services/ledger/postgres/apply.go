@@ -207,6 +207,9 @@ func (s *Store) applyTx(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, k
 	if err := s.cfg.Dedup.Release(ctx, tx, Consumer, release); err != nil {
 		return nil, nil, err
 	}
+	if err := s.respond(ctx, tx, cmds, results); err != nil {
+		return nil, nil, err
+	}
 	if s.cfg.BeforeCommit != nil {
 		if err := s.cfg.BeforeCommit(ctx); err != nil {
 			return nil, nil, err

@@ -88,6 +88,10 @@ type Config struct {
 	OnRetry func(op string, attempt int, err error)
 	// Stats, if set, receives the store's counters.
 	Stats *ledger.Stats
+	// Respond, if set, renders the HTTP response to a client request's
+	// result; the apply transaction stores it with the request's
+	// idempotency key (see services/api).
+	Respond func(ledger.Result) (status int, body []byte)
 }
 
 // Store is the ledger's Postgres adapter. It is safe for concurrent use.

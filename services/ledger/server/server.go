@@ -39,6 +39,9 @@ type Config struct {
 	WindowDays  int           // consume-log retention
 	CacheSize   int           // recent-commit cache entries; 0 disables the cache
 	Shards      int           // ledger subjects per region
+	// Respond renders a client request's response, stored with its
+	// idempotency key in the apply transaction (see services/api).
+	Respond func(ledger.Result) (int, []byte)
 	// AfterCommit is the consumers' failpoint (see jetstream.ConsumerConfig).
 	AfterCommit func([]jetstream.Msg) error
 	Log         *slog.Logger
@@ -99,6 +102,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		WindowDays: cfg.WindowDays, Cache: cache,
 	})
 	s.Store = postgres.New(pool, postgres.Config{Region: cfg.Region, IDs: gen, Regions: cfg.Regions, Dedup: s.dedup, Stats: s.Stats,
+		Respond: cfg.Respond,
 		OnRetry: func(op string, attempt int, err error) {
 			cfg.Log.Debug("transaction retried", "op", op, "attempt", attempt, "err", err)
 		}})

@@ -1,0 +1,291 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/paymesh/paymesh/services/ledger"
+	"github.com/paymesh/paymesh/services/ledger/postgres"
+)
+
+// HeaderReplayed marks a response replayed from an idempotency key.
+const HeaderReplayed = "Idempotent-Replayed"
+
+func (s *Server) postAccount(ctx context.Context, r *http.Request, client string) reply {
+	body, err := s.readBody(r)
+	if err != nil {
+		return errReply(err)
+	}
+	var req AccountRequest
+	if err := decodeStrict(body, &req, "currency", "floor", "region"); err != nil {
+		return errReply(err)
+	}
+	home := req.Region
+	if home == "" {
+		home = s.cfg.Region
+	}
+	if _, ok := s.cfg.Regions.Code(home); !ok {
+		return errReply(ledger.Errorf(ledger.CodeInvalidRequest, "unknown region %q", home))
+	}
+	return s.do(ctx, home, call{Op: "create_account", Client: client, Body: body})
+}
+
+func (s *Server) createAccount(ctx context.Context, c call) reply {
+	var req AccountRequest
+	if err := decodeStrict(c.Body, &req, "currency", "floor", "region"); err != nil {
+		return errReply(err)
+	}
+	a, err := s.cfg.Store.CreateAccount(ctx, ledger.NewAccount{ClientID: c.Client, Currency: req.Currency, Floor: req.Floor})
+	if err != nil {
+		return errReply(err)
+	}
+	rep := jsonReply(http.StatusCreated, accountBody(a))
+	rep.Header = map[string]string{"Location": "/v1/accounts/" + a.ID}
+	return rep
+}
+
+func (s *Server) getAccount(ctx context.Context, r *http.Request, client string) reply {
+	id := r.PathValue("id")
+	home, err := s.home(id)
+	if err != nil {
+		return errReply(ledger.Errorf(ledger.CodeAccountNotFound, "account %q does not exist", id))
+	}
+	return s.do(ctx, home, call{Op: "get_account", Client: client, ID: id})
+}
+
+// ownAccount reads an account of the client. Another client's account is
+// answered exactly like a missing one: no object-level leak.
+func (s *Server) ownAccount(ctx context.Context, client, id string) (ledger.Account, error) {
+	a, err := s.cfg.Store.Account(ctx, id)
+	if err == nil && (a.ClientID != client || a.Kind != ledger.KindCustomer) {
+		err = ledger.Errorf(ledger.CodeAccountNotFound, "account %s does not exist", id)
+	}
+	return a, err
+}
+
+func (s *Server) readAccount(ctx context.Context, c call) reply {
+	a, err := s.ownAccount(ctx, c.Client, c.ID)
+	if err != nil {
+		return errReply(err)
+	}
+	return jsonReply(http.StatusOK, accountBody(a))
+}
+
+func (s *Server) getEntries(ctx context.Context, r *http.Request, client string) reply {
+	id := r.PathValue("id")
+	home, err := s.home(id)
+	if err != nil {
+		return errReply(ledger.Errorf(ledger.CodeAccountNotFound, "account %q does not exist", id))
+	}
+	c := call{Op: "list_entries", Client: client, ID: id, Limit: 50}
+	q := r.URL.Query()
+	if v := q.Get("after"); v != "" {
+		if c.After, err = strconv.ParseInt(v, 10, 64); err != nil || c.After < 0 {
+			return errReply(ledger.Errorf(ledger.CodeInvalidRequest, "after=%q is not a version number", v))
+		}
+	}
+	if v := q.Get("limit"); v != "" {
+		if c.Limit, err = strconv.Atoi(v); err != nil || c.Limit < 1 || c.Limit > 500 {
+			return errReply(ledger.Errorf(ledger.CodeInvalidRequest, "limit=%q is not between 1 and 500", v))
+		}
+	}
+	return s.do(ctx, home, c)
+}
+
+func (s *Server) listEntries(ctx context.Context, c call) reply {
+	if _, err := s.ownAccount(ctx, c.Client, c.ID); err != nil {
+		return errReply(err)
+	}
+	ps, err := s.cfg.Store.PostingsPage(ctx, c.ID, c.After, c.Limit+1)
+	if err != nil {
+		return errReply(err)
+	}
+	page := EntriesBody{Entries: []EntryBody{}}
+	for i, p := range ps {
+		if i == c.Limit {
+			next := ps[i-1].AccountVersion
+			page.NextAfter = &next
+			break
+		}
+		page.Entries = append(page.Entries, EntryBody{Version: p.AccountVersion, TransferID: p.TransferID, Leg: string(p.Leg),
+			Amount: p.Amount, BalanceAfter: p.BalanceAfter})
+	}
+	return jsonReply(http.StatusOK, page)
+}
+
+func (s *Server) postTransfer(ctx context.Context, r *http.Request, client string) reply {
+	key := r.Header.Get("Idempotency-Key")
+	if key == "" {
+		return errReply(ledger.Errorf(CodeIdempotencyKeyMissing, "POST /v1/transfers requires an Idempotency-Key header"))
+	}
+	if len(key) > 255 {
+		return errReply(ledger.Errorf(ledger.CodeInvalidRequest, "the Idempotency-Key is longer than 255 characters"))
+	}
+	body, err := s.readBody(r)
+	if err != nil {
+		return errReply(err)
+	}
+	req, err := DecodeTransferRequest(body)
+	if err != nil {
+		return errReply(err)
+	}
+	home, err := s.cfg.Regions.HomeRegion(req.From)
+	if err != nil {
+		return errReply(ledger.Errorf(ledger.CodeAccountNotFound, "account %q does not exist", req.From))
+	}
+	if _, err := s.cfg.Regions.HomeRegion(req.To); err != nil {
+		return errReply(ledger.Errorf(ledger.CodeAccountNotFound, "account %q does not exist", req.To))
+	}
+	return s.do(ctx, home, call{Op: "create_transfer", Client: client, Key: key, Body: body})
+}
+
+// createTransfer runs in the home region of the source account.
+func (s *Server) createTransfer(ctx context.Context, c call) reply {
+	req, err := DecodeTransferRequest(c.Body)
+	if err != nil {
+		return errReply(err)
+	}
+	if err := validKey(c.Key); err != nil {
+		return errReply(err)
+	}
+	if _, err := s.ownAccount(ctx, c.Client, req.From); err != nil {
+		return errReply(err)
+	}
+	id, err := s.cfg.IDs.NextString()
+	if err != nil {
+		return errReply(err)
+	}
+	now := s.cfg.Now()
+	k, outcome, err := s.cfg.Store.BeginKey(ctx, c.Client, c.Key, req.fingerprint(), id, now, s.cfg.Wait+5*time.Second, s.cfg.KeyTTL)
+	if err != nil {
+		return errReply(err)
+	}
+	switch outcome {
+	case postgres.KeyMismatch:
+		return errReply(ledger.Errorf(ledger.CodeIdempotencyKeyReused, "the Idempotency-Key was used for a different request"))
+	case postgres.KeyInFlight:
+		rep := errReply(ledger.Errorf(CodeIdempotencyKeyInFlight, "a request with this Idempotency-Key is being processed"))
+		rep.Header["Retry-After"] = "1"
+		return rep
+	case postgres.KeyReplay:
+		if !k.Final {
+			// The ledger's provisional answer (202) has now been seen by a
+			// client: freeze it, so that everyone keeps getting it.
+			if k, err = s.cfg.Store.Answer(ctx, c.Client, c.Key, k.Status, k.Body, false); err != nil {
+				return errReply(err)
+			}
+		}
+		return stored(k, true)
+	}
+	cmd := ledger.Command{Type: ledger.TypeTransfer, TransferID: k.TransferID, ClientID: c.Client, IdempotencyKey: c.Key,
+		From: req.From, To: req.To, Amount: req.Amount, Currency: req.Currency, CreatedAt: k.CreatedAt}
+	if _, err := s.cfg.Router.Submit(ctx, cmd); err != nil {
+		return errReply(err) // the key stays in flight; a retry after its lease takes it over
+	}
+	return s.await(ctx, c.Client, c.Key, k.TransferID)
+}
+
+// await waits for the ledger's stored response, and for a cross-region
+// transfer (stored 202) for its final state, up to Wait. Whatever it answers
+// is first stored with the key, so that a repeat gets exactly this answer.
+func (s *Server) await(ctx context.Context, client, key, transferID string) reply {
+	deadline := time.Now().Add(s.cfg.Wait)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		k, ok, err := s.cfg.Store.Key(ctx, client, key)
+		if err != nil {
+			return errReply(err)
+		}
+		if ok && !k.InFlight && (k.Final || k.Status != http.StatusAccepted) {
+			if !k.Final {
+				if k, err = s.cfg.Store.Answer(ctx, client, key, k.Status, k.Body, false); err != nil {
+					return errReply(err)
+				}
+			}
+			return stored(k, false)
+		}
+		if ok && !k.InFlight { // a provisional 202: wait for the final state
+			if t, err := s.cfg.Store.Transfer(ctx, transferID); err == nil && t.Status != ledger.StatusDebited {
+				st, b := Respond(ledger.Result{Kind: ledger.Applied, Transfer: t})
+				if k, err = s.cfg.Store.Answer(ctx, client, key, st, b, true); err != nil {
+					return errReply(err)
+				}
+				return stored(k, false)
+			}
+		}
+		if time.Now().After(deadline) {
+			st, b := http.StatusAccepted, []byte(nil)
+			if t, err := s.cfg.Store.Transfer(ctx, transferID); err == nil {
+				st, b = Respond(ledger.Result{Kind: ledger.Applied, Transfer: t})
+			} else {
+				b, _ = json.Marshal(TransferBody{ID: transferID, Status: string(ledger.StatusPending)})
+			}
+			k, err := s.cfg.Store.Answer(ctx, client, key, st, b, false)
+			if err != nil {
+				return errReply(err)
+			}
+			return stored(k, false)
+		}
+		select {
+		case <-ctx.Done():
+			return errReply(ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// stored renders a key's stored response.
+func stored(k postgres.IdempotencyKey, replayed bool) reply {
+	rep := reply{Status: k.Status, Body: k.Body, Header: map[string]string{}}
+	if k.Status >= 400 {
+		rep.Header["Content-Type"] = "application/problem+json"
+	}
+	if k.Status == http.StatusCreated || k.Status == http.StatusAccepted {
+		rep.Header["Location"] = "/v1/transfers/" + k.TransferID
+	}
+	if replayed {
+		rep.Header[HeaderReplayed] = "true"
+	}
+	return rep
+}
+
+func validKey(key string) error {
+	for _, r := range key {
+		if r < 0x21 || r > 0x7e {
+			return ledger.Errorf(ledger.CodeInvalidRequest, "the Idempotency-Key must be printable ASCII without spaces")
+		}
+	}
+	return nil
+}
+
+func (s *Server) getTransfer(ctx context.Context, r *http.Request, client string) reply {
+	id := r.PathValue("id")
+	home, err := s.home(id)
+	if err != nil {
+		return errReply(err)
+	}
+	return s.do(ctx, home, call{Op: "get_transfer", Client: client, ID: id})
+}
+
+func (s *Server) readTransfer(ctx context.Context, c call) reply {
+	t, err := s.cfg.Store.Transfer(ctx, c.ID)
+	if err == nil && t.ClientID != c.Client {
+		err = ledger.Errorf(ledger.CodeNotFound, "transfer %s does not exist", c.ID)
+	}
+	if err != nil {
+		return errReply(err)
+	}
+	body := transferBody(t)
+	ps, err := s.cfg.Store.TransferPostings(ctx, t.ID)
+	if err != nil {
+		return errReply(err)
+	}
+	for _, p := range ps {
+		body.Steps = append(body.Steps, StepBody{Leg: string(p.Leg), Account: p.AccountID, Amount: p.Amount})
+	}
+	return jsonReply(http.StatusOK, body)
+}

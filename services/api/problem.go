@@ -1,0 +1,86 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+
+	"github.com/paymesh/paymesh/services/ledger"
+)
+
+// API-only error codes, next to the ledger's.
+const (
+	CodeUnauthorized           ledger.Code = "unauthorized"
+	CodeRateLimited            ledger.Code = "rate_limited"
+	CodeIdempotencyKeyMissing  ledger.Code = "idempotency_key_missing"
+	CodeIdempotencyKeyInFlight ledger.Code = "idempotency_key_in_flight"
+	CodeBodyTooLarge           ledger.Code = "body_too_large"
+	CodeRegionUnavailable      ledger.Code = "region_unavailable"
+	CodeInternal               ledger.Code = "internal"
+)
+
+// statusOf is the one place where error codes meet HTTP statuses. Every
+// code the API can answer is here; the OpenAPI test checks the document
+// against this table.
+var statusOf = map[ledger.Code]int{
+	ledger.CodeInvalidRequest:       http.StatusBadRequest,
+	ledger.CodeInvalidAmount:        http.StatusUnprocessableEntity,
+	ledger.CodeInvalidCurrency:      http.StatusUnprocessableEntity,
+	ledger.CodeSameAccount:          http.StatusUnprocessableEntity,
+	ledger.CodeAccountNotFound:      http.StatusNotFound,
+	ledger.CodeAccountClosed:        http.StatusUnprocessableEntity,
+	ledger.CodeCurrencyMismatch:     http.StatusUnprocessableEntity,
+	ledger.CodeInsufficientFunds:    http.StatusUnprocessableEntity,
+	ledger.CodeBalanceOverflow:      http.StatusUnprocessableEntity,
+	ledger.CodeIdempotencyKeyReused: http.StatusUnprocessableEntity,
+	ledger.CodeTransferIDReused:     http.StatusConflict,
+	ledger.CodeNotFound:             http.StatusNotFound,
+	CodeUnauthorized:                http.StatusUnauthorized,
+	CodeRateLimited:                 http.StatusTooManyRequests,
+	CodeIdempotencyKeyMissing:       http.StatusBadRequest,
+	CodeIdempotencyKeyInFlight:      http.StatusConflict,
+	CodeBodyTooLarge:                http.StatusRequestEntityTooLarge,
+	CodeRegionUnavailable:           http.StatusServiceUnavailable,
+	CodeInternal:                    http.StatusInternalServerError,
+}
+
+// Codes lists every error code the API answers with.
+func Codes() []ledger.Code {
+	out := make([]ledger.Code, 0, len(statusOf))
+	for c := range statusOf {
+		out = append(out, c)
+	}
+	return out
+}
+
+// Problem is an RFC 9457 problem detail with paymesh's stable code.
+type Problem struct {
+	Type   string      `json:"type"`
+	Title  string      `json:"title"`
+	Status int         `json:"status"`
+	Detail string      `json:"detail,omitempty"`
+	Code   ledger.Code `json:"code"`
+}
+
+// problem renders err as a problem response. Errors without a code are
+// internal: the client sees a generic message only.
+func problem(err error) (int, []byte) {
+	code := ledger.ErrorCode(err)
+	detail := ""
+	if code == "" {
+		code = CodeInternal
+		detail = "internal error"
+	} else {
+		var e *ledger.Error
+		if errors.As(err, &e) {
+			detail = e.Message
+		}
+	}
+	status, ok := statusOf[code]
+	if !ok {
+		status = http.StatusUnprocessableEntity
+	}
+	b, _ := json.Marshal(Problem{Type: "https://paymesh.dev/problems/" + string(code), Title: http.StatusText(status),
+		Status: status, Detail: detail, Code: code})
+	return status, b
+}

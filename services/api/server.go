@@ -1,0 +1,307 @@
+// Package api serves paymesh's JSON HTTP API in every region. Any region
+// answers for any ID: a request for an account or transfer homed elsewhere
+// is forwarded to its home region over NATS (request-reply on
+// api.<region>), which answers from its own database; no region reads
+// another region's database.
+//
+// POST /v1/transfers requires an Idempotency-Key (IETF draft "The
+// Idempotency-Key HTTP Header Field", Stripe's behaviour): the key is scoped
+// to the authenticated client and kept in the home region of the source
+// account. The first response is stored there, by the ledger in the same
+// transaction as the debit (or by the API if it answers first), and every
+// repeat, in any region, gets it back unchanged with Idempotent-Replayed:
+// true. The same key with another body is 422, a repeat while the first is
+// in flight is 409.
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"golang.org/x/time/rate"
+
+	"github.com/paymesh/paymesh/pkg/idgen"
+	"github.com/paymesh/paymesh/services/ledger"
+	"github.com/paymesh/paymesh/services/ledger/postgres"
+)
+
+// Submitter hands a command to the region's router.
+type Submitter interface {
+	Submit(ctx context.Context, cmd ledger.Command) (bool, error)
+}
+
+// Config configures a region's API.
+type Config struct {
+	Region  string
+	Regions *idgen.Regions
+	IDs     *idgen.Generator // mints transfer IDs in Region
+	Store   *postgres.Store
+	Router  Submitter
+	NATS    *nats.Conn
+	// Wait is how long POST /v1/transfers waits for a final state before it
+	// answers 202 (default 2 s).
+	Wait time.Duration
+	// KeyTTL is how long idempotency keys are kept (default 24 h).
+	KeyTTL time.Duration
+	Now    func() time.Time
+	Log    *slog.Logger
+}
+
+// Server is a region's API.
+type Server struct {
+	cfg      Config
+	mux      *http.ServeMux
+	routes   []string
+	limiters sync.Map // client id -> *rate.Limiter
+	sub      *nats.Subscription
+}
+
+// New returns a region's API server. Call Listen to answer forwarded
+// requests from other regions.
+func New(cfg Config) *Server {
+	if cfg.Wait <= 0 {
+		cfg.Wait = 2 * time.Second
+	}
+	if cfg.KeyTTL <= 0 {
+		cfg.KeyTTL = 24 * time.Hour
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{cfg: cfg, mux: http.NewServeMux()}
+	s.route("POST /v1/accounts", s.authed(s.postAccount))
+	s.route("GET /v1/accounts/{id}", s.authed(s.getAccount))
+	s.route("GET /v1/accounts/{id}/entries", s.authed(s.getEntries))
+	s.route("POST /v1/transfers", s.authed(s.postTransfer))
+	s.route("GET /v1/transfers/{id}", s.authed(s.getTransfer))
+	s.route("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	s.route("GET /readyz", s.readyz)
+	s.route("GET /openapi.yaml", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/yaml")
+		_, _ = w.Write(OpenAPI)
+	})
+	return s
+}
+
+func (s *Server) route(pattern string, h http.HandlerFunc) {
+	s.routes = append(s.routes, pattern)
+	s.mux.HandleFunc(pattern, h)
+}
+
+// Routes lists the method and path patterns the server handles.
+func (s *Server) Routes() []string { return append([]string(nil), s.routes...) }
+
+// ServeHTTP serves the API.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// call is one operation, run in the home region of what it touches; it
+// travels between regions as JSON.
+type call struct {
+	Op     string          `json:"op"`
+	Client string          `json:"client"`
+	ID     string          `json:"id,omitempty"`
+	Key    string          `json:"key,omitempty"`
+	After  int64           `json:"after,omitempty"`
+	Limit  int             `json:"limit,omitempty"`
+	Body   json.RawMessage `json:"body,omitempty"`
+}
+
+// reply is an operation's HTTP answer.
+type reply struct {
+	Status int               `json:"status"`
+	Header map[string]string `json:"header,omitempty"`
+	Body   []byte            `json:"body"`
+}
+
+func errReply(err error) reply {
+	st, b := problem(err)
+	return reply{Status: st, Header: map[string]string{"Content-Type": "application/problem+json"}, Body: b}
+}
+
+func jsonReply(status int, v any) reply {
+	b, _ := json.Marshal(v)
+	return reply{Status: status, Body: b}
+}
+
+// do runs c in region home: here, or over NATS in the home region.
+func (s *Server) do(ctx context.Context, home string, c call) reply {
+	if home == s.cfg.Region {
+		return s.run(ctx, c)
+	}
+	req, _ := json.Marshal(c)
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Wait+5*time.Second)
+	defer cancel()
+	msg, err := s.cfg.NATS.RequestWithContext(ctx, subject(home), req)
+	if err != nil {
+		return errReply(ledger.Errorf(CodeRegionUnavailable, "region %s did not answer: %v", home, err))
+	}
+	var rep reply
+	if err := json.Unmarshal(msg.Data, &rep); err != nil {
+		return errReply(fmt.Errorf("reply from %s: %w", home, err))
+	}
+	return rep
+}
+
+func subject(region string) string { return "paymesh.api." + region }
+
+// Listen answers operations forwarded by other regions until Close.
+func (s *Server) Listen() error {
+	sub, err := s.cfg.NATS.QueueSubscribe(subject(s.cfg.Region), "api", func(m *nats.Msg) {
+		var c call
+		rep := errReply(ledger.Errorf(ledger.CodeInvalidRequest, "malformed forwarded call"))
+		if err := json.Unmarshal(m.Data, &c); err == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Wait+4*time.Second)
+			rep = s.run(ctx, c)
+			cancel()
+		}
+		b, _ := json.Marshal(rep)
+		_ = m.Respond(b)
+	})
+	if err != nil {
+		return fmt.Errorf("api listen: %w", err)
+	}
+	s.sub = sub
+	return nil
+}
+
+// Close stops answering forwarded operations.
+func (s *Server) Close() {
+	if s.sub != nil {
+		_ = s.sub.Unsubscribe()
+	}
+}
+
+func (s *Server) run(ctx context.Context, c call) reply {
+	switch c.Op {
+	case "create_account":
+		return s.createAccount(ctx, c)
+	case "get_account":
+		return s.readAccount(ctx, c)
+	case "list_entries":
+		return s.listEntries(ctx, c)
+	case "create_transfer":
+		return s.createTransfer(ctx, c)
+	case "get_transfer":
+		return s.readTransfer(ctx, c)
+	}
+	return errReply(ledger.Errorf(ledger.CodeInvalidRequest, "unknown operation %q", c.Op))
+}
+
+func write(w http.ResponseWriter, rep reply) {
+	for k, v := range rep.Header {
+		w.Header().Set(k, v)
+	}
+	if w.Header().Get("Content-Type") == "" {
+		w.Header().Set("Content-Type", "application/json")
+	}
+	w.WriteHeader(rep.Status)
+	_, _ = w.Write(rep.Body)
+}
+
+// authed authenticates the client (Authorization: Bearer <API key>),
+// applies its rate limit, and logs every refused or failed write.
+func (s *Server) authed(h func(context.Context, *http.Request, string) reply) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		reqID := r.Header.Get("X-Request-Id")
+		if reqID == "" {
+			reqID = strconv.FormatInt(time.Now().UnixNano(), 36)
+		}
+		w.Header().Set("X-Request-Id", reqID)
+		key, ok := bearer(r)
+		var client postgres.Client
+		if ok {
+			var err error
+			client, ok, err = s.cfg.Store.ClientByKey(r.Context(), postgres.HashKey(key))
+			if err != nil {
+				s.logRefused(r, "", reqID, err)
+				write(w, errReply(err))
+				return
+			}
+		}
+		if !ok {
+			err := ledger.Errorf(CodeUnauthorized, "a valid API key is required (Authorization: Bearer <key>)")
+			s.logRefused(r, "", reqID, err)
+			w.Header().Set("WWW-Authenticate", `Bearer realm="paymesh"`)
+			write(w, errReply(err))
+			return
+		}
+		if wait := s.limit(client); wait > 0 {
+			err := ledger.Errorf(CodeRateLimited, "over %d requests per second", client.RatePerSec)
+			s.logRefused(r, client.ID, reqID, err)
+			w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(wait.Seconds()))))
+			write(w, errReply(err))
+			return
+		}
+		rep := h(r.Context(), r, client.ID)
+		if r.Method != http.MethodGet && rep.Status >= 400 {
+			s.logRefused(r, client.ID, reqID, errors.New(string(rep.Body)))
+		}
+		write(w, rep)
+	}
+}
+
+func (s *Server) logRefused(r *http.Request, client, reqID string, err error) {
+	s.cfg.Log.Warn("request refused", "method", r.Method, "path", r.URL.Path, "client", client, "request_id", reqID, "reason", err.Error())
+}
+
+func bearer(r *http.Request) (string, bool) {
+	const p = "Bearer "
+	h := r.Header.Get("Authorization")
+	if len(h) <= len(p) || h[:len(p)] != p {
+		return "", false
+	}
+	return h[len(p):], true
+}
+
+// limit takes a token from the client's bucket and returns how long to
+// wait when there is none.
+func (s *Server) limit(c postgres.Client) time.Duration {
+	v, _ := s.limiters.LoadOrStore(c.ID, rate.NewLimiter(rate.Limit(c.RatePerSec), c.RatePerSec))
+	l := v.(*rate.Limiter)
+	res := l.Reserve()
+	if d := res.Delay(); d > 0 {
+		res.Cancel()
+		return d
+	}
+	return 0
+}
+
+func (s *Server) readBody(r *http.Request) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(r.Body, MaxBodyBytes+1))
+	if err != nil {
+		return nil, ledger.Errorf(ledger.CodeInvalidRequest, "read body: %v", err)
+	}
+	if len(b) > MaxBodyBytes {
+		return nil, ledger.Errorf(CodeBodyTooLarge, "body over the %d-byte limit", MaxBodyBytes)
+	}
+	return b, nil
+}
+
+func (s *Server) home(id string) (string, error) {
+	r, err := s.cfg.Regions.HomeRegion(id)
+	if err != nil {
+		return "", ledger.Errorf(ledger.CodeNotFound, "no such object %q", id)
+	}
+	return r, nil
+}
+
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	if err := s.cfg.Store.Pool().Ping(r.Context()); err != nil || !s.cfg.NATS.IsConnected() {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return
+	}
+	w.WriteHeader(http.StatusOK)
+}

@@ -1,0 +1,196 @@
+package postgres
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/paymesh/paymesh/services/ledger"
+)
+
+// IdempotencyKey is the stored state of one client's idempotency key.
+type IdempotencyKey struct {
+	ClientID, Key string
+	Fingerprint   []byte
+	TransferID    string
+	InFlight      bool
+	LeaseUntil    time.Time
+	// Status and Body are the stored response, once there is one; Final
+	// means it will not change any more.
+	Status    int
+	Body      []byte
+	Final     bool
+	CreatedAt time.Time
+	ExpiresAt time.Time
+}
+
+// KeyOutcome is what BeginKey found.
+type KeyOutcome int
+
+// Outcomes of BeginKey.
+const (
+	// KeyNew: the key was free (or expired); the caller owns it now.
+	KeyNew KeyOutcome = iota + 1
+	// KeyTakenOver: the key was in flight under an expired lease (its
+	// holder died); the caller owns it now and must submit the same
+	// transfer again.
+	KeyTakenOver
+	// KeyReplay: the key has a stored response; return it.
+	KeyReplay
+	// KeyInFlight: another request holds the key right now.
+	KeyInFlight
+	// KeyMismatch: the key was used with a different request body.
+	KeyMismatch
+)
+
+const keyColumns = `client_id, key, fingerprint, transfer_id, state = 'in_flight', lease_until,
+	coalesce(response_status, 0), coalesce(response_body, ''), response_final, created_at, expires_at`
+
+func scanKey(row pgx.CollectableRow) (IdempotencyKey, error) {
+	var k IdempotencyKey
+	err := row.Scan(&k.ClientID, &k.Key, &k.Fingerprint, &k.TransferID, &k.InFlight, &k.LeaseUntil,
+		&k.Status, &k.Body, &k.Final, &k.CreatedAt, &k.ExpiresAt)
+	return k, err
+}
+
+// BeginKey claims an idempotency key for a request with the given
+// fingerprint, in a transaction of its own, and says what to do. A new or
+// expired key is taken with a lease and newTransferID; an in-flight key
+// whose lease expired is taken over (its transfer ID is kept, so a repeat
+// submission is deduplicated by the ledger). It returns an error only when
+// the database fails.
+func (s *Store) BeginKey(ctx context.Context, client, key string, fp []byte, newTransferID string, now time.Time, lease, ttl time.Duration) (IdempotencyKey, KeyOutcome, error) {
+	var k IdempotencyKey
+	var out KeyOutcome
+	err := s.transact(ctx, "begin idempotency key", func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `SELECT `+keyColumns+` FROM idempotency_keys WHERE client_id = $1 AND key = $2 FOR UPDATE`, client, key)
+		if err != nil {
+			return err
+		}
+		k, err = pgx.CollectExactlyOneRow(rows, scanKey)
+		found := err == nil
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		switch {
+		case found && k.ExpiresAt.Before(now):
+			if _, err := tx.Exec(ctx, `DELETE FROM idempotency_keys WHERE client_id = $1 AND key = $2`, client, key); err != nil {
+				return err
+			}
+		case found && !bytes.Equal(k.Fingerprint, fp):
+			out = KeyMismatch
+			return nil
+		case found && !k.InFlight:
+			out = KeyReplay
+			return nil
+		case found && k.LeaseUntil.After(now):
+			out = KeyInFlight
+			return nil
+		case found:
+			rows, err := tx.Query(ctx, `UPDATE idempotency_keys SET lease_until = $3 WHERE client_id = $1 AND key = $2 RETURNING `+keyColumns,
+				client, key, now.Add(lease))
+			if err != nil {
+				return err
+			}
+			k, err = pgx.CollectExactlyOneRow(rows, scanKey)
+			out = KeyTakenOver
+			return err
+		}
+		rows, err = tx.Query(ctx, `
+			INSERT INTO idempotency_keys (client_id, key, fingerprint, transfer_id, state, lease_until, created_at, expires_at)
+			VALUES ($1, $2, $3, $4, 'in_flight', $5, $6, $7) RETURNING `+keyColumns,
+			client, key, fp, newTransferID, now.Add(lease), now, now.Add(ttl))
+		if err != nil {
+			return err
+		}
+		k, err = pgx.CollectExactlyOneRow(rows, scanKey)
+		out = KeyNew
+		return err
+	}, nil)
+	return k, out, err
+}
+
+// Key reads an idempotency key; false when there is none.
+func (s *Store) Key(ctx context.Context, client, key string) (IdempotencyKey, bool, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+keyColumns+` FROM idempotency_keys WHERE client_id = $1 AND key = $2`, client, key)
+	if err != nil {
+		return IdempotencyKey{}, false, fmt.Errorf("read idempotency key: %w", err)
+	}
+	k, err := pgx.CollectExactlyOneRow(rows, scanKey)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return IdempotencyKey{}, false, nil
+	}
+	if err != nil {
+		return IdempotencyKey{}, false, fmt.Errorf("read idempotency key: %w", err)
+	}
+	return k, true, nil
+}
+
+// Answer stores the response the caller is about to send, unless one is
+// already stored, and returns the key as stored: send what it holds. With
+// replace set, a stored response that is not final yet (the ledger's
+// provisional 202 of a cross-region transfer) is replaced. Either way the
+// stored response becomes final.
+func (s *Store) Answer(ctx context.Context, client, key string, status int, body []byte, replace bool) (IdempotencyKey, error) {
+	rows, err := s.pool.Query(ctx, `
+		UPDATE idempotency_keys SET state = 'done', response_final = true,
+		       response_status = CASE WHEN state = 'in_flight' OR ($5 AND NOT response_final) THEN $3 ELSE response_status END,
+		       response_body   = CASE WHEN state = 'in_flight' OR ($5 AND NOT response_final) THEN $4 ELSE response_body END
+		WHERE client_id = $1 AND key = $2
+		RETURNING `+keyColumns, client, key, status, body, replace)
+	if err != nil {
+		return IdempotencyKey{}, fmt.Errorf("answer idempotency key: %w", err)
+	}
+	k, err := pgx.CollectExactlyOneRow(rows, scanKey)
+	if err != nil {
+		return IdempotencyKey{}, fmt.Errorf("answer idempotency key: %w", err)
+	}
+	return k, nil
+}
+
+// DeleteExpiredKeys removes idempotency keys whose retention ended before
+// now, and returns how many.
+func (s *Store) DeleteExpiredKeys(ctx context.Context, now time.Time) (int64, error) {
+	tag, err := s.pool.Exec(ctx, `DELETE FROM idempotency_keys WHERE expires_at < $1`, now)
+	if err != nil {
+		return 0, fmt.Errorf("delete expired idempotency keys: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// respond stores, in the apply transaction, the first response to every
+// client request whose idempotency key is still in flight: the response is
+// durable in the same transaction as the debit.
+func (s *Store) respond(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, results []ledger.Result) error {
+	if s.cfg.Respond == nil {
+		return nil
+	}
+	var clients, keys []string
+	var statuses []int32
+	var bodies [][]byte
+	for i, c := range cmds {
+		r := results[i]
+		if c.IsStep() || r.Kind == ledger.InProgress || r.Kind == ledger.Parked || (r.Kind == ledger.Duplicate && r.Transfer.ID == "") {
+			continue
+		}
+		status, body := s.cfg.Respond(r)
+		clients, keys = append(clients, c.ClientID), append(keys, c.IdempotencyKey)
+		statuses, bodies = append(statuses, int32(status)), append(bodies, body)
+	}
+	if len(clients) == 0 {
+		return nil
+	}
+	_, err := tx.Exec(ctx, `
+		UPDATE idempotency_keys k SET state = 'done', response_status = u.status, response_body = u.body
+		FROM unnest($1::text[], $2::text[], $3::int[], $4::bytea[]) AS u(client_id, key, status, body)
+		WHERE k.client_id = u.client_id AND k.key = u.key AND k.state = 'in_flight'`,
+		clients, keys, statuses, bodies)
+	if err != nil {
+		return fmt.Errorf("store responses: %w", err)
+	}
+	return nil
+}
