@@ -52,7 +52,7 @@ func mustEnv(tb testing.TB, keyTTL time.Duration) *env {
 	c, err := cluster.Start(ctx, cluster.Config{
 		Regions: map[string]uint8{"eu": 1, "us": 2, "ap": 3}, Topology: topo, PostgresURL: pgtest.AdminURL(),
 		DatabasePrefix: fmt.Sprintf("pmtest_api_%d_%d_", os.Getpid(), time.Now().UnixNano()%1e6),
-		Shards: 4, BatchSize: 64, AckWait: 2 * time.Second, APIWait: 3 * time.Second, KeyTTL: keyTTL,
+		Shards:         4, BatchSize: 64, AckWait: 2 * time.Second, APIWait: 3 * time.Second, KeyTTL: keyTTL,
 	})
 	if err != nil {
 		tb.Fatal(err)

@@ -8,8 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"regexp"
 	"strconv"
-	"strings"
 	"time"
 	"unicode"
 
@@ -169,15 +169,16 @@ func checkKeys(b []byte) error {
 	return nil
 }
 
-// ParseAmount parses integer minor units. Fractions, exponents, signs other
-// than a leading minus, and values beyond int64 are refused with
+// ParseAmount parses integer minor units written in canonical decimal
+// (no sign but a leading minus, no leading zeros). Fractions, exponents,
+// other spellings and values beyond int64 are refused with
 // CodeInvalidAmount; zero and negatives parse here and are refused by
 // Validate.
 func ParseAmount(s string) (int64, error) {
 	if s == "" {
 		return 0, Errorf(CodeInvalidAmount, "amount is missing")
 	}
-	if strings.ContainsAny(s, ".eE+") {
+	if !amountRE.MatchString(s) {
 		return 0, Errorf(CodeInvalidAmount, "amount %q must be an integer number of minor units", s)
 	}
 	n, err := strconv.ParseInt(s, 10, 64)
@@ -186,6 +187,8 @@ func ParseAmount(s string) (int64, error) {
 	}
 	return n, nil
 }
+
+var amountRE = regexp.MustCompile(`^-?(0|[1-9][0-9]*)$`)
 
 // MaxClockSkew is how far in the future a command's created_at may be.
 const MaxClockSkew = 5 * time.Minute

@@ -1,0 +1,85 @@
+package api
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/paymesh/paymesh/services/ledger"
+)
+
+// seeds are the nasty request bodies kept in testdata/requests: each line
+// is one body.
+func seeds(tb testing.TB) []string {
+	tb.Helper()
+	b, err := os.ReadFile(filepath.Join("testdata", "requests.txt"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if l != "" && !strings.HasPrefix(l, "#") {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// FuzzDecodeTransferRequest: the decoder never panics, and whatever it
+// accepts has a positive int64 amount, a real currency and two accounts,
+// and round-trips through JSON unchanged.
+func FuzzDecodeTransferRequest(f *testing.F) {
+	for _, s := range seeds(f) {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		r, err := DecodeTransferRequest(body)
+		if err != nil {
+			if ledger.ErrorCode(err) == "" {
+				t.Fatalf("error without a code: %v", err)
+			}
+			return
+		}
+		if r.Amount <= 0 || !ledger.ValidCurrency(r.Currency) || r.From == "" || r.To == "" || r.From == r.To {
+			t.Fatalf("accepted an invalid request %+v from %q", r, body)
+		}
+		b, _ := json.Marshal(r)
+		again, err := DecodeTransferRequest(b)
+		if err != nil || again != r {
+			t.Fatalf("round trip of %+v: %+v %v", r, again, err)
+		}
+	})
+}
+
+// FuzzParseAmount: no panic, and an accepted amount is exactly the decimal
+// integer it was written as.
+func FuzzParseAmount(f *testing.F) {
+	for _, s := range []string{"1", "0", "-1", "1.0", "1e3", "+5", "9223372036854775807", "9223372036854775808", "", " 1", "0x10", "١"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		n, err := ledger.ParseAmount(s)
+		if err != nil {
+			if ledger.ErrorCode(err) != ledger.CodeInvalidAmount {
+				t.Fatalf("%q: error %v without invalid_amount", s, err)
+			}
+			return
+		}
+		if b, _ := json.Marshal(n); string(b) != strings.TrimPrefix(s, "+") && !(s == "-0" && n == 0) {
+			t.Fatalf("%q parsed as %d", s, n)
+		}
+	})
+}
+
+func TestSeedsAreRefused(t *testing.T) {
+	for _, s := range seeds(t) {
+		if strings.Contains(s, `"valid"`) {
+			continue
+		}
+		if _, err := DecodeTransferRequest([]byte(s)); err == nil {
+			t.Errorf("accepted %s", s)
+		}
+	}
+}
