@@ -4,9 +4,12 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/signal"
 	"sync"
@@ -21,6 +24,8 @@ import (
 	"github.com/paymesh/paymesh/internal/pgdb"
 	"github.com/paymesh/paymesh/pkg/dedup"
 	"github.com/paymesh/paymesh/pkg/idgen"
+	"github.com/paymesh/paymesh/services/api"
+	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 	"github.com/paymesh/paymesh/services/ledger/server"
 	"github.com/paymesh/paymesh/services/router"
@@ -33,11 +38,15 @@ type cli struct {
 	RegionsFile string `name:"regions-file" env:"PAYMESH_REGIONS_FILE" help:"Region table (default: the built-in deploy/regions/regions.yaml)." type:"existingfile"`
 	Verbose     bool   `short:"v" help:"Log debug messages."`
 
-	Demo    demoCmd    `cmd:"" help:"Run the single-region demo: transfers with injected duplicates, then the invariant report."`
-	Ledger  ledgerCmd  `cmd:"" help:"Run a region's ledger: consume its JetStream stream and apply transfers exactly once."`
-	Router  routerCmd  `cmd:"" help:"Run a region's router: forward its route stream to the home regions and relay its ledger's outbox."`
-	Verify  verifyCmd  `cmd:"" help:"Check a region's ledger invariants and print PASS/FAIL for each."`
-	Migrate migrateCmd `cmd:"" help:"Apply a region's database migrations and create its consume-log partitions."`
+	Demo      demoCmd      `cmd:"" help:"Run the single-region demo: transfers with injected duplicates, then the invariant report."`
+	Ledger    ledgerCmd    `cmd:"" help:"Run a region's ledger: consume its JetStream stream and apply transfers exactly once."`
+	Router    routerCmd    `cmd:"" help:"Run a region's router: forward its route stream to the home regions and relay its ledger's outbox."`
+	API       apiCmd       `cmd:"" name:"api" help:"Serve a region's HTTP API."`
+	Client    clientCmd    `cmd:"" help:"Register an API client in every region and print its API key."`
+	Accounts  accountsCmd  `cmd:"" help:"Open and show accounts through the HTTP API."`
+	Transfers transfersCmd `cmd:"" help:"Send and show transfers through the HTTP API."`
+	Verify    verifyCmd    `cmd:"" help:"Check a region's ledger invariants and print PASS/FAIL for each."`
+	Migrate   migrateCmd   `cmd:"" help:"Apply a region's database migrations and create its consume-log partitions."`
 }
 
 // regionDB names a region and its database.
@@ -170,6 +179,191 @@ func (c *verifyCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 		return errFailed
 	}
 	return nil
+}
+
+type apiCmd struct {
+	regionDB
+	NATSURL string        `name:"nats-url" env:"PAYMESH_NATS_URL" default:"nats://127.0.0.1:4222" help:"NATS server of the region."`
+	Listen  string        `env:"PAYMESH_API_LISTEN" help:"Address to listen on (default: 127.0.0.1:<the region's api_port>)."`
+	Node    uint16        `env:"PAYMESH_API_NODE" default:"2" help:"Node id (0-1023) for the transfer IDs this process mints; unique per process in the region."`
+	Shards  int           `env:"PAYMESH_SHARDS" default:"16" help:"Ledger subjects per region (as the ledgers)."`
+	Wait    time.Duration `env:"PAYMESH_API_WAIT" default:"2s" help:"How long POST /v1/transfers waits for a final state before answering 202."`
+	KeyTTL  time.Duration `name:"key-ttl" env:"PAYMESH_KEY_TTL" default:"24h" help:"How long idempotency keys are kept."`
+}
+
+func (c *apiCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, log *slog.Logger) error {
+	reg, url, err := c.resolve(t)
+	if err != nil {
+		return err
+	}
+	pool, err := postgres.Connect(ctx, url, time.Minute, 0)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	nc, err := nats.Connect(c.NATSURL, nats.Name("paymesh-api-"+reg.Name), nats.MaxReconnects(-1))
+	if err != nil {
+		return fmt.Errorf("nats %s: %w", c.NATSURL, err)
+	}
+	defer nc.Close()
+	js, err := router.NewJetStream(nc, 0)
+	if err != nil {
+		return err
+	}
+	if err := router.EnsureStream(ctx, js, reg.Name, 0); err != nil {
+		return err
+	}
+	gen, err := idgen.NewGenerator(ids, reg.Name, c.Node)
+	if err != nil {
+		return err
+	}
+	store := postgres.New(pool, postgres.Config{Region: reg.Name, Regions: ids})
+	srv := api.New(api.Config{Region: reg.Name, Regions: ids, IDs: gen, Store: store, NATS: nc, Wait: c.Wait, KeyTTL: c.KeyTTL,
+		Router: router.New(js, router.Config{Region: reg.Name, Regions: ids, Shards: c.Shards}), Log: log.With("service", "api")})
+	if err := srv.Listen(); err != nil {
+		return err
+	}
+	defer srv.Close()
+	addr := c.Listen
+	if addr == "" {
+		addr = fmt.Sprintf("127.0.0.1:%d", reg.APIPort)
+	}
+	hs := &http.Server{Addr: addr, Handler: srv, ReadHeaderTimeout: 5 * time.Second}
+	go srv.RunCleanup(ctx, time.Hour)
+	go func() {
+		<-ctx.Done()
+		_ = hs.Shutdown(context.Background())
+	}()
+	log.Info("api listening", "region", reg.Name, "addr", addr)
+	if err := hs.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+type clientCmd struct {
+	PostgresURL string `name:"postgres-url" env:"PAYMESH_POSTGRES_URL" help:"Postgres server of the regions' databases (default: ${default_pg})."`
+	DBPrefix    string `name:"database-prefix" env:"PAYMESH_DATABASE_PREFIX" help:"Region databases are named <prefix><region> instead of the region table's."`
+	ID          string `arg:"" help:"Client id (1-64 characters)."`
+	Name        string `help:"Display name." default:""`
+	Rate        int    `help:"Requests per second allowed." default:"100"`
+}
+
+func (c *clientCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions) error {
+	if c.ID == "" || len(c.ID) > 64 {
+		return fmt.Errorf("client id must be 1-64 characters")
+	}
+	raw := make([]byte, 24)
+	if _, err := rand.Read(raw); err != nil {
+		return err
+	}
+	key := "pm_" + hex.EncodeToString(raw)
+	for _, r := range t.Regions {
+		db := r.Postgres.Database
+		if c.DBPrefix != "" {
+			db = c.DBPrefix + r.Name
+		}
+		_, url, err := (regionDB{Region: r.Name, PostgresURL: c.PostgresURL, Database: db}).resolve(t)
+		if err != nil {
+			return err
+		}
+		pool, err := postgres.Connect(ctx, url, time.Minute, 0)
+		if err != nil {
+			return fmt.Errorf("region %s: %w", r.Name, err)
+		}
+		err = postgres.New(pool, postgres.Config{Region: r.Name, Regions: ids}).PutClient(ctx, postgres.Client{ID: c.ID, Name: c.Name, RatePerSec: c.Rate}, key)
+		pool.Close()
+		if err != nil {
+			return fmt.Errorf("region %s: %w", r.Name, err)
+		}
+	}
+	fmt.Println(key)
+	return nil
+}
+
+// apiClient holds the flags of the client commands.
+type apiClient struct {
+	APIURL string `name:"api-url" env:"PAYMESH_API_URL" default:"http://127.0.0.1:8101" help:"Any region's API."`
+	APIKey string `name:"api-key" env:"PAYMESH_API_KEY" required:"" help:"Your API key (paymesh client prints one)."`
+}
+
+func (a apiClient) client() *api.Client { return &api.Client{BaseURL: a.APIURL, APIKey: a.APIKey} }
+
+// show prints an API answer, or its problem, and fails on a problem.
+func show(r api.Response, err error) error {
+	if len(r.Body) > 0 {
+		fmt.Println(string(r.Body))
+	}
+	if r.Replayed {
+		fmt.Fprintln(os.Stderr, "(replayed: the first response to this Idempotency-Key)")
+	}
+	if err != nil && len(r.Body) == 0 {
+		return err
+	}
+	if err != nil {
+		return errFailed
+	}
+	return nil
+}
+
+type accountsCmd struct {
+	Create struct {
+		apiClient
+		Currency string `required:"" help:"ISO 4217 currency."`
+		Region   string `help:"Home region (default: the region of --api-url)."`
+		Floor    int64  `help:"Lowest balance allowed (0: no overdraft)."`
+	} `cmd:"" help:"Open an account."`
+	Show struct {
+		apiClient
+		ID      string `arg:"" help:"Account id."`
+		Entries bool   `help:"Show its change-log instead."`
+		After   int64  `help:"With --entries: start after this version."`
+	} `cmd:"" help:"Show an account, from any region."`
+}
+
+func (c *accountsCmd) Run(ctx context.Context, k *kong.Context) error {
+	switch k.Command() {
+	case "accounts create":
+		return show(c.Create.client().CreateAccount(ctx, c.Create.Currency, c.Create.Region, c.Create.Floor))
+	default:
+		path := "/v1/accounts/" + c.Show.ID
+		if c.Show.Entries {
+			path += fmt.Sprintf("/entries?after=%d", c.Show.After)
+		}
+		return show(c.Show.client().Get(ctx, path))
+	}
+}
+
+type transfersCmd struct {
+	Send struct {
+		apiClient
+		From     string `required:"" help:"Your source account."`
+		To       string `required:"" help:"Destination account, in any region."`
+		Amount   string `required:"" help:"Integer minor units (cents)."`
+		Currency string `required:"" help:"ISO 4217 currency."`
+		Key      string `help:"Idempotency-Key (default: a new random one, printed, reused on retries)."`
+	} `cmd:"" help:"Send a transfer; retries safely on network errors."`
+	Show struct {
+		apiClient
+		ID string `arg:"" help:"Transfer id."`
+	} `cmd:"" help:"Show a transfer's status and legs, from any region."`
+}
+
+func (c *transfersCmd) Run(ctx context.Context, k *kong.Context) error {
+	if k.Command() != "transfers send" {
+		return show(c.Show.client().Get(ctx, "/v1/transfers/"+c.Show.ID))
+	}
+	s := c.Send
+	amount, err := ledger.ParseAmount(s.Amount)
+	if err != nil {
+		return err
+	}
+	key := s.Key
+	if key == "" {
+		key = api.NewIdempotencyKey()
+		fmt.Fprintf(os.Stderr, "Idempotency-Key: %s\n", key)
+	}
+	return show(s.client().SendTransfer(ctx, api.TransferRequest{From: s.From, To: s.To, Amount: amount, Currency: s.Currency}, key))
 }
 
 type routerCmd struct {

@@ -70,7 +70,7 @@ func TestComposeMatchesRegions(t *testing.T) {
 			}
 			return s
 		}
-		natsSvc, pg, ledger, verify, rt := svc("nats"), svc("postgres"), svc("ledger"), svc("verify"), svc("router")
+		natsSvc, pg, ledger, verify, rt, apiSvc := svc("nats"), svc("postgres"), svc("ledger"), svc("verify"), svc("router"), svc("api")
 
 		for _, p := range []string{fmt.Sprintf("%d:4222", r.NATS.ClientPort), fmt.Sprintf("%d:8222", r.NATS.MonitorPort)} {
 			if !slices.Contains(natsSvc.Ports, p) {
@@ -83,7 +83,7 @@ func TestComposeMatchesRegions(t *testing.T) {
 		if p := fmt.Sprintf("%d:5432", r.Postgres.Port); !slices.Contains(pg.Ports, p) {
 			t.Errorf("postgres-%s: ports %v, want %s", r.Name, pg.Ports, p)
 		}
-		for name, s := range map[string]composeService{"ledger": ledger, "verify": verify, "router": rt} {
+		for name, s := range map[string]composeService{"ledger": ledger, "verify": verify, "router": rt, "api": apiSvc} {
 			env := s.Environment
 			if env["PAYMESH_REGION"] != r.Name || env["PAYMESH_DATABASE"] != r.Postgres.Database {
 				t.Errorf("%s-%s: region %q database %q, want %q %q", name, r.Name, env["PAYMESH_REGION"], env["PAYMESH_DATABASE"], r.Name, r.Postgres.Database)
@@ -96,10 +96,13 @@ func TestComposeMatchesRegions(t *testing.T) {
 				t.Errorf("%s-%s: depends_on %v, want postgres-%s", name, r.Name, s.DependsOn, r.Name)
 			}
 		}
-		for name, s := range map[string]composeService{"ledger": ledger, "router": rt} {
+		for name, s := range map[string]composeService{"ledger": ledger, "router": rt, "api": apiSvc} {
 			if got, want := s.Environment["PAYMESH_NATS_URL"], "nats://nats-"+r.Name+":4222"; got != want {
 				t.Errorf("%s-%s: PAYMESH_NATS_URL %q, want %q", name, r.Name, got, want)
 			}
+		}
+		if p := fmt.Sprintf("%d:%d", r.APIPort, r.APIPort); !slices.Contains(apiSvc.Ports, p) || apiSvc.Environment["PAYMESH_API_LISTEN"] != fmt.Sprintf("0.0.0.0:%d", r.APIPort) {
+			t.Errorf("api-%s: ports %v listen %q, want %s", r.Name, apiSvc.Ports, apiSvc.Environment["PAYMESH_API_LISTEN"], p)
 		}
 		if !slices.Equal(rt.Command, []string{"router"}) {
 			t.Errorf("router-%s: command %v, want [router]", r.Name, rt.Command)

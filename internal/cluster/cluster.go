@@ -201,6 +201,7 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) error {
 		}
 	})
 	r.done.Go(func() { rt.RunRelay(runCtx, srv.Store, log.With("service", "relay")) })
+	r.done.Go(func() { apiSrv.RunCleanup(runCtx, time.Hour) })
 	return nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/paymesh/paymesh/internal/cluster"
+	"github.com/paymesh/paymesh/internal/faultproxy"
 	"github.com/paymesh/paymesh/internal/natsembed"
 	"github.com/paymesh/paymesh/internal/pgtest"
 	"github.com/paymesh/paymesh/pkg/idgen"
@@ -387,4 +389,69 @@ func TestValidationAndLimits(t *testing.T) {
 			t.Fatalf("got %d %s (Retry-After %q), want 429 rate_limited", limited.status, limited.body, limited.header.Get("Retry-After"))
 		}
 	})
+}
+
+// TestKeyExpiry: idempotency keys expire after their retention and are
+// cleaned up; a request repeated after that is not applied again (the
+// ledger's business key still knows it) and answers with the first
+// transfer, without the replay header.
+func TestKeyExpiry(t *testing.T) {
+	e := mustEnv(t, time.Second)
+	a := e.account(t, "eu", keyA, 100)
+	b := e.account(t, "eu", keyA, 0)
+	first := e.do(t, "eu", "POST", "/v1/transfers", keyA, "short-lived", transferJSON(a, b, 30))
+	if first.status != http.StatusCreated {
+		t.Fatalf("first: %d %s", first.status, first.body)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	store := e.c.Region("eu").Ledger.Store
+	n, err := store.DeleteExpiredKeys(context.Background(), time.Now())
+	if err != nil || n != 1 {
+		t.Fatalf("cleanup: removed %d (%v), want 1", n, err)
+	}
+	if _, ok, _ := store.Key(context.Background(), "a", "short-lived"); ok {
+		t.Fatal("the expired key is still stored")
+	}
+	again := e.do(t, "eu", "POST", "/v1/transfers", keyA, "short-lived", transferJSON(a, b, 30))
+	var t1, t2 api.TransferBody
+	first.json(t, &t1)
+	again.json(t, &t2)
+	if again.status != http.StatusCreated || t2.ID != t1.ID || again.header.Get(api.HeaderReplayed) != "" {
+		t.Fatalf("after expiry: %d %s, want 201 with the first transfer %s", again.status, again.body, t1.ID)
+	}
+	if got := e.balance(t, "eu", keyA, b); got != 30 {
+		t.Fatalf("balance: got %d, want 30 (applied once)", got)
+	}
+}
+
+// TestClientRetriesSafely: the client's answer to a transfer is lost after
+// the server got it; the client retries with the same key and gets the
+// stored response. One transfer, whatever the network did.
+func TestClientRetriesSafely(t *testing.T) {
+	e := mustEnv(t, 24*time.Hour)
+	a := e.account(t, "eu", keyA, 100)
+	b := e.account(t, "us", keyA, 0)
+	proxy, err := faultproxy.New(strings.TrimPrefix(e.c.Region("eu").APIURL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	proxy.Trap([]byte("POST /v1/transfers"), faultproxy.DropAfter)
+	cl := &api.Client{BaseURL: "http://" + proxy.Addr(), APIKey: keyA, HTTP: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}}
+	r, err := cl.SendTransfer(context.Background(), api.TransferRequest{From: a, To: b, Amount: 25, Currency: "EUR"}, api.NewIdempotencyKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if proxy.Fired() != 1 || !r.Replayed {
+		t.Fatalf("fault fired %d times, replayed=%v: the lost answer was not retried", proxy.Fired(), r.Replayed)
+	}
+	e.quiet(t)
+	if got := e.balance(t, "us", keyA, b); got != 25 {
+		t.Fatalf("destination: got %d, want 25", got)
+	}
+	if _, err := cl.SendTransfer(context.Background(), api.TransferRequest{From: a, To: b, Amount: 0, Currency: "EUR"}, "k0"); err == nil {
+		t.Fatal("an invalid transfer was not refused")
+	} else if ae := (*api.Error)(nil); !errors.As(err, &ae) || ae.Problem.Code != ledger.CodeInvalidAmount {
+		t.Fatalf("got %v, want invalid_amount", err)
+	}
 }

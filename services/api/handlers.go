@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"net/http"
@@ -182,16 +183,31 @@ func (s *Server) createTransfer(ctx context.Context, c call) reply {
 	}
 	cmd := ledger.Command{Type: ledger.TypeTransfer, TransferID: k.TransferID, ClientID: c.Client, IdempotencyKey: c.Key,
 		From: req.From, To: req.To, Amount: req.Amount, Currency: req.Currency, CreatedAt: k.CreatedAt}
+	// The ledger's business key outlives the idempotency key: a request
+	// repeated after its key expired is answered with the transfer it made.
+	if t, ok, err := s.cfg.Store.TransferByKey(ctx, c.Client, c.Key); err != nil {
+		return errReply(err)
+	} else if ok {
+		st, b := Respond(ledger.Result{Kind: ledger.Duplicate, Transfer: t})
+		if !bytes.Equal(t.Fingerprint, cmd.Fingerprint()) {
+			st, b = problem(ledger.Errorf(ledger.CodeIdempotencyKeyReused, "the Idempotency-Key was used for a different request"))
+		}
+		if k, err = s.cfg.Store.Answer(ctx, c.Client, c.Key, st, b, false); err != nil {
+			return errReply(err)
+		}
+		return stored(k, false)
+	}
 	if _, err := s.cfg.Router.Submit(ctx, cmd); err != nil {
 		return errReply(err) // the key stays in flight; a retry after its lease takes it over
 	}
-	return s.await(ctx, c.Client, c.Key, k.TransferID)
+	return s.await(ctx, cmd)
 }
 
 // await waits for the ledger's stored response, and for a cross-region
 // transfer (stored 202) for its final state, up to Wait. Whatever it answers
 // is first stored with the key, so that a repeat gets exactly this answer.
-func (s *Server) await(ctx context.Context, client, key, transferID string) reply {
+func (s *Server) await(ctx context.Context, cmd ledger.Command) reply {
+	client, key, transferID := cmd.ClientID, cmd.IdempotencyKey, cmd.TransferID
 	deadline := time.Now().Add(s.cfg.Wait)
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
@@ -222,7 +238,8 @@ func (s *Server) await(ctx context.Context, client, key, transferID string) repl
 			if t, err := s.cfg.Store.Transfer(ctx, transferID); err == nil {
 				st, b = Respond(ledger.Result{Kind: ledger.Applied, Transfer: t})
 			} else {
-				b, _ = json.Marshal(TransferBody{ID: transferID, Status: string(ledger.StatusPending)})
+				b, _ = json.Marshal(TransferBody{ID: transferID, From: cmd.From, To: cmd.To, Amount: cmd.Amount, Currency: cmd.Currency,
+					Status: string(ledger.StatusPending), CreatedAt: cmd.CreatedAt.UTC()})
 			}
 			k, err := s.cfg.Store.Answer(ctx, client, key, st, b, false)
 			if err != nil {

@@ -305,3 +305,24 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	}
 	w.WriteHeader(http.StatusOK)
 }
+
+// RunCleanup deletes expired idempotency keys now and then every interval
+// until ctx ends.
+func (s *Server) RunCleanup(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		if n, err := s.cfg.Store.DeleteExpiredKeys(ctx, s.cfg.Now()); err != nil {
+			if ctx.Err() == nil {
+				s.cfg.Log.Warn("idempotency key cleanup", "err", err)
+			}
+		} else if n > 0 {
+			s.cfg.Log.Info("idempotency keys expired", "deleted", n)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

@@ -69,3 +69,20 @@ func (s *Store) Advance(ctx context.Context, id string, from ledger.Status, vers
 	s.stats().StaleVersions.Add(1)
 	return cur, ledger.Errorf(ledger.CodeStaleVersion, "transfer %s is %s v%d, not %s v%d", id, cur.Status, cur.Version, from, version)
 }
+
+// TransferByKey returns the transfer recorded for a client's idempotency
+// key, or false.
+func (s *Store) TransferByKey(ctx context.Context, client, key string) (ledger.Transfer, bool, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+transferColumns+` FROM transfers WHERE client_id = $1 AND idempotency_key = $2`, client, key)
+	if err != nil {
+		return ledger.Transfer{}, false, fmt.Errorf("read transfer: %w", err)
+	}
+	t, err := pgx.CollectExactlyOneRow(rows, scanTransfer)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ledger.Transfer{}, false, nil
+	}
+	if err != nil {
+		return ledger.Transfer{}, false, fmt.Errorf("read transfer: %w", err)
+	}
+	return t, true, nil
+}

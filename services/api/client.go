@@ -1,0 +1,134 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+)
+
+// Client calls the paymesh HTTP API. Its zero HTTP field means
+// http.DefaultClient.
+type Client struct {
+	BaseURL string
+	APIKey  string
+	HTTP    *http.Client
+	// Attempts bounds the tries of SendTransfer (default 8).
+	Attempts uint
+}
+
+// Response is a raw API answer.
+type Response struct {
+	Status   int
+	Replayed bool
+	Body     json.RawMessage
+}
+
+// Error is an API answer with a problem body.
+type Error struct {
+	Status  int
+	Problem Problem
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("%d %s: %s", e.Status, e.Problem.Code, e.Problem.Detail)
+}
+
+// NewIdempotencyKey returns a random key for SendTransfer.
+func NewIdempotencyKey() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func (c *Client) do(ctx context.Context, method, path, key string, body []byte) (Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, c.BaseURL+path, bytes.NewReader(body))
+	if err != nil {
+		return Response{}, err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.APIKey)
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	hc := c.HTTP
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	res, err := hc.Do(req)
+	if err != nil {
+		return Response{}, err
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		return Response{}, err
+	}
+	r := Response{Status: res.StatusCode, Replayed: res.Header.Get(HeaderReplayed) == "true", Body: b}
+	if res.StatusCode >= 400 {
+		e := &Error{Status: res.StatusCode}
+		_ = json.Unmarshal(b, &e.Problem)
+		if res.StatusCode == http.StatusConflict || res.StatusCode == http.StatusTooManyRequests || res.StatusCode >= 500 {
+			secs, _ := strconv.Atoi(res.Header.Get("Retry-After"))
+			return r, retryable{e, time.Duration(secs) * time.Second}
+		}
+		return r, e
+	}
+	return r, nil
+}
+
+// retryable marks an answer worth trying again after a while.
+type retryable struct {
+	err   *Error
+	after time.Duration
+}
+
+func (r retryable) Error() string { return r.err.Error() }
+func (r retryable) Unwrap() error { return r.err }
+
+// SendTransfer posts a transfer with the idempotency key and retries with
+// the same key on network errors, 409 (in flight), 429 and 5xx, with
+// backoff: the transfer is made at most once whatever happens.
+func (c *Client) SendTransfer(ctx context.Context, req TransferRequest, key string) (Response, error) {
+	body, _ := json.Marshal(req)
+	attempts := c.Attempts
+	if attempts == 0 {
+		attempts = 8
+	}
+	return backoff.Retry(ctx, func() (Response, error) {
+		r, err := c.do(ctx, http.MethodPost, "/v1/transfers", key, body)
+		var e *Error
+		var rt retryable
+		switch {
+		case errors.As(err, &rt):
+			if rt.after > 0 {
+				return r, backoff.RetryAfter(int(rt.after.Seconds()))
+			}
+			return r, err
+		case errors.As(err, &e):
+			return r, backoff.Permanent(err)
+		}
+		return r, err // nil, or a network error: retried
+	}, backoff.WithMaxTries(attempts), backoff.WithBackOff(&backoff.ExponentialBackOff{
+		InitialInterval: 100 * time.Millisecond, RandomizationFactor: 0.3, Multiplier: 2, MaxInterval: 3 * time.Second}))
+}
+
+// CreateAccount opens an account; region may be empty.
+func (c *Client) CreateAccount(ctx context.Context, currency, region string, floor int64) (Response, error) {
+	body, _ := json.Marshal(AccountRequest{Currency: currency, Region: region, Floor: floor})
+	return c.do(ctx, http.MethodPost, "/v1/accounts", "", body)
+}
+
+// Get reads a path of the API (an account, its entries, a transfer).
+func (c *Client) Get(ctx context.Context, path string) (Response, error) {
+	return c.do(ctx, http.MethodGet, path, "", nil)
+}
