@@ -441,40 +441,42 @@ func (c *migrateCmd) Run(ctx context.Context, t regions.Table) error {
 }
 
 type demoCmd struct {
-	PostgresURL   string  `name:"postgres-url" env:"PAYMESH_POSTGRES_URL" help:"Postgres server on which to create the demo database (default: ${default_pg})."`
-	Region        string  `default:"eu" help:"Region to run."`
-	Accounts      int     `default:"200" help:"Accounts to open and fund."`
-	Transfers     int     `default:"20000" help:"Transfers to send."`
+	PostgresURL   string  `name:"postgres-url" env:"PAYMESH_POSTGRES_URL" help:"Postgres server on which to create the demo databases (default: ${default_pg})."`
+	Accounts      int     `default:"50" help:"Accounts to open and fund in each region."`
+	Transfers     int     `default:"20000" help:"Transfers to send (about half cross-region)."`
 	Seed          uint64  `default:"1" help:"Seed of the random workload."`
-	ProducerRetry float64 `name:"producer-retry" default:"0.05" help:"Rate of producer retries with the same Nats-Msg-Id."`
-	LateCopy      float64 `name:"late-copy" default:"0.05" help:"Rate of extra copies that bypass the Msg-Id window."`
-	DropAck       float64 `name:"drop-ack" default:"0.03" help:"Rate of committed batches whose acks are dropped (forced redelivery)."`
-	ClientRetry   float64 `name:"client-retry" default:"0.05" help:"Rate of client retries: an old idempotency key with a new transfer id."`
+	HTTPShare     float64 `name:"http-share" default:"0.05" help:"Share of transfers sent through the HTTP API; the rest go to the routers."`
+	ClientRetry   float64 `name:"client-retry" default:"0.05" help:"Rate of client retries with the same key, in any region."`
+	ProducerRetry float64 `name:"producer-retry" default:"0.05" help:"Rate of router re-publishes with the same Nats-Msg-Id."`
+	DropAck       float64 `name:"drop-ack" default:"0.03" help:"Rate of committed ledger batches whose acks are dropped (forced redelivery)."`
 	Poison        float64 `default:"0.002" help:"Rate of malformed messages."`
-	Keep          bool    `help:"Keep the demo database afterwards."`
+	Stay          bool    `help:"Keep the regions running after the report, with their APIs on the region table's ports, until Ctrl-C."`
+	Keep          bool    `help:"Keep the demo databases afterwards."`
 }
 
 func (c *demoCmd) Run(ctx context.Context) error {
 	if c.PostgresURL == "" {
 		c.PostgresURL = pgdb.DefaultURL
 	}
-	for name, r := range map[string]float64{"producer-retry": c.ProducerRetry, "late-copy": c.LateCopy, "drop-ack": c.DropAck, "client-retry": c.ClientRetry, "poison": c.Poison} {
+	for name, r := range map[string]float64{"http-share": c.HTTPShare, "client-retry": c.ClientRetry, "producer-retry": c.ProducerRetry, "drop-ack": c.DropAck, "poison": c.Poison} {
 		if r < 0 || r > 1 {
 			return fmt.Errorf("--%s %v: a rate must be between 0 and 1", name, r)
 		}
 	}
 	if c.Accounts < 2 || c.Transfers < 0 {
-		return fmt.Errorf("need at least 2 accounts and a non-negative transfer count")
+		return fmt.Errorf("need at least 2 accounts per region and a non-negative transfer count")
 	}
 	rep, err := demo.Run(ctx, demo.Config{
-		PostgresURL: c.PostgresURL, Region: c.Region, Accounts: c.Accounts, Transfers: c.Transfers, Seed: c.Seed,
-		ProducerRetry: c.ProducerRetry, Redelivery: c.LateCopy, DropAck: c.DropAck, ClientRetry: c.ClientRetry,
-		Poison: c.Poison, Keep: c.Keep, Live: isTerminal(os.Stdout),
+		PostgresURL: c.PostgresURL, Accounts: c.Accounts, Transfers: c.Transfers, Seed: c.Seed, HTTPShare: c.HTTPShare,
+		ClientRetry: c.ClientRetry, ProducerRetry: c.ProducerRetry, DropAck: c.DropAck, Poison: c.Poison,
+		FixedPorts: true, Stay: c.Stay, Keep: c.Keep, Live: isTerminal(os.Stdout),
 	}, os.Stdout)
 	if err != nil {
 		return err
 	}
-	rep.Print(os.Stdout)
+	if !c.Stay {
+		rep.Print(os.Stdout)
+	}
 	if !rep.OK() {
 		return errFailed
 	}

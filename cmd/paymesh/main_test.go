@@ -72,6 +72,7 @@ func TestDemoFlagsRejected(t *testing.T) {
 		"RateAboveOne":  {Accounts: 10, DropAck: 1.5},
 		"NegativeRate":  {Accounts: 10, Poison: -0.1},
 		"OneAccount":    {Accounts: 1},
+		"HTTPShare":     {Accounts: 10, HTTPShare: 2},
 		"NegativeCount": {Accounts: 10, Transfers: -1},
 	} {
 		t.Run(name, func(t *testing.T) {

@@ -43,13 +43,16 @@ type Config struct {
 	AckWait        time.Duration
 	// Inject asks, per router publish, for a duplicate (see router.Config).
 	Inject func() bool
-	// DropAck asks, per committed ledger batch, to skip its acks (a forced
-	// redelivery).
-	DropAck func() bool
+	// DropAck asks, per committed ledger batch of msgs messages, to skip
+	// its acks (a forced redelivery).
+	DropAck func(msgs int) bool
 	// APIWait and KeyTTL configure each region's HTTP API (see api.Config).
 	APIWait time.Duration
 	KeyTTL  time.Duration
-	Log     *slog.Logger
+	// APIAddrs gives a region's API a fixed listen address; the default is
+	// a random port on 127.0.0.1.
+	APIAddrs map[string]string
+	Log      *slog.Logger
 }
 
 // Region is one running region.
@@ -130,8 +133,8 @@ func (c *Cluster) Names() []string {
 func (c *Cluster) startRegion(ctx context.Context, r *Region) error {
 	var afterCommit func([]jetstream.Msg) error
 	if c.cfg.DropAck != nil {
-		afterCommit = func([]jetstream.Msg) error {
-			if c.cfg.DropAck() {
+		afterCommit = func(msgs []jetstream.Msg) error {
+			if c.cfg.DropAck(len(msgs)) {
 				return errors.New("acks dropped")
 			}
 			return nil
@@ -177,7 +180,11 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) error {
 		nc.Close()
 		return err
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr := c.cfg.APIAddrs[r.Name]
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		apiSrv.Close()
 		srv.Close()

@@ -40,12 +40,17 @@ type harness struct {
 
 func mustCluster(tb testing.TB, inject, dropAck func() bool) *harness {
 	tb.Helper()
+	var drop func(int) bool
+	if dropAck != nil {
+		drop = func(int) bool { return dropAck() }
+	}
+	tb.Helper()
 	topo := natsembed.MustStartTopology(tb, "eu", "us", "ap")
 	ctx := context.Background()
 	prefix := fmt.Sprintf("pmtest_%d_%d_", os.Getpid(), time.Now().UnixNano()%1e6)
 	c, err := cluster.Start(ctx, cluster.Config{
 		Regions: regionCodes, Topology: topo, PostgresURL: pgtest.AdminURL(), DatabasePrefix: prefix,
-		Shards: 4, BatchSize: 64, AckWait: 2 * time.Second, Inject: inject, DropAck: dropAck,
+		Shards: 4, BatchSize: 64, AckWait: 2 * time.Second, Inject: inject, DropAck: drop,
 	})
 	if err != nil {
 		tb.Fatal(err)

@@ -1,68 +1,71 @@
-// Package demo runs paymesh's single-region demo: an embedded JetStream, a
-// ledger on the local Postgres, funded accounts, and random transfers pushed
-// through the stream with every kind of duplicate injected. It ends with the
-// invariant report.
+// Package demo runs paymesh's demo: three regions in one process (an
+// embedded NATS topology, a database per region on the local Postgres, and
+// per region a ledger, a router and the HTTP API), funded accounts, and a
+// mix of same-region and cross-region transfers with every kind of
+// duplicate injected. It ends with the global invariant report.
 package demo
 
 import (
 	"context"
-	"errors"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
+	mrand "math/rand/v2"
 	"os"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/paymesh/paymesh/deploy/regions"
+	"github.com/paymesh/paymesh/internal/cluster"
 	"github.com/paymesh/paymesh/internal/natsembed"
-	"github.com/paymesh/paymesh/internal/pgdb"
+	"github.com/paymesh/paymesh/pkg/dedup"
 	"github.com/paymesh/paymesh/pkg/idgen"
+	"github.com/paymesh/paymesh/services/api"
 	"github.com/paymesh/paymesh/services/ledger"
 	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
-	"github.com/paymesh/paymesh/services/ledger/server"
 )
 
 // Config sets the demo's size and its duplicate injection rates (0..1).
 type Config struct {
-	PostgresURL   string // admin URL of the server to create the demo database on
-	Database      string // demo database name (default paymesh_demo_<region>); dropped and recreated
-	Region        string
-	Accounts      int
-	Transfers     int
-	Seed          uint64
-	ProducerRetry float64 // re-publish with the same Nats-Msg-Id (caught by JetStream)
-	Redelivery    float64 // store an extra copy (as after the Msg-Id window): caught by the consume-log
-	DropAck       float64 // batches whose acks are dropped after commit: redelivered by JetStream
-	ClientRetry   float64 // a new transfer id with an old idempotency key: caught by the business key
-	Poison        float64 // malformed commands: dead-lettered
-	Keep          bool    // keep the demo database afterwards
-	Live          bool    // redraw one status line (a terminal) instead of printing lines
+	PostgresURL    string // admin URL of the server to create the region databases on
+	DatabasePrefix string // region databases are <prefix><region> (default paymesh_demo_)
+	Accounts       int    // per region
+	Transfers      int
+	Seed           uint64
+	ClientRetry    float64 // a client sends a request again, sometimes in another region
+	ProducerRetry  float64 // a router publishes a message twice with the same Nats-Msg-Id
+	DropAck        float64 // a ledger batch's acks are dropped after commit (forced redelivery)
+	Poison         float64 // malformed messages (dead-lettered)
+	// HTTPShare is the share of transfers sent through the HTTP API (the
+	// rest go straight to the routers).
+	HTTPShare float64
+	// FixedPorts serves each region's API on its api_port from the region
+	// table (for the walkthrough); otherwise on random ports.
+	FixedPorts bool
+	// Stay keeps the regions running after the report until ctx ends.
+	Stay bool
+	Keep bool // keep the databases afterwards
+	Live bool // redraw one status line (a terminal) instead of printing lines
 }
 
 // Report is what the demo prints at the end.
 type Report struct {
-	Commands                                      int64 // distinct commands sent
-	Poison                                        int64 // malformed messages sent
-	Applied, Rejected, DeadLettered, Redeliveries int64
-	Injected                                      map[string]int64
-	Caught                                        map[string]int64
-	Elapsed                                       time.Duration
-	Verify                                        postgres.Report
-}
-
-// OK reports whether every invariant passed, every distinct command was
-// recorded once, every injected duplicate was caught and every poison
-// message dead-lettered.
-func (r Report) OK() bool {
-	return r.Verify.OK() && r.Missed() == 0 && r.Applied+r.Rejected == r.Commands && r.DeadLettered == r.Poison
+	Commands, Poison, Recorded                     int64
+	Applied, Rejected, DeadLettered, Redeliveries  int64
+	Completed, Refunded, RejectedFinal, Unfinished int64
+	Injected                                       map[string]int64
+	Caught                                         map[string]int64
+	Elapsed                                        time.Duration
+	Verify                                         postgres.Report
 }
 
 // Missed is injected duplicates minus the duplicates the layers reported:
@@ -78,300 +81,420 @@ func (r Report) Missed() int64 {
 	return in - caught
 }
 
+// OK reports whether every check passed.
+func (r Report) OK() bool {
+	return r.Verify.OK() && r.Missed() == 0 && r.Recorded == r.Commands && r.DeadLettered == r.Poison && r.Unfinished == 0
+}
+
 // Run runs the demo, writing progress to out. It returns an error when the
-// demo cannot start (no Postgres, no NATS) or is interrupted.
+// demo cannot start (no Postgres, ports taken) or is interrupted.
 func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 	table, err := regions.Default()
 	if err != nil {
 		return Report{}, err
 	}
-	reg, ok := table.Get(cfg.Region)
-	if !ok {
-		return Report{}, fmt.Errorf("demo: region %q is not in deploy/regions/regions.yaml", cfg.Region)
+	if cfg.DatabasePrefix == "" {
+		cfg.DatabasePrefix = "paymesh_demo_"
 	}
-	ids, err := idgen.NewRegions(table.Codes())
-	if err != nil {
-		return Report{}, err
-	}
-	dbName := cfg.Database
-	if dbName == "" {
-		dbName = "paymesh_demo_" + reg.Name
-	}
-	url, err := pgdb.Create(ctx, cfg.PostgresURL, dbName, true)
-	if err != nil {
-		return Report{}, fmt.Errorf("%w\n\nThe demo needs PostgreSQL. Start the local server (pg_ctlcluster 15 main start) or set PAYMESH_POSTGRES_URL to a server where it may create databases", err)
-	}
-	if !cfg.Keep {
-		defer pgdb.Drop(context.Background(), cfg.PostgresURL, dbName) //nolint:errcheck // best effort
+	var names []string
+	addrs := map[string]string{}
+	for _, r := range table.Regions {
+		names = append(names, r.Name)
+		if cfg.FixedPorts {
+			addrs[r.Name] = fmt.Sprintf("127.0.0.1:%d", r.APIPort)
+		}
 	}
 	dir, err := os.MkdirTemp("", "paymesh-demo-nats-")
 	if err != nil {
 		return Report{}, err
 	}
 	defer os.RemoveAll(dir)
-	ns, err := natsembed.Start(natsembed.Options{Name: "demo-" + reg.Name, StoreDir: dir})
+	topo, err := natsembed.StartTopology(natsembed.TopologyOptions{Regions: names, Dir: dir})
 	if err != nil {
 		return Report{}, err
 	}
-	defer ns.Shutdown()
-	fmt.Fprintf(out, "paymesh demo: region %s (code %d), database %s, embedded JetStream at %s\n", reg.Name, reg.Code, dbName, ns.ClientURL())
+	defer topo.Shutdown()
 
-	rng := rand.New(rand.NewPCG(cfg.Seed, 0x9e3779b9))
+	rng := mrand.New(mrand.NewPCG(cfg.Seed, 0x9e3779b9))
+	var rngMu sync.Mutex
+	coin := func(p float64) func() bool {
+		return func() bool {
+			rngMu.Lock()
+			defer rngMu.Unlock()
+			return rng.Float64() < p
+		}
+	}
 	var dropped atomic.Int64
-	srv, err := server.Open(ctx, server.Config{
-		Region: reg.Name, Regions: ids, Node: 1, PostgresURL: url, NATSURL: ns.ClientURL(), Workers: 2,
-		BatchSize: 128, AckWait: 2 * time.Second, MaxDeliver: 10, CacheSize: 100_000,
-		Log: slog.New(slog.DiscardHandler),
-		AfterCommit: func(msgs []jetstream.Msg) error {
-			// Forced redelivery: drop the acks of a committed batch, as a
-			// worker that crashes between COMMIT and ack would.
-			if rand.Float64() < cfg.DropAck {
-				dropped.Add(int64(len(msgs)))
-				return errors.New("demo: acks dropped")
+	dropAck := coin(cfg.DropAck)
+	c, err := cluster.Start(ctx, cluster.Config{
+		Regions: table.Codes(), Topology: topo, PostgresURL: cfg.PostgresURL, DatabasePrefix: cfg.DatabasePrefix,
+		Shards: 8, BatchSize: 128, AckWait: 2 * time.Second, APIWait: 2 * time.Second, APIAddrs: addrs,
+		Inject: coin(cfg.ProducerRetry),
+		DropAck: func(msgs int) bool {
+			if dropAck() {
+				dropped.Add(int64(msgs))
+				return true
 			}
-			return nil
+			return false
 		},
+		Log: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
+		return Report{}, fmt.Errorf("%w\n\nThe demo needs PostgreSQL. Start the local server (pg_ctlcluster 15 main start) or set PAYMESH_POSTGRES_URL to a server where it may create databases", err)
+	}
+	defer func() {
+		c.Stop()
+		if !cfg.Keep {
+			_ = c.Drop(context.Background())
+		}
+	}()
+	apiKey, err := registerClient(ctx, c)
+	if err != nil {
 		return Report{}, err
 	}
-	defer srv.Close()
-	runCtx, stop := context.WithCancel(ctx)
-	defer stop()
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(runCtx) }()
+	fmt.Fprintf(out, "paymesh demo: regions %s on one embedded NATS topology (hub + leafnodes), databases %s<region>\n",
+		strings.Join(names, ", "), cfg.DatabasePrefix)
+	for _, n := range names {
+		fmt.Fprintf(out, "  %s: API %s\n", n, c.Region(n).APIURL)
+	}
+	fmt.Fprintf(out, "  API key of client %q: %s\n", demoClient, apiKey)
 
-	start := time.Now()
-	d := &driver{cfg: cfg, rng: rng, srv: srv, ids: ids, injected: map[string]int64{}, out: out}
-	if d.gen, err = idgen.NewGenerator(ids, reg.Name, 2); err != nil {
-		return Report{}, err
+	d := &driver{cfg: cfg, c: c, rng: rng, rngMu: &rngMu, names: names, apiKey: apiKey, injected: map[string]int64{}, out: out,
+		caught: map[string]int64{}, gens: map[string]*idgen.Generator{}}
+	for _, n := range names {
+		if d.gens[n], err = idgen.NewGenerator(c.IDs(), n, 900); err != nil {
+			return Report{}, err
+		}
 	}
+	start := time.Now()
 	if err := d.run(ctx); err != nil {
 		return Report{}, err
 	}
-	if err := d.waitDrained(ctx); err != nil {
+	if err := d.waitQuiet(ctx); err != nil {
 		return Report{}, err
 	}
-	stop()
-	if err := <-done; err != nil {
-		return Report{}, err
-	}
-	// A dropped ack makes JetStream redeliver each message of the batch.
-	d.injected["forced redelivery (acks dropped)"] = dropped.Load()
-	rep := Report{
-		Commands: d.commands, Poison: d.poison,
-		Applied: srv.Stats.Applied.Load(), Rejected: srv.Stats.Rejected.Load(),
-		DeadLettered: srv.Stats.DeadLettered.Load(), Redeliveries: srv.Stats.Redeliveries.Load(),
-		Injected: d.injected, Caught: srv.Stats.Duplicates(), Elapsed: time.Since(start),
-	}
-	for k, v := range d.pubStats.Duplicates() {
-		rep.Caught[k] += v
-	}
-	if rep.Verify, err = srv.Store.Verify(ctx); err != nil {
+	// Each dropped ack makes JetStream deliver that message again.
+	d.injected["ledger redelivery (acks dropped)"] = dropped.Load()
+	rep := d.report(ctx, time.Since(start))
+	if rep.Verify, err = postgres.VerifyGlobal(ctx, c.Stores(), true); err != nil {
 		return rep, err
 	}
+	if cfg.Stay {
+		rep.Print(out)
+		fmt.Fprintf(out, "\nThe regions keep running (Ctrl-C to stop). Try:\n  export PAYMESH_API_KEY=%s\n  go run ./cmd/paymesh accounts create --currency EUR\n", apiKey)
+		<-ctx.Done()
+	}
 	return rep, nil
+}
+
+const demoClient = "demo"
+
+// registerClient creates the demo's API client in every region.
+func registerClient(ctx context.Context, c *cluster.Cluster) (string, error) {
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		return "", err
+	}
+	key := "pm_demo_" + hex.EncodeToString(b)
+	for _, s := range c.Stores() {
+		if err := s.PutClient(ctx, postgres.Client{ID: demoClient, Name: "demo", RatePerSec: 100_000}, key); err != nil {
+			return "", err
+		}
+	}
+	return key, nil
 }
 
 // driver creates the accounts and pushes the transfers.
 type driver struct {
 	cfg      Config
-	rng      *rand.Rand
-	srv      *server.Server
-	ids      *idgen.Regions
-	gen      *idgen.Generator
-	pub      *ljs.Publisher
-	pubStats ledger.Stats
+	c        *cluster.Cluster
+	rng      *mrand.Rand
+	rngMu    *sync.Mutex
+	names    []string
+	gens     map[string]*idgen.Generator
+	apiKey   string
+	accounts map[string][]string
+	cmds     []ledger.Command
 	injected map[string]int64
+	caught   map[string]int64 // caught outside the ledgers and routers (HTTP replays)
 	poison   int64
 	commands int64
 	out      io.Writer
-	sent     []ledger.Command
-	pending  []jetstream.PubAckFuture
 	lastLine time.Time
+	sent     atomic.Int64
 }
 
-func (d *driver) id() string {
-	s, err := d.gen.NextString()
+func (d *driver) id(region string) string {
+	s, err := d.gens[region].NextString()
 	if err != nil {
-		panic(err) // the generator of this process: cannot run out for decades
+		panic(err) // this process's generator: it cannot run out for decades
 	}
 	return s
 }
 
+func (d *driver) float() float64 {
+	d.rngMu.Lock()
+	defer d.rngMu.Unlock()
+	return d.rng.Float64()
+}
+
+func (d *driver) intn(n int) int {
+	d.rngMu.Lock()
+	defer d.rngMu.Unlock()
+	return d.rng.IntN(n)
+}
+
 func (d *driver) run(ctx context.Context) error {
-	js := d.srv.JetStream()
-	d.pub = ljs.NewPublisher(js, d.srv.Topo, &d.pubStats)
-	accounts := make([]string, d.cfg.Accounts)
-	for i := range accounts {
-		a, err := d.srv.Store.CreateAccount(ctx, ledger.NewAccount{ClientID: "demo", Currency: "EUR"})
+	d.accounts = map[string][]string{}
+	for _, r := range d.names {
+		store := d.c.Region(r).Ledger.Store
+		for range d.cfg.Accounts {
+			a, err := store.CreateAccount(ctx, ledger.NewAccount{ClientID: demoClient, Currency: "EUR"})
+			if err != nil {
+				return err
+			}
+			d.accounts[r] = append(d.accounts[r], a.ID)
+			fund := ledger.Command{Type: ledger.TypeFund, TransferID: d.id(r), ClientID: "ops", IdempotencyKey: "fund-" + a.ID,
+				To: a.ID, Amount: 1_000_000, Currency: "EUR", CreatedAt: time.Now()}
+			d.commands++
+			if err := d.c.Submit(ctx, r, fund); err != nil {
+				return err
+			}
+		}
+	}
+	if err := d.waitQuiet(ctx); err != nil {
+		return err
+	}
+	fmt.Fprintf(d.out, "opened and funded %d accounts per region; sending %d transfers (%.0f%% through the HTTP API)\n",
+		d.cfg.Accounts, d.cfg.Transfers, 100*d.cfg.HTTPShare)
+
+	var wg sync.WaitGroup
+	work := make(chan ledger.Command)
+	errs := make(chan error, 8)
+	for range 8 {
+		wg.Go(func() {
+			for cmd := range work {
+				if err := d.send(ctx, cmd); err != nil {
+					select {
+					case errs <- err:
+					default:
+					}
+				}
+				d.sent.Add(1)
+			}
+		})
+	}
+	for i := range d.cfg.Transfers {
+		src := d.names[d.intn(len(d.names))]
+		dst := src
+		if d.float() < 0.5 {
+			dst = d.names[d.intn(len(d.names))]
+		}
+		from := d.accounts[src][d.intn(len(d.accounts[src]))]
+		to := d.accounts[dst][d.intn(len(d.accounts[dst]))]
+		for to == from {
+			to = d.accounts[dst][d.intn(len(d.accounts[dst]))]
+		}
+		cmd := ledger.Command{Type: ledger.TypeTransfer, TransferID: d.id(src), ClientID: demoClient,
+			IdempotencyKey: fmt.Sprintf("t-%d-%d", d.cfg.Seed, i), From: from, To: to, Amount: 1 + int64(d.intn(5000)),
+			Currency: "EUR", CreatedAt: time.Now()}
+		d.commands++
+		select {
+		case work <- cmd:
+		case err := <-errs:
+			close(work)
+			wg.Wait()
+			return err
+		case <-ctx.Done():
+			close(work)
+			wg.Wait()
+			return ctx.Err()
+		}
+		d.progress(false)
+	}
+	close(work)
+	wg.Wait()
+	select {
+	case err := <-errs:
+		return err
+	default:
+	}
+	return nil
+}
+
+var mu sync.Mutex // guards the driver's maps and slices from the senders
+
+// send delivers one transfer through a router or the HTTP API, with the
+// injected duplicates.
+func (d *driver) send(ctx context.Context, cmd ledger.Command) error {
+	via := d.names[d.intn(len(d.names))]
+	if d.float() < d.cfg.HTTPShare {
+		return d.sendHTTP(ctx, via, cmd)
+	}
+	mu.Lock()
+	d.cmds = append(d.cmds, cmd)
+	mu.Unlock()
+	if err := d.c.Submit(ctx, via, cmd); err != nil {
+		return err
+	}
+	if d.float() < d.cfg.ClientRetry {
+		mu.Lock()
+		d.injected["client retry (same key, any region)"]++
+		mu.Unlock()
+		if err := d.c.Submit(ctx, d.names[d.intn(len(d.names))], cmd); err != nil {
+			return err
+		}
+	}
+	if d.float() < d.cfg.Poison {
+		mu.Lock()
+		d.poison++
+		mu.Unlock()
+		home, _ := d.c.IDs().HomeRegion(cmd.From)
+		m := nats.NewMsg(ljs.Topology{Region: home, Shards: 8}.Subject(cmd.From))
+		m.Data = []byte(strings.Replace(string(cmd.Encode()), `"amount":`, `"amount":0.5,"x":`, 1))
+		if _, err := d.c.Region(home).Ledger.JetStream().PublishMsg(ctx, m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sendHTTP posts the transfer to a region's API with a fresh key, and
+// sometimes posts it again with the same key in another region.
+func (d *driver) sendHTTP(ctx context.Context, via string, cmd ledger.Command) error {
+	key := api.NewIdempotencyKey()
+	req := api.TransferRequest{From: cmd.From, To: cmd.To, Amount: cmd.Amount, Currency: cmd.Currency}
+	cl := &api.Client{BaseURL: d.c.Region(via).APIURL, APIKey: d.apiKey}
+	r, err := cl.SendTransfer(ctx, req, key)
+	if err != nil {
+		return fmt.Errorf("POST /v1/transfers in %s: %w", via, err)
+	}
+	var body api.TransferBody
+	if err := json.Unmarshal(r.Body, &body); err != nil {
+		return err
+	}
+	cmd.TransferID, cmd.IdempotencyKey = body.ID, key
+	mu.Lock()
+	d.cmds = append(d.cmds, cmd)
+	mu.Unlock()
+	if d.float() < d.cfg.ClientRetry {
+		other := &api.Client{BaseURL: d.c.Region(d.names[d.intn(len(d.names))]).APIURL, APIKey: d.apiKey}
+		again, err := other.SendTransfer(ctx, req, key)
 		if err != nil {
 			return err
 		}
-		accounts[i] = a.ID
-		fund := ledger.Command{Type: ledger.TypeFund, TransferID: d.id(), ClientID: "demo", IdempotencyKey: "fund-" + a.ID,
-			To: a.ID, Amount: 100_000, Currency: "EUR", CreatedAt: time.Now()}
-		d.commands++
-		if err := d.send(ctx, fund, d.pub.Msg(fund)); err != nil {
-			return err
+		mu.Lock()
+		d.injected["HTTP retry (same Idempotency-Key, any region)"]++
+		if again.Replayed {
+			d.caught[string(dedup.LayerIdempotencyKey)]++
 		}
-	}
-	fmt.Fprintf(d.out, "opened and funded %d accounts; sending %d transfers\n", len(accounts), d.cfg.Transfers)
-	for i := range d.cfg.Transfers {
-		from, to := accounts[d.rng.IntN(len(accounts))], accounts[d.rng.IntN(len(accounts))]
-		for to == from {
-			to = accounts[d.rng.IntN(len(accounts))]
-		}
-		cmd := ledger.Command{Type: ledger.TypeTransfer, TransferID: d.id(), ClientID: "demo", IdempotencyKey: fmt.Sprintf("t-%d-%d", d.cfg.Seed, i),
-			From: from, To: to, Amount: 1 + d.rng.Int64N(5_000), Currency: "EUR", CreatedAt: time.Now()}
-		d.commands++
-		if err := d.send(ctx, cmd, d.pub.Msg(cmd)); err != nil {
-			return err
-		}
-		if err := d.inject(ctx, cmd); err != nil {
-			return err
-		}
-		if i%500 == 499 {
-			if err := d.flush(ctx); err != nil {
-				return err
-			}
-			d.progress(i+1, false)
-		}
-	}
-	return d.flush(ctx)
-}
-
-// inject adds duplicates of cmd at the configured rates.
-func (d *driver) inject(ctx context.Context, cmd ledger.Command) error {
-	if d.rng.Float64() < d.cfg.ProducerRetry {
-		d.injected["producer retry (same Msg-Id)"]++
-		if err := d.send(ctx, cmd, d.pub.Msg(cmd)); err != nil {
-			return err
-		}
-	}
-	if d.rng.Float64() < d.cfg.Redelivery {
-		d.injected["late copy (past the Msg-Id window)"]++
-		m := d.pub.Msg(cmd)
-		m.Header.Del(jetstream.MsgIDHeader)
-		if err := d.send(ctx, cmd, m); err != nil {
-			return err
-		}
-	}
-	if d.rng.Float64() < d.cfg.ClientRetry && len(d.sent) > 0 {
-		// A client retries an earlier request with its key but a new
-		// transfer id, long after the consume-log forgot it. Here the
-		// consume-log still knows the key, so it, not the business key,
-		// catches most of these.
-		old := d.sent[d.rng.IntN(len(d.sent))]
-		if old.Type == ledger.TypeTransfer {
-			d.injected["client retry (same key, new transfer id)"]++
-			old.TransferID = d.id()
-			m := d.pub.Msg(old)
-			m.Header.Del(jetstream.MsgIDHeader)
-			if err := d.send(ctx, old, m); err != nil {
-				return err
-			}
-		}
-	}
-	if d.rng.Float64() < d.cfg.Poison {
-		d.poison++
-		m := nats.NewMsg(d.srv.Topo.Subject(cmd.From))
-		m.Data = []byte(strings.Replace(string(cmd.Encode()), `"amount":`, `"amount":0.5,"x":`, 1))
-		if err := d.publish(m); err != nil {
-			return err
-		}
+		mu.Unlock()
 	}
 	return nil
 }
 
-func (d *driver) send(_ context.Context, cmd ledger.Command, m *nats.Msg) error {
-	d.sent = append(d.sent, cmd)
-	return d.publish(m)
-}
-
-func (d *driver) publish(m *nats.Msg) error {
-	f, err := d.pub.PublishAsync(m)
-	if err != nil {
-		return err
-	}
-	d.pending = append(d.pending, f)
-	return nil
-}
-
-// flush waits for every outstanding publish ack, counting the duplicates
-// JetStream caught, and re-publishes (same Msg-Id) what was not acked.
-func (d *driver) flush(ctx context.Context) error {
-	for len(d.pending) > 0 {
-		pending := d.pending
-		d.pending = nil
-		for _, f := range pending {
-			select {
-			case ack := <-f.Ok():
-				d.pub.Observe(ack)
-			case <-f.Err():
-				if err := d.publish(f.Msg()); err != nil {
-					return err
-				}
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-	}
-	return nil
-}
-
-// waitDrained waits until the ledger consumer has acked everything, printing
-// progress.
-func (d *driver) waitDrained(ctx context.Context) error {
-	js := d.srv.JetStream()
-	tick := time.NewTicker(250 * time.Millisecond)
-	defer tick.Stop()
+func (d *driver) waitQuiet(ctx context.Context) error {
 	for {
-		if n, err := ljs.Backlog(ctx, js, d.srv.Topo); err == nil && n == 0 {
-			d.progress(d.cfg.Transfers, true)
-			return nil
+		n, err := d.c.Backlog(ctx)
+		if err == nil && n == 0 {
+			if n, err = d.c.Backlog(ctx); err == nil && n == 0 {
+				d.progress(true)
+				return nil
+			}
 		}
-		d.progress(d.cfg.Transfers, false)
+		d.progress(false)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-tick.C:
+		case <-time.After(200 * time.Millisecond):
 		}
 	}
 }
 
-func (d *driver) progress(sent int, final bool) {
-	st := d.srv.Stats
-	var dups int64
-	for _, n := range st.Duplicates() {
-		dups += n
+func (d *driver) progress(final bool) {
+	if !final && time.Since(d.lastLine) < 250*time.Millisecond {
+		return
+	}
+	if !d.cfg.Live && !final && time.Since(d.lastLine) < 2*time.Second {
+		return
+	}
+	d.lastLine = time.Now()
+	var applied, dups, redeliveries, dlq int64
+	parts := []string{}
+	for _, n := range d.names {
+		r := d.c.Region(n)
+		st := r.Ledger.Stats
+		a := st.Applied.Load()
+		applied += a
+		redeliveries += st.Redeliveries.Load()
+		dlq += st.DeadLettered.Load()
+		for _, v := range st.Duplicates() {
+			dups += v
+		}
+		parts = append(parts, fmt.Sprintf("%s %d", n, a))
 	}
 	end := "\r"
 	if final || !d.cfg.Live {
 		end = "\n"
 	}
-	if !d.cfg.Live && !final {
-		if time.Since(d.lastLine) < 2*time.Second {
-			return
-		}
-		d.lastLine = time.Now()
+	fmt.Fprintf(d.out, "sent %6d/%d  applied %6d (%s)  duplicates caught %5d  redeliveries %5d  dead-lettered %4d%s",
+		d.sent.Load(), d.cfg.Transfers, applied, strings.Join(parts, ", "), dups, redeliveries, dlq, end)
+}
+
+func (d *driver) report(ctx context.Context, elapsed time.Duration) Report {
+	rep := Report{Commands: d.commands, Poison: d.poison, Injected: d.injected, Caught: map[string]int64{}, Elapsed: elapsed}
+	for k, v := range d.caught {
+		rep.Caught[k] += v
 	}
-	fmt.Fprintf(d.out, "sent %6d/%d  applied %6d  rejected %5d  duplicates caught %5d  redeliveries %5d  dead-lettered %4d%s",
-		sent, d.cfg.Transfers, st.Applied.Load(), st.Rejected.Load(), dups, st.Redeliveries.Load(), st.DeadLettered.Load(), end)
+	for _, n := range d.names {
+		r := d.c.Region(n)
+		st := r.Ledger.Stats
+		rep.Applied += st.Applied.Load()
+		rep.Rejected += st.Rejected.Load()
+		rep.DeadLettered += st.DeadLettered.Load()
+		rep.Redeliveries += st.Redeliveries.Load()
+		for k, v := range st.Duplicates() {
+			rep.Caught[k] += v
+		}
+		rs := r.Router.Stats()
+		rep.Caught[string(dedup.LayerMsgID)] += rs.DuplicateSubmits.Load() + rs.ForwardDuplicates.Load() + rs.RelayDuplicates.Load()
+		rep.Injected["router re-publish (same Nats-Msg-Id)"] += rs.Injected.Load()
+		var recorded int64
+		_ = r.Ledger.Store.Pool().QueryRow(ctx, `SELECT count(*) FROM transfers`).Scan(&recorded)
+		rep.Recorded += recorded
+	}
+	for _, cmd := range d.cmds {
+		home, _ := d.c.IDs().HomeRegion(cmd.From)
+		t, err := d.c.Region(home).Ledger.Store.Transfer(ctx, cmd.TransferID)
+		switch {
+		case err != nil:
+			rep.Unfinished++
+		case t.Status == ledger.StatusCompleted:
+			rep.Completed++
+		case t.Status == ledger.StatusRefunded:
+			rep.Refunded++
+		case t.Status == ledger.StatusRejected:
+			rep.RejectedFinal++
+		default:
+			rep.Unfinished++
+		}
+	}
+	return rep
 }
 
 // Print writes the final report.
 func (r Report) Print(w io.Writer) {
 	fmt.Fprintf(w, "\n== paymesh demo report (%s) ==\n", r.Elapsed.Round(time.Millisecond))
-	fmt.Fprintf(w, "commands %d: applied %d, rejected %d (insufficient funds); poison %d, dead-lettered %d; redeliveries %d\n",
-		r.Commands, r.Applied, r.Rejected, r.Poison, r.DeadLettered, r.Redeliveries)
+	fmt.Fprintf(w, "commands %d (recorded %d); transfers completed %d, refunded %d, rejected %d, unfinished %d\n",
+		r.Commands, r.Recorded, r.Completed, r.Refunded, r.RejectedFinal, r.Unfinished)
+	fmt.Fprintf(w, "poison %d, dead-lettered %d; ledger redeliveries %d\n", r.Poison, r.DeadLettered, r.Redeliveries)
 	fmt.Fprintln(w, "duplicates injected:")
 	for _, k := range sortedKeys(r.Injected) {
-		fmt.Fprintf(w, "  %-45s %6d\n", k, r.Injected[k])
+		fmt.Fprintf(w, "  %-48s %6d\n", k, r.Injected[k])
 	}
 	fmt.Fprintln(w, "duplicates caught, by layer:")
 	for _, k := range sortedKeys(r.Caught) {
-		fmt.Fprintf(w, "  %-45s %6d\n", k, r.Caught[k])
+		fmt.Fprintf(w, "  %-48s %6d\n", k, r.Caught[k])
 	}
 	line := func(ok bool, format string, args ...any) {
 		verdict := "PASS"
@@ -381,7 +504,8 @@ func (r Report) Print(w io.Writer) {
 		fmt.Fprintf(w, "%s  "+format+"\n", append([]any{verdict}, args...)...)
 	}
 	line(r.Missed() == 0, "every injected duplicate was caught exactly once (injected minus caught: %d)", r.Missed())
-	line(r.Applied+r.Rejected == r.Commands, "every command recorded exactly once (%d sent, %d recorded)", r.Commands, r.Applied+r.Rejected)
+	line(r.Recorded == r.Commands, "every command recorded exactly once (%d sent, %d recorded)", r.Commands, r.Recorded)
+	line(r.Unfinished == 0, "every transfer reached a final state (%d unfinished)", r.Unfinished)
 	line(r.DeadLettered == r.Poison, "every poison message dead-lettered (%d sent, %d dead-lettered)", r.Poison, r.DeadLettered)
 	fmt.Fprint(w, r.Verify.String())
 }

@@ -121,9 +121,7 @@ func (r *Router) forward(ctx context.Context, msgs []jetstream.Msg, log *slog.Lo
 		switch {
 		case ok:
 			r.cfg.Stats.Forwarded.Add(1)
-			if dup {
-				r.cfg.Stats.ForwardDuplicates.Add(1)
-			}
+			r.cfg.Stats.ForwardDuplicates.Add(dup)
 			_ = m.Ack()
 		case ctx.Err() != nil:
 			return // shutting down: redelivered after AckWait
@@ -139,48 +137,55 @@ func (r *Router) forward(ctx context.Context, msgs []jetstream.Msg, log *slog.Lo
 }
 
 // publish sends a message asynchronously, twice when Inject asks for a
-// duplicate. A publish that cannot even be queued yields a nil future.
+// duplicate. A publish that cannot even be queued yields no futures.
 func (r *Router) publish(m *nats.Msg) []jetstream.PubAckFuture {
 	copies := 1
 	if r.cfg.Inject != nil && r.cfg.Inject() {
 		copies = 2
-		r.cfg.Stats.Injected.Add(1)
 	}
 	var fs []jetstream.PubAckFuture
-	for range copies {
+	for i := range copies {
 		f, err := r.js.PublishMsgAsync(m)
 		if err != nil {
-			return nil
+			if i == 0 {
+				return nil
+			}
+			break
+		}
+		if i == 1 {
+			r.cfg.Stats.Injected.Add(1)
 		}
 		fs = append(fs, f)
 	}
 	return fs
 }
 
-// wait reports whether every copy was acked before ctx ended, and whether
-// the stream recognised any as a duplicate. An answer that has already
+// wait reports whether every copy was acked before ctx ended, and how many
+// copies the stream recognised as duplicates. An answer that has already
 // arrived counts even when ctx has ended meanwhile, so one slow destination
 // cannot make the others of its batch look failed.
-func wait(ctx context.Context, fs []jetstream.PubAckFuture) (ok, duplicate bool) {
+func wait(ctx context.Context, fs []jetstream.PubAckFuture) (ok bool, duplicates int64) {
 	if len(fs) == 0 {
-		return false, false
+		return false, 0
 	}
 	for _, f := range fs {
 		var ack *jetstream.PubAck
 		select {
 		case ack = <-f.Ok():
 		case <-f.Err():
-			return false, false
+			return false, 0
 		default:
 			select {
 			case ack = <-f.Ok():
 			case <-f.Err():
-				return false, false
+				return false, 0
 			case <-ctx.Done():
-				return false, false
+				return false, 0
 			}
 		}
-		duplicate = duplicate || ack.Duplicate
+		if ack.Duplicate {
+			duplicates++
+		}
 	}
-	return true, duplicate
+	return true, duplicates
 }

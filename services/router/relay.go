@@ -79,9 +79,7 @@ func (r *Router) RunRelay(ctx context.Context, outbox Outbox, log *slog.Logger) 
 				continue
 			}
 			sent = append(sent, row.ID)
-			if dup {
-				r.cfg.Stats.RelayDuplicates.Add(1)
-			}
+			r.cfg.Stats.RelayDuplicates.Add(dup)
 		}
 		cancel()
 		if ctx.Err() != nil {
