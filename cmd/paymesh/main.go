@@ -6,12 +6,15 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -450,6 +453,8 @@ type demoCmd struct {
 	ProducerRetry float64 `name:"producer-retry" default:"0.05" help:"Rate of router re-publishes with the same Nats-Msg-Id."`
 	DropAck       float64 `name:"drop-ack" default:"0.03" help:"Rate of committed ledger batches whose acks are dropped (forced redelivery)."`
 	Poison        float64 `default:"0.002" help:"Rate of malformed messages."`
+	Faults        string  `default:"cut-us,restart-eu-ledger,restart-ap-nats" help:"Faults to fire during the run, comma-separated (empty for none): cut-us (3 s), restart-eu-ledger, restart-ap-nats."`
+	Report        string  `help:"Also write the report as JSON to this file."`
 	Stay          bool    `help:"Keep the regions running after the report, with their APIs on the region table's ports, until Ctrl-C."`
 	Keep          bool    `help:"Keep the demo databases afterwards."`
 }
@@ -466,13 +471,29 @@ func (c *demoCmd) Run(ctx context.Context) error {
 	if c.Accounts < 2 || c.Transfers < 0 {
 		return fmt.Errorf("need at least 2 accounts per region and a non-negative transfer count")
 	}
+	var faults []string
+	for _, f := range strings.Split(c.Faults, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		if !slices.Contains(demo.FaultNames, f) {
+			return fmt.Errorf("--faults: unknown fault %q (known: %s)", f, strings.Join(demo.FaultNames, ", "))
+		}
+		faults = append(faults, f)
+	}
 	rep, err := demo.Run(ctx, demo.Config{
 		PostgresURL: c.PostgresURL, Accounts: c.Accounts, Transfers: c.Transfers, Seed: c.Seed, HTTPShare: c.HTTPShare,
 		ClientRetry: c.ClientRetry, ProducerRetry: c.ProducerRetry, DropAck: c.DropAck, Poison: c.Poison,
-		FixedPorts: true, Stay: c.Stay, Keep: c.Keep, Live: isTerminal(os.Stdout),
+		FixedPorts: true, Stay: c.Stay, Keep: c.Keep, Live: isTerminal(os.Stdout), Faults: faults,
 	}, os.Stdout)
 	if err != nil {
 		return err
+	}
+	if c.Report != "" {
+		b, _ := json.MarshalIndent(rep, "", "  ")
+		if err := os.WriteFile(c.Report, b, 0o644); err != nil {
+			return err
+		}
 	}
 	if !c.Stay {
 		rep.Print(os.Stdout)

@@ -73,6 +73,7 @@ func TestDemoFlagsRejected(t *testing.T) {
 		"NegativeRate":  {Accounts: 10, Poison: -0.1},
 		"OneAccount":    {Accounts: 1},
 		"HTTPShare":     {Accounts: 10, HTTPShare: 2},
+		"UnknownFault":  {Accounts: 10, Faults: "unplug-the-moon"},
 		"NegativeCount": {Accounts: 10, Transfers: -1},
 	} {
 		t.Run(name, func(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -63,12 +64,16 @@ type Region struct {
 	Router *router.Router
 	API    *api.Server
 	// APIURL is the base URL of the region's HTTP API.
-	APIURL string
-	http   *http.Server
-	nc     *nats.Conn
-	js     jetstream.JetStream
-	stop   context.CancelFunc
-	done   sync.WaitGroup
+	APIURL  string
+	apiAddr string // the address to listen on, kept across restarts
+	http    *http.Server
+	// The counters, kept across restarts.
+	ledgerStats *ledger.Stats
+	routerStats *router.Stats
+	nc          *nats.Conn
+	js          jetstream.JetStream
+	stop        context.CancelFunc
+	done        sync.WaitGroup
 }
 
 // Cluster is a set of running regions.
@@ -145,7 +150,7 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) error {
 		Region: r.Name, Regions: c.ids, Node: 1, PostgresURL: r.URL, NATSURL: url, Workers: 2,
 		BatchSize: c.cfg.BatchSize, AckWait: c.cfg.AckWait, MaxDeliver: 1000, Shards: c.cfg.Shards,
 		CacheSize: 10_000, AfterCommit: afterCommit, Log: c.cfg.Log.With("region", r.Name, "service", "ledger"),
-		Respond: api.Respond,
+		Respond: api.Respond, Stats: r.ledgerStats,
 	})
 	if err != nil {
 		return err
@@ -166,7 +171,8 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) error {
 		nc.Close()
 		return err
 	}
-	rt := router.New(js, router.Config{Region: r.Name, Regions: c.ids, Shards: c.cfg.Shards, Inject: c.cfg.Inject, AckWait: c.cfg.AckWait})
+	rt := router.New(js, router.Config{Region: r.Name, Regions: c.ids, Shards: c.cfg.Shards, Inject: c.cfg.Inject, AckWait: c.cfg.AckWait,
+		Stats: r.routerStats})
 	gen, err := idgen.NewGenerator(c.ids, r.Name, 2)
 	if err != nil {
 		srv.Close()
@@ -180,7 +186,10 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) error {
 		nc.Close()
 		return err
 	}
-	addr := c.cfg.APIAddrs[r.Name]
+	addr := r.apiAddr
+	if addr == "" {
+		addr = c.cfg.APIAddrs[r.Name]
+	}
 	if addr == "" {
 		addr = "127.0.0.1:0"
 	}
@@ -225,12 +234,22 @@ func (r *Region) close() {
 	r.stop = nil
 }
 
-// RestartRegion stops a region's ledger and router as a crash would and
-// starts them again on the same database and NATS server.
+// RestartRegion stops a region's ledger, router and API as a crash would
+// and starts them again on the same database, NATS server and API address.
+// The restarted region is a new *Region: callers holding the old one see it
+// closed, callers asking Region(name) again get the new one.
 func (c *Cluster) RestartRegion(ctx context.Context, name string) error {
-	r := c.Region(name)
-	r.close()
-	return c.startRegion(ctx, r)
+	old := c.Region(name)
+	old.close()
+	r := &Region{Name: name, URL: old.URL, apiAddr: strings.TrimPrefix(old.APIURL, "http://"),
+		ledgerStats: old.Ledger.Stats, routerStats: old.Router.Stats()}
+	if err := c.startRegion(ctx, r); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.regions[name] = r
+	c.mu.Unlock()
+	return nil
 }
 
 // Submit hands a command to the router of region via.

@@ -18,7 +18,7 @@ func TestDemoPasses(t *testing.T) {
 	rep, err := demo.Run(context.Background(), demo.Config{
 		PostgresURL: pgtest.AdminURL(), DatabasePrefix: fmt.Sprintf("pmtest_demo_%d_", os.Getpid()),
 		Accounts: 5, Transfers: 600, Seed: 7, HTTPShare: 0.2,
-		ClientRetry: 0.1, ProducerRetry: 0.1, DropAck: 0.3, Poison: 0.02,
+		ClientRetry: 0.1, ProducerRetry: 0.1, DropAck: 0.3, Poison: 0.02, Faults: demo.FaultNames,
 	}, &out)
 	if err != nil {
 		t.Fatal(err)
@@ -31,6 +31,9 @@ func TestDemoPasses(t *testing.T) {
 		if rep.Caught[string(l)] == 0 {
 			t.Errorf("no duplicates caught by %s: %v", l, rep.Caught)
 		}
+	}
+	if len(rep.Faults) != len(demo.FaultNames) {
+		t.Errorf("faults fired: %v, want %v", rep.Faults, demo.FaultNames)
 	}
 	if rep.Poison == 0 || rep.Redeliveries == 0 || rep.Completed == 0 {
 		t.Errorf("injection or traffic did not happen: poison %d, redeliveries %d, completed %d", rep.Poison, rep.Redeliveries, rep.Completed)

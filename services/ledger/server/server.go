@@ -39,6 +39,9 @@ type Config struct {
 	WindowDays  int           // consume-log retention
 	CacheSize   int           // recent-commit cache entries; 0 disables the cache
 	Shards      int           // ledger subjects per region
+	// Stats, if set, receives the counters (kept across restarts by the
+	// caller); a new one is made otherwise.
+	Stats *ledger.Stats
 	// Respond renders a client request's response, stored with its
 	// idempotency key in the apply transaction (see services/api).
 	Respond func(ledger.Result) (int, []byte)
@@ -95,7 +98,11 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		cache = dedup.NewCache(cfg.CacheSize)
 	}
 	host, _ := os.Hostname()
-	s := &Server{cfg: cfg, Stats: &ledger.Stats{}, pool: pool, nc: nc, js: js,
+	stats := cfg.Stats
+	if stats == nil {
+		stats = &ledger.Stats{}
+	}
+	s := &Server{cfg: cfg, Stats: stats, pool: pool, nc: nc, js: js,
 		Topo: ljs.Topology{Region: cfg.Region, Shards: cfg.Shards}}
 	s.dedup = dedup.New(dedup.Config{
 		Holder: fmt.Sprintf("%s/%s-%d/%d", cfg.Region, host, os.Getpid(), cfg.Node), Lease: cfg.Lease,
