@@ -119,7 +119,7 @@ func (c *ledgerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 	srv, err := server.Open(ctx, server.Config{OwnShards: own,
 		Region: reg.Name, Regions: ids, Node: c.Node, PostgresURL: url, NATSURL: c.NATSURL, Workers: c.Workers,
 		BatchSize: c.BatchSize, AckWait: c.AckWait, MaxDeliver: c.MaxDeliver, Lease: c.Lease,
-		WindowDays: c.WindowDays, CacheSize: c.CacheSize, Shards: c.Shards, Log: log,
+		WindowDays: c.WindowDays, CacheSize: c.CacheSize, Shards: c.Shards, Log: log, Respond: api.Respond,
 	})
 	if err != nil {
 		return err
@@ -220,7 +220,7 @@ func (c *apiCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, l
 	if err != nil {
 		return err
 	}
-	store := postgres.New(pool, postgres.Config{Region: reg.Name, Regions: ids})
+	store := postgres.New(pool, postgres.Config{Region: reg.Name, Regions: ids, IDs: gen})
 	srv := api.New(api.Config{Region: reg.Name, Regions: ids, IDs: gen, Store: store, NATS: nc, Wait: c.Wait, KeyTTL: c.KeyTTL,
 		Router: router.New(js, router.Config{Region: reg.Name, Regions: ids, Shards: c.Shards}), Log: log.With("service", "api")})
 	if err := srv.Listen(); err != nil {
@@ -231,7 +231,8 @@ func (c *apiCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, l
 	if addr == "" {
 		addr = fmt.Sprintf("127.0.0.1:%d", reg.APIPort)
 	}
-	hs := &http.Server{Addr: addr, Handler: srv, ReadHeaderTimeout: 5 * time.Second}
+	hs := &http.Server{Addr: addr, Handler: srv, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+		WriteTimeout: c.Wait + 15*time.Second, IdleTimeout: time.Minute}
 	go srv.RunCleanup(ctx, time.Hour)
 	go func() {
 		<-ctx.Done()
@@ -250,11 +251,12 @@ type clientCmd struct {
 	ID          string `arg:"" help:"Client id (1-64 characters)."`
 	Name        string `help:"Display name." default:""`
 	Rate        int    `help:"Requests per second allowed." default:"100"`
+	Overdraft   int64  `name:"max-overdraft" help:"Most overdraft (minor units) the client may give its accounts." default:"0"`
 }
 
 func (c *clientCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions) error {
-	if c.ID == "" || len(c.ID) > 64 {
-		return fmt.Errorf("client id must be 1-64 characters")
+	if err := ledger.ValidClientID(c.ID); err != nil {
+		return err
 	}
 	raw := make([]byte, 24)
 	if _, err := rand.Read(raw); err != nil {
@@ -274,7 +276,7 @@ func (c *clientCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 		if err != nil {
 			return fmt.Errorf("region %s: %w", r.Name, err)
 		}
-		err = postgres.New(pool, postgres.Config{Region: r.Name, Regions: ids}).PutClient(ctx, postgres.Client{ID: c.ID, Name: c.Name, RatePerSec: c.Rate}, key)
+		err = postgres.New(pool, postgres.Config{Region: r.Name, Regions: ids}).PutClient(ctx, postgres.Client{ID: c.ID, Name: c.Name, RatePerSec: c.Rate, MaxOverdraft: c.Overdraft}, key)
 		pool.Close()
 		if err != nil {
 			return fmt.Errorf("region %s: %w", r.Name, err)

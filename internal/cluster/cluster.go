@@ -200,7 +200,7 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) error {
 		nc.Close()
 		return err
 	}
-	r.http = &http.Server{Handler: apiSrv, ReadHeaderTimeout: 5 * time.Second}
+	r.http = &http.Server{Handler: apiSrv, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, IdleTimeout: time.Minute}
 	r.API, r.APIURL = apiSrv, "http://"+ln.Addr().String()
 	go func() { _ = r.http.Serve(ln) }()
 	runCtx, stop := context.WithCancel(context.Background())

@@ -205,7 +205,7 @@ func registerClient(ctx context.Context, c *cluster.Cluster) (string, error) {
 	}
 	key := "pm_demo_" + hex.EncodeToString(b)
 	for _, s := range c.Stores() {
-		if err := s.PutClient(ctx, postgres.Client{ID: demoClient, Name: "demo", RatePerSec: 100_000}, key); err != nil {
+		if err := s.PutClient(ctx, postgres.Client{ID: demoClient, Name: "demo", RatePerSec: 100_000, MaxOverdraft: 100_000}, key); err != nil {
 			return "", err
 		}
 	}

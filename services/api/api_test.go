@@ -365,6 +365,20 @@ func TestValidationAndLimits(t *testing.T) {
 		{"UnknownRegion", strings.Replace(body("1"), b, "mars-0000000000000", 1), 404, ledger.CodeAccountNotFound},
 		{"Oversize", `{"from":"` + strings.Repeat("x", api.MaxBodyBytes) + `"}`, 413, api.CodeBodyTooLarge},
 	}
+	t.Run("KeyWithSlash", func(t *testing.T) {
+		r := e.do(t, "eu", "POST", "/v1/transfers", keyA, "order/1", body("1"))
+		if r.status != 400 || r.code(t) != ledger.CodeInvalidRequest {
+			t.Fatalf("got %d %s, want 400 invalid_request", r.status, r.body)
+		}
+	})
+	t.Run("FloorBeyondTheClientsOverdraft", func(t *testing.T) {
+		for _, floor := range []string{"-1", "-9223372036854775808"} {
+			r := e.do(t, "eu", "POST", "/v1/accounts", keyA, "", `{"currency":"EUR","floor":`+floor+`}`)
+			if r.status != 422 || r.code(t) != ledger.CodeInvalidAmount {
+				t.Fatalf("floor %s: got %d %s, want 422 invalid_amount", floor, r.status, r.body)
+			}
+		}
+	})
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			r := e.do(t, "eu", "POST", "/v1/transfers", keyA, fmt.Sprintf("bad-%d", i), tc.body)
@@ -418,6 +432,9 @@ func TestKeyExpiry(t *testing.T) {
 	again.json(t, &t2)
 	if again.status != http.StatusCreated || t2.ID != t1.ID || again.header.Get(api.HeaderReplayed) != "" {
 		t.Fatalf("after expiry: %d %s, want 201 with the first transfer %s", again.status, again.body, t1.ID)
+	}
+	if loc := again.header.Get("Location"); loc != "/v1/transfers/"+t1.ID {
+		t.Fatalf("Location after expiry: %q, want the first transfer's", loc)
 	}
 	if got := e.balance(t, "eu", keyA, b); got != 30 {
 		t.Fatalf("balance: got %d, want 30 (applied once)", got)

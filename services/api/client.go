@@ -69,7 +69,7 @@ func (c *Client) do(ctx context.Context, method, path, key string, body []byte) 
 		return Response{}, err
 	}
 	defer res.Body.Close()
-	b, err := io.ReadAll(res.Body)
+	b, err := io.ReadAll(io.LimitReader(res.Body, 1<<20))
 	if err != nil {
 		return Response{}, err
 	}

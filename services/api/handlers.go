@@ -39,6 +39,13 @@ func (s *Server) createAccount(ctx context.Context, c call) reply {
 	if err := decodeStrict(c.Body, &req, "currency", "floor", "region"); err != nil {
 		return errReply(err)
 	}
+	cl, ok, err := s.cfg.Store.ClientByID(ctx, c.Client)
+	if err != nil {
+		return errReply(err)
+	}
+	if !ok || req.Floor < -cl.MaxOverdraft {
+		return errReply(ledger.Errorf(ledger.CodeInvalidAmount, "floor %d is below the overdraft allowed to this client (-%d)", req.Floor, cl.MaxOverdraft))
+	}
 	a, err := s.cfg.Store.CreateAccount(ctx, ledger.NewAccount{ClientID: c.Client, Currency: req.Currency, Floor: req.Floor})
 	if err != nil {
 		return errReply(err)
@@ -160,6 +167,13 @@ func (s *Server) createTransfer(ctx context.Context, c call) reply {
 		return errReply(err)
 	}
 	now := s.cfg.Now()
+	// Refuse here what the ledger would refuse, so that an accepted key
+	// always leads to a recorded transfer.
+	probe := ledger.Command{Type: ledger.TypeTransfer, TransferID: id, ClientID: c.Client, IdempotencyKey: c.Key,
+		From: req.From, To: req.To, Amount: req.Amount, Currency: req.Currency, CreatedAt: now}
+	if err := probe.Validate(s.cfg.Region, s.cfg.Regions, now); err != nil {
+		return errReply(err)
+	}
 	k, outcome, err := s.cfg.Store.BeginKey(ctx, c.Client, c.Key, req.fingerprint(), id, now, s.cfg.Wait+5*time.Second, s.cfg.KeyTTL)
 	if err != nil {
 		return errReply(err)
@@ -225,7 +239,7 @@ func (s *Server) await(ctx context.Context, cmd ledger.Command) reply {
 			return stored(k, false)
 		}
 		if ok && !k.InFlight { // a provisional 202: wait for the final state
-			if t, err := s.cfg.Store.Transfer(ctx, transferID); err == nil && t.Status != ledger.StatusDebited {
+			if t, err := s.cfg.Store.Transfer(ctx, transferID); err == nil && t.ClientID == client && t.Status != ledger.StatusDebited {
 				st, b := Respond(ledger.Result{Kind: ledger.Applied, Transfer: t})
 				if k, err = s.cfg.Store.Answer(ctx, client, key, st, b, true); err != nil {
 					return errReply(err)
@@ -235,7 +249,7 @@ func (s *Server) await(ctx context.Context, cmd ledger.Command) reply {
 		}
 		if time.Now().After(deadline) {
 			st, b := http.StatusAccepted, []byte(nil)
-			if t, err := s.cfg.Store.Transfer(ctx, transferID); err == nil {
+			if t, err := s.cfg.Store.Transfer(ctx, transferID); err == nil && t.ClientID == client {
 				st, b = Respond(ledger.Result{Kind: ledger.Applied, Transfer: t})
 			} else {
 				b, _ = json.Marshal(TransferBody{ID: transferID, From: cmd.From, To: cmd.To, Amount: cmd.Amount, Currency: cmd.Currency,
@@ -262,7 +276,12 @@ func stored(k postgres.IdempotencyKey, replayed bool) reply {
 		rep.Header["Content-Type"] = "application/problem+json"
 	}
 	if k.Status == http.StatusCreated || k.Status == http.StatusAccepted {
-		rep.Header["Location"] = "/v1/transfers/" + k.TransferID
+		// The body names the transfer (after a key expired it is the
+		// transfer the request made back then, not the key's new ID).
+		var t TransferBody
+		if json.Unmarshal(k.Body, &t) == nil && t.ID != "" {
+			rep.Header["Location"] = "/v1/transfers/" + t.ID
+		}
 	}
 	if replayed {
 		rep.Header[HeaderReplayed] = "true"
@@ -272,11 +291,11 @@ func stored(k postgres.IdempotencyKey, replayed bool) reply {
 
 func validKey(key string) error {
 	for _, r := range key {
-		if r < 0x21 || r > 0x7e {
-			return ledger.Errorf(ledger.CodeInvalidRequest, "the Idempotency-Key must be printable ASCII without spaces")
+		if r == ' ' {
+			return ledger.Errorf(ledger.CodeInvalidRequest, "the Idempotency-Key must not contain spaces")
 		}
 	}
-	return nil
+	return ledger.ValidIdempotencyKey(key)
 }
 
 func (s *Server) getTransfer(ctx context.Context, r *http.Request, client string) reply {

@@ -33,7 +33,7 @@ var statusOf = map[ledger.Code]int{
 	ledger.CodeInsufficientFunds:    http.StatusUnprocessableEntity,
 	ledger.CodeBalanceOverflow:      http.StatusUnprocessableEntity,
 	ledger.CodeIdempotencyKeyReused: http.StatusUnprocessableEntity,
-	ledger.CodeTransferIDReused:     http.StatusConflict,
+	ledger.CodeTransferIDReused:     http.StatusUnprocessableEntity,
 	ledger.CodeNotFound:             http.StatusNotFound,
 	CodeUnauthorized:                http.StatusUnauthorized,
 	CodeRateLimited:                 http.StatusTooManyRequests,

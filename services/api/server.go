@@ -157,18 +157,29 @@ func (s *Server) do(ctx context.Context, home string, c call) reply {
 
 func subject(region string) string { return "paymesh.api." + region }
 
+// maxForwarded bounds the calls from other regions served at once.
+const maxForwarded = 256
+
 // Listen answers operations forwarded by other regions until Close.
 func (s *Server) Listen() error {
+	// A subscription's callback runs one message at a time, and a transfer
+	// may wait for its final state: each call gets a goroutine of its own,
+	// up to maxForwarded at once.
+	slots := make(chan struct{}, maxForwarded)
 	sub, err := s.cfg.NATS.QueueSubscribe(subject(s.cfg.Region), "api", func(m *nats.Msg) {
-		var c call
-		rep := errReply(ledger.Errorf(ledger.CodeInvalidRequest, "malformed forwarded call"))
-		if err := json.Unmarshal(m.Data, &c); err == nil {
-			ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Wait+4*time.Second)
-			rep = s.run(ctx, c)
-			cancel()
-		}
-		b, _ := json.Marshal(rep)
-		_ = m.Respond(b)
+		slots <- struct{}{}
+		go func() {
+			defer func() { <-slots }()
+			var c call
+			rep := errReply(ledger.Errorf(ledger.CodeInvalidRequest, "malformed forwarded call"))
+			if err := json.Unmarshal(m.Data, &c); err == nil {
+				ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Wait+4*time.Second)
+				rep = s.run(ctx, c)
+				cancel()
+			}
+			b, _ := json.Marshal(rep)
+			_ = m.Respond(b)
+		}()
 	})
 	if err != nil {
 		return fmt.Errorf("api listen: %w", err)

@@ -271,6 +271,14 @@ func (c Command) Validate(home string, ids *idgen.Regions, now time.Time) error 
 	return nil
 }
 
+// ValidClientID returns an *Error unless id can identify a client in the
+// ledger's records: 1-64 printable ASCII characters without '/'.
+func ValidClientID(id string) error { return validKeyPart("client_id", id, 64) }
+
+// ValidIdempotencyKey returns an *Error unless key can be a client's
+// idempotency key: 1-255 printable ASCII characters without '/'.
+func ValidIdempotencyKey(key string) error { return validKeyPart("idempotency_key", key, 255) }
+
 func validKeyPart(field, s string, maxLen int) error {
 	if s == "" || len(s) > maxLen {
 		return Errorf(CodeInvalidRequest, "%s must be 1-%d characters", field, maxLen)

@@ -16,6 +16,9 @@ type Client struct {
 	ID         string
 	Name       string
 	RatePerSec int
+	// MaxOverdraft is the most overdraft the client may give its accounts
+	// (their floor is at least -MaxOverdraft).
+	MaxOverdraft int64
 }
 
 // HashKey is how API keys are stored: their SHA-256. Keys are random and
@@ -30,10 +33,17 @@ func (s *Store) PutClient(ctx context.Context, c Client, apiKey string) error {
 	if c.RatePerSec <= 0 {
 		c.RatePerSec = 100
 	}
+	if err := ledger.ValidClientID(c.ID); err != nil {
+		return err
+	}
+	if c.MaxOverdraft < 0 {
+		return fmt.Errorf("put client: max overdraft %d is negative", c.MaxOverdraft)
+	}
 	_, err := s.pool.Exec(ctx, `
-		INSERT INTO clients (id, name, key_hash, rate_per_sec) VALUES ($1, $2, $3, $4)
-		ON CONFLICT (id) DO UPDATE SET name = excluded.name, key_hash = excluded.key_hash, rate_per_sec = excluded.rate_per_sec`,
-		c.ID, c.Name, HashKey(apiKey), c.RatePerSec)
+		INSERT INTO clients (id, name, key_hash, rate_per_sec, max_overdraft) VALUES ($1, $2, $3, $4, $5)
+		ON CONFLICT (id) DO UPDATE SET name = excluded.name, key_hash = excluded.key_hash, rate_per_sec = excluded.rate_per_sec,
+		    max_overdraft = excluded.max_overdraft`,
+		c.ID, c.Name, HashKey(apiKey), c.RatePerSec, c.MaxOverdraft)
 	if err != nil {
 		return fmt.Errorf("put client: %w", err)
 	}
@@ -43,7 +53,20 @@ func (s *Store) PutClient(ctx context.Context, c Client, apiKey string) error {
 // ClientByKey returns the client whose API key hashes to hash, or false.
 func (s *Store) ClientByKey(ctx context.Context, hash []byte) (Client, bool, error) {
 	var c Client
-	err := s.pool.QueryRow(ctx, `SELECT id, name, rate_per_sec FROM clients WHERE key_hash = $1`, hash).Scan(&c.ID, &c.Name, &c.RatePerSec)
+	err := s.pool.QueryRow(ctx, `SELECT id, name, rate_per_sec, max_overdraft FROM clients WHERE key_hash = $1`, hash).Scan(&c.ID, &c.Name, &c.RatePerSec, &c.MaxOverdraft)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Client{}, false, nil
+	}
+	if err != nil {
+		return Client{}, false, fmt.Errorf("read client: %w", err)
+	}
+	return c, true, nil
+}
+
+// ClientByID returns a client, or false.
+func (s *Store) ClientByID(ctx context.Context, id string) (Client, bool, error) {
+	var c Client
+	err := s.pool.QueryRow(ctx, `SELECT id, name, rate_per_sec, max_overdraft FROM clients WHERE id = $1`, id).Scan(&c.ID, &c.Name, &c.RatePerSec, &c.MaxOverdraft)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Client{}, false, nil
 	}
