@@ -86,9 +86,16 @@ func (r Report) Missed() int64 {
 	return in - caught
 }
 
+// duplicatesOK: without faults every injected duplicate is reported by
+// exactly one layer. Faults blur the count both ways: a restart or a cut
+// link redelivers messages nobody injected, and a PubAck lost to the fault
+// hides a duplicate the broker dropped. Then the count is reported, and
+// the invariants decide.
+func (r Report) duplicatesOK() bool { return len(r.Faults) > 0 || r.Missed() == 0 }
+
 // OK reports whether every check passed.
 func (r Report) OK() bool {
-	return r.Verify.OK() && r.Missed() <= 0 && r.Recorded == r.Commands && r.DeadLettered == r.Poison && r.Unfinished == 0
+	return r.Verify.OK() && r.duplicatesOK() && r.Recorded == r.Commands && r.DeadLettered == r.Poison && r.Unfinished == 0
 }
 
 // Run runs the demo, writing progress to out. It returns an error when the
@@ -581,7 +588,11 @@ func (r Report) Print(w io.Writer) {
 		}
 		fmt.Fprintf(w, "%s  "+format+"\n", append([]any{verdict}, args...)...)
 	}
-	line(r.Missed() <= 0, "every injected duplicate was caught (injected minus caught: %d; below zero when faults added duplicates)", r.Missed())
+	if len(r.Faults) == 0 {
+		line(r.Missed() == 0, "every injected duplicate was caught exactly once (injected minus caught: %d)", r.Missed())
+	} else {
+		fmt.Fprintf(w, "INFO  injected minus caught: %d (faults add redeliveries nobody injected, and lose PubAcks of duplicates the broker dropped)\n", r.Missed())
+	}
 	line(r.Recorded == r.Commands, "every command recorded exactly once (%d sent, %d recorded)", r.Commands, r.Recorded)
 	line(r.Unfinished == 0, "every transfer reached a final state (%d unfinished)", r.Unfinished)
 	line(r.DeadLettered == r.Poison, "every poison message dead-lettered (%d sent, %d dead-lettered)", r.Poison, r.DeadLettered)

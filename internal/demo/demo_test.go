@@ -13,6 +13,21 @@ import (
 	"github.com/paymesh/paymesh/pkg/dedup"
 )
 
+func TestDemoWithoutFaultsCountsExactly(t *testing.T) {
+	var out strings.Builder
+	rep, err := demo.Run(context.Background(), demo.Config{
+		PostgresURL: pgtest.AdminURL(), DatabasePrefix: fmt.Sprintf("pmtest_demo_nf_%d_", os.Getpid()),
+		Accounts: 5, Transfers: 400, Seed: 9, HTTPShare: 0.2, ClientRetry: 0.1, ProducerRetry: 0.1, DropAck: 0.3,
+	}, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep.Print(&out)
+	if !rep.OK() || rep.Missed() != 0 {
+		t.Fatalf("demo without faults: injected minus caught %d:\n%s", rep.Missed(), out.String())
+	}
+}
+
 func TestDemoPasses(t *testing.T) {
 	var out strings.Builder
 	rep, err := demo.Run(context.Background(), demo.Config{
