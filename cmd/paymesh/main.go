@@ -458,6 +458,7 @@ type demoCmd struct {
 	Faults        string  `default:"cut-us,restart-eu-ledger,restart-ap-nats" help:"Faults to fire during the run, comma-separated (empty for none): cut-us (3 s), restart-eu-ledger, restart-ap-nats."`
 	Report        string  `help:"Also write the report as JSON to this file."`
 	Stay          bool    `help:"Keep the regions running after the report, with their APIs on the region table's ports, until Ctrl-C."`
+	Throwaway     bool    `name:"throwaway-postgres" help:"Use a throwaway PostgreSQL cluster from the local binaries even if a server answers."`
 	Keep          bool    `help:"Keep the demo databases afterwards."`
 }
 
@@ -486,7 +487,7 @@ func (c *demoCmd) Run(ctx context.Context) error {
 	rep, err := demo.Run(ctx, demo.Config{
 		PostgresURL: c.PostgresURL, Accounts: c.Accounts, Transfers: c.Transfers, Seed: c.Seed, HTTPShare: c.HTTPShare,
 		ClientRetry: c.ClientRetry, ProducerRetry: c.ProducerRetry, DropAck: c.DropAck, Poison: c.Poison,
-		FixedPorts: true, Stay: c.Stay, Keep: c.Keep, Live: isTerminal(os.Stdout), Faults: faults,
+		FixedPorts: true, Stay: c.Stay, Keep: c.Keep, Live: isTerminal(os.Stdout), Faults: faults, ThrowawayPostgres: c.Throwaway,
 	}, os.Stdout)
 	if err != nil {
 		return err

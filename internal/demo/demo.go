@@ -10,10 +10,12 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	mrand "math/rand/v2"
+	"net/url"
 	"os"
 	"sort"
 	"strings"
@@ -26,6 +28,7 @@ import (
 	"github.com/paymesh/paymesh/deploy/regions"
 	"github.com/paymesh/paymesh/internal/cluster"
 	"github.com/paymesh/paymesh/internal/natsembed"
+	"github.com/paymesh/paymesh/internal/pgdb"
 	"github.com/paymesh/paymesh/pkg/dedup"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/api"
@@ -36,15 +39,18 @@ import (
 
 // Config sets the demo's size and its duplicate injection rates (0..1).
 type Config struct {
-	PostgresURL    string // admin URL of the server to create the region databases on
-	DatabasePrefix string // region databases are <prefix><region> (default paymesh_demo_)
-	Accounts       int    // per region
-	Transfers      int
-	Seed           uint64
-	ClientRetry    float64 // a client sends a request again, sometimes in another region
-	ProducerRetry  float64 // a router publishes a message twice with the same Nats-Msg-Id
-	DropAck        float64 // a ledger batch's acks are dropped after commit (forced redelivery)
-	Poison         float64 // malformed messages (dead-lettered)
+	PostgresURL string // admin URL of the server to create the region databases on
+	// ThrowawayPostgres skips PostgresURL and runs a throwaway cluster from
+	// the local binaries, as the demo does when no server answers.
+	ThrowawayPostgres bool
+	DatabasePrefix    string // region databases are <prefix><region> (default paymesh_demo_)
+	Accounts          int    // per region
+	Transfers         int
+	Seed              uint64
+	ClientRetry       float64 // a client sends a request again, sometimes in another region
+	ProducerRetry     float64 // a router publishes a message twice with the same Nats-Msg-Id
+	DropAck           float64 // a ledger batch's acks are dropped after commit (forced redelivery)
+	Poison            float64 // malformed messages (dead-lettered)
 	// HTTPShare is the share of transfers sent through the HTTP API (the
 	// rest go straight to the routers).
 	HTTPShare float64
@@ -62,6 +68,8 @@ type Config struct {
 
 // Report is what the demo prints at the end.
 type Report struct {
+	Postgres                                       string   // where the databases lived
+	Interrupted                                    bool     // stopped early (Ctrl-C): the report covers what ran
 	Faults                                         []string // the faults that fired, in order
 	Commands, Poison, Recorded                     int64
 	Applied, Rejected, DeadLettered, Redeliveries  int64
@@ -91,11 +99,11 @@ func (r Report) Missed() int64 {
 // link redelivers messages nobody injected, and a PubAck lost to the fault
 // hides a duplicate the broker dropped. Then the count is reported, and
 // the invariants decide.
-func (r Report) duplicatesOK() bool { return len(r.Faults) > 0 || r.Missed() == 0 }
+func (r Report) duplicatesOK() bool { return len(r.Faults) > 0 || r.Interrupted || r.Missed() == 0 }
 
 // OK reports whether every check passed.
 func (r Report) OK() bool {
-	return r.Verify.OK() && r.duplicatesOK() && r.Recorded == r.Commands && r.DeadLettered == r.Poison && r.Unfinished == 0
+	return !r.Interrupted && r.Verify.OK() && r.duplicatesOK() && r.Recorded == r.Commands && r.DeadLettered == r.Poison && r.Unfinished == 0
 }
 
 // Run runs the demo, writing progress to out. It returns an error when the
@@ -115,6 +123,25 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 		if cfg.FixedPorts {
 			addrs[r.Name] = fmt.Sprintf("127.0.0.1:%d", r.APIPort)
 		}
+	}
+	pgWhere := cfg.PostgresURL
+	if err := pgdb.Reachable(ctx, cfg.PostgresURL, 3*time.Second); err != nil || cfg.ThrowawayPostgres {
+		if err != nil {
+			fmt.Fprintf(out, "PostgreSQL: no server at %s (%v)\n", redact(cfg.PostgresURL), err)
+		}
+		tw, err := pgdb.StartThrowaway(ctx)
+		if err != nil {
+			return Report{}, fmt.Errorf("the demo needs PostgreSQL: %w", err)
+		}
+		defer func() {
+			if err := tw.Stop(); err != nil {
+				fmt.Fprintf(out, "stopping the throwaway cluster: %v\n", err)
+			} else {
+				fmt.Fprintf(out, "throwaway PostgreSQL cluster stopped and removed (%s)\n", tw.Dir)
+			}
+		}()
+		fmt.Fprintf(out, "PostgreSQL: started a throwaway cluster from the local binaries in %s\n", tw.Dir)
+		cfg.PostgresURL, pgWhere = tw.URL, "throwaway cluster in "+tw.Dir
 	}
 	dir, err := os.MkdirTemp("", "paymesh-demo-nats-")
 	if err != nil {
@@ -152,7 +179,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 		Log: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
-		return Report{}, fmt.Errorf("%w\n\nThe demo needs PostgreSQL. Start the local server (pg_ctlcluster 15 main start) or set PAYMESH_POSTGRES_URL to a server where it may create databases", err)
+		return Report{}, fmt.Errorf("start the regions: %w", err)
 	}
 	defer func() {
 		c.Stop()
@@ -181,17 +208,23 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 	d.faults = cfg.Faults
 	fmt.Fprintf(out, "fault schedule: %s\n", d.schedule())
 	start := time.Now()
-	if err := d.run(ctx); err != nil {
+	err = d.run(ctx)
+	if err == nil {
+		err = d.waitQuiet(ctx)
+	}
+	interrupted := errors.Is(err, context.Canceled)
+	if err != nil && !interrupted {
 		return Report{}, err
 	}
-	if err := d.waitQuiet(ctx); err != nil {
-		return Report{}, err
-	}
+	// Interrupted (Ctrl-C): report what ran, on a context of its own, and
+	// check the invariants without requiring quiescence.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
 	// Each dropped ack makes JetStream deliver that message again.
 	d.injected["ledger redelivery (acks dropped)"] = dropped.Load()
-	rep := d.report(ctx, time.Since(start))
-	rep.Faults = d.fired
-	if rep.Verify, err = postgres.VerifyGlobal(ctx, c.Stores(), true); err != nil {
+	rep := d.report(rctx, time.Since(start))
+	rep.Faults, rep.Postgres, rep.Interrupted = d.fired, pgWhere, interrupted
+	if rep.Verify, err = postgres.VerifyGlobal(rctx, c.Stores(), !interrupted); err != nil {
 		return rep, err
 	}
 	if cfg.Stay {
@@ -567,6 +600,9 @@ func (d *driver) report(ctx context.Context, elapsed time.Duration) Report {
 // Print writes the final report.
 func (r Report) Print(w io.Writer) {
 	fmt.Fprintf(w, "\n== paymesh demo report (%s) ==\n", r.Elapsed.Round(time.Millisecond))
+	if r.Interrupted {
+		fmt.Fprintln(w, "INTERRUPTED: the report covers what ran; work still in flight shows as unfinished")
+	}
 	fmt.Fprintf(w, "commands %d (recorded %d); transfers completed %d, refunded %d, rejected %d, unfinished %d\n",
 		r.Commands, r.Recorded, r.Completed, r.Refunded, r.RejectedFinal, r.Unfinished)
 	fmt.Fprintf(w, "poison %d, dead-lettered %d; ledger redeliveries %d\n", r.Poison, r.DeadLettered, r.Redeliveries)
@@ -588,7 +624,7 @@ func (r Report) Print(w io.Writer) {
 		}
 		fmt.Fprintf(w, "%s  "+format+"\n", append([]any{verdict}, args...)...)
 	}
-	if len(r.Faults) == 0 {
+	if len(r.Faults) == 0 && !r.Interrupted {
 		line(r.Missed() == 0, "every injected duplicate was caught exactly once (injected minus caught: %d)", r.Missed())
 	} else {
 		fmt.Fprintf(w, "INFO  injected minus caught: %d (faults add redeliveries nobody injected, and lose PubAcks of duplicates the broker dropped)\n", r.Missed())
@@ -606,4 +642,12 @@ func sortedKeys(m map[string]int64) []string {
 	}
 	sort.Strings(ks)
 	return ks
+}
+
+func redact(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "<invalid url>"
+	}
+	return u.Redacted()
 }

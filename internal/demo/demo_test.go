@@ -2,8 +2,8 @@ package demo_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"strings"
 	"testing"
@@ -60,11 +60,35 @@ func TestDemoPasses(t *testing.T) {
 	}
 }
 
-func TestDemoWithoutPostgres(t *testing.T) {
-	_, err := demo.Run(context.Background(), demo.Config{
-		PostgresURL: "postgres://postgres@127.0.0.1:1/postgres?sslmode=disable&connect_timeout=2", Accounts: 2,
-	}, io.Discard)
-	if err == nil || !strings.Contains(err.Error(), "PAYMESH_POSTGRES_URL") {
-		t.Fatalf("got %v, want an error that says to set PAYMESH_POSTGRES_URL", err)
+// TestDemoThrowawayPostgres: with no server at the URL, the demo runs on a
+// throwaway cluster from the local binaries, and the cluster is gone
+// afterwards. The JSON report says where the databases lived.
+func TestDemoThrowawayPostgres(t *testing.T) {
+	var out strings.Builder
+	rep, err := demo.Run(context.Background(), demo.Config{
+		PostgresURL: "postgres://postgres@127.0.0.1:1/postgres?sslmode=disable&connect_timeout=2",
+		Accounts:    3, Transfers: 100, Seed: 3,
+	}, &out)
+	if err != nil {
+		if strings.Contains(err.Error(), "install PostgreSQL") {
+			t.Skipf("no local PostgreSQL binaries: %v", err)
+		}
+		t.Fatal(err)
+	}
+	rep.Print(&out)
+	if !rep.OK() || !strings.HasPrefix(rep.Postgres, "throwaway cluster in ") {
+		t.Fatalf("throwaway demo:\n%s", out.String())
+	}
+	dir := strings.TrimPrefix(rep.Postgres, "throwaway cluster in ")
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("throwaway cluster folder %s still exists (%v)", dir, err)
+	}
+	b, err := json.Marshal(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back map[string]any
+	if err := json.Unmarshal(b, &back); err != nil || back["Commands"] != float64(rep.Commands) || back["Verify"] == nil {
+		t.Fatalf("JSON report: %s (%v)", b, err)
 	}
 }
