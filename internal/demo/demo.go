@@ -68,16 +68,18 @@ type Config struct {
 
 // Report is what the demo prints at the end.
 type Report struct {
-	Postgres                                       string   // where the databases lived
-	Interrupted                                    bool     // stopped early (Ctrl-C): the report covers what ran
-	Faults                                         []string // the faults that fired, in order
-	Commands, Poison, Recorded                     int64
-	Applied, Rejected, DeadLettered, Redeliveries  int64
-	Completed, Refunded, RejectedFinal, Unfinished int64
-	Injected                                       map[string]int64
-	Caught                                         map[string]int64
-	Elapsed                                        time.Duration
-	Verify                                         postgres.Report
+	Postgres    string // where the databases lived
+	Interrupted bool   // stopped early (Ctrl-C): the report covers what ran
+	// Completion percentiles, request to final state, in milliseconds.
+	SameRegionP50, SameRegionP99, CrossRegionP50, CrossRegionP99 float64
+	Faults                                                       []string // the faults that fired, in order
+	Commands, Poison, Recorded                                   int64
+	Applied, Rejected, DeadLettered, Redeliveries                int64
+	Completed, Refunded, RejectedFinal, Unfinished               int64
+	Injected                                                     map[string]int64
+	Caught                                                       map[string]int64
+	Elapsed                                                      time.Duration
+	Verify                                                       postgres.Report
 }
 
 // Missed is injected duplicates minus the duplicates the layers reported.
@@ -578,6 +580,22 @@ func (d *driver) report(ctx context.Context, elapsed time.Duration) Report {
 		_ = r.Ledger.Store.Pool().QueryRow(ctx, `SELECT count(*) FROM transfers`).Scan(&recorded)
 		rep.Recorded += recorded
 	}
+	var same, cross []time.Duration
+	for _, n := range d.names {
+		cs, err := d.c.Region(n).Ledger.Store.Completions(ctx)
+		if err != nil {
+			continue
+		}
+		for _, c := range cs {
+			if c.Cross {
+				cross = append(cross, c.Duration)
+			} else {
+				same = append(same, c.Duration)
+			}
+		}
+	}
+	rep.SameRegionP50, rep.SameRegionP99 = percentile(same, 0.50), percentile(same, 0.99)
+	rep.CrossRegionP50, rep.CrossRegionP99 = percentile(cross, 0.50), percentile(cross, 0.99)
 	for _, cmd := range d.cmds {
 		home, _ := d.c.IDs().HomeRegion(cmd.From)
 		t, err := d.c.Region(home).Ledger.Store.Transfer(ctx, cmd.TransferID)
@@ -606,6 +624,8 @@ func (r Report) Print(w io.Writer) {
 	fmt.Fprintf(w, "commands %d (recorded %d); transfers completed %d, refunded %d, rejected %d, unfinished %d\n",
 		r.Commands, r.Recorded, r.Completed, r.Refunded, r.RejectedFinal, r.Unfinished)
 	fmt.Fprintf(w, "poison %d, dead-lettered %d; ledger redeliveries %d\n", r.Poison, r.DeadLettered, r.Redeliveries)
+	fmt.Fprintf(w, "completion time, request to final state: same-region p50 %.1f ms p99 %.1f ms; cross-region p50 %.1f ms p99 %.1f ms\n",
+		r.SameRegionP50, r.SameRegionP99, r.CrossRegionP50, r.CrossRegionP99)
 	if len(r.Faults) > 0 {
 		fmt.Fprintf(w, "faults fired: %s\n", strings.Join(r.Faults, ", "))
 	}
@@ -650,4 +670,14 @@ func redact(raw string) string {
 		return "<invalid url>"
 	}
 	return u.Redacted()
+}
+
+// percentile returns the q-quantile of ds in milliseconds (0 for none).
+func percentile(ds []time.Duration, q float64) float64 {
+	if len(ds) == 0 {
+		return 0
+	}
+	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+	i := int(q * float64(len(ds)-1))
+	return float64(ds[i].Microseconds()) / 1000
 }

@@ -472,7 +472,7 @@ func (s *Store) writePlan(ctx context.Context, tx pgx.Tx, cmds []ledger.Command,
 	}
 	if len(uID) > 0 {
 		b.Queue(`
-			UPDATE transfers t SET status = u.status, version = u.to_version, reason = nullif(u.reason, '')
+			UPDATE transfers t SET status = u.status, version = u.to_version, reason = nullif(u.reason, ''), settled_at = now()
 			FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::text[])
 			     AS u(id, from_status, from_version, status, to_version, reason)
 			WHERE t.id = u.id AND t.status = u.from_status AND t.version = u.from_version`,

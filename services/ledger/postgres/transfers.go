@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -85,4 +86,31 @@ func (s *Store) TransferByKey(ctx context.Context, client, key string) (ledger.T
 		return ledger.Transfer{}, false, fmt.Errorf("read transfer: %w", err)
 	}
 	return t, true, nil
+}
+
+// Completion is how long a settled transfer took from its request to its
+// final state.
+type Completion struct {
+	Cross    bool
+	Duration time.Duration
+}
+
+// Completions returns the completion times of the transfers settled here
+// (COMPLETED or REFUNDED), split by same-region and cross-region.
+func (s *Store) Completions(ctx context.Context) ([]Completion, error) {
+	rows, err := s.pool.Query(ctx, `
+		SELECT split_part(to_account, '-', 1) <> $1, coalesce(settled_at, applied_at) - created_at
+		FROM transfers WHERE type = 'transfer' AND status IN ('COMPLETED', 'REFUNDED')`, s.cfg.Region)
+	if err != nil {
+		return nil, fmt.Errorf("read completions: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Completion, error) {
+		var c Completion
+		err := r.Scan(&c.Cross, &c.Duration)
+		return c, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read completions: %w", err)
+	}
+	return out, nil
 }
