@@ -3,7 +3,7 @@ GO      ?= go
 ARGS    ?=
 PG_URL  ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
 
-.PHONY: demo test test-short build fuzz services clean
+.PHONY: demo test test-short build fuzz services clean compose-up compose-down compose-load
 
 ## demo: run the single-region demo on the local Postgres and an embedded JetStream
 demo: services
@@ -29,6 +29,17 @@ fuzz:
 ## services: make sure the local Postgres and NATS are up (see scripts/services)
 services:
 	@./scripts/services
+
+## compose-up / compose-down: the three regions as containers (needs a Docker engine)
+compose-up:
+	docker compose up --build -d
+
+compose-down:
+	docker compose --profile load down -v
+
+## compose-load: register the load client and drive transfers through the three APIs
+compose-load:
+	docker compose --profile load up setup loadgen
 
 clean:
 	rm -rf bin

@@ -24,6 +24,7 @@ import (
 
 	"github.com/paymesh/paymesh/deploy/regions"
 	"github.com/paymesh/paymesh/internal/demo"
+	"github.com/paymesh/paymesh/internal/loadgen"
 	"github.com/paymesh/paymesh/internal/pgdb"
 	"github.com/paymesh/paymesh/pkg/dedup"
 	"github.com/paymesh/paymesh/pkg/idgen"
@@ -47,6 +48,7 @@ type cli struct {
 	API       apiCmd       `cmd:"" name:"api" help:"Serve a region's HTTP API."`
 	Client    clientCmd    `cmd:"" help:"Register an API client in every region and print its API key."`
 	Accounts  accountsCmd  `cmd:"" help:"Open and show accounts through the HTTP API."`
+	Load      loadCmd      `cmd:"" help:"Drive transfers through running regions' HTTP APIs (the demo's with --stay, or docker-compose)."`
 	Transfers transfersCmd `cmd:"" help:"Send and show transfers through the HTTP API."`
 	Verify    verifyCmd    `cmd:"" help:"Check a region's ledger invariants and print PASS/FAIL for each."`
 	Migrate   migrateCmd   `cmd:"" help:"Apply a region's database migrations and create its consume-log partitions."`
@@ -247,28 +249,47 @@ func (c *apiCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, l
 
 type clientCmd struct {
 	PostgresURL string `name:"postgres-url" env:"PAYMESH_POSTGRES_URL" help:"Postgres server of the regions' databases (default: ${default_pg})."`
-	DBPrefix    string `name:"database-prefix" env:"PAYMESH_DATABASE_PREFIX" help:"Region databases are named <prefix><region> instead of the region table's."`
-	ID          string `arg:"" help:"Client id (1-64 characters)."`
+	DBPrefix    string   `name:"database-prefix" env:"PAYMESH_DATABASE_PREFIX" help:"Region databases are named <prefix><region> instead of the region table's."`
+	URLs        []string `name:"postgres-urls" env:"PAYMESH_POSTGRES_URLS" help:"region=URL of each region's Postgres server, when they differ (docker-compose)."`
+	ID          string   `arg:"" help:"Client id (1-64 characters)."`
 	Name        string `help:"Display name." default:""`
 	Rate        int    `help:"Requests per second allowed." default:"100"`
 	Overdraft   int64  `name:"max-overdraft" help:"Most overdraft (minor units) the client may give its accounts." default:"0"`
+	Key         string `env:"PAYMESH_CLIENT_KEY" help:"Use this API key instead of a new random one (at least 16 characters)."`
 }
 
 func (c *clientCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions) error {
 	if err := ledger.ValidClientID(c.ID); err != nil {
 		return err
 	}
-	raw := make([]byte, 24)
-	if _, err := rand.Read(raw); err != nil {
-		return err
+	key := c.Key
+	if key == "" {
+		raw := make([]byte, 24)
+		if _, err := rand.Read(raw); err != nil {
+			return err
+		}
+		key = "pm_" + hex.EncodeToString(raw)
+	} else if len(key) < 16 {
+		return fmt.Errorf("--key: an API key needs at least 16 characters")
 	}
-	key := "pm_" + hex.EncodeToString(raw)
+	servers := map[string]string{}
+	for _, u := range c.URLs {
+		region, url, ok := strings.Cut(u, "=")
+		if !ok {
+			return fmt.Errorf("--postgres-urls %q: want region=postgres://…", u)
+		}
+		servers[region] = url
+	}
 	for _, r := range t.Regions {
 		db := r.Postgres.Database
 		if c.DBPrefix != "" {
 			db = c.DBPrefix + r.Name
 		}
-		_, url, err := (regionDB{Region: r.Name, PostgresURL: c.PostgresURL, Database: db}).resolve(t)
+		server := c.PostgresURL
+		if u, ok := servers[r.Name]; ok {
+			server = u
+		}
+		_, url, err := (regionDB{Region: r.Name, PostgresURL: server, Database: db}).resolve(t)
 		if err != nil {
 			return err
 		}
@@ -369,6 +390,35 @@ func (c *transfersCmd) Run(ctx context.Context, k *kong.Context) error {
 		fmt.Fprintf(os.Stderr, "Idempotency-Key: %s\n", key)
 	}
 	return show(s.client().SendTransfer(ctx, api.TransferRequest{From: s.From, To: s.To, Amount: amount, Currency: s.Currency}, key))
+}
+
+type loadCmd struct {
+	APIs        []string `name:"api" env:"PAYMESH_LOAD_APIS" default:"eu=http://127.0.0.1:8101,us=http://127.0.0.1:8102,ap=http://127.0.0.1:8103" help:"region=URL of each region's API."`
+	APIKey      string   `name:"api-key" env:"PAYMESH_API_KEY" required:"" help:"API key of a client allowed the overdraft."`
+	Accounts    int      `default:"5" help:"Accounts to open in each region."`
+	Overdraft   int64    `default:"1000000" help:"Overdraft of each account (minor units); the client must be allowed it."`
+	Transfers   int      `default:"2000" help:"Transfers to send."`
+	Concurrency int      `default:"16" help:"Requests in flight."`
+	Retry       float64  `default:"0.1" help:"Share of transfers sent again with the same key in another region."`
+	Seed        uint64   `default:"1" help:"Seed of the random load."`
+}
+
+func (c *loadCmd) Run(ctx context.Context) error {
+	apis := map[string]string{}
+	for _, a := range c.APIs {
+		region, url, ok := strings.Cut(a, "=")
+		if !ok || region == "" || !strings.HasPrefix(url, "http") {
+			return fmt.Errorf("--api %q: want region=http://host:port", a)
+		}
+		apis[region] = url
+	}
+	if c.Retry < 0 || c.Retry > 1 {
+		return fmt.Errorf("--retry %v: a rate must be between 0 and 1", c.Retry)
+	}
+	res, err := loadgen.Run(ctx, loadgen.Config{APIs: apis, APIKey: c.APIKey, Accounts: c.Accounts, Overdraft: c.Overdraft,
+		Transfers: c.Transfers, Concurrency: c.Concurrency, Retry: c.Retry, Seed: c.Seed}, os.Stdout)
+	res.Print(os.Stdout)
+	return err
 }
 
 type routerCmd struct {

@@ -19,7 +19,23 @@ type composeService struct {
 	Volumes     []string          `yaml:"volumes"`
 	Ports       []string          `yaml:"ports"`
 	Environment map[string]string `yaml:"environment"`
-	DependsOn   []string          `yaml:"depends_on"`
+	DependsOn   dependsOn         `yaml:"depends_on"`
+}
+
+// dependsOn reads depends_on in its list or its map form.
+type dependsOn []string
+
+func (d *dependsOn) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.MappingNode {
+		for i := 0; i < len(n.Content); i += 2 {
+			*d = append(*d, n.Content[i].Value)
+		}
+		return nil
+	}
+	var l []string
+	err := n.Decode(&l)
+	*d = l
+	return err
 }
 
 // TestComposeMatchesRegions checks docker-compose.yml against the region
@@ -54,13 +70,29 @@ func TestComposeMatchesRegions(t *testing.T) {
 		t.Errorf("%s: volumes %v, want %s", hubService, hub.Volumes, want)
 	}
 	for name := range compose.Services {
-		if name == hubService {
+		if name == hubService || name == "setup" || name == "loadgen" {
 			continue
 		}
 		i := strings.LastIndex(name, "-")
 		if _, ok := tab.Get(name[i+1:]); i < 0 || !ok {
 			t.Errorf("service %s does not belong to a region of regions.yaml", name)
 		}
+	}
+	// The load profile reaches every region: setup writes the client to each
+	// region's Postgres, loadgen calls each region's API.
+	setup, load := compose.Services["setup"], compose.Services["loadgen"]
+	for _, r := range tab.Regions {
+		pg := fmt.Sprintf("%s=postgres://postgres@postgres-%s:5432/", r.Name, r.Name)
+		if !strings.Contains(setup.Environment["PAYMESH_POSTGRES_URLS"], pg) {
+			t.Errorf("setup: PAYMESH_POSTGRES_URLS %q lacks %s", setup.Environment["PAYMESH_POSTGRES_URLS"], pg)
+		}
+		apiURL := fmt.Sprintf("%s=http://api-%s:%d", r.Name, r.Name, r.APIPort)
+		if !slices.Contains(strings.Split(load.Environment["PAYMESH_LOAD_APIS"], ","), apiURL) {
+			t.Errorf("loadgen: PAYMESH_LOAD_APIS %q lacks %s", load.Environment["PAYMESH_LOAD_APIS"], apiURL)
+		}
+	}
+	if setup.Environment["PAYMESH_CLIENT_KEY"] == "" || setup.Environment["PAYMESH_CLIENT_KEY"] != load.Environment["PAYMESH_API_KEY"] {
+		t.Errorf("setup registers key %q, loadgen uses %q", setup.Environment["PAYMESH_CLIENT_KEY"], load.Environment["PAYMESH_API_KEY"])
 	}
 	for _, r := range tab.Regions {
 		svc := func(kind string) composeService {
