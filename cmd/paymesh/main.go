@@ -248,14 +248,14 @@ func (c *apiCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, l
 }
 
 type clientCmd struct {
-	PostgresURL string `name:"postgres-url" env:"PAYMESH_POSTGRES_URL" help:"Postgres server of the regions' databases (default: ${default_pg})."`
+	PostgresURL string   `name:"postgres-url" env:"PAYMESH_POSTGRES_URL" help:"Postgres server of the regions' databases (default: ${default_pg})."`
 	DBPrefix    string   `name:"database-prefix" env:"PAYMESH_DATABASE_PREFIX" help:"Region databases are named <prefix><region> instead of the region table's."`
 	URLs        []string `name:"postgres-urls" env:"PAYMESH_POSTGRES_URLS" help:"region=URL of each region's Postgres server, when they differ (docker-compose)."`
 	ID          string   `arg:"" help:"Client id (1-64 characters)."`
-	Name        string `help:"Display name." default:""`
-	Rate        int    `help:"Requests per second allowed." default:"100"`
-	Overdraft   int64  `name:"max-overdraft" help:"Most overdraft (minor units) the client may give its accounts." default:"0"`
-	Key         string `env:"PAYMESH_CLIENT_KEY" help:"Use this API key instead of a new random one (at least 16 characters)."`
+	Name        string   `help:"Display name." default:""`
+	Rate        int      `help:"Requests per second allowed." default:"100"`
+	Overdraft   int64    `name:"max-overdraft" help:"Most overdraft (minor units) the client may give its accounts." default:"0"`
+	Key         string   `env:"PAYMESH_CLIENT_KEY" help:"Use this API key instead of a new random one (at least 16 characters)."`
 }
 
 func (c *clientCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions) error {
