@@ -501,6 +501,8 @@ type demoCmd struct {
 	Transfers     int     `default:"20000" help:"Transfers to send (about half cross-region)."`
 	Seed          uint64  `default:"1" help:"Seed of the random workload."`
 	HTTPShare     float64 `name:"http-share" default:"0.05" help:"Share of transfers sent through the HTTP API; the rest go to the routers."`
+	CrossShare    float64 `name:"cross-share" default:"0.5" help:"Share of transfers between two regions."`
+	Rate          float64 `default:"0" help:"Transfers per second to send at most (0: as fast as they go)."`
 	ClientRetry   float64 `name:"client-retry" default:"0.05" help:"Rate of client retries with the same key, in any region."`
 	ProducerRetry float64 `name:"producer-retry" default:"0.05" help:"Rate of router re-publishes with the same Nats-Msg-Id."`
 	DropAck       float64 `name:"drop-ack" default:"0.03" help:"Rate of committed ledger batches whose acks are dropped (forced redelivery)."`
@@ -516,7 +518,10 @@ func (c *demoCmd) Run(ctx context.Context) error {
 	if c.PostgresURL == "" {
 		c.PostgresURL = pgdb.DefaultURL
 	}
-	for name, r := range map[string]float64{"http-share": c.HTTPShare, "client-retry": c.ClientRetry, "producer-retry": c.ProducerRetry, "drop-ack": c.DropAck, "poison": c.Poison} {
+	if c.Rate < 0 {
+		return fmt.Errorf("--rate %v must not be negative", c.Rate)
+	}
+	for name, r := range map[string]float64{"http-share": c.HTTPShare, "cross-share": c.CrossShare, "client-retry": c.ClientRetry, "producer-retry": c.ProducerRetry, "drop-ack": c.DropAck, "poison": c.Poison} {
 		if r < 0 || r > 1 {
 			return fmt.Errorf("--%s %v: a rate must be between 0 and 1", name, r)
 		}
@@ -536,6 +541,7 @@ func (c *demoCmd) Run(ctx context.Context) error {
 	}
 	rep, err := demo.Run(ctx, demo.Config{
 		PostgresURL: c.PostgresURL, Accounts: c.Accounts, Transfers: c.Transfers, Seed: c.Seed, HTTPShare: c.HTTPShare,
+		CrossShare: max(c.CrossShare, 1e-9), Rate: c.Rate,
 		ClientRetry: c.ClientRetry, ProducerRetry: c.ProducerRetry, DropAck: c.DropAck, Poison: c.Poison,
 		FixedPorts: true, Stay: c.Stay, Keep: c.Keep, Live: isTerminal(os.Stdout), Faults: faults, ThrowawayPostgres: c.Throwaway,
 	}, os.Stdout)

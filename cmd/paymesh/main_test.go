@@ -69,12 +69,14 @@ func TestShardSet(t *testing.T) {
 
 func TestDemoFlagsRejected(t *testing.T) {
 	for name, c := range map[string]demoCmd{
-		"RateAboveOne":  {Accounts: 10, DropAck: 1.5},
-		"NegativeRate":  {Accounts: 10, Poison: -0.1},
-		"OneAccount":    {Accounts: 1},
-		"HTTPShare":     {Accounts: 10, HTTPShare: 2},
-		"UnknownFault":  {Accounts: 10, Faults: "unplug-the-moon"},
-		"NegativeCount": {Accounts: 10, Transfers: -1},
+		"RateAboveOne":     {Accounts: 10, DropAck: 1.5},
+		"NegativeRate":     {Accounts: 10, Poison: -0.1},
+		"OneAccount":       {Accounts: 1},
+		"HTTPShare":        {Accounts: 10, HTTPShare: 2},
+		"UnknownFault":     {Accounts: 10, Faults: "unplug-the-moon"},
+		"CrossShare":       {Accounts: 10, CrossShare: -0.5},
+		"NegativeSendRate": {Accounts: 10, Rate: -1},
+		"NegativeCount":    {Accounts: 10, Transfers: -1},
 	} {
 		t.Run(name, func(t *testing.T) {
 			if err := c.Run(context.Background()); err == nil {

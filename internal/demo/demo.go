@@ -54,6 +54,11 @@ type Config struct {
 	// HTTPShare is the share of transfers sent through the HTTP API (the
 	// rest go straight to the routers).
 	HTTPShare float64
+	// CrossShare is the share of transfers between two regions (default 0.5
+	// when zero; use a tiny value for almost none).
+	CrossShare float64
+	// Rate caps the transfers sent per second (0: as fast as they go).
+	Rate float64
 	// FixedPorts serves each region's API on its api_port from the region
 	// table (for the walkthrough); otherwise on random ports.
 	FixedPorts bool
@@ -256,25 +261,26 @@ func registerClient(ctx context.Context, c *cluster.Cluster) (string, error) {
 
 // driver creates the accounts and pushes the transfers.
 type driver struct {
-	cfg      Config
-	c        *cluster.Cluster
-	rng      *mrand.Rand
-	rngMu    *sync.Mutex
-	names    []string
-	gens     map[string]*idgen.Generator
-	apiKey   string
-	accounts map[string][]string
-	cmds     []ledger.Command
-	injected map[string]int64
-	caught   map[string]int64 // caught outside the ledgers and routers (HTTP replays)
-	poison   int64
-	commands int64
-	out      io.Writer
-	lastLine time.Time
-	sent     atomic.Int64
-	faults   []string
-	fired    []string
-	topo     *natsembed.Topology
+	cfg         Config
+	c           *cluster.Cluster
+	rng         *mrand.Rand
+	rngMu       *sync.Mutex
+	names       []string
+	gens        map[string]*idgen.Generator
+	apiKey      string
+	accounts    map[string][]string
+	cmds        []ledger.Command
+	injected    map[string]int64
+	caught      map[string]int64 // caught outside the ledgers and routers (HTTP replays)
+	poison      int64
+	commands    int64
+	out         io.Writer
+	lastLine    time.Time
+	lastApplied map[string]int64
+	sent        atomic.Int64
+	faults      []string
+	fired       []string
+	topo        *natsembed.Topology
 }
 
 // FaultNames are the faults the demo can fire.
@@ -363,6 +369,7 @@ func (d *driver) run(ctx context.Context) error {
 	}
 	fmt.Fprintf(d.out, "opened and funded %d accounts per region; sending %d transfers (%.0f%% through the HTTP API)\n",
 		d.cfg.Accounts, d.cfg.Transfers, 100*d.cfg.HTTPShare)
+	start := time.Now()
 
 	var wg sync.WaitGroup
 	work := make(chan ledger.Command)
@@ -383,8 +390,23 @@ func (d *driver) run(ctx context.Context) error {
 	for i := range d.cfg.Transfers {
 		src := d.names[d.intn(len(d.names))]
 		dst := src
-		if d.float() < 0.5 {
-			dst = d.names[d.intn(len(d.names))]
+		cross := d.cfg.CrossShare
+		if cross == 0 {
+			cross = 0.5
+		}
+		if d.float() < cross {
+			for dst == src {
+				dst = d.names[d.intn(len(d.names))]
+			}
+		}
+		if d.cfg.Rate > 0 {
+			due := start.Add(time.Duration(float64(i) / d.cfg.Rate * float64(time.Second)))
+			if wait := time.Until(due); wait > 0 {
+				select {
+				case <-time.After(wait):
+				case <-ctx.Done():
+				}
+			}
 		}
 		from := d.accounts[src][d.intn(len(d.accounts[src]))]
 		to := d.accounts[dst][d.intn(len(d.accounts[dst]))]
@@ -528,34 +550,58 @@ func (d *driver) waitQuiet(ctx context.Context) error {
 	}
 }
 
+// progress prints the status: a progress bar, per-region throughput since
+// the last line, the work in flight, duplicates caught per layer, and the
+// faults fired.
 func (d *driver) progress(final bool) {
-	if !final && time.Since(d.lastLine) < 250*time.Millisecond {
+	if !final && time.Since(d.lastLine) < 500*time.Millisecond {
 		return
 	}
 	if !d.cfg.Live && !final && time.Since(d.lastLine) < 2*time.Second {
 		return
 	}
+	elapsed := time.Since(d.lastLine).Seconds()
 	d.lastLine = time.Now()
-	var applied, dups, redeliveries, dlq int64
-	parts := []string{}
+	if d.lastApplied == nil {
+		d.lastApplied = map[string]int64{}
+	}
+	layers := map[string]int64{}
+	var rates []string
+	var dlq int64
 	for _, n := range d.names {
 		r := d.c.Region(n)
 		st := r.Ledger.Stats
 		a := st.Applied.Load()
-		applied += a
-		redeliveries += st.Redeliveries.Load()
+		rates = append(rates, fmt.Sprintf("%s %4.0f/s", n, float64(a-d.lastApplied[n])/elapsed))
+		d.lastApplied[n] = a
 		dlq += st.DeadLettered.Load()
-		for _, v := range st.Duplicates() {
-			dups += v
+		for k, v := range st.Duplicates() {
+			layers[k] += v
 		}
-		parts = append(parts, fmt.Sprintf("%s %d", n, a))
+		rs := r.Router.Stats()
+		layers[string(dedup.LayerMsgID)] += rs.DuplicateSubmits.Load() + rs.ForwardDuplicates.Load() + rs.RelayDuplicates.Load()
 	}
+	var dups []string
+	for _, k := range sortedKeys(layers) {
+		dups = append(dups, fmt.Sprintf("%s %d", k, layers[k]))
+	}
+	inflight := "?"
+	if n, err := d.c.Backlog(context.Background()); err == nil {
+		inflight = fmt.Sprint(n)
+	}
+	sent := d.sent.Load()
+	const width = 20
+	done := 0
+	if d.cfg.Transfers > 0 {
+		done = int(sent) * width / d.cfg.Transfers
+	}
+	bar := strings.Repeat("#", done) + strings.Repeat("-", width-done)
 	end := "\r"
 	if final || !d.cfg.Live {
 		end = "\n"
 	}
-	fmt.Fprintf(d.out, "sent %6d/%d  applied %6d (%s)  duplicates caught %5d  redeliveries %5d  dead-lettered %4d%s",
-		d.sent.Load(), d.cfg.Transfers, applied, strings.Join(parts, ", "), dups, redeliveries, dlq, end)
+	fmt.Fprintf(d.out, "[%s] %d/%d  %s  in flight %s  dups: %s  dead-lettered %d  faults %d/%d%s",
+		bar, sent, d.cfg.Transfers, strings.Join(rates, " "), inflight, strings.Join(dups, ", "), dlq, len(d.fired), len(d.faults), end)
 }
 
 func (d *driver) report(ctx context.Context, elapsed time.Duration) Report {
