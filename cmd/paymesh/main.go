@@ -20,7 +20,9 @@ import (
 	"time"
 
 	"github.com/alecthomas/kong"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/paymesh/paymesh/deploy/regions"
 	"github.com/paymesh/paymesh/internal/demo"
@@ -76,6 +78,47 @@ func (r regionDB) resolve(t regions.Table) (regions.Region, string, error) {
 	}
 	url, err := pgdb.WithDatabase(base, db)
 	return reg, url, err
+}
+
+// regionLinks are a service's connections to its region.
+type regionLinks struct {
+	reg  regions.Region
+	pool *pgxpool.Pool
+	nc   *nats.Conn
+	js   jetstream.JetStream
+}
+
+// connect opens the region's database and NATS connection for service, and
+// makes sure the region's route stream exists.
+func (r regionDB) connect(ctx context.Context, t regions.Table, natsURL, service string, ackWait time.Duration) (*regionLinks, error) {
+	reg, url, err := r.resolve(t)
+	if err != nil {
+		return nil, err
+	}
+	l := &regionLinks{reg: reg}
+	if l.pool, err = postgres.Connect(ctx, url, time.Minute, 0); err != nil {
+		return nil, err
+	}
+	if l.nc, err = nats.Connect(natsURL, nats.Name("paymesh-"+service+"-"+reg.Name), nats.MaxReconnects(-1)); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("nats %s: %w", natsURL, err)
+	}
+	if l.js, err = router.NewJetStream(l.nc, ackWait); err == nil {
+		err = router.EnsureStream(ctx, l.js, reg.Name, 0)
+	}
+	if err != nil {
+		l.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// Close closes the connections.
+func (l *regionLinks) Close() {
+	if l.nc != nil {
+		l.nc.Close()
+	}
+	l.pool.Close()
 }
 
 type ledgerCmd struct {
@@ -197,27 +240,12 @@ type apiCmd struct {
 }
 
 func (c *apiCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, log *slog.Logger) error {
-	reg, url, err := c.resolve(t)
+	l, err := c.connect(ctx, t, c.NATSURL, "api", 0)
 	if err != nil {
 		return err
 	}
-	pool, err := postgres.Connect(ctx, url, time.Minute, 0)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	nc, err := nats.Connect(c.NATSURL, nats.Name("paymesh-api-"+reg.Name), nats.MaxReconnects(-1))
-	if err != nil {
-		return fmt.Errorf("nats %s: %w", c.NATSURL, err)
-	}
-	defer nc.Close()
-	js, err := router.NewJetStream(nc, 0)
-	if err != nil {
-		return err
-	}
-	if err := router.EnsureStream(ctx, js, reg.Name, 0); err != nil {
-		return err
-	}
+	defer l.Close()
+	reg, pool, nc, js := l.reg, l.pool, l.nc, l.js
 	gen, err := idgen.NewGenerator(ids, reg.Name, c.Node)
 	if err != nil {
 		return err
@@ -429,27 +457,12 @@ type routerCmd struct {
 }
 
 func (c *routerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, log *slog.Logger) error {
-	reg, url, err := c.resolve(t)
+	l, err := c.connect(ctx, t, c.NATSURL, "router", c.AckWait)
 	if err != nil {
 		return err
 	}
-	pool, err := postgres.Connect(ctx, url, time.Minute, 0)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	nc, err := nats.Connect(c.NATSURL, nats.Name("paymesh-router-"+reg.Name), nats.MaxReconnects(-1))
-	if err != nil {
-		return fmt.Errorf("nats %s: %w", c.NATSURL, err)
-	}
-	defer nc.Close()
-	js, err := router.NewJetStream(nc, c.AckWait)
-	if err != nil {
-		return err
-	}
-	if err := router.EnsureStream(ctx, js, reg.Name, 0); err != nil {
-		return err
-	}
+	defer l.Close()
+	reg, pool, js := l.reg, l.pool, l.js
 	rt := router.New(js, router.Config{Region: reg.Name, Regions: ids, Shards: c.Shards, AckWait: c.AckWait})
 	store := postgres.New(pool, postgres.Config{Region: reg.Name, Regions: ids})
 	log.Info("router running", "region", reg.Name, "stream", router.Stream(reg.Name))

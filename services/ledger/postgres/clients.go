@@ -52,21 +52,18 @@ func (s *Store) PutClient(ctx context.Context, c Client, apiKey string) error {
 
 // ClientByKey returns the client whose API key hashes to hash, or false.
 func (s *Store) ClientByKey(ctx context.Context, hash []byte) (Client, bool, error) {
-	var c Client
-	err := s.pool.QueryRow(ctx, `SELECT id, name, rate_per_sec, max_overdraft FROM clients WHERE key_hash = $1`, hash).Scan(&c.ID, &c.Name, &c.RatePerSec, &c.MaxOverdraft)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Client{}, false, nil
-	}
-	if err != nil {
-		return Client{}, false, fmt.Errorf("read client: %w", err)
-	}
-	return c, true, nil
+	return s.client(ctx, `key_hash = $1`, hash)
 }
 
 // ClientByID returns a client, or false.
 func (s *Store) ClientByID(ctx context.Context, id string) (Client, bool, error) {
+	return s.client(ctx, `id = $1`, id)
+}
+
+func (s *Store) client(ctx context.Context, where string, arg any) (Client, bool, error) {
 	var c Client
-	err := s.pool.QueryRow(ctx, `SELECT id, name, rate_per_sec, max_overdraft FROM clients WHERE id = $1`, id).Scan(&c.ID, &c.Name, &c.RatePerSec, &c.MaxOverdraft)
+	err := s.pool.QueryRow(ctx, `SELECT id, name, rate_per_sec, max_overdraft FROM clients WHERE `+where, arg).
+		Scan(&c.ID, &c.Name, &c.RatePerSec, &c.MaxOverdraft)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Client{}, false, nil
 	}
