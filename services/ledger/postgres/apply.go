@@ -172,6 +172,7 @@ func (s *Store) applyTx(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, k
 	}
 
 	var keep []dedup.Claim
+	b := &pgx.Batch{}
 	if len(apply) > 0 {
 		batch := make([]ledger.Command, len(apply))
 		for n, i := range apply {
@@ -182,9 +183,6 @@ func (s *Store) applyTx(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, k
 			return nil, nil, err
 		}
 		plan := state.Plan(batch)
-		if err := s.writePlan(ctx, tx, batch, plan); err != nil {
-			return nil, nil, err
-		}
 		for n, i := range apply {
 			o := plan.Outcomes[n]
 			r := ledger.Result{Kind: o.Result, Transfer: o.Transfer, Err: o.Err, Credit: o.Credit}
@@ -203,11 +201,16 @@ func (s *Store) applyTx(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, k
 			}
 			results[i] = r
 		}
+		s.queuePlan(b, batch, plan)
+	}
+	// The first responses go in the same round trip as the writes.
+	s.queueResponses(b, cmds, results)
+	if b.Len() > 0 {
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return nil, nil, fmt.Errorf("write batch: %w", err)
+		}
 	}
 	if err := s.cfg.Dedup.Release(ctx, tx, Consumer, release); err != nil {
-		return nil, nil, err
-	}
-	if err := s.respond(ctx, tx, cmds, results); err != nil {
 		return nil, nil, err
 	}
 	if s.cfg.BeforeCommit != nil {
@@ -414,11 +417,11 @@ func (s *Store) lockState(ctx context.Context, tx pgx.Tx, cmds []ledger.Command)
 	return b, nil
 }
 
-// writePlan writes a planned batch with set-based statements, sent in one
-// round trip: new transfers, compare-and-set updates of settled transfers,
-// credits, the change-log, one compare-and-set balance update per account,
-// and the outbox rows of the next saga steps.
-func (s *Store) writePlan(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, p ledger.Plan) error {
+// queuePlan queues the writes of a planned batch as set-based statements,
+// sent in one round trip: new transfers, compare-and-set updates of settled
+// transfers, credits, the change-log, one compare-and-set balance update
+// per account, and the outbox rows of the next saga steps.
+func (s *Store) queuePlan(b *pgx.Batch, cmds []ledger.Command, p ledger.Plan) {
 	var (
 		nt                             newTransfers
 		uID, uFrom, uTo, uReason       []string
@@ -461,7 +464,6 @@ func (s *Store) writePlan(ctx context.Context, tx pgx.Tx, cmds []ledger.Command,
 		aID[i], aFrom[i], aTo[i], aBal[i] = a.ID, a.FromVersion, a.ToVersion, a.ToBalance
 	}
 
-	b := &pgx.Batch{}
 	if len(nt.id) > 0 {
 		b.Queue(`
 			INSERT INTO transfers (id, client_id, idempotency_key, type, from_account, to_account, currency, status, reason,
@@ -510,13 +512,6 @@ func (s *Store) writePlan(ctx context.Context, tx pgx.Tx, cmds []ledger.Command,
 			SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[])`,
 			oMsg, oRegion, oAccount, oPayload)
 	}
-	if b.Len() == 0 {
-		return nil
-	}
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return fmt.Errorf("write batch: %w", err)
-	}
-	return nil
 }
 
 // newTransfers collects the columns of the transfers a batch records.

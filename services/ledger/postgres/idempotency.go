@@ -162,12 +162,12 @@ func (s *Store) DeleteExpiredKeys(ctx context.Context, now time.Time) (int64, er
 	return tag.RowsAffected(), nil
 }
 
-// respond stores, in the apply transaction, the first response to every
-// client request whose idempotency key is still in flight: the response is
-// durable in the same transaction as the debit.
-func (s *Store) respond(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, results []ledger.Result) error {
+// queueResponses queues, in the apply transaction's batch, the first
+// response to every client request whose idempotency key is still in
+// flight: the response is durable in the same transaction as the debit.
+func (s *Store) queueResponses(b *pgx.Batch, cmds []ledger.Command, results []ledger.Result) {
 	if s.cfg.Respond == nil {
-		return nil
+		return
 	}
 	var clients, keys []string
 	var statuses []int32
@@ -182,15 +182,11 @@ func (s *Store) respond(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, r
 		statuses, bodies = append(statuses, int32(status)), append(bodies, body)
 	}
 	if len(clients) == 0 {
-		return nil
+		return
 	}
-	_, err := tx.Exec(ctx, `
+	b.Queue(`
 		UPDATE idempotency_keys k SET state = 'done', response_status = u.status, response_body = u.body
 		FROM unnest($1::text[], $2::text[], $3::int[], $4::bytea[]) AS u(client_id, key, status, body)
 		WHERE k.client_id = u.client_id AND k.key = u.key AND k.state = 'in_flight'`,
 		clients, keys, statuses, bodies)
-	if err != nil {
-		return fmt.Errorf("store responses: %w", err)
-	}
-	return nil
 }
