@@ -28,6 +28,7 @@ import (
 	"github.com/paymesh/paymesh/internal/demo"
 	"github.com/paymesh/paymesh/internal/loadgen"
 	"github.com/paymesh/paymesh/internal/pgdb"
+	"github.com/paymesh/paymesh/internal/telemetry"
 	"github.com/paymesh/paymesh/pkg/dedup"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/api"
@@ -134,6 +135,7 @@ type ledgerCmd struct {
 	CacheSize  int           `name:"cache-size" env:"PAYMESH_CACHE_SIZE" default:"100000" help:"Recently committed keys kept in memory (0 disables)."`
 	Shards     int           `env:"PAYMESH_SHARDS" default:"16" help:"Ledger subjects per region."`
 	ShardSet   string        `name:"shard-set" env:"PAYMESH_SHARD_SET" default:"0/1" help:"i/n: this process applies the shards k with k mod n = i. Give each ledger replica of a region its own i."`
+	Metrics    string        `name:"metrics-listen" env:"PAYMESH_METRICS_LISTEN" help:"Address of /metrics (default: 127.0.0.1:<the region's metrics_port>; 'off' for none)."`
 }
 
 // ownShards parses --shard-set.
@@ -170,6 +172,30 @@ func (c *ledgerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 		return err
 	}
 	defer srv.Close()
+	if c.Metrics != "off" {
+		addr := c.Metrics
+		if addr == "" {
+			addr = fmt.Sprintf("127.0.0.1:%d", reg.MetricsPort)
+		}
+		m, err := telemetry.New()
+		if err == nil {
+			err = m.ObserveLedger(reg.Name, srv.Topo.Stream(), srv.Stats)
+		}
+		if err != nil {
+			return err
+		}
+		defer m.Shutdown(context.Background()) //nolint:errcheck // best effort at exit
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", m.Handler())
+		hs := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go func() {
+			if err := hs.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("metrics server", "addr", addr, "err", err)
+			}
+		}()
+		defer hs.Close()
+		log.Info("metrics", "addr", addr)
+	}
 	log.Info("ledger running", "region", reg.Name, "stream", srv.Topo.Stream(), "shards", own, "workers", c.Workers)
 	return srv.Run(ctx)
 }

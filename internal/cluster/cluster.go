@@ -20,6 +20,7 @@ import (
 
 	"github.com/paymesh/paymesh/internal/natsembed"
 	"github.com/paymesh/paymesh/internal/pgdb"
+	"github.com/paymesh/paymesh/internal/telemetry"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/api"
 	"github.com/paymesh/paymesh/services/ledger"
@@ -64,9 +65,13 @@ type Region struct {
 	Router *router.Router
 	API    *api.Server
 	// APIURL is the base URL of the region's HTTP API.
-	APIURL  string
-	apiAddr string // the address to listen on, kept across restarts
-	http    *http.Server
+	APIURL string
+	// MetricsURL serves the region's metrics (Prometheus format).
+	MetricsURL string
+	metrics    *telemetry.Metrics
+	mhttp      *http.Server
+	apiAddr    string // the address to listen on, kept across restarts
+	http       *http.Server
 	// The counters, kept across restarts.
 	ledgerStats *ledger.Stats
 	routerStats *router.Stats
@@ -200,6 +205,24 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) error {
 		nc.Close()
 		return err
 	}
+	m, err := telemetry.New()
+	if err == nil {
+		err = m.ObserveLedger(r.Name, srv.Topo.Stream(), srv.Stats)
+	}
+	if err == nil {
+		err = m.ObserveRouter(r.Name, rt.Stats())
+	}
+	mln, lerr := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil || lerr != nil {
+		ln.Close()
+		apiSrv.Close()
+		srv.Close()
+		nc.Close()
+		return errors.Join(err, lerr)
+	}
+	r.metrics, r.MetricsURL = m, "http://"+mln.Addr().String()+"/metrics"
+	r.mhttp = &http.Server{Handler: m.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = r.mhttp.Serve(mln) }()
 	r.http = &http.Server{Handler: apiSrv, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, IdleTimeout: time.Minute}
 	r.API, r.APIURL = apiSrv, "http://"+ln.Addr().String()
 	go func() { _ = r.http.Serve(ln) }()
@@ -226,6 +249,8 @@ func (r *Region) close() {
 		return
 	}
 	_ = r.http.Close()
+	_ = r.mhttp.Close()
+	_ = r.metrics.Shutdown(context.Background())
 	r.API.Close()
 	r.stop()
 	r.done.Wait()

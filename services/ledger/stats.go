@@ -10,6 +10,7 @@ import (
 // caught them, and the guards that fired. It is safe for concurrent use; the
 // zero value is ready.
 type Stats struct {
+	Deliveries         atomic.Int64 // messages delivered, redeliveries included
 	Applied            atomic.Int64
 	Rejected           atomic.Int64
 	Conflicts          atomic.Int64

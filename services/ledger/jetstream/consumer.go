@@ -204,6 +204,7 @@ func (c *Consumer) process(ctx context.Context, msgs []jetstream.Msg) {
 		cmds  []ledger.Command
 		valid []jetstream.Msg
 	)
+	c.cfg.Stats.Deliveries.Add(int64(len(msgs)))
 	for _, m := range msgs {
 		if md, err := m.Metadata(); err == nil && md.NumDelivered > 1 {
 			c.cfg.Stats.Redeliveries.Add(1)
