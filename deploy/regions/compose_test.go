@@ -136,6 +136,9 @@ func TestComposeMatchesRegions(t *testing.T) {
 		if p := fmt.Sprintf("%d:%d", r.APIPort, r.APIPort); !slices.Contains(apiSvc.Ports, p) || apiSvc.Environment["PAYMESH_API_LISTEN"] != fmt.Sprintf("0.0.0.0:%d", r.APIPort) {
 			t.Errorf("api-%s: ports %v listen %q, want %s", r.Name, apiSvc.Ports, apiSvc.Environment["PAYMESH_API_LISTEN"], p)
 		}
+		if p := fmt.Sprintf("%d:%d", r.MetricsPort, r.MetricsPort); !slices.Contains(ledger.Ports, p) || ledger.Environment["PAYMESH_METRICS_LISTEN"] != fmt.Sprintf("0.0.0.0:%d", r.MetricsPort) {
+			t.Errorf("ledger-%s: ports %v metrics %q, want %s", r.Name, ledger.Ports, ledger.Environment["PAYMESH_METRICS_LISTEN"], p)
+		}
 		if !slices.Equal(rt.Command, []string{"router"}) {
 			t.Errorf("router-%s: command %v, want [router]", r.Name, rt.Command)
 		}
