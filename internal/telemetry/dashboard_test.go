@@ -1,0 +1,69 @@
+package telemetry_test
+
+import (
+	"encoding/json"
+	"io"
+	"net/http/httptest"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/paymesh/paymesh/internal/telemetry"
+	"github.com/paymesh/paymesh/services/ledger"
+	"github.com/paymesh/paymesh/services/router"
+)
+
+// TestDashboardQueriesExist: every metric a query of the Grafana dashboard
+// names is one the services really export.
+func TestDashboardQueriesExist(t *testing.T) {
+	m, err := telemetry.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.ObserveLedger("eu", "LEDGER_EU", &ledger.Stats{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.ObserveRouter("eu", &router.Stats{}); err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	body, _ := io.ReadAll(rec.Body)
+	exported := map[string]bool{}
+	for _, l := range strings.Split(string(body), "\n") {
+		if name, _, ok := strings.Cut(l, "{"); ok && !strings.HasPrefix(l, "#") {
+			exported[name] = true
+		}
+	}
+	b, err := os.ReadFile("../../deploy/grafana/paymesh.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(b, &dash); err != nil {
+		t.Fatal(err)
+	}
+	name := regexp.MustCompile(`paymesh_[a-z_]+`)
+	var queries int
+	for _, p := range dash.Panels {
+		for _, tg := range p.Targets {
+			queries++
+			for _, n := range name.FindAllString(tg.Expr, -1) {
+				if !exported[n] {
+					t.Errorf("panel %q queries %s, which no service exports", p.Title, n)
+				}
+			}
+		}
+	}
+	if queries == 0 || len(exported) == 0 {
+		t.Fatalf("%d queries checked against %d exported metrics", queries, len(exported))
+	}
+}
