@@ -33,6 +33,7 @@ import (
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/api"
 	"github.com/paymesh/paymesh/services/ledger"
+	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 	"github.com/paymesh/paymesh/services/ledger/server"
 	"github.com/paymesh/paymesh/services/router"
@@ -163,7 +164,16 @@ func (c *ledgerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 	if err != nil {
 		return err
 	}
-	srv, err := server.Open(ctx, server.Config{OwnShards: own,
+	m, err := telemetry.New()
+	if err != nil {
+		return err
+	}
+	defer m.Shutdown(context.Background()) //nolint:errcheck // best effort at exit
+	observe, err := m.BatchObserver(reg.Name, ljs.Topology{Region: reg.Name}.Stream())
+	if err != nil {
+		return err
+	}
+	srv, err := server.Open(ctx, server.Config{OwnShards: own, ObserveBatch: observe,
 		Region: reg.Name, Regions: ids, Node: c.Node, PostgresURL: url, NATSURL: c.NATSURL, Workers: c.Workers,
 		BatchSize: c.BatchSize, AckWait: c.AckWait, MaxDeliver: c.MaxDeliver, Lease: c.Lease,
 		WindowDays: c.WindowDays, CacheSize: c.CacheSize, Shards: c.Shards, Log: log, Respond: api.Respond,
@@ -177,14 +187,13 @@ func (c *ledgerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 		if addr == "" {
 			addr = fmt.Sprintf("127.0.0.1:%d", reg.MetricsPort)
 		}
-		m, err := telemetry.New()
+		err := m.ObserveLedger(reg.Name, srv.Topo.Stream(), srv.Stats)
 		if err == nil {
-			err = m.ObserveLedger(reg.Name, srv.Topo.Stream(), srv.Stats)
+			err = m.ObserveStore(reg.Name, srv.Store)
 		}
 		if err != nil {
 			return err
 		}
-		defer m.Shutdown(context.Background()) //nolint:errcheck // best effort at exit
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", m.Handler())
 		hs := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}

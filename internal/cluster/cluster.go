@@ -150,8 +150,16 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) error {
 			return nil
 		}
 	}
+	m, err := telemetry.New()
+	if err != nil {
+		return err
+	}
+	observe, err := m.BatchObserver(r.Name, ljs.Topology{Region: r.Name}.Stream())
+	if err != nil {
+		return err
+	}
 	url := c.cfg.Topology.ClientURL(r.Name)
-	srv, err := server.Open(ctx, server.Config{
+	srv, err := server.Open(ctx, server.Config{ObserveBatch: observe,
 		Region: r.Name, Regions: c.ids, Node: 1, PostgresURL: r.URL, NATSURL: url, Workers: 2,
 		BatchSize: c.cfg.BatchSize, AckWait: c.cfg.AckWait, MaxDeliver: 1000, Shards: c.cfg.Shards,
 		CacheSize: 10_000, AfterCommit: afterCommit, Log: c.cfg.Log.With("region", r.Name, "service", "ledger"),
@@ -205,12 +213,15 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) error {
 		nc.Close()
 		return err
 	}
-	m, err := telemetry.New()
-	if err == nil {
-		err = m.ObserveLedger(r.Name, srv.Topo.Stream(), srv.Stats)
-	}
+	err = m.ObserveLedger(r.Name, srv.Topo.Stream(), srv.Stats)
 	if err == nil {
 		err = m.ObserveRouter(r.Name, rt.Stats())
+	}
+	if err == nil {
+		err = m.ObserveStore(r.Name, srv.Store)
+	}
+	if err == nil {
+		err = m.ObserveAPI(r.Name, &apiSrv.Stats)
 	}
 	mln, lerr := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil || lerr != nil {

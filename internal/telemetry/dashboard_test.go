@@ -8,9 +8,12 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/paymesh/paymesh/internal/telemetry"
+	"github.com/paymesh/paymesh/services/api"
 	"github.com/paymesh/paymesh/services/ledger"
+	"github.com/paymesh/paymesh/services/ledger/ledgertest"
 	"github.com/paymesh/paymesh/services/router"
 )
 
@@ -27,6 +30,17 @@ func TestDashboardQueriesExist(t *testing.T) {
 	if err := m.ObserveRouter("eu", &router.Stats{}); err != nil {
 		t.Fatal(err)
 	}
+	if err := m.ObserveStore("eu", ledgertest.New(t).Store); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.ObserveAPI("eu", &api.Stats{}); err != nil {
+		t.Fatal(err)
+	}
+	observe, err := m.BatchObserver("eu", "LEDGER_EU")
+	if err != nil {
+		t.Fatal(err)
+	}
+	observe(3, time.Millisecond) // histograms appear once they hold a value
 	rec := httptest.NewRecorder()
 	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	body, _ := io.ReadAll(rec.Body)

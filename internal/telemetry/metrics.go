@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -18,7 +19,9 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/paymesh/paymesh/pkg/dedup"
+	"github.com/paymesh/paymesh/services/api"
 	"github.com/paymesh/paymesh/services/ledger"
+	"github.com/paymesh/paymesh/services/ledger/postgres"
 	"github.com/paymesh/paymesh/services/router"
 )
 
@@ -128,6 +131,80 @@ func (m *Metrics) ObserveRouter(region string, st *router.Stats) error {
 			o.ObserveInt64(c, st.DuplicateSubmits.Load(), at("submit"))
 			o.ObserveInt64(c, st.ForwardDuplicates.Load(), at("forward"))
 			o.ObserveInt64(c, st.RelayDuplicates.Load(), at("relay"))
+		}},
+	})
+}
+
+// BatchObserver returns the hook that records each applied batch's size
+// and transaction time (ledger server's ObserveBatch).
+func (m *Metrics) BatchObserver(region, stream string) (func(size int, took time.Duration), error) {
+	meter := m.provider.Meter("paymesh/ledger")
+	size, err := meter.Int64Histogram("paymesh.apply.batch.size", metric.WithDescription("Commands per applied batch."),
+		metric.WithExplicitBucketBoundaries(1, 2, 4, 8, 16, 32, 64, 128, 256, 512))
+	if err != nil {
+		return nil, fmt.Errorf("telemetry: %w", err)
+	}
+	latency, err := meter.Float64Histogram("paymesh.apply.duration.seconds", metric.WithDescription("Time to apply one batch in one transaction."),
+		metric.WithExplicitBucketBoundaries(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5))
+	if err != nil {
+		return nil, fmt.Errorf("telemetry: %w", err)
+	}
+	set := metric.WithAttributes(attribute.String("region", region), attribute.String("stream", stream))
+	return func(n int, took time.Duration) {
+		ctx := context.Background()
+		size.Record(ctx, int64(n), set)
+		latency.Record(ctx, took.Seconds(), set)
+	}, nil
+}
+
+// ObserveStore exports, at each scrape, the region's money in transit and
+// its outbox lag (two indexed counts on the region's database).
+func (m *Metrics) ObserveStore(region string, store *postgres.Store) error {
+	meter := m.provider.Meter("paymesh/saga")
+	set := metric.WithAttributes(attribute.String("region", region))
+	transfers, err := meter.Int64ObservableGauge("paymesh.saga.in.transit", metric.WithDescription("Cross-region transfers debited here and not settled yet."))
+	if err != nil {
+		return fmt.Errorf("telemetry: %w", err)
+	}
+	amount, err := meter.Int64ObservableGauge("paymesh.saga.in.transit.amount", metric.WithDescription("Their amount, in minor units."))
+	if err != nil {
+		return fmt.Errorf("telemetry: %w", err)
+	}
+	unsent, err := meter.Int64ObservableGauge("paymesh.outbox.unsent", metric.WithDescription("Saga steps in the outbox not relayed yet."))
+	if err != nil {
+		return fmt.Errorf("telemetry: %w", err)
+	}
+	age, err := meter.Float64ObservableGauge("paymesh.outbox.lag.seconds", metric.WithDescription("Age of the oldest unsent outbox row."))
+	if err != nil {
+		return fmt.Errorf("telemetry: %w", err)
+	}
+	_, err = meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		if n, a, err := store.InTransit(ctx); err == nil {
+			o.ObserveInt64(transfers, n, set)
+			o.ObserveInt64(amount, a, set)
+		}
+		if n, oldest, err := store.OutboxLag(ctx); err == nil {
+			o.ObserveInt64(unsent, n, set)
+			o.ObserveFloat64(age, oldest.Seconds(), set)
+		}
+		return nil
+	}, transfers, amount, unsent, age)
+	if err != nil {
+		return fmt.Errorf("telemetry: %w", err)
+	}
+	return nil
+}
+
+// ObserveAPI exports the API's idempotency outcomes.
+func (m *Metrics) ObserveAPI(region string, st *api.Stats) error {
+	at := func(outcome string) metric.MeasurementOption {
+		return metric.WithAttributes(attribute.String("region", region), attribute.String("outcome", outcome))
+	}
+	return m.observe("paymesh/api", []counter{
+		{"paymesh.idempotency.keys", "Repeated Idempotency-Keys: replays, reuse with another body (422), repeats in flight (409).", func(o metric.Observer, c metric.Int64ObservableCounter) {
+			o.ObserveInt64(c, st.Replays.Load(), at("replay"))
+			o.ObserveInt64(c, st.Mismatches.Load(), at("mismatch"))
+			o.ObserveInt64(c, st.InFlight.Load(), at("in_flight"))
 		}},
 	})
 }

@@ -180,12 +180,15 @@ func (s *Server) createTransfer(ctx context.Context, c call) reply {
 	}
 	switch outcome {
 	case postgres.KeyMismatch:
+		s.Stats.Mismatches.Add(1)
 		return errReply(ledger.Errorf(ledger.CodeIdempotencyKeyReused, "the Idempotency-Key was used for a different request"))
 	case postgres.KeyInFlight:
+		s.Stats.InFlight.Add(1)
 		rep := errReply(ledger.Errorf(CodeIdempotencyKeyInFlight, "a request with this Idempotency-Key is being processed"))
 		rep.Header["Retry-After"] = "1"
 		return rep
 	case postgres.KeyReplay:
+		s.Stats.Replays.Add(1)
 		if !k.Final {
 			// The ledger's provisional answer (202) has now been seen by a
 			// client: freeze it, so that everyone keeps getting it.

@@ -25,6 +25,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -57,8 +58,16 @@ type Config struct {
 	Log    *slog.Logger
 }
 
+// Stats counts the API's idempotency outcomes. The zero value is ready.
+type Stats struct {
+	Replays    atomic.Int64 // repeats answered with the stored response
+	Mismatches atomic.Int64 // keys reused with another body (422)
+	InFlight   atomic.Int64 // repeats while the first was in flight (409)
+}
+
 // Server is a region's API.
 type Server struct {
+	Stats    Stats
 	cfg      Config
 	mux      *http.ServeMux
 	routes   []string

@@ -61,7 +61,10 @@ type ConsumerConfig struct {
 	// It is a failpoint: returning an error skips the acks, as a crash would.
 	AfterCommit func(msgs []jetstream.Msg) error
 	Stats       *ledger.Stats
-	Log         *slog.Logger
+	// ObserveBatch, if set, is told each applied batch's size and how long
+	// its transaction took (metrics).
+	ObserveBatch func(size int, took time.Duration)
+	Log          *slog.Logger
 }
 
 // Defaults for ConsumerConfig's zero fields.
@@ -228,7 +231,11 @@ func (c *Consumer) process(ctx context.Context, msgs []jetstream.Msg) {
 // apply applies valid commands in one transaction and acks them after the
 // commit.
 func (c *Consumer) apply(ctx context.Context, cmds []ledger.Command, valid []jetstream.Msg) {
+	began := time.Now()
 	results, err := c.applier.Apply(ctx, cmds)
+	if err == nil && c.cfg.ObserveBatch != nil {
+		c.cfg.ObserveBatch(len(cmds), time.Since(began))
+	}
 	if err != nil && len(cmds) > 1 && ctx.Err() == nil {
 		// Isolate whatever failed the batch: apply one by one, so that a
 		// single bad command cannot hold up or use the deliveries of others.

@@ -77,3 +77,13 @@ func (s *Store) OutboxLag(ctx context.Context) (unsent int64, oldest time.Durati
 	}
 	return unsent, oldest, nil
 }
+
+// InTransit returns how many transfers sourced here are DEBITED (their
+// money between regions) and their total amount.
+func (s *Store) InTransit(ctx context.Context) (count, amount int64, err error) {
+	err = s.pool.QueryRow(ctx, `SELECT count(*), coalesce(sum(amount), 0) FROM transfers WHERE status = 'DEBITED'`).Scan(&count, &amount)
+	if err != nil {
+		return 0, 0, fmt.Errorf("in transit: %w", err)
+	}
+	return count, amount, nil
+}
