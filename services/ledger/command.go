@@ -57,6 +57,10 @@ type Command struct {
 	CreatedAt      time.Time `json:"created_at"`
 	// Reason is why a credit was refused (refuse steps only).
 	Reason Code `json:"reason,omitempty"`
+	// Trace is the W3C traceparent of the delivery that applies the
+	// command; it is not part of the command (not encoded, not in the
+	// fingerprint) and travels with the saga steps it causes.
+	Trace string `json:"-"`
 }
 
 // MsgKey is the command's deterministic message key: the consume-log key and
@@ -72,7 +76,7 @@ func (c Command) MsgKey() string {
 // Step returns the saga step of type typ that follows c.
 func (c Command) Step(typ string, reason Code) Command {
 	return Command{Type: typ, TransferID: c.TransferID, ClientID: c.ClientID, IdempotencyKey: c.IdempotencyKey,
-		From: c.From, To: c.To, Amount: c.Amount, Currency: c.Currency, CreatedAt: c.CreatedAt, Reason: reason}
+		From: c.From, To: c.To, Amount: c.Amount, Currency: c.Currency, CreatedAt: c.CreatedAt, Reason: reason, Trace: c.Trace}
 }
 
 // Fingerprint hashes the fields that define the request, so that the same

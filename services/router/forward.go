@@ -9,7 +9,11 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/paymesh/paymesh/pkg/natstrace"
 	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
 )
 
@@ -97,6 +101,7 @@ func (r *Router) forwardFrom(ctx context.Context, cons jetstream.Consumer, log *
 // growing delay.
 func (r *Router) forward(ctx context.Context, msgs []jetstream.Msg, log *slog.Logger) {
 	futures := make([][]jetstream.PubAckFuture, len(msgs))
+	spans := make([]trace.Span, len(msgs))
 	unroutable := make([]bool, len(msgs))
 	for i, m := range msgs {
 		subject, err := ledgerSubject(m.Subject())
@@ -108,7 +113,15 @@ func (r *Router) forward(ctx context.Context, msgs []jetstream.Msg, log *slog.Lo
 		}
 		out := nats.NewMsg(subject)
 		out.Data = m.Data()
-		out.Header.Set(jetstream.MsgIDHeader, m.Headers().Get(jetstream.MsgIDHeader))
+		msgID := m.Headers().Get(jetstream.MsgIDHeader)
+		out.Header.Set(jetstream.MsgIDHeader, msgID)
+		sctx, span := tracer.Start(natstrace.Extract(ctx, m.Headers()), "forward "+subject,
+			trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(messaging(r.cfg.Region, subject, msgID, "send")...))
+		if md, err := m.Metadata(); err == nil && md.NumDelivered > 1 {
+			span.AddEvent("retry", trace.WithAttributes(attribute.Int64("paymesh.attempt", int64(md.NumDelivered))))
+		}
+		natstrace.Inject(sctx, out)
+		spans[i] = span
 		futures[i] = r.publish(out)
 	}
 	wctx, cancel := context.WithTimeout(ctx, r.publishTimeout())
@@ -118,6 +131,7 @@ func (r *Router) forward(ctx context.Context, msgs []jetstream.Msg, log *slog.Lo
 			continue
 		}
 		ok, dup := wait(wctx, futures[i])
+		endPublish(spans[i], ok, dup)
 		switch {
 		case ok:
 			r.cfg.Stats.Forwarded.Add(1)
@@ -134,6 +148,20 @@ func (r *Router) forward(ctx context.Context, msgs []jetstream.Msg, log *slog.Lo
 			_ = m.NakWithDelay(retryDelay(n))
 		}
 	}
+}
+
+// endPublish records a publish's outcome on its span and ends it.
+func endPublish(span trace.Span, ok bool, duplicates int64) {
+	if span == nil {
+		return
+	}
+	if !ok {
+		span.SetStatus(codes.Error, "not acked; retried later")
+	}
+	if duplicates > 0 {
+		span.SetAttributes(attribute.String("paymesh.dedup.outcome", "duplicate"), attribute.String("paymesh.dedup.layer", "msg_id"))
+	}
+	span.End()
 }
 
 // publish sends a message asynchronously, twice when Inject asks for a

@@ -7,7 +7,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/paymesh/paymesh/pkg/natstrace"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 )
 
@@ -62,10 +65,18 @@ func (r *Router) RunRelay(ctx context.Context, outbox Outbox, log *slog.Logger) 
 			continue
 		}
 		futures := make([][]jetstream.PubAckFuture, len(rows))
+		spans := make([]trace.Span, len(rows))
 		for i, row := range rows {
 			m := nats.NewMsg(r.topo(row.Region).Subject(row.Account))
 			m.Data = row.Payload
 			m.Header.Set(jetstream.MsgIDHeader, row.MsgID)
+			sctx, span := tracer.Start(natstrace.WithTraceParent(ctx, row.TraceParent), "relay "+m.Subject,
+				trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(messaging(r.cfg.Region, m.Subject, row.MsgID, "send")...))
+			if row.Attempts > 0 {
+				span.AddEvent("retry", trace.WithAttributes(attribute.Int64("paymesh.attempt", int64(row.Attempts+1))))
+			}
+			natstrace.Inject(sctx, m)
+			spans[i] = span
 			futures[i] = r.publish(m)
 		}
 		wctx, cancel := context.WithTimeout(ctx, r.publishTimeout())
@@ -73,6 +84,7 @@ func (r *Router) RunRelay(ctx context.Context, outbox Outbox, log *slog.Logger) 
 		failedRegions := map[string]bool{}
 		for i, row := range rows {
 			ok, dup := wait(wctx, futures[i])
+			endPublish(spans[i], ok, dup)
 			if !ok {
 				failed = append(failed, row.ID)
 				failedRegions[row.Region] = true

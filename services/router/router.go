@@ -29,8 +29,13 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/paymesh/paymesh/pkg/idgen"
+	"github.com/paymesh/paymesh/pkg/natstrace"
 	"github.com/paymesh/paymesh/services/ledger"
 	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
 )
@@ -141,15 +146,36 @@ func (r *Router) Submit(ctx context.Context, cmd ledger.Command) (duplicate bool
 	m := nats.NewMsg(fmt.Sprintf("route.%s.%s.%d", r.cfg.Region, home, shard))
 	m.Data = cmd.Encode()
 	m.Header.Set(jetstream.MsgIDHeader, cmd.MsgKey())
+	ctx, span := tracer.Start(ctx, "send "+m.Subject, trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(
+		messaging(r.cfg.Region, m.Subject, cmd.MsgKey(), "send")...))
+	defer span.End()
+	natstrace.Inject(ctx, m)
 	ack, err := r.js.PublishMsg(ctx, m, jetstream.WithExpectStream(Stream(r.cfg.Region)))
 	if err != nil {
+		span.SetStatus(codes.Error, err.Error())
 		return false, fmt.Errorf("submit %s: %w", cmd.MsgKey(), err)
+	}
+	if ack.Duplicate {
+		span.SetAttributes(attribute.String("paymesh.dedup.outcome", "duplicate"), attribute.String("paymesh.dedup.layer", "msg_id"))
 	}
 	r.cfg.Stats.Submitted.Add(1)
 	if ack.Duplicate {
 		r.cfg.Stats.DuplicateSubmits.Add(1)
 	}
 	return ack.Duplicate, nil
+}
+
+var tracer = otel.Tracer("github.com/paymesh/paymesh/services/router")
+
+// messaging returns the OTel messaging attributes of a publish.
+func messaging(region, subject, msgID, op string) []attribute.KeyValue {
+	return []attribute.KeyValue{
+		attribute.String("messaging.system", "nats"),
+		attribute.String("messaging.destination.name", subject),
+		attribute.String("messaging.message.id", msgID),
+		attribute.String("messaging.operation.type", op),
+		attribute.String("paymesh.region", region),
+	}
 }
 
 // ledgerSubject maps a route subject route.<r>.<home>.<shard> to the home

@@ -11,8 +11,13 @@ import (
 	"github.com/cenkalti/backoff/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/paymesh/paymesh/pkg/idgen"
+	"github.com/paymesh/paymesh/pkg/natstrace"
 	"github.com/paymesh/paymesh/services/ledger"
 )
 
@@ -206,9 +211,11 @@ func (c *Consumer) process(ctx context.Context, msgs []jetstream.Msg) {
 	var (
 		cmds  []ledger.Command
 		valid []jetstream.Msg
+		spans []trace.Span
 	)
 	c.cfg.Stats.Deliveries.Add(int64(len(msgs)))
 	for _, m := range msgs {
+		span := c.startSpan(ctx, m)
 		if md, err := m.Metadata(); err == nil && md.NumDelivered > 1 {
 			c.cfg.Stats.Redeliveries.Add(1)
 		}
@@ -219,18 +226,59 @@ func (c *Consumer) process(ctx context.Context, msgs []jetstream.Msg) {
 		if err != nil {
 			c.cfg.Stats.Invalid.Add(1)
 			c.deadLetter(ctx, m, err)
+			span.SetStatus(codes.Error, err.Error())
+			span.SetAttributes(attribute.String("paymesh.dead_letter.reason", string(ledger.ErrorCode(err))))
+			span.End()
 			continue
 		}
-		cmds, valid = append(cmds, cmd), append(valid, m)
+		// The saga steps this command causes continue its trace.
+		cmd.Trace = natstrace.TraceParent(trace.ContextWithSpan(ctx, span))
+		cmds, valid, spans = append(cmds, cmd), append(valid, m), append(spans, span)
 	}
 	if len(cmds) > 0 {
-		c.apply(ctx, cmds, valid)
+		c.apply(ctx, cmds, valid, spans)
 	}
+}
+
+var tracer = otel.Tracer("github.com/paymesh/paymesh/services/ledger/jetstream")
+
+// startSpan starts the span of one delivery attempt, a child of the trace
+// context in the message's headers.
+func (c *Consumer) startSpan(ctx context.Context, m jetstream.Msg) trace.Span {
+	attrs := []attribute.KeyValue{
+		attribute.String("messaging.system", "nats"),
+		attribute.String("messaging.destination.name", m.Subject()),
+		attribute.String("messaging.message.id", m.Headers().Get(jetstream.MsgIDHeader)),
+		attribute.String("messaging.operation.type", "process"),
+		attribute.String("paymesh.region", c.cfg.Topology.Region),
+	}
+	if md, err := m.Metadata(); err == nil {
+		attrs = append(attrs, attribute.Int64("messaging.nats.delivery_count", int64(md.NumDelivered)),
+			attribute.Int64("messaging.nats.stream_sequence", int64(md.Sequence.Stream)),
+			attribute.String("messaging.consumer.group.name", md.Consumer))
+	}
+	_, span := tracer.Start(natstrace.Extract(ctx, m.Headers()), "process "+m.Subject(),
+		trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
+	return span
+}
+
+// endSpan records a delivery's outcome: the dedup outcome and the layer
+// that caught a duplicate.
+func endSpan(span trace.Span, r ledger.Result) {
+	switch r.Kind {
+	case ledger.Duplicate:
+		span.SetAttributes(attribute.String("paymesh.dedup.outcome", "duplicate"), attribute.String("paymesh.dedup.layer", r.Layer))
+	case ledger.Applied, ledger.Rejected:
+		span.SetAttributes(attribute.String("paymesh.dedup.outcome", "first"), attribute.String("paymesh.result", r.Kind.String()))
+	default:
+		span.SetAttributes(attribute.String("paymesh.result", r.Kind.String()))
+	}
+	span.End()
 }
 
 // apply applies valid commands in one transaction and acks them after the
 // commit.
-func (c *Consumer) apply(ctx context.Context, cmds []ledger.Command, valid []jetstream.Msg) {
+func (c *Consumer) apply(ctx context.Context, cmds []ledger.Command, valid []jetstream.Msg, spans []trace.Span) {
 	began := time.Now()
 	results, err := c.applier.Apply(ctx, cmds)
 	if err == nil && c.cfg.ObserveBatch != nil {
@@ -241,11 +289,15 @@ func (c *Consumer) apply(ctx context.Context, cmds []ledger.Command, valid []jet
 		// single bad command cannot hold up or use the deliveries of others.
 		c.cfg.Log.Warn("apply batch failed; applying its commands one by one", "size", len(cmds), "err", err)
 		for i := range cmds {
-			c.apply(ctx, cmds[i:i+1], valid[i:i+1])
+			c.apply(ctx, cmds[i:i+1], valid[i:i+1], spans[i:i+1])
 		}
 		return
 	}
 	if err != nil {
+		for _, sp := range spans {
+			sp.SetStatus(codes.Error, err.Error())
+			sp.End()
+		}
 		if ctx.Err() != nil {
 			return // shutting down: redelivered after AckWait, not a failed attempt
 		}
@@ -253,8 +305,9 @@ func (c *Consumer) apply(ctx context.Context, cmds []ledger.Command, valid []jet
 		c.retryLater(ctx, valid[0], err, cmds[0].IsStep())
 		return
 	}
-	for _, r := range results {
+	for i, r := range results {
 		c.cfg.Stats.Record(r)
+		endSpan(spans[i], r)
 	}
 	if c.cfg.AfterCommit != nil {
 		if err := c.cfg.AfterCommit(valid); err != nil {

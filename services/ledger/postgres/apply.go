@@ -423,17 +423,17 @@ func (s *Store) lockState(ctx context.Context, tx pgx.Tx, cmds []ledger.Command)
 // per account, and the outbox rows of the next saga steps.
 func (s *Store) queuePlan(b *pgx.Batch, cmds []ledger.Command, p ledger.Plan) {
 	var (
-		nt                             newTransfers
-		uID, uFrom, uTo, uReason       []string
-		uFromV, uToV                   []int64
-		cID, cFrom, cTo, cCur, cStatus []string
-		cReason                        []*string
-		cAmount                        []int64
-		cCreated                       []time.Time
-		pTransfer, pLeg, pAccount      []string
-		pAmount, pAfter, pVersion      []int64
-		oMsg, oRegion, oAccount        []string
-		oPayload                       [][]byte
+		nt                              newTransfers
+		uID, uFrom, uTo, uReason        []string
+		uFromV, uToV                    []int64
+		cID, cFrom, cTo, cCur, cStatus  []string
+		cReason                         []*string
+		cAmount                         []int64
+		cCreated                        []time.Time
+		pTransfer, pLeg, pAccount       []string
+		pAmount, pAfter, pVersion       []int64
+		oMsg, oRegion, oAccount, oTrace []string
+		oPayload                        [][]byte
 	)
 	for i, o := range p.Outcomes {
 		c := cmds[i]
@@ -455,6 +455,7 @@ func (s *Store) queuePlan(b *pgx.Batch, cmds []ledger.Command, p ledger.Plan) {
 		}
 		for _, m := range o.Outbox {
 			oMsg, oRegion, oAccount = append(oMsg, m.Command.MsgKey()), append(oRegion, m.Region), append(oAccount, m.Account)
+			oTrace = append(oTrace, c.Trace)
 			oPayload = append(oPayload, m.Command.Encode())
 		}
 	}
@@ -508,9 +509,9 @@ func (s *Store) queuePlan(b *pgx.Batch, cmds []ledger.Command, p ledger.Plan) {
 	}
 	if len(oMsg) > 0 {
 		b.Queue(`
-			INSERT INTO outbox (msg_id, region, account, payload)
-			SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[])`,
-			oMsg, oRegion, oAccount, oPayload)
+			INSERT INTO outbox (msg_id, region, account, payload, trace_parent)
+			SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[])`,
+			oMsg, oRegion, oAccount, oPayload, oTrace)
 	}
 }
 

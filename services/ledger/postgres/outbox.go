@@ -17,6 +17,8 @@ type OutboxRow struct {
 	Payload  []byte // the encoded ledger.Command
 	Attempts int
 	Created  time.Time
+	// TraceParent continues the transfer's trace when the step is relayed.
+	TraceParent string
 }
 
 // PendingOutbox returns up to limit unsent rows, oldest first, skipping
@@ -24,14 +26,14 @@ type OutboxRow struct {
 // up the others).
 func (s *Store) PendingOutbox(ctx context.Context, limit int, skip ...string) ([]OutboxRow, error) {
 	rows, err := s.pool.Query(ctx, `
-		SELECT id, msg_id, region, account, payload, attempts, created_at
+		SELECT id, msg_id, region, account, payload, attempts, created_at, trace_parent
 		FROM outbox WHERE sent_at IS NULL AND NOT (region = ANY($2::text[])) ORDER BY id LIMIT $1`, limit, append([]string{}, skip...))
 	if err != nil {
 		return nil, fmt.Errorf("read outbox: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (OutboxRow, error) {
 		var o OutboxRow
-		err := r.Scan(&o.ID, &o.MsgID, &o.Region, &o.Account, &o.Payload, &o.Attempts, &o.Created)
+		err := r.Scan(&o.ID, &o.MsgID, &o.Region, &o.Account, &o.Payload, &o.Attempts, &o.Created, &o.TraceParent)
 		return o, err
 	})
 	if err != nil {
