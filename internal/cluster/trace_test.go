@@ -2,6 +2,8 @@ package cluster_test
 
 import (
 	"context"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -10,18 +12,33 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	"github.com/paymesh/paymesh/pkg/natstrace"
 	"github.com/paymesh/paymesh/services/ledger"
 )
+
+var (
+	recOnce sync.Once
+	rec     *tracetest.SpanRecorder
+)
+
+// recorder installs, once per test process, a tracer provider that records
+// every span, with paymesh's ID generator. Tracers bind to the first global
+// provider set, so the tests share this one and tell their spans apart by
+// message ids.
+func recorder() *tracetest.SpanRecorder {
+	recOnce.Do(func() {
+		rec = tracetest.NewSpanRecorder()
+		otel.SetTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec), sdktrace.WithIDGenerator(natstrace.IDGenerator{})))
+	})
+	return rec
+}
 
 // TestOneTraceAcrossRegions: a cross-region transfer is one trace, from the
 // router's send in eu through the forward, eu's debit, the relayed credit
 // step in us and the confirmation back in eu. Each delivery attempt is a
 // span with the messaging attributes and the dedup outcome.
 func TestOneTraceAcrossRegions(t *testing.T) {
-	rec := tracetest.NewSpanRecorder()
-	prev := otel.GetTracerProvider()
-	otel.SetTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)))
-	t.Cleanup(func() { otel.SetTracerProvider(prev) })
+	rec := recorder()
 
 	h := mustCluster(t, nil, nil)
 	h.open(t, 2, 1000)
@@ -69,5 +86,46 @@ func TestOneTraceAcrossRegions(t *testing.T) {
 	}
 	if sends < 4 { // submit, forward, relay credit, relay confirm
 		t.Errorf("send spans: %d, want at least 4", sends)
+	}
+}
+
+// TestRedeliveryLinksToFirstAttempt: a delivery whose ack was dropped comes
+// back; its span links to the first attempt's span (which exists, thanks to
+// the derived span ids) and says which layer caught the duplicate.
+func TestRedeliveryLinksToFirstAttempt(t *testing.T) {
+	rec := recorder()
+
+	var dropped atomic.Int64
+	h := mustCluster(t, nil, func() bool { return dropped.Add(1) == 1 }) // the first batch: the funding
+	h.open(t, 1, 1000)
+	h.quiet(t, time.Minute)
+	if dropped.Load() == 0 {
+		t.Fatal("no ack was dropped")
+	}
+	spans := map[string]sdktrace.ReadOnlySpan{}
+	for _, s := range rec.Ended() {
+		spans[s.SpanContext().SpanID().String()] = s
+	}
+	var linked int
+	for _, s := range rec.Ended() {
+		attrs := map[attribute.Key]string{}
+		for _, a := range s.Attributes() {
+			attrs[a.Key] = a.Value.Emit()
+		}
+		if attrs["messaging.operation.type"] != "process" || attrs["messaging.nats.delivery_count"] == "1" {
+			continue
+		}
+		if attrs["paymesh.dedup.outcome"] != "duplicate" || attrs["paymesh.dedup.layer"] == "" {
+			t.Errorf("redelivery span: outcome %q layer %q", attrs["paymesh.dedup.outcome"], attrs["paymesh.dedup.layer"])
+		}
+		for _, l := range s.Links() {
+			first, ok := spans[l.SpanContext.SpanID().String()]
+			if ok && l.SpanContext.TraceID() == s.SpanContext().TraceID() && first.Name() == s.Name() {
+				linked++
+			}
+		}
+	}
+	if linked == 0 {
+		t.Fatal("no redelivery span links to its first attempt")
 	}
 }

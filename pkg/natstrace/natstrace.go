@@ -6,9 +6,13 @@ package natstrace
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
 
 	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // HeaderCarrier carries W3C trace context in NATS message headers, so that
@@ -62,4 +66,54 @@ func WithTraceParent(ctx context.Context, tp string) context.Context {
 		return ctx
 	}
 	return propagator.Extract(ctx, propagation.MapCarrier{"traceparent": tp})
+}
+
+// AttemptSpanID derives the span id of a delivery attempt from the trace,
+// the stream, the message's stream sequence and the attempt number, so that
+// a redelivery, in any process, can link to the first attempt's span.
+func AttemptSpanID(traceID trace.TraceID, stream string, seq, attempt uint64) trace.SpanID {
+	h := sha256.New()
+	h.Write(traceID[:])
+	h.Write([]byte(stream))
+	_ = binary.Write(h, binary.BigEndian, seq)
+	_ = binary.Write(h, binary.BigEndian, attempt)
+	var id trace.SpanID
+	copy(id[:], h.Sum(nil))
+	if !id.IsValid() {
+		id[7] = 1
+	}
+	return id
+}
+
+type wantedSpanID struct{}
+
+// WithSpanID asks IDGenerator to give the next span started with ctx this
+// span id.
+func WithSpanID(ctx context.Context, id trace.SpanID) context.Context {
+	return context.WithValue(ctx, wantedSpanID{}, id)
+}
+
+// IDGenerator is an OpenTelemetry SDK ID generator (sdktrace.WithIDGenerator)
+// that gives random IDs, except the span ids asked for with WithSpanID.
+// Install it so that delivery attempts get AttemptSpanID and their links
+// resolve.
+type IDGenerator struct{}
+
+// NewIDs returns a random trace id and span id.
+func (IDGenerator) NewIDs(ctx context.Context) (trace.TraceID, trace.SpanID) {
+	var t trace.TraceID
+	_, _ = rand.Read(t[:])
+	return t, IDGenerator{}.NewSpanID(ctx, t)
+}
+
+// NewSpanID returns the span id asked for in ctx, or a random one.
+func (IDGenerator) NewSpanID(ctx context.Context, _ trace.TraceID) trace.SpanID {
+	if id, ok := ctx.Value(wantedSpanID{}).(trace.SpanID); ok && id.IsValid() {
+		return id
+	}
+	var s trace.SpanID
+	for !s.IsValid() {
+		_, _ = rand.Read(s[:])
+	}
+	return s
 }

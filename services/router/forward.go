@@ -115,9 +115,20 @@ func (r *Router) forward(ctx context.Context, msgs []jetstream.Msg, log *slog.Lo
 		out.Data = m.Data()
 		msgID := m.Headers().Get(jetstream.MsgIDHeader)
 		out.Header.Set(jetstream.MsgIDHeader, msgID)
-		sctx, span := tracer.Start(natstrace.Extract(ctx, m.Headers()), "forward "+subject,
-			trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(messaging(r.cfg.Region, subject, msgID, "send")...))
-		if md, err := m.Metadata(); err == nil && md.NumDelivered > 1 {
+		parent := natstrace.Extract(ctx, m.Headers())
+		opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(messaging(r.cfg.Region, subject, msgID, "send")...)}
+		md, mdErr := m.Metadata()
+		if tid := trace.SpanContextFromContext(parent).TraceID(); mdErr == nil && tid.IsValid() {
+			// As for deliveries: a retried forward links to its first attempt.
+			parent = natstrace.WithSpanID(parent, natstrace.AttemptSpanID(tid, md.Stream, md.Sequence.Stream, md.NumDelivered))
+			if md.NumDelivered > 1 {
+				first := trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, TraceFlags: trace.FlagsSampled,
+					SpanID: natstrace.AttemptSpanID(tid, md.Stream, md.Sequence.Stream, 1)})
+				opts = append(opts, trace.WithLinks(trace.Link{SpanContext: first}))
+			}
+		}
+		sctx, span := tracer.Start(parent, "forward "+subject, opts...)
+		if mdErr == nil && md.NumDelivered > 1 {
 			span.AddEvent("retry", trace.WithAttributes(attribute.Int64("paymesh.attempt", int64(md.NumDelivered))))
 		}
 		natstrace.Inject(sctx, out)

@@ -252,13 +252,25 @@ func (c *Consumer) startSpan(ctx context.Context, m jetstream.Msg) trace.Span {
 		attribute.String("messaging.operation.type", "process"),
 		attribute.String("paymesh.region", c.cfg.Topology.Region),
 	}
+	parent := natstrace.Extract(ctx, m.Headers())
+	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
 	if md, err := m.Metadata(); err == nil {
 		attrs = append(attrs, attribute.Int64("messaging.nats.delivery_count", int64(md.NumDelivered)),
 			attribute.Int64("messaging.nats.stream_sequence", int64(md.Sequence.Stream)),
 			attribute.String("messaging.consumer.group.name", md.Consumer))
+		// Every attempt's span id derives from the message, so a redelivery
+		// links to its first attempt, whichever process ran it.
+		if tid := trace.SpanContextFromContext(parent).TraceID(); tid.IsValid() {
+			parent = natstrace.WithSpanID(parent, natstrace.AttemptSpanID(tid, md.Stream, md.Sequence.Stream, md.NumDelivered))
+			if md.NumDelivered > 1 {
+				first := trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, TraceFlags: trace.FlagsSampled,
+					SpanID: natstrace.AttemptSpanID(tid, md.Stream, md.Sequence.Stream, 1)})
+				opts = append(opts, trace.WithLinks(trace.Link{SpanContext: first,
+					Attributes: []attribute.KeyValue{attribute.String("paymesh.link", "first_attempt")}}))
+			}
+		}
 	}
-	_, span := tracer.Start(natstrace.Extract(ctx, m.Headers()), "process "+m.Subject(),
-		trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
+	_, span := tracer.Start(parent, "process "+m.Subject(), append(opts, trace.WithAttributes(attrs...))...)
 	return span
 }
 
@@ -279,6 +291,15 @@ func endSpan(span trace.Span, r ledger.Result) {
 // apply applies valid commands in one transaction and acks them after the
 // commit.
 func (c *Consumer) apply(ctx context.Context, cmds []ledger.Command, valid []jetstream.Msg, spans []trace.Span) {
+	links := make([]trace.Link, len(spans))
+	for i, sp := range spans {
+		links[i] = trace.Link{SpanContext: sp.SpanContext()}
+	}
+	// The batch's transaction is a span of its own, linked to each delivery;
+	// the store adds its retries to it as events.
+	ctx, batchSpan := tracer.Start(ctx, "apply batch", trace.WithLinks(links...),
+		trace.WithAttributes(attribute.Int("paymesh.batch.size", len(cmds)), attribute.String("paymesh.region", c.cfg.Topology.Region)))
+	defer batchSpan.End()
 	began := time.Now()
 	results, err := c.applier.Apply(ctx, cmds)
 	if err == nil && c.cfg.ObserveBatch != nil {

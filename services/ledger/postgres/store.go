@@ -19,6 +19,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/paymesh/paymesh/internal/pgdb"
 	"github.com/paymesh/paymesh/pkg/dedup"
@@ -167,6 +169,8 @@ func (s *Store) transact(ctx context.Context, op string, fn func(pgx.Tx) error, 
 			return struct{}{}, backoff.Permanent(err)
 		}
 		s.stats().Retries.Add(1)
+		trace.SpanFromContext(ctx).AddEvent("db.retry", trace.WithAttributes(
+			attribute.String("db.operation", op), attribute.Int("paymesh.attempt", attempt), attribute.String("error", err.Error())))
 		if s.cfg.OnRetry != nil {
 			s.cfg.OnRetry(op, attempt, err)
 		}
