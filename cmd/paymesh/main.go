@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 
 	"github.com/paymesh/paymesh/deploy/regions"
 	"github.com/paymesh/paymesh/internal/demo"
@@ -296,7 +297,7 @@ func (c *apiCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, l
 	if addr == "" {
 		addr = fmt.Sprintf("127.0.0.1:%d", reg.APIPort)
 	}
-	hs := &http.Server{Addr: addr, Handler: srv, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+	hs := &http.Server{Addr: addr, Handler: otelhttp.NewHandler(srv, "paymesh api"), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
 		WriteTimeout: c.Wait + 15*time.Second, IdleTimeout: time.Minute}
 	go srv.RunCleanup(ctx, time.Hour)
 	go func() {
@@ -630,7 +631,10 @@ func main() {
 	ids, err := idgen.NewRegions(table.Codes())
 	k.FatalIfErrorf(err)
 	k.BindTo(ctx, (*context.Context)(nil))
+	shutdown, err := telemetry.SetupTracing(ctx, "paymesh-"+strings.Fields(k.Command())[0])
+	k.FatalIfErrorf(err)
 	err = k.Run(table, ids, log)
+	_ = shutdown(context.Background())
 	if errors.Is(err, errFailed) {
 		os.Exit(1)
 	}

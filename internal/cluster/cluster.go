@@ -17,6 +17,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 
 	"github.com/paymesh/paymesh/internal/natsembed"
 	"github.com/paymesh/paymesh/internal/pgdb"
@@ -234,7 +235,7 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) error {
 	r.metrics, r.MetricsURL = m, "http://"+mln.Addr().String()+"/metrics"
 	r.mhttp = &http.Server{Handler: m.Handler(), ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = r.mhttp.Serve(mln) }()
-	r.http = &http.Server{Handler: apiSrv, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, IdleTimeout: time.Minute}
+	r.http = &http.Server{Handler: otelhttp.NewHandler(apiSrv, "paymesh api"), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, IdleTimeout: time.Minute}
 	r.API, r.APIURL = apiSrv, "http://"+ln.Addr().String()
 	go func() { _ = r.http.Serve(ln) }()
 	runCtx, stop := context.WithCancel(context.Background())

@@ -32,6 +32,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/paymesh/paymesh/pkg/idgen"
+	"github.com/paymesh/paymesh/pkg/natstrace"
 	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 )
@@ -153,7 +154,10 @@ func (s *Server) do(ctx context.Context, home string, c call) reply {
 	req, _ := json.Marshal(c)
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Wait+5*time.Second)
 	defer cancel()
-	msg, err := s.cfg.NATS.RequestWithContext(ctx, subject(home), req)
+	out := nats.NewMsg(subject(home))
+	out.Data = req
+	natstrace.Inject(ctx, out)
+	msg, err := s.cfg.NATS.RequestMsgWithContext(ctx, out)
 	if err != nil {
 		return errReply(ledger.Errorf(CodeRegionUnavailable, "region %s did not answer: %v", home, err))
 	}
@@ -182,7 +186,7 @@ func (s *Server) Listen() error {
 			var c call
 			rep := errReply(ledger.Errorf(ledger.CodeInvalidRequest, "malformed forwarded call"))
 			if err := json.Unmarshal(m.Data, &c); err == nil {
-				ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Wait+4*time.Second)
+				ctx, cancel := context.WithTimeout(natstrace.Extract(context.Background(), m.Header), s.cfg.Wait+4*time.Second)
 				rep = s.run(ctx, c)
 				cancel()
 			}

@@ -407,7 +407,7 @@ func TestRandomizedRunVerifies(t *testing.T) {
 	t.Logf("applied %d, rejected %d, duplicates %v", st.Applied.Load(), st.Rejected.Load(), st.Duplicates())
 	h.f.MustVerify(t)
 
-	if _, err := h.f.Pool.Exec(context.Background(), `UPDATE accounts SET balance = balance - 1 WHERE id = $1`, accounts[7]); err != nil {
+	if _, err := h.f.Pool.Exec(context.Background(), `UPDATE accounts SET balance = balance + 1 WHERE id = $1`, accounts[7]); err != nil {
 		t.Fatal(err)
 	}
 	rep, err := h.f.Store.Verify(context.Background())
