@@ -54,6 +54,7 @@ func Connect(ctx context.Context, url string, lease, lockTimeout time.Duration) 
 	if lockTimeout <= 0 {
 		lockTimeout = lease
 	}
+	cfg.ConnConfig.Tracer = queryTracer{}
 	cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = fmt.Sprint(lease.Milliseconds())
 	cfg.ConnConfig.RuntimeParams["lock_timeout"] = fmt.Sprint(lockTimeout.Milliseconds())
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
