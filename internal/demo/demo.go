@@ -15,7 +15,6 @@ import (
 	"io"
 	"log/slog"
 	mrand "math/rand/v2"
-	"net/url"
 	"os"
 	"sort"
 	"strings"
@@ -134,7 +133,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 	pgWhere := cfg.PostgresURL
 	if err := pgdb.Reachable(ctx, cfg.PostgresURL, 3*time.Second); err != nil || cfg.ThrowawayPostgres {
 		if err != nil {
-			fmt.Fprintf(out, "PostgreSQL: no server at %s (%v)\n", redact(cfg.PostgresURL), err)
+			fmt.Fprintf(out, "PostgreSQL: no server at %s (%v)\n", pgdb.Redact(cfg.PostgresURL), err)
 		}
 		tw, err := pgdb.StartThrowaway(ctx)
 		if err != nil {
@@ -708,14 +707,6 @@ func sortedKeys(m map[string]int64) []string {
 	}
 	sort.Strings(ks)
 	return ks
-}
-
-func redact(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "<invalid url>"
-	}
-	return u.Redacted()
 }
 
 // percentile returns the q-quantile of ds in milliseconds (0 for none).

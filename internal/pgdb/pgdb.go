@@ -42,7 +42,7 @@ func Create(ctx context.Context, adminURL, name string, drop bool) (string, erro
 	}
 	conn, err := pgx.Connect(ctx, adminURL)
 	if err != nil {
-		return "", fmt.Errorf("pgdb: connect %s: %w", redact(adminURL), err)
+		return "", fmt.Errorf("pgdb: connect %s: %w", Redact(adminURL), err)
 	}
 	defer conn.Close(ctx)
 	if drop {
@@ -63,7 +63,7 @@ func Drop(ctx context.Context, adminURL, name string) error {
 	}
 	conn, err := pgx.Connect(ctx, adminURL)
 	if err != nil {
-		return fmt.Errorf("pgdb: connect %s: %w", redact(adminURL), err)
+		return fmt.Errorf("pgdb: connect %s: %w", Redact(adminURL), err)
 	}
 	defer conn.Close(ctx)
 	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
@@ -105,7 +105,8 @@ func up(ctx context.Context, db *sql.DB, m Migration) error {
 	return err
 }
 
-func redact(raw string) string {
+// Redact returns a URL with its password hidden, for messages.
+func Redact(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return "<invalid url>"

@@ -158,9 +158,6 @@ func New(cfg Config) *Log {
 	return &Log{cfg: cfg}
 }
 
-// Cache returns the configured cache, or nil.
-func (l *Log) Cache() *Cache { return l.cfg.Cache }
-
 // Claim claims one key in the caller's transaction. See ClaimBatch.
 func (l *Log) Claim(ctx context.Context, tx Querier, consumer string, key Key) (Claim, error) {
 	cs, err := l.ClaimBatch(ctx, tx, consumer, []Key{key})

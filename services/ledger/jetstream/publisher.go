@@ -52,13 +52,10 @@ func (p *Publisher) Publish(ctx context.Context, cmd ledger.Command) (duplicate 
 }
 
 // PublishAsync sends a message without waiting. The returned future
-// resolves to the ack; Observe counts it.
+// resolves to the ack.
 func (p *Publisher) PublishAsync(m *nats.Msg) (jetstream.PubAckFuture, error) {
 	return p.js.PublishMsgAsync(m, jetstream.WithExpectStream(p.topo.Stream()))
 }
-
-// Observe counts an ack received for an async publish.
-func (p *Publisher) Observe(ack *jetstream.PubAck) { p.count(ack) }
 
 func (p *Publisher) count(ack *jetstream.PubAck) {
 	if ack != nil && ack.Duplicate && p.stats != nil {
