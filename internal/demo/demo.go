@@ -277,6 +277,7 @@ type driver struct {
 	lastLine    time.Time
 	lastApplied map[string]int64
 	sent        atomic.Int64
+	mu          sync.Mutex // guards cmds, injected, caught and poison from the senders
 	faults      []string
 	fired       []string
 	topo        *natsembed.Topology
@@ -444,8 +445,6 @@ func (d *driver) run(ctx context.Context) error {
 	return nil
 }
 
-var mu sync.Mutex // guards the driver's maps and slices from the senders
-
 // send delivers one transfer through a router or the HTTP API, with the
 // injected duplicates.
 func (d *driver) send(ctx context.Context, cmd ledger.Command) error {
@@ -453,24 +452,24 @@ func (d *driver) send(ctx context.Context, cmd ledger.Command) error {
 	if d.float() < d.cfg.HTTPShare {
 		return d.sendHTTP(ctx, via, cmd)
 	}
-	mu.Lock()
+	d.mu.Lock()
 	d.cmds = append(d.cmds, cmd)
-	mu.Unlock()
+	d.mu.Unlock()
 	if err := d.submit(ctx, via, cmd); err != nil {
 		return err
 	}
 	if d.float() < d.cfg.ClientRetry {
-		mu.Lock()
+		d.mu.Lock()
 		d.injected["client retry (same key, any region)"]++
-		mu.Unlock()
+		d.mu.Unlock()
 		if err := d.submit(ctx, d.names[d.intn(len(d.names))], cmd); err != nil {
 			return err
 		}
 	}
 	if d.float() < d.cfg.Poison {
-		mu.Lock()
+		d.mu.Lock()
 		d.poison++
-		mu.Unlock()
+		d.mu.Unlock()
 		home, _ := d.c.IDs().HomeRegion(cmd.From)
 		m := nats.NewMsg(ljs.Topology{Region: home, Shards: 8}.Subject(cmd.From))
 		m.Data = []byte(strings.Replace(string(cmd.Encode()), `"amount":`, `"amount":0.5,"x":`, 1))
@@ -512,21 +511,21 @@ func (d *driver) sendHTTP(ctx context.Context, via string, cmd ledger.Command) e
 		return err
 	}
 	cmd.TransferID, cmd.IdempotencyKey = body.ID, key
-	mu.Lock()
+	d.mu.Lock()
 	d.cmds = append(d.cmds, cmd)
-	mu.Unlock()
+	d.mu.Unlock()
 	if d.float() < d.cfg.ClientRetry {
 		other := &api.Client{BaseURL: d.c.Region(d.names[d.intn(len(d.names))]).APIURL, APIKey: d.apiKey}
 		again, err := other.SendTransfer(ctx, req, key)
 		if err != nil {
 			return err
 		}
-		mu.Lock()
+		d.mu.Lock()
 		d.injected["HTTP retry (same Idempotency-Key, any region)"]++
 		if again.Replayed {
 			d.caught[string(dedup.LayerIdempotencyKey)]++
 		}
-		mu.Unlock()
+		d.mu.Unlock()
 	}
 	return nil
 }
