@@ -3,16 +3,18 @@ GO      ?= go
 ARGS    ?=
 PG_URL  ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
 
-.PHONY: demo test test-short build fuzz services clean compose-up compose-down compose-load
+.PHONY: demo test test-short build fuzz services browser clean compose-up compose-down compose-load
 
 ## demo: run the single-region demo on the local Postgres and an embedded JetStream
 demo: services
 	$(GO) run ./cmd/paymesh demo $(ARGS)
 
 ## test: vet and run every test against real Postgres and real JetStream
-test: services
+## (the browser test's screenshot lands in artifacts/)
+test: services browser
 	$(GO) vet ./...
-	$(GO) test -count=1 -timeout 10m ./...
+	@mkdir -p artifacts
+	$(GO) test -count=1 -timeout 10m -artifacts -outputdir $(CURDIR)/artifacts ./...
 
 ## test-short: the suite without the long randomized runs
 test-short: services
@@ -25,6 +27,10 @@ build:
 ## fuzz: fuzz the ID parser for 30 s
 fuzz:
 	$(GO) test ./pkg/idgen -run '^$$' -fuzz FuzzParse -fuzztime 30s
+
+## browser: make sure Debian's Chromium is there for the browser test (see scripts/browser)
+browser:
+	@./scripts/browser
 
 ## services: make sure the local Postgres and NATS are up (see scripts/services)
 services:

@@ -24,8 +24,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/paymesh/paymesh/deploy/regions"
+	"github.com/paymesh/paymesh/internal/dashboard"
 	"github.com/paymesh/paymesh/internal/demo"
 	"github.com/paymesh/paymesh/internal/loadgen"
 	"github.com/paymesh/paymesh/internal/pgdb"
@@ -561,6 +563,9 @@ type demoCmd struct {
 	Stay          bool    `help:"Keep the regions running after the report, with their APIs on the region table's ports, until Ctrl-C."`
 	Throwaway     bool    `name:"throwaway-postgres" help:"Use a throwaway PostgreSQL cluster from the local binaries even if a server answers."`
 	Keep          bool    `help:"Keep the demo databases afterwards."`
+	Dashboard     string  `default:"127.0.0.1:8100" help:"Address of the live page (throughput, duplicates by layer, invariants, traces with retries); 'off' for none."`
+
+	traces *dashboard.Recorder
 }
 
 func (c *demoCmd) Run(ctx context.Context) error {
@@ -593,6 +598,7 @@ func (c *demoCmd) Run(ctx context.Context) error {
 		CrossShare: max(c.CrossShare, 1e-9), Rate: c.Rate,
 		ClientRetry: c.ClientRetry, ProducerRetry: c.ProducerRetry, DropAck: c.DropAck, Poison: c.Poison,
 		FixedPorts: true, Stay: c.Stay, Keep: c.Keep, Live: isTerminal(os.Stdout), Faults: faults, ThrowawayPostgres: c.Throwaway,
+		Dashboard: dashboardAddr(c.Dashboard), Traces: c.traces,
 	}, os.Stdout)
 	if err != nil {
 		return err
@@ -610,6 +616,13 @@ func (c *demoCmd) Run(ctx context.Context) error {
 		return errFailed
 	}
 	return nil
+}
+
+func dashboardAddr(flag string) string {
+	if flag == "off" {
+		return ""
+	}
+	return flag
 }
 
 func main() {
@@ -631,7 +644,13 @@ func main() {
 	ids, err := idgen.NewRegions(table.Codes())
 	k.FatalIfErrorf(err)
 	k.BindTo(ctx, (*context.Context)(nil))
-	shutdown, err := telemetry.SetupTracing(ctx, "paymesh-"+strings.Fields(k.Command())[0])
+	var procs []sdktrace.SpanProcessor
+	if strings.HasPrefix(k.Command(), "demo") && dashboardAddr(c.Demo.Dashboard) != "" {
+		// The live page lists the demo's traces: record them in memory.
+		c.Demo.traces = dashboard.NewRecorder()
+		procs = append(procs, c.Demo.traces)
+	}
+	shutdown, err := telemetry.SetupTracing(ctx, "paymesh-"+strings.Fields(k.Command())[0], procs...)
 	k.FatalIfErrorf(err)
 	err = k.Run(table, ids, log)
 	_ = shutdown(context.Background())

@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	mrand "math/rand/v2"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -26,6 +27,7 @@ import (
 
 	"github.com/paymesh/paymesh/deploy/regions"
 	"github.com/paymesh/paymesh/internal/cluster"
+	"github.com/paymesh/paymesh/internal/dashboard"
 	"github.com/paymesh/paymesh/internal/natsembed"
 	"github.com/paymesh/paymesh/internal/pgdb"
 	"github.com/paymesh/paymesh/pkg/dedup"
@@ -68,6 +70,12 @@ type Config struct {
 	Stay bool
 	Keep bool // keep the databases afterwards
 	Live bool // redraw one status line (a terminal) instead of printing lines
+	// Dashboard is the address of the live page ("" for none); Traces
+	// records the spans it lists (the process's tracer provider must feed
+	// it). OnDashboard, if set, gets the page's URL once it listens.
+	Dashboard   string
+	Traces      *dashboard.Recorder
+	OnDashboard func(url string)
 }
 
 // Report is what the demo prints at the end.
@@ -212,10 +220,26 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 		}
 	}
 	d.faults = cfg.Faults
+	var dash *dashboard.Dashboard
+	if cfg.Dashboard != "" {
+		dash = dashboard.New(dashboard.Config{Source: dashboard.ClusterSource{C: c}, Recorder: cfg.Traces, Progress: d.status})
+		dctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+		defer stop()
+		url, err := dash.Serve(dctx, cfg.Dashboard)
+		if err != nil {
+			return Report{}, fmt.Errorf("live dashboard on %s: %w (use --dashboard off, or another address)", cfg.Dashboard, err)
+		}
+		go dash.Run(dctx)
+		fmt.Fprintf(out, "live dashboard: %s\n", url)
+		if cfg.OnDashboard != nil {
+			cfg.OnDashboard(url)
+		}
+	}
 	fmt.Fprintf(out, "fault schedule: %s\n", d.schedule())
 	start := time.Now()
 	err = d.run(ctx)
 	if err == nil {
+		d.setPhase("draining")
 		err = d.waitQuiet(ctx)
 	}
 	interrupted := errors.Is(err, context.Canceled)
@@ -230,7 +254,12 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 	d.injected["ledger redelivery (acks dropped)"] = dropped.Load()
 	rep := d.report(rctx, time.Since(start))
 	rep.Faults, rep.Postgres, rep.Interrupted = d.fired, pgWhere, interrupted
-	if rep.Verify, err = postgres.VerifyGlobal(rctx, c.Stores(), !interrupted); err != nil {
+	rep.Verify, err = postgres.VerifyGlobal(rctx, c.Stores(), !interrupted)
+	d.setPhase("done")
+	if dash != nil {
+		dash.SetFinal(rep.Verify, err)
+	}
+	if err != nil {
 		return rep, err
 	}
 	if cfg.Stay {
@@ -277,9 +306,10 @@ type driver struct {
 	lastLine    time.Time
 	lastApplied map[string]int64
 	sent        atomic.Int64
-	mu          sync.Mutex // guards cmds, injected, caught and poison from the senders
+	mu          sync.Mutex // guards cmds, injected, caught, poison, fired and phase
 	faults      []string
 	fired       []string
+	phase       string
 	topo        *natsembed.Topology
 }
 
@@ -306,7 +336,9 @@ func (d *driver) fault(ctx context.Context, sent int) error {
 		return nil
 	}
 	f := d.faults[i]
+	d.mu.Lock()
 	d.fired = append(d.fired, f)
+	d.mu.Unlock()
 	fmt.Fprintf(d.out, "fault: %s\n", f)
 	switch f {
 	case "cut-us":
@@ -324,6 +356,20 @@ func (d *driver) fault(ctx context.Context, sent int) error {
 		return fmt.Errorf("unknown fault %q (known: %s)", f, strings.Join(FaultNames, ", "))
 	}
 	return nil
+}
+
+func (d *driver) setPhase(p string) {
+	d.mu.Lock()
+	d.phase = p
+	d.mu.Unlock()
+}
+
+// status is the run's progress for the live page.
+func (d *driver) status() dashboard.Progress {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return dashboard.Progress{Sent: d.sent.Load(), Total: int64(d.cfg.Transfers), Faults: d.faults,
+		Fired: slices.Clone(d.fired), Phase: d.phase}
 }
 
 func (d *driver) id(region string) string {
@@ -347,6 +393,7 @@ func (d *driver) intn(n int) int {
 }
 
 func (d *driver) run(ctx context.Context) error {
+	d.setPhase("opening and funding accounts")
 	d.accounts = map[string][]string{}
 	for _, r := range d.names {
 		store := d.c.Region(r).Ledger.Store
@@ -367,6 +414,7 @@ func (d *driver) run(ctx context.Context) error {
 	if err := d.waitQuiet(ctx); err != nil {
 		return err
 	}
+	d.setPhase("sending")
 	fmt.Fprintf(d.out, "opened and funded %d accounts per region; sending %d transfers (%.0f%% through the HTTP API)\n",
 		d.cfg.Accounts, d.cfg.Transfers, 100*d.cfg.HTTPShare)
 	start := time.Now()

@@ -24,17 +24,25 @@ func TracingEnabled() bool {
 
 // SetupTracing installs the global tracer provider when the OTEL_*
 // variables ask for OTLP export (endpoint, headers, sampler and resource all
-// come from those variables). Without them nothing is installed, the
+// come from those variables), or when in-process processors are given (the
+// demo's live page records spans). Without either nothing is installed, the
 // global provider stays a no-op and tracing costs next to nothing. The
 // returned function flushes and stops the provider.
-func SetupTracing(ctx context.Context, service string) (func(context.Context) error, error) {
+func SetupTracing(ctx context.Context, service string, procs ...sdktrace.SpanProcessor) (func(context.Context) error, error) {
 	otel.SetTextMapPropagator(propagation.TraceContext{})
-	if !TracingEnabled() {
+	if !TracingEnabled() && len(procs) == 0 {
 		return func(context.Context) error { return nil }, nil
 	}
-	exp, err := otlptracehttp.New(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("telemetry: otlp exporter: %w", err)
+	opts := []sdktrace.TracerProviderOption{sdktrace.WithIDGenerator(natstrace.IDGenerator{})}
+	if TracingEnabled() {
+		exp, err := otlptracehttp.New(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("telemetry: otlp exporter: %w", err)
+		}
+		opts = append(opts, sdktrace.WithBatcher(exp))
+	}
+	for _, p := range procs {
+		opts = append(opts, sdktrace.WithSpanProcessor(p))
 	}
 	res, err := resource.Merge(resource.Default(), resource.NewSchemaless(semconv.ServiceName(service)))
 	if err != nil {
@@ -43,8 +51,7 @@ func SetupTracing(ctx context.Context, service string) (func(context.Context) er
 	if os.Getenv("OTEL_SERVICE_NAME") != "" {
 		res = resource.Default() // the variable names the service
 	}
-	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res),
-		sdktrace.WithIDGenerator(natstrace.IDGenerator{}))
+	tp := sdktrace.NewTracerProvider(append(opts, sdktrace.WithResource(res))...)
 	otel.SetTracerProvider(tp)
 	return tp.Shutdown, nil
 }
