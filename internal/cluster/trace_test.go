@@ -33,16 +33,24 @@ func recorder() *tracetest.SpanRecorder {
 	return rec
 }
 
-// TestOneTraceAcrossRegions: a cross-region transfer is one trace, from the
-// router's send in eu through the forward, eu's debit, the relayed credit
-// step in us and the confirmation back in eu. Each delivery attempt is a
-// span with the messaging attributes and the dedup outcome.
-func TestOneTraceAcrossRegions(t *testing.T) {
+// TestRetriesAcrossRegionsInOneTrace: a cross-region transfer with an
+// injected producer retry (every forward and relay published twice with
+// the same Nats-Msg-Id) and an injected redelivery (the acks of eu's debit
+// dropped after commit) is one trace: from the router's send in eu through
+// the forward, eu's debit and its redelivery, the relayed credit step in us
+// and the confirmation back in eu. Each delivery attempt is a span with the
+// messaging attributes; the redelivery links to its first attempt (which
+// exists, thanks to the derived span ids) and names the layer that caught
+// it; the retried publishes carry the msg_id layer.
+func TestRetriesAcrossRegionsInOneTrace(t *testing.T) {
 	rec := recorder()
 
-	h := mustCluster(t, nil, nil)
+	var inject, drop atomic.Bool
+	h := mustCluster(t, inject.Load, func() bool { return drop.CompareAndSwap(true, false) })
 	h.open(t, 2, 1000)
 	h.quiet(t, time.Minute)
+	inject.Store(true)
+	drop.Store(true)
 	cmd := h.transfer(t, h.accts["eu"][0], h.accts["us"][0], 10)
 	if err := h.c.Submit(context.Background(), "eu", cmd); err != nil {
 		t.Fatal(err)
@@ -51,81 +59,83 @@ func TestOneTraceAcrossRegions(t *testing.T) {
 	if got := h.final(t, cmd); got.Status != ledger.StatusCompleted {
 		t.Fatalf("transfer: %s", got.Status)
 	}
+	if drop.Load() {
+		t.Fatal("no ack was dropped")
+	}
 
-	keys := map[string]bool{cmd.MsgKey(): true, cmd.Step(ledger.TypeCredit, "").MsgKey(): true, cmd.Step(ledger.TypeConfirm, "").MsgKey(): true}
+	debit, credit, confirm := cmd.MsgKey(), cmd.Step(ledger.TypeCredit, "").MsgKey(), cmd.Step(ledger.TypeConfirm, "").MsgKey()
+	keys := map[string]bool{debit: true, credit: true, confirm: true}
 	traces := map[string]bool{}
-	processed := map[string]string{} // message key -> region of its process span
-	var sends int
+	byID := map[string]sdktrace.ReadOnlySpan{}
+	firstProcess := map[string]string{} // message key -> region of its first delivery
+	var sends, retriedPublishes int
+	var redelivery sdktrace.ReadOnlySpan
 	for _, s := range rec.Ended() {
-		attrs := map[attribute.Key]string{}
-		for _, a := range s.Attributes() {
-			attrs[a.Key] = a.Value.Emit()
-		}
+		attrs := spanAttrs(s)
 		if !keys[attrs["messaging.message.id"]] {
 			continue
 		}
+		byID[s.SpanContext().SpanID().String()] = s
 		traces[s.SpanContext().TraceID().String()] = true
 		switch attrs["messaging.operation.type"] {
 		case "process":
-			processed[attrs["messaging.message.id"]] = attrs["paymesh.region"]
-			if attrs["paymesh.dedup.outcome"] != "first" || attrs["messaging.nats.delivery_count"] != "1" || attrs["messaging.nats.stream_sequence"] == "" {
+			if attrs["messaging.nats.stream_sequence"] == "" || attrs["messaging.system"] != "nats" || attrs["messaging.destination.name"] == "" {
 				t.Errorf("process span %s: attributes %v", s.Name(), attrs)
+			}
+			if attrs["messaging.nats.delivery_count"] == "1" {
+				firstProcess[attrs["messaging.message.id"]] = attrs["paymesh.region"]
+				if attrs["paymesh.dedup.outcome"] != "first" {
+					t.Errorf("first delivery of %s: outcome %q", attrs["messaging.message.id"], attrs["paymesh.dedup.outcome"])
+				}
+			} else if attrs["messaging.message.id"] == debit {
+				redelivery = s
 			}
 		case "send":
 			sends++
+			if attrs["paymesh.dedup.outcome"] == "duplicate" && attrs["paymesh.dedup.layer"] == "msg_id" {
+				retriedPublishes++
+			}
 		}
 	}
 	if len(traces) != 1 {
 		t.Fatalf("the transfer's spans are in %d traces, want 1", len(traces))
 	}
-	want := map[string]string{cmd.MsgKey(): "eu", cmd.Step(ledger.TypeCredit, "").MsgKey(): "us", cmd.Step(ledger.TypeConfirm, "").MsgKey(): "eu"}
+	want := map[string]string{debit: "eu", credit: "us", confirm: "eu"}
 	for k, region := range want {
-		if processed[k] != region {
-			t.Errorf("message %s processed in %q, want %q", k, processed[k], region)
+		if firstProcess[k] != region {
+			t.Errorf("message %s first processed in %q, want %q", k, firstProcess[k], region)
 		}
 	}
 	if sends < 4 { // submit, forward, relay credit, relay confirm
 		t.Errorf("send spans: %d, want at least 4", sends)
 	}
+	if retriedPublishes < 3 { // forward, relay credit, relay confirm: each published twice
+		t.Errorf("publishes marked as duplicates caught by msg_id: %d, want at least 3", retriedPublishes)
+	}
+
+	if redelivery == nil {
+		t.Fatal("no span for the redelivery of the debit")
+	}
+	attrs := spanAttrs(redelivery)
+	if attrs["paymesh.dedup.outcome"] != "duplicate" || attrs["paymesh.dedup.layer"] == "" {
+		t.Errorf("redelivery span: outcome %q layer %q", attrs["paymesh.dedup.outcome"], attrs["paymesh.dedup.layer"])
+	}
+	linked := false
+	for _, l := range redelivery.Links() {
+		first, ok := byID[l.SpanContext.SpanID().String()]
+		if ok && l.SpanContext.TraceID() == redelivery.SpanContext().TraceID() && spanAttrs(first)["messaging.nats.delivery_count"] == "1" {
+			linked = true
+		}
+	}
+	if !linked {
+		t.Errorf("the redelivery does not link to its first attempt: links %v", redelivery.Links())
+	}
 }
 
-// TestRedeliveryLinksToFirstAttempt: a delivery whose ack was dropped comes
-// back; its span links to the first attempt's span (which exists, thanks to
-// the derived span ids) and says which layer caught the duplicate.
-func TestRedeliveryLinksToFirstAttempt(t *testing.T) {
-	rec := recorder()
-
-	var dropped atomic.Int64
-	h := mustCluster(t, nil, func() bool { return dropped.Add(1) == 1 }) // the first batch: the funding
-	h.open(t, 1, 1000)
-	h.quiet(t, time.Minute)
-	if dropped.Load() == 0 {
-		t.Fatal("no ack was dropped")
+func spanAttrs(s sdktrace.ReadOnlySpan) map[attribute.Key]string {
+	attrs := map[attribute.Key]string{}
+	for _, a := range s.Attributes() {
+		attrs[a.Key] = a.Value.Emit()
 	}
-	spans := map[string]sdktrace.ReadOnlySpan{}
-	for _, s := range rec.Ended() {
-		spans[s.SpanContext().SpanID().String()] = s
-	}
-	var linked int
-	for _, s := range rec.Ended() {
-		attrs := map[attribute.Key]string{}
-		for _, a := range s.Attributes() {
-			attrs[a.Key] = a.Value.Emit()
-		}
-		if attrs["messaging.operation.type"] != "process" || attrs["messaging.nats.delivery_count"] == "1" {
-			continue
-		}
-		if attrs["paymesh.dedup.outcome"] != "duplicate" || attrs["paymesh.dedup.layer"] == "" {
-			t.Errorf("redelivery span: outcome %q layer %q", attrs["paymesh.dedup.outcome"], attrs["paymesh.dedup.layer"])
-		}
-		for _, l := range s.Links() {
-			first, ok := spans[l.SpanContext.SpanID().String()]
-			if ok && l.SpanContext.TraceID() == s.SpanContext().TraceID() && first.Name() == s.Name() {
-				linked++
-			}
-		}
-	}
-	if linked == 0 {
-		t.Fatal("no redelivery span links to its first attempt")
-	}
+	return attrs
 }
