@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -375,16 +374,16 @@ func (c *Consumer) retryLater(ctx context.Context, m jetstream.Msg, cause error,
 
 // ackAll double-acks messages concurrently: each ack waits for the server's
 // confirmation. A lost ack only causes a redelivery, which dedup absorbs.
-func (c *Consumer) ackAll(ctx context.Context, msgs []jetstream.Msg) {
-	var wg sync.WaitGroup
+func (c *Consumer) ackAll(_ context.Context, msgs []jetstream.Msg) {
+	// Plain acks: each is one publish on the connection, batched by its
+	// flusher, with no reply to wait for. A lost ack only causes a
+	// redelivery, which the layers absorb, so waiting for the server's
+	// confirmation (DoubleAck, a round trip per message) buys nothing.
 	for _, m := range msgs {
-		wg.Go(func() {
-			if err := m.DoubleAck(ctx); err != nil {
-				c.cfg.Log.Warn("ack failed; the message will be redelivered", "err", err)
-			}
-		})
+		if err := m.Ack(); err != nil {
+			c.cfg.Log.Warn("ack failed; the message will be redelivered", "err", err)
+		}
 	}
-	wg.Wait()
 }
 
 // deadLetter publishes a message to the dead-letter stream with its reason,
