@@ -7,7 +7,10 @@ package telemetry
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
+	"net"
 	"net/http"
 	"time"
 
@@ -41,10 +44,42 @@ func New() (*Metrics, error) {
 	return &Metrics{provider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp)), registry: reg}, nil
 }
 
-// Handler serves /metrics.
+// Handler serves /metrics: the Prometheus text format by default, and
+// OpenMetrics, which carries the histograms' trace exemplars, to a scraper
+// that asks for it (Accept: application/openmetrics-text).
 func (m *Metrics) Handler() http.Handler {
-	return promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{})
+	return promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{EnableOpenMetrics: true})
 }
+
+// Endpoint is a running /metrics server.
+type Endpoint struct {
+	// URL is the address to scrape, http://host:port/metrics.
+	URL string
+	hs  *http.Server
+}
+
+// Serve binds addr (host:port; port 0 picks a free one) and serves GET
+// /metrics there until Close. Binding before returning makes a port in use
+// an error here rather than a line in the log.
+func (m *Metrics) Serve(addr string, log *slog.Logger) (*Endpoint, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("telemetry: metrics: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", m.Handler())
+	e := &Endpoint{URL: "http://" + ln.Addr().String() + "/metrics",
+		hs: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, WriteTimeout: 30 * time.Second}}
+	go func() {
+		if err := e.hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server", "addr", ln.Addr().String(), "err", err)
+		}
+	}()
+	return e, nil
+}
+
+// Close stops the server.
+func (e *Endpoint) Close() error { return e.hs.Close() }
 
 // Shutdown stops the meter provider.
 func (m *Metrics) Shutdown(ctx context.Context) error { return m.provider.Shutdown(ctx) }
