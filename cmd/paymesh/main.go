@@ -170,11 +170,11 @@ func (c *ledgerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 		return err
 	}
 	defer m.Shutdown(context.Background()) //nolint:errcheck // best effort at exit
-	observe, err := m.BatchObserver(reg.Name, ljs.Topology{Region: reg.Name}.Stream())
+	observe, err := m.LedgerObserver(reg.Name, ljs.Topology{Region: reg.Name}.Stream())
 	if err != nil {
 		return err
 	}
-	srv, err := server.Open(ctx, server.Config{OwnShards: own, ObserveBatch: observe,
+	srv, err := server.Open(ctx, server.Config{OwnShards: own, Observe: observe,
 		Region: reg.Name, Regions: ids, Node: c.Node, PostgresURL: url, NATSURL: c.NATSURL, Workers: c.Workers,
 		BatchSize: c.BatchSize, AckWait: c.AckWait, MaxDeliver: c.MaxDeliver, Lease: c.Lease,
 		WindowDays: c.WindowDays, CacheSize: c.CacheSize, Shards: c.Shards, Log: log, Respond: api.Respond,

@@ -156,12 +156,12 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) error {
 	if err != nil {
 		return err
 	}
-	observe, err := m.BatchObserver(r.Name, ljs.Topology{Region: r.Name}.Stream())
+	observe, err := m.LedgerObserver(r.Name, ljs.Topology{Region: r.Name}.Stream())
 	if err != nil {
 		return err
 	}
 	url := c.cfg.Topology.ClientURL(r.Name)
-	srv, err := server.Open(ctx, server.Config{ObserveBatch: observe,
+	srv, err := server.Open(ctx, server.Config{Observe: observe,
 		Region: r.Name, Regions: c.ids, Node: 1, PostgresURL: r.URL, NATSURL: url, Workers: 2,
 		BatchSize: c.cfg.BatchSize, AckWait: c.cfg.AckWait, MaxDeliver: 1000, Shards: c.cfg.Shards,
 		CacheSize: 10_000, AfterCommit: afterCommit, Log: c.cfg.Log.With("region", r.Name, "service", "ledger"),
