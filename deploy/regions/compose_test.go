@@ -3,7 +3,6 @@ package regions_test
 import (
 	"fmt"
 	"net/url"
-	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -42,20 +41,12 @@ func (d *dependsOn) UnmarshalYAML(n *yaml.Node) error {
 // table: every region has its nats, postgres, ledger, router and verify services,
 // with the table's ports, database and names (the ledger, router and API
 // each publish /metrics on their port of the table), and no service belongs to a
-// region the table does not know. The one service outside the regions is the
+// region the table does not know. The services outside the regions are the
+// load profile's, the observability stack (observability_test.go) and the
 // leafnode hub nats-hub; every region's nats service runs from its config in
 // deploy/regions/nats and depends on the hub.
 func TestComposeMatchesRegions(t *testing.T) {
-	b, err := os.ReadFile("../../docker-compose.yml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var compose struct {
-		Services map[string]composeService `yaml:"services"`
-	}
-	if err := yaml.Unmarshal(b, &compose); err != nil {
-		t.Fatalf("docker-compose.yml: %v", err)
-	}
+	compose := loadCompose(t)
 	tab, err := regions.Default()
 	if err != nil {
 		t.Fatal(err)
@@ -71,7 +62,7 @@ func TestComposeMatchesRegions(t *testing.T) {
 		t.Errorf("%s: volumes %v, want %s", hubService, hub.Volumes, want)
 	}
 	for name := range compose.Services {
-		if name == hubService || name == "setup" || name == "loadgen" {
+		if name == hubService || name == "setup" || name == "loadgen" || slices.Contains(observabilityServices, name) {
 			continue
 		}
 		i := strings.LastIndex(name, "-")
