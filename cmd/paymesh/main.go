@@ -172,11 +172,11 @@ func (c *ledgerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 		return err
 	}
 	defer m.Shutdown(context.Background()) //nolint:errcheck // best effort at exit
-	observe, err := m.BatchObserver(reg.Name, ljs.Topology{Region: reg.Name}.Stream())
+	observe, err := m.LedgerObserver(reg.Name, ljs.Topology{Region: reg.Name}.Stream())
 	if err != nil {
 		return err
 	}
-	srv, err := server.Open(ctx, server.Config{OwnShards: own, ObserveBatch: observe,
+	srv, err := server.Open(ctx, server.Config{OwnShards: own, Observe: observe,
 		Region: reg.Name, Regions: ids, Node: c.Node, PostgresURL: url, NATSURL: c.NATSURL, Workers: c.Workers,
 		BatchSize: c.BatchSize, AckWait: c.AckWait, MaxDeliver: c.MaxDeliver, Lease: c.Lease,
 		WindowDays: c.WindowDays, CacheSize: c.CacheSize, Shards: c.Shards, Log: log, Respond: api.Respond,
@@ -185,31 +185,58 @@ func (c *ledgerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 		return err
 	}
 	defer srv.Close()
-	if c.Metrics != "off" {
-		addr := c.Metrics
-		if addr == "" {
-			addr = fmt.Sprintf("127.0.0.1:%d", reg.MetricsPort)
-		}
-		err := m.ObserveLedger(reg.Name, srv.Topo.Stream(), srv.Stats)
-		if err == nil {
-			err = m.ObserveStore(reg.Name, srv.Store)
-		}
-		if err != nil {
-			return err
-		}
-		mux := http.NewServeMux()
-		mux.Handle("GET /metrics", m.Handler())
-		hs := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		go func() {
-			if err := hs.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("metrics server", "addr", addr, "err", err)
-			}
-		}()
-		defer hs.Close()
-		log.Info("metrics", "addr", addr)
+	err = m.ObserveLedger(reg.Name, srv.Topo.Stream(), srv.Stats)
+	if err == nil {
+		err = m.ObserveStore(reg.Name, srv.Store)
 	}
+	if err != nil {
+		return err
+	}
+	stopMetrics, err := serveMetrics(m, c.Metrics, reg.MetricsPort, log)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
 	log.Info("ledger running", "region", reg.Name, "stream", srv.Topo.Stream(), "shards", own, "workers", c.Workers)
 	return srv.Run(ctx)
+}
+
+// serveMetrics serves m's /metrics on listen, by default on
+// 127.0.0.1:port, and not at all when listen is "off". The returned func
+// stops it.
+func serveMetrics(m *telemetry.Metrics, listen string, port int, log *slog.Logger) (func(), error) {
+	if listen == "off" {
+		return func() {}, nil
+	}
+	if listen == "" {
+		listen = fmt.Sprintf("127.0.0.1:%d", port)
+	}
+	e, err := m.Serve(listen, log)
+	if err != nil {
+		return nil, err
+	}
+	log.Info("metrics", "url", e.URL)
+	return func() { _ = e.Close() }, nil
+}
+
+// newMetrics returns a meter provider whose instruments observe registers,
+// served by serveMetrics; the returned func stops both.
+func newMetrics(listen string, port int, log *slog.Logger, observe func(*telemetry.Metrics) error) (func(), error) {
+	m, err := telemetry.New()
+	if err != nil {
+		return nil, err
+	}
+	stop := func() { _ = m.Shutdown(context.Background()) }
+	if err := observe(m); err != nil {
+		stop()
+		return nil, err
+	}
+	stopServer, err := serveMetrics(m, listen, port, log)
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	return func() { stopServer(); stop() }, nil
 }
 
 type verifyCmd struct {
@@ -275,6 +302,7 @@ type apiCmd struct {
 	Shards  int           `env:"PAYMESH_SHARDS" default:"16" help:"Ledger subjects per region (as the ledgers)."`
 	Wait    time.Duration `env:"PAYMESH_API_WAIT" default:"2s" help:"How long POST /v1/transfers waits for a final state before answering 202."`
 	KeyTTL  time.Duration `name:"key-ttl" env:"PAYMESH_KEY_TTL" default:"24h" help:"How long idempotency keys are kept."`
+	Metrics string        `name:"metrics-listen" env:"PAYMESH_API_METRICS_LISTEN" help:"Address of /metrics (default: 127.0.0.1:<the region's api_metrics_port>; 'off' for none)."`
 }
 
 func (c *apiCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, log *slog.Logger) error {
@@ -295,6 +323,11 @@ func (c *apiCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, l
 		return err
 	}
 	defer srv.Close()
+	stopMetrics, err := newMetrics(c.Metrics, reg.APIMetricsPort, log, func(m *telemetry.Metrics) error { return m.ObserveAPI(reg.Name, &srv.Stats) })
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
 	addr := c.Listen
 	if addr == "" {
 		addr = fmt.Sprintf("127.0.0.1:%d", reg.APIPort)
@@ -492,6 +525,7 @@ type routerCmd struct {
 	NATSURL string        `name:"nats-url" env:"PAYMESH_NATS_URL" default:"nats://127.0.0.1:4222" help:"NATS server of the region."`
 	Shards  int           `env:"PAYMESH_SHARDS" default:"16" help:"Ledger subjects per region (as the ledgers)."`
 	AckWait time.Duration `name:"ack-wait" env:"PAYMESH_ROUTER_ACK_WAIT" default:"10s" help:"How long a forward may take before it is retried."`
+	Metrics string        `name:"metrics-listen" env:"PAYMESH_ROUTER_METRICS_LISTEN" help:"Address of /metrics (default: 127.0.0.1:<the region's router_metrics_port>; 'off' for none)."`
 }
 
 func (c *routerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, log *slog.Logger) error {
@@ -503,6 +537,11 @@ func (c *routerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 	reg, pool, js := l.reg, l.pool, l.js
 	rt := router.New(js, router.Config{Region: reg.Name, Regions: ids, Shards: c.Shards, AckWait: c.AckWait})
 	store := postgres.New(pool, postgres.Config{Region: reg.Name, Regions: ids})
+	stopMetrics, err := newMetrics(c.Metrics, reg.RouterMetricsPort, log, func(m *telemetry.Metrics) error { return m.ObserveRouter(reg.Name, rt.Stats()) })
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
 	log.Info("router running", "region", reg.Name, "stream", router.Stream(reg.Name))
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup

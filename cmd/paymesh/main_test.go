@@ -20,6 +20,20 @@ import (
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 )
 
+// defaultRegions returns the built-in region table and its ID regions.
+func defaultRegions(t *testing.T) (regions.Table, *idgen.Regions) {
+	t.Helper()
+	tab, err := regions.Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := idgen.NewRegions(tab.Codes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tab, ids
+}
+
 // TestVerifyCommand: `paymesh verify` passes a clean ledger and fails (exit
 // 1) on one whose balance was tampered with.
 func TestVerifyCommand(t *testing.T) {
@@ -30,15 +44,8 @@ func TestVerifyCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tab, err := regions.Default()
-	if err != nil {
-		t.Fatal(err)
-	}
+	tab, ids := defaultRegions(t)
 	cmd := &verifyCmd{regionDB: regionDB{Region: "eu", PostgresURL: f.URL, Database: strings.TrimPrefix(u.Path, "/")}, WindowDays: 7}
-	ids, err := idgen.NewRegions(tab.Codes())
-	if err != nil {
-		t.Fatal(err)
-	}
 	if err := cmd.Run(context.Background(), tab, ids); err != nil {
 		t.Fatalf("clean ledger: %v", err)
 	}
@@ -107,14 +114,7 @@ func TestMigrateCommand(t *testing.T) {
 // invariants across them, and fails when transit money has no transfer.
 func TestVerifyAll(t *testing.T) {
 	ctx := context.Background()
-	tab, err := regions.Default()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ids, err := idgen.NewRegions(tab.Codes())
-	if err != nil {
-		t.Fatal(err)
-	}
+	tab, ids := defaultRegions(t)
 	prefix := fmt.Sprintf("pmtest_all_%d_", os.Getpid())
 	var eu *postgres.Store
 	for _, r := range tab.Regions {

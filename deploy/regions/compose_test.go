@@ -3,7 +3,6 @@ package regions_test
 import (
 	"fmt"
 	"net/url"
-	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -40,21 +39,14 @@ func (d *dependsOn) UnmarshalYAML(n *yaml.Node) error {
 
 // TestComposeMatchesRegions checks docker-compose.yml against the region
 // table: every region has its nats, postgres, ledger, router and verify services,
-// with the table's ports, database and names, and no service belongs to a
-// region the table does not know. The one service outside the regions is the
+// with the table's ports, database and names (the ledger, router and API
+// each publish /metrics on their port of the table), and no service belongs to a
+// region the table does not know. The services outside the regions are the
+// load profile's, the observability stack (observability_test.go) and the
 // leafnode hub nats-hub; every region's nats service runs from its config in
 // deploy/regions/nats and depends on the hub.
 func TestComposeMatchesRegions(t *testing.T) {
-	b, err := os.ReadFile("../../docker-compose.yml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var compose struct {
-		Services map[string]composeService `yaml:"services"`
-	}
-	if err := yaml.Unmarshal(b, &compose); err != nil {
-		t.Fatalf("docker-compose.yml: %v", err)
-	}
+	compose := loadCompose(t)
 	tab, err := regions.Default()
 	if err != nil {
 		t.Fatal(err)
@@ -70,7 +62,7 @@ func TestComposeMatchesRegions(t *testing.T) {
 		t.Errorf("%s: volumes %v, want %s", hubService, hub.Volumes, want)
 	}
 	for name := range compose.Services {
-		if name == hubService || name == "setup" || name == "loadgen" {
+		if name == hubService || name == "setup" || name == "loadgen" || slices.Contains(observabilityServices, name) {
 			continue
 		}
 		i := strings.LastIndex(name, "-")
@@ -136,8 +128,11 @@ func TestComposeMatchesRegions(t *testing.T) {
 		if p := fmt.Sprintf("%d:%d", r.APIPort, r.APIPort); !slices.Contains(apiSvc.Ports, p) || apiSvc.Environment["PAYMESH_API_LISTEN"] != fmt.Sprintf("0.0.0.0:%d", r.APIPort) {
 			t.Errorf("api-%s: ports %v listen %q, want %s", r.Name, apiSvc.Ports, apiSvc.Environment["PAYMESH_API_LISTEN"], p)
 		}
-		if p := fmt.Sprintf("%d:%d", r.MetricsPort, r.MetricsPort); !slices.Contains(ledger.Ports, p) || ledger.Environment["PAYMESH_METRICS_LISTEN"] != fmt.Sprintf("0.0.0.0:%d", r.MetricsPort) {
-			t.Errorf("ledger-%s: ports %v metrics %q, want %s", r.Name, ledger.Ports, ledger.Environment["PAYMESH_METRICS_LISTEN"], p)
+		for _, e := range metricsEndpoints(r) {
+			s := compose.Services[e.Service]
+			if p := fmt.Sprintf("%d:%d", e.Port, e.Port); !slices.Contains(s.Ports, p) || s.Environment[e.Env] != fmt.Sprintf("0.0.0.0:%d", e.Port) {
+				t.Errorf("%s: ports %v %s %q, want %s", e.Service, s.Ports, e.Env, s.Environment[e.Env], p)
+			}
 		}
 		if !slices.Equal(rt.Command, []string{"router"}) {
 			t.Errorf("router-%s: command %v, want [router]", r.Name, rt.Command)
@@ -170,4 +165,21 @@ func natsCommand(name string) []string { return []string{"-c", "/etc/nats/" + na
 // natsVolume mounts config name read-only where natsCommand expects it.
 func natsVolume(name string) string {
 	return "./deploy/regions/nats/" + name + ".conf:/etc/nats/" + name + ".conf:ro"
+}
+
+// metricsEndpoint is where one paymesh service of a region serves /metrics:
+// its compose service, the variable that sets its listen address and its
+// port from the region table.
+type metricsEndpoint struct {
+	Service, Env string
+	Port         int
+}
+
+// metricsEndpoints lists a region's ledger, router and API endpoints.
+func metricsEndpoints(r regions.Region) []metricsEndpoint {
+	return []metricsEndpoint{
+		{"ledger-" + r.Name, "PAYMESH_METRICS_LISTEN", r.MetricsPort},
+		{"router-" + r.Name, "PAYMESH_ROUTER_METRICS_LISTEN", r.RouterMetricsPort},
+		{"api-" + r.Name, "PAYMESH_API_METRICS_LISTEN", r.APIMetricsPort},
+	}
 }

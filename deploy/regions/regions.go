@@ -22,12 +22,16 @@ const MaxCode = 63
 
 // Region is one region's settings.
 type Region struct {
-	Name        string   `yaml:"name"`
-	Code        uint8    `yaml:"code"`
-	NATS        NATS     `yaml:"nats"`
-	Postgres    Postgres `yaml:"postgres"`
-	APIPort     int      `yaml:"api_port"`
-	MetricsPort int      `yaml:"metrics_port"`
+	Name     string   `yaml:"name"`
+	Code     uint8    `yaml:"code"`
+	NATS     NATS     `yaml:"nats"`
+	Postgres Postgres `yaml:"postgres"`
+	APIPort  int      `yaml:"api_port"`
+	// MetricsPort, RouterMetricsPort and APIMetricsPort serve /metrics of
+	// the region's ledger, router and HTTP API.
+	MetricsPort       int `yaml:"metrics_port"`
+	RouterMetricsPort int `yaml:"router_metrics_port"`
+	APIMetricsPort    int `yaml:"api_metrics_port"`
 }
 
 // NATS holds a region's nats-server ports as published by docker-compose.
@@ -108,7 +112,7 @@ func (t Table) validate() error {
 		if r.Postgres.Database == "" {
 			return fmt.Errorf("region %q: postgres.database is empty", r.Name)
 		}
-		for _, p := range []int{r.NATS.ClientPort, r.NATS.MonitorPort, r.Postgres.Port, r.APIPort, r.MetricsPort} {
+		for _, p := range []int{r.NATS.ClientPort, r.NATS.MonitorPort, r.Postgres.Port, r.APIPort, r.MetricsPort, r.RouterMetricsPort, r.APIMetricsPort} {
 			if p <= 0 || p > 65535 {
 				return fmt.Errorf("region %q: port %d out of range", r.Name, p)
 			}

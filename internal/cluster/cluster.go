@@ -67,10 +67,11 @@ type Region struct {
 	API    *api.Server
 	// APIURL is the base URL of the region's HTTP API.
 	APIURL string
-	// MetricsURL serves the region's metrics (Prometheus format).
+	// MetricsURL serves the region's metrics (Prometheus text format or
+	// OpenMetrics).
 	MetricsURL string
 	metrics    *telemetry.Metrics
-	mhttp      *http.Server
+	mend       *telemetry.Endpoint
 	apiAddr    string // the address to listen on, kept across restarts
 	http       *http.Server
 	// The counters, kept across restarts.
@@ -155,12 +156,12 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) error {
 	if err != nil {
 		return err
 	}
-	observe, err := m.BatchObserver(r.Name, ljs.Topology{Region: r.Name}.Stream())
+	observe, err := m.LedgerObserver(r.Name, ljs.Topology{Region: r.Name}.Stream())
 	if err != nil {
 		return err
 	}
 	url := c.cfg.Topology.ClientURL(r.Name)
-	srv, err := server.Open(ctx, server.Config{ObserveBatch: observe,
+	srv, err := server.Open(ctx, server.Config{Observe: observe,
 		Region: r.Name, Regions: c.ids, Node: 1, PostgresURL: r.URL, NATSURL: url, Workers: 2,
 		BatchSize: c.cfg.BatchSize, AckWait: c.cfg.AckWait, MaxDeliver: 1000, Shards: c.cfg.Shards,
 		CacheSize: 10_000, AfterCommit: afterCommit, Log: c.cfg.Log.With("region", r.Name, "service", "ledger"),
@@ -224,17 +225,18 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) error {
 	if err == nil {
 		err = m.ObserveAPI(r.Name, &apiSrv.Stats)
 	}
-	mln, lerr := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil || lerr != nil {
+	var mend *telemetry.Endpoint
+	if err == nil {
+		mend, err = m.Serve("127.0.0.1:0", c.cfg.Log)
+	}
+	if err != nil {
 		ln.Close()
 		apiSrv.Close()
 		srv.Close()
 		nc.Close()
-		return errors.Join(err, lerr)
+		return err
 	}
-	r.metrics, r.MetricsURL = m, "http://"+mln.Addr().String()+"/metrics"
-	r.mhttp = &http.Server{Handler: m.Handler(), ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = r.mhttp.Serve(mln) }()
+	r.metrics, r.mend, r.MetricsURL = m, mend, mend.URL
 	r.http = &http.Server{Handler: otelhttp.NewHandler(apiSrv, "paymesh api"), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, IdleTimeout: time.Minute}
 	r.API, r.APIURL = apiSrv, "http://"+ln.Addr().String()
 	go func() { _ = r.http.Serve(ln) }()
@@ -261,7 +263,7 @@ func (r *Region) close() {
 		return
 	}
 	_ = r.http.Close()
-	_ = r.mhttp.Close()
+	_ = r.mend.Close()
 	_ = r.metrics.Shutdown(context.Background())
 	r.API.Close()
 	r.stop()

@@ -1,6 +1,7 @@
 package telemetry_test
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"net/http/httptest"
@@ -36,11 +37,13 @@ func TestDashboardQueriesExist(t *testing.T) {
 	if err := m.ObserveAPI("eu", &api.Stats{}); err != nil {
 		t.Fatal(err)
 	}
-	observe, err := m.BatchObserver("eu", "LEDGER_EU")
+	observe, err := m.LedgerObserver("eu", "LEDGER_EU")
 	if err != nil {
 		t.Fatal(err)
 	}
-	observe(3, time.Millisecond) // histograms appear once they hold a value
+	// Histograms appear once they hold a value.
+	observe.Batch(context.Background(), 3, time.Millisecond)
+	observe.Stage(context.Background(), ledger.StageSettle, time.Second)
 	rec := httptest.NewRecorder()
 	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	body, _ := io.ReadAll(rec.Body)

@@ -7,7 +7,10 @@ package telemetry
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
+	"net"
 	"net/http"
 	"time"
 
@@ -21,6 +24,7 @@ import (
 	"github.com/paymesh/paymesh/pkg/dedup"
 	"github.com/paymesh/paymesh/services/api"
 	"github.com/paymesh/paymesh/services/ledger"
+	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 	"github.com/paymesh/paymesh/services/router"
 )
@@ -41,10 +45,42 @@ func New() (*Metrics, error) {
 	return &Metrics{provider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp)), registry: reg}, nil
 }
 
-// Handler serves /metrics.
+// Handler serves /metrics: the Prometheus text format by default, and
+// OpenMetrics, which carries the histograms' trace exemplars, to a scraper
+// that asks for it (Accept: application/openmetrics-text).
 func (m *Metrics) Handler() http.Handler {
-	return promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{})
+	return promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{EnableOpenMetrics: true})
 }
+
+// Endpoint is a running /metrics server.
+type Endpoint struct {
+	// URL is the address to scrape, http://host:port/metrics.
+	URL string
+	hs  *http.Server
+}
+
+// Serve binds addr (host:port; port 0 picks a free one) and serves GET
+// /metrics there until Close. Binding before returning makes a port in use
+// an error here rather than a line in the log.
+func (m *Metrics) Serve(addr string, log *slog.Logger) (*Endpoint, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("telemetry: metrics: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", m.Handler())
+	e := &Endpoint{URL: "http://" + ln.Addr().String() + "/metrics",
+		hs: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, WriteTimeout: 30 * time.Second}}
+	go func() {
+		if err := e.hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server", "addr", ln.Addr().String(), "err", err)
+		}
+	}()
+	return e, nil
+}
+
+// Close stops the server.
+func (e *Endpoint) Close() error { return e.hs.Close() }
 
 // Shutdown stops the meter provider.
 func (m *Metrics) Shutdown(ctx context.Context) error { return m.provider.Shutdown(ctx) }
@@ -135,25 +171,37 @@ func (m *Metrics) ObserveRouter(region string, st *router.Stats) error {
 	})
 }
 
-// BatchObserver returns the hook that records each applied batch's size
-// and transaction time (ledger server's ObserveBatch).
-func (m *Metrics) BatchObserver(region, stream string) (func(size int, took time.Duration), error) {
+// LedgerObserver returns the hooks that record a region ledger's applied
+// batches (size, transaction time) and saga stages (time since the
+// transfer's creation). Each records with the context the consumer passes,
+// so a sampled span there becomes the measurement's trace exemplar.
+func (m *Metrics) LedgerObserver(region, stream string) (ljs.Observer, error) {
 	meter := m.provider.Meter("paymesh/ledger")
 	size, err := meter.Int64Histogram("paymesh.apply.batch.size", metric.WithDescription("Commands per applied batch."),
 		metric.WithExplicitBucketBoundaries(1, 2, 4, 8, 16, 32, 64, 128, 256, 512))
 	if err != nil {
-		return nil, fmt.Errorf("telemetry: %w", err)
+		return ljs.Observer{}, fmt.Errorf("telemetry: %w", err)
 	}
 	latency, err := meter.Float64Histogram("paymesh.apply.duration.seconds", metric.WithDescription("Time to apply one batch in one transaction."),
 		metric.WithExplicitBucketBoundaries(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5))
 	if err != nil {
-		return nil, fmt.Errorf("telemetry: %w", err)
+		return ljs.Observer{}, fmt.Errorf("telemetry: %w", err)
+	}
+	stages, err := meter.Float64Histogram("paymesh.saga.stage.duration.seconds",
+		metric.WithDescription("Time from a cross-region transfer's creation until a saga stage ended here: credit (destination region), settle or refund (source region)."),
+		metric.WithExplicitBucketBoundaries(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300))
+	if err != nil {
+		return ljs.Observer{}, fmt.Errorf("telemetry: %w", err)
 	}
 	set := metric.WithAttributes(attribute.String("region", region), attribute.String("stream", stream))
-	return func(n int, took time.Duration) {
-		ctx := context.Background()
-		size.Record(ctx, int64(n), set)
-		latency.Record(ctx, took.Seconds(), set)
+	return ljs.Observer{
+		Batch: func(ctx context.Context, n int, took time.Duration) {
+			size.Record(ctx, int64(n), set)
+			latency.Record(ctx, took.Seconds(), set)
+		},
+		Stage: func(ctx context.Context, stage string, since time.Duration) {
+			stages.Record(ctx, since.Seconds(), metric.WithAttributes(attribute.String("region", region), attribute.String("stage", stage)))
+		},
 	}, nil
 }
 

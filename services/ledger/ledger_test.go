@@ -239,3 +239,26 @@ func TestFundFingerprint(t *testing.T) {
 		t.Fatal("fingerprint ignores the amount")
 	}
 }
+
+// TestSagaStage: only a step applied now ends a stage; requests, duplicates
+// and parked steps end none.
+func TestSagaStage(t *testing.T) {
+	applied, dup, parked := ledger.Result{Kind: ledger.Applied}, ledger.Result{Kind: ledger.Duplicate}, ledger.Result{Kind: ledger.Parked}
+	for _, tt := range []struct {
+		typ  string
+		r    ledger.Result
+		want string
+	}{
+		{ledger.TypeCredit, applied, ledger.StageCredit},
+		{ledger.TypeConfirm, applied, ledger.StageSettle},
+		{ledger.TypeRefuse, applied, ledger.StageRefund},
+		{ledger.TypeTransfer, applied, ""},
+		{ledger.TypeFund, applied, ""},
+		{ledger.TypeCredit, dup, ""},
+		{ledger.TypeConfirm, parked, ""},
+	} {
+		if got := ledger.SagaStage(ledger.Command{Type: tt.typ}, tt.r); got != tt.want {
+			t.Errorf("%s %s: stage %q, want %q", tt.typ, tt.r.Kind, got, tt.want)
+		}
+	}
+}

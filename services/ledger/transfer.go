@@ -181,3 +181,36 @@ type Result struct {
 	// it can never apply as sent.
 	DeadLetter bool
 }
+
+// Saga stages of a cross-region transfer, each timed from the transfer's
+// creation (Command.CreatedAt) to the apply of the step that ends it.
+const (
+	// StageCredit ends when the destination region applies the credit step
+	// (credited or refused there).
+	StageCredit = "credit"
+	// StageSettle ends when the source region applies the confirm step:
+	// the transfer is COMPLETED.
+	StageSettle = "settle"
+	// StageRefund ends when the source region applies the refuse step:
+	// the transfer is REFUNDED.
+	StageRefund = "refund"
+)
+
+// SagaStage names the saga stage that applying c with result r ended, or ""
+// when it ended none: a client request, or a step that did not apply now
+// (a duplicate, a parked or an invalid step), so that each stage of a
+// transfer counts once however often its step is delivered.
+func SagaStage(c Command, r Result) string {
+	if r.Kind != Applied {
+		return ""
+	}
+	switch c.Type {
+	case TypeCredit:
+		return StageCredit
+	case TypeConfirm:
+		return StageSettle
+	case TypeRefuse:
+		return StageRefund
+	}
+	return ""
+}

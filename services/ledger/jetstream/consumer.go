@@ -65,10 +65,23 @@ type ConsumerConfig struct {
 	// It is a failpoint: returning an error skips the acks, as a crash would.
 	AfterCommit func(msgs []jetstream.Msg) error
 	Stats       *ledger.Stats
-	// ObserveBatch, if set, is told each applied batch's size and how long
-	// its transaction took (metrics).
-	ObserveBatch func(size int, took time.Duration)
-	Log          *slog.Logger
+	// Observe is told what the consumer applied (metrics).
+	Observe Observer
+	Log     *slog.Logger
+}
+
+// Observer receives what a consumer applied, for metrics; a nil func is
+// skipped. The context carries the span the observation belongs to, so
+// that a metric can keep its trace as an exemplar.
+type Observer struct {
+	// Batch is told each committed batch's size and how long its
+	// transaction took, with the batch span.
+	Batch func(ctx context.Context, size int, took time.Duration)
+	// Stage is told each saga stage a committed step ended
+	// (ledger.SagaStage) and the time since its transfer's creation, with
+	// the span of the step's delivery, which is part of the transfer's
+	// trace.
+	Stage func(ctx context.Context, stage string, sinceCreated time.Duration)
 }
 
 // Defaults for ConsumerConfig's zero fields.
@@ -301,8 +314,8 @@ func (c *Consumer) apply(ctx context.Context, cmds []ledger.Command, valid []jet
 	defer batchSpan.End()
 	began := time.Now()
 	results, err := c.applier.Apply(ctx, cmds)
-	if err == nil && c.cfg.ObserveBatch != nil {
-		c.cfg.ObserveBatch(len(cmds), time.Since(began))
+	if err == nil && c.cfg.Observe.Batch != nil {
+		c.cfg.Observe.Batch(ctx, len(cmds), time.Since(began))
 	}
 	if err != nil && len(cmds) > 1 && ctx.Err() == nil {
 		// Isolate whatever failed the batch: apply one by one, so that a
@@ -325,8 +338,12 @@ func (c *Consumer) apply(ctx context.Context, cmds []ledger.Command, valid []jet
 		c.retryLater(ctx, valid[0], err, cmds[0].IsStep())
 		return
 	}
+	now := time.Now()
 	for i, r := range results {
 		c.cfg.Stats.Record(r)
+		if stage := ledger.SagaStage(cmds[i], r); stage != "" && c.cfg.Observe.Stage != nil {
+			c.cfg.Observe.Stage(trace.ContextWithSpan(ctx, spans[i]), stage, now.Sub(cmds[i].CreatedAt))
+		}
 		endSpan(spans[i], r)
 	}
 	if c.cfg.AfterCommit != nil {

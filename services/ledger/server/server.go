@@ -45,8 +45,8 @@ type Config struct {
 	// Respond renders a client request's response, stored with its
 	// idempotency key in the apply transaction (see services/api).
 	Respond func(ledger.Result) (int, []byte)
-	// ObserveBatch receives each applied batch's size and duration.
-	ObserveBatch func(size int, took time.Duration)
+	// Observe receives the applied batches and saga stages (metrics).
+	Observe ljs.Observer
 	// AfterCommit is the consumers' failpoint (see jetstream.ConsumerConfig).
 	AfterCommit func([]jetstream.Msg) error
 	Log         *slog.Logger
@@ -145,7 +145,7 @@ func (s *Server) Run(ctx context.Context) error {
 		c := ljs.NewConsumer(s.js, s.Store, ljs.ConsumerConfig{
 			Topology: s.Topo, Shards: shards, BatchSize: s.cfg.BatchSize, AckWait: s.cfg.AckWait,
 			MaxDeliver: s.cfg.MaxDeliver, Regions: s.cfg.Regions, Stats: s.Stats, Log: s.cfg.Log,
-			AfterCommit: s.cfg.AfterCommit, ObserveBatch: s.cfg.ObserveBatch,
+			AfterCommit: s.cfg.AfterCommit, Observe: s.cfg.Observe,
 		})
 		wg.Go(func() {
 			if err := c.Run(ctx); err != nil {

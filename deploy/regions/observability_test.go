@@ -1,0 +1,508 @@
+package regions_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"path"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/paymesh/paymesh/deploy/regions"
+)
+
+// The observability services of docker-compose.yml, one for all regions.
+const (
+	collectorService  = "otel-collector"
+	jaegerService     = "jaeger"
+	prometheusService = "prometheus"
+	grafanaService    = "grafana"
+)
+
+var observabilityServices = []string{collectorService, jaegerService, prometheusService, grafanaService}
+
+// repoRoot is the directory docker-compose.yml's relative paths start from.
+const repoRoot = "../.."
+
+type composeFile struct {
+	Services map[string]composeService `yaml:"services"`
+}
+
+func loadCompose(t *testing.T) composeFile {
+	t.Helper()
+	var c composeFile
+	loadYAML(t, "docker-compose.yml", &c)
+	return c
+}
+
+// loadYAML decodes the file at rel (from the repository root) into v.
+func loadYAML(t *testing.T, rel string, v any) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(repoRoot, rel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(b, v); err != nil {
+		t.Fatalf("%s: %v", rel, err)
+	}
+}
+
+// service returns a compose service, failing the test when there is none.
+func (c composeFile) service(t *testing.T, name string) composeService {
+	t.Helper()
+	s, ok := c.Services[name]
+	if !ok {
+		t.Fatalf("docker-compose.yml: no service %s", name)
+	}
+	return s
+}
+
+// mountedFile returns the repository file that service name mounts at
+// target, checking that it is a regular file.
+func mountedFile(t *testing.T, name string, s composeService, target string) string {
+	t.Helper()
+	for _, v := range s.Volumes {
+		parts := strings.Split(v, ":")
+		if len(parts) < 2 || parts[1] != target {
+			continue
+		}
+		src := path.Clean(parts[0])
+		if fi, err := os.Stat(filepath.Join(repoRoot, src)); err != nil || !fi.Mode().IsRegular() {
+			t.Fatalf("%s: mount %s: source %s is not a file of the repository (%v)", name, v, parts[0], err)
+		}
+		return src
+	}
+	t.Fatalf("%s: nothing mounted at %s (volumes %v)", name, target, s.Volumes)
+	return ""
+}
+
+// flag returns the value of --name=value in a command, or "".
+func flag(cmd []string, name string) string {
+	for _, a := range cmd {
+		if v, ok := strings.CutPrefix(a, "--"+name+"="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// port returns the port of host:port, :port or a URL, 0 when there is none.
+func port(addr string) int {
+	if u, err := url.Parse(addr); err == nil && u.Host != "" {
+		addr = u.Host
+	}
+	_, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(p)
+	return n
+}
+
+// host returns the host of host:port or a URL.
+func host(addr string) string {
+	if u, err := url.Parse(addr); err == nil && u.Host != "" {
+		return u.Hostname()
+	}
+	h, _, _ := net.SplitHostPort(addr)
+	return h
+}
+
+// tracedServices are the compose services that export traces: every
+// region's ledger, router and API, with the OTEL_SERVICE_NAME each has.
+func tracedServices(tab regions.Table) map[string]string {
+	out := map[string]string{}
+	for _, r := range tab.Regions {
+		for _, kind := range []string{"ledger", "router", "api"} {
+			out[kind+"-"+r.Name] = "paymesh-" + kind + "-" + r.Name
+		}
+	}
+	return out
+}
+
+// TestPrometheusScrapesEveryMetricsEndpoint: Prometheus runs from
+// deploy/prometheus/prometheus.yml with exemplar storage, and its scrape
+// targets are exactly the /metrics endpoints the paymesh services listen on:
+// every region's ledger, router and API, by service name and the port of
+// the service's listen variable.
+func TestPrometheusScrapesEveryMetricsEndpoint(t *testing.T) {
+	compose := loadCompose(t)
+	tab, err := regions.Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	prom := compose.service(t, prometheusService)
+	if !slices.Contains(prom.Command, "--enable-feature=exemplar-storage") {
+		t.Errorf("%s: command %v lacks --enable-feature=exemplar-storage", prometheusService, prom.Command)
+	}
+	cfgFile := mountedFile(t, prometheusService, prom, flag(prom.Command, "config.file"))
+	if cfgFile != "deploy/prometheus/prometheus.yml" {
+		t.Errorf("%s: runs from %s, want deploy/prometheus/prometheus.yml", prometheusService, cfgFile)
+	}
+	var cfg struct {
+		ScrapeConfigs []struct {
+			JobName       string `yaml:"job_name"`
+			MetricsPath   string `yaml:"metrics_path"`
+			StaticConfigs []struct {
+				Targets []string `yaml:"targets"`
+			} `yaml:"static_configs"`
+		} `yaml:"scrape_configs"`
+	}
+	loadYAML(t, cfgFile, &cfg)
+	var got, want []string
+	for _, sc := range cfg.ScrapeConfigs {
+		if sc.MetricsPath != "" && sc.MetricsPath != "/metrics" {
+			t.Errorf("job %s: metrics_path %q, the services serve /metrics", sc.JobName, sc.MetricsPath)
+		}
+		for _, st := range sc.StaticConfigs {
+			got = append(got, st.Targets...)
+		}
+	}
+	for _, r := range tab.Regions {
+		for _, e := range metricsEndpoints(r) {
+			listen := compose.Services[e.Service].Environment[e.Env]
+			want = append(want, fmt.Sprintf("%s:%d", e.Service, port(listen)))
+		}
+	}
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("%s: scrape targets %v, want exactly the metrics endpoints %v", cfgFile, got, want)
+	}
+}
+
+// collectorConfig is the part of the collector's config the tests read.
+type collectorConfig struct {
+	Receivers map[string]struct {
+		Protocols map[string]struct {
+			Endpoint string `yaml:"endpoint"`
+		} `yaml:"protocols"`
+	} `yaml:"receivers"`
+	Processors map[string]any `yaml:"processors"`
+	Exporters  map[string]struct {
+		Endpoint string `yaml:"endpoint"`
+	} `yaml:"exporters"`
+	Service struct {
+		Pipelines map[string]struct {
+			Receivers  []string `yaml:"receivers"`
+			Processors []string `yaml:"processors"`
+			Exporters  []string `yaml:"exporters"`
+		} `yaml:"pipelines"`
+	} `yaml:"service"`
+}
+
+// loadCollector reads the config the collector service runs from.
+func loadCollector(t *testing.T, compose composeFile) collectorConfig {
+	t.Helper()
+	svc := compose.service(t, collectorService)
+	cfgFile := mountedFile(t, collectorService, svc, flag(svc.Command, "config"))
+	if cfgFile != "deploy/otel-collector/config.yaml" {
+		t.Errorf("%s: runs from %s, want deploy/otel-collector/config.yaml", collectorService, cfgFile)
+	}
+	var cfg collectorConfig
+	loadYAML(t, cfgFile, &cfg)
+	return cfg
+}
+
+// componentType is the type of a collector component id "type[/name]".
+func componentType(id string) string { t, _, _ := strings.Cut(id, "/"); return t }
+
+// TestServicesSendTracesToCollector: every region's ledger, router and API
+// names itself in OTEL_SERVICE_NAME and sends OTLP over HTTP (the protocol
+// of the tracing set-up) to the collector service, on the port the
+// collector's traces pipeline receives OTLP/HTTP on.
+func TestServicesSendTracesToCollector(t *testing.T) {
+	compose := loadCompose(t)
+	tab, err := regions.Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := loadCollector(t, compose)
+	httpPorts := map[int]bool{}
+	for _, id := range cfg.Service.Pipelines["traces"].Receivers {
+		if componentType(id) == "otlp" {
+			if p, ok := cfg.Receivers[id].Protocols["http"]; ok {
+				httpPorts[port(p.Endpoint)] = true
+			}
+		}
+	}
+	if len(httpPorts) == 0 {
+		t.Fatal("collector: no OTLP/HTTP receiver in the traces pipeline")
+	}
+	for svcName, otelName := range tracedServices(tab) {
+		env := compose.service(t, svcName).Environment
+		u, err := url.Parse(env["OTEL_EXPORTER_OTLP_ENDPOINT"])
+		if err != nil || u.Scheme != "http" || u.Hostname() != collectorService || !httpPorts[port(u.Host)] {
+			t.Errorf("%s: OTEL_EXPORTER_OTLP_ENDPOINT %q, want http://%s:<an OTLP/HTTP receiver port %v>",
+				svcName, env["OTEL_EXPORTER_OTLP_ENDPOINT"], collectorService, httpPorts)
+		}
+		if env["OTEL_SERVICE_NAME"] != otelName {
+			t.Errorf("%s: OTEL_SERVICE_NAME %q, want %q", svcName, env["OTEL_SERVICE_NAME"], otelName)
+		}
+	}
+}
+
+// TestCollectorExportsToJaeger: the collector's traces pipeline receives
+// OTLP, batches, and exports over OTLP to the jaeger service, on the port
+// Jaeger serves OTLP on for that protocol (gRPC or HTTP).
+func TestCollectorExportsToJaeger(t *testing.T) {
+	compose := loadCompose(t)
+	cfg := loadCollector(t, compose)
+	jaeger := compose.service(t, jaegerService)
+	if jaeger.Environment["COLLECTOR_OTLP_ENABLED"] != "true" {
+		t.Errorf("%s: COLLECTOR_OTLP_ENABLED %q, want true", jaegerService, jaeger.Environment["COLLECTOR_OTLP_ENABLED"])
+	}
+	jaegerPorts := map[string]int{ // Jaeger's defaults, unless its environment moves them
+		"grpc": 4317, "http": 4318}
+	for proto, env := range map[string]string{"grpc": "COLLECTOR_OTLP_GRPC_HOST_PORT", "http": "COLLECTOR_OTLP_HTTP_HOST_PORT"} {
+		if v, ok := jaeger.Environment[env]; ok {
+			jaegerPorts[proto] = port(v)
+		}
+	}
+	pipe, ok := cfg.Service.Pipelines["traces"]
+	if !ok {
+		t.Fatal("collector: no traces pipeline")
+	}
+	if !slices.ContainsFunc(pipe.Receivers, func(id string) bool { return componentType(id) == "otlp" }) {
+		t.Errorf("collector: traces pipeline receivers %v, want an otlp receiver", pipe.Receivers)
+	}
+	for _, id := range pipe.Processors {
+		if _, ok := cfg.Processors[id]; !ok {
+			t.Errorf("collector: processor %s used but not configured", id)
+		}
+	}
+	if !slices.ContainsFunc(pipe.Processors, func(id string) bool { return componentType(id) == "batch" }) {
+		t.Errorf("collector: traces pipeline processors %v, want batch", pipe.Processors)
+	}
+	var toJaeger int
+	for _, id := range pipe.Exporters {
+		exp, ok := cfg.Exporters[id]
+		if !ok {
+			t.Errorf("collector: exporter %s used but not configured", id)
+			continue
+		}
+		proto := map[string]string{"otlp": "grpc", "otlp_grpc": "grpc", "otlphttp": "http", "otlp_http": "http"}[componentType(id)]
+		if proto == "" || host(exp.Endpoint) != jaegerService {
+			continue
+		}
+		toJaeger++
+		if port(exp.Endpoint) != jaegerPorts[proto] {
+			t.Errorf("collector: exporter %s sends OTLP/%s to %s, but Jaeger serves OTLP/%s on %d", id, proto, exp.Endpoint, proto, jaegerPorts[proto])
+		}
+	}
+	if toJaeger == 0 {
+		t.Errorf("collector: no exporter of the traces pipeline %v sends OTLP to %s", pipe.Exporters, jaegerService)
+	}
+	if !slices.Contains(compose.service(t, collectorService).DependsOn, jaegerService) {
+		t.Errorf("%s: does not depend on %s", collectorService, jaegerService)
+	}
+}
+
+// grafanaDatasource is one provisioned data source.
+type grafanaDatasource struct {
+	Name     string `yaml:"name"`
+	Type     string `yaml:"type"`
+	UID      string `yaml:"uid"`
+	URL      string `yaml:"url"`
+	JSONData struct {
+		ExemplarTraceIDDestinations []struct {
+			Name          string `yaml:"name"`
+			DatasourceUID string `yaml:"datasourceUid"`
+		} `yaml:"exemplarTraceIdDestinations"`
+	} `yaml:"jsonData"`
+}
+
+// TestGrafanaProvisioning: Grafana's mounts are files of the repository;
+// its data sources reach the prometheus and jaeger services on the ports
+// they serve; the Prometheus one sends trace_id exemplars to the Jaeger one;
+// every data source uid paymesh.json uses is provisioned with the same type;
+// the dashboards provider loads deploy/grafana/paymesh.json and nothing
+// else; anonymous users can view; and the dashboard's Jaeger links point at
+// Jaeger's published UI and name services that send traces.
+func TestGrafanaProvisioning(t *testing.T) {
+	compose := loadCompose(t)
+	tab, err := regions.Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := compose.service(t, grafanaService)
+	if g.Environment["GF_AUTH_ANONYMOUS_ENABLED"] != "true" || g.Environment["GF_AUTH_ANONYMOUS_ORG_ROLE"] != "Viewer" {
+		t.Errorf("%s: anonymous access %q role %q, want true Viewer", grafanaService, g.Environment["GF_AUTH_ANONYMOUS_ENABLED"], g.Environment["GF_AUTH_ANONYMOUS_ORG_ROLE"])
+	}
+	var datasources []grafanaDatasource
+	var providerPaths []string
+	for _, v := range g.Volumes {
+		target := strings.Split(v, ":")[1]
+		src := mountedFile(t, grafanaService, g, target)
+		switch path.Dir(target) {
+		case "/etc/grafana/provisioning/datasources":
+			var f struct {
+				Datasources []grafanaDatasource `yaml:"datasources"`
+			}
+			loadYAML(t, src, &f)
+			datasources = append(datasources, f.Datasources...)
+		case "/etc/grafana/provisioning/dashboards":
+			var f struct {
+				Providers []struct {
+					Type    string `yaml:"type"`
+					Options struct {
+						Path string `yaml:"path"`
+					} `yaml:"options"`
+				} `yaml:"providers"`
+			}
+			loadYAML(t, src, &f)
+			for _, p := range f.Providers {
+				if p.Type == "file" {
+					providerPaths = append(providerPaths, path.Clean(p.Options.Path))
+				}
+			}
+		}
+	}
+
+	// The dashboards the providers load are the files mounted below their paths.
+	var loaded []string
+	for _, v := range g.Volumes {
+		parts := strings.Split(v, ":")
+		for _, p := range providerPaths {
+			if strings.HasPrefix(parts[1], p+"/") {
+				loaded = append(loaded, path.Clean(parts[0]))
+			}
+		}
+	}
+	if !slices.Equal(loaded, []string{"deploy/grafana/paymesh.json"}) {
+		t.Errorf("%s: dashboards provisioned %v (providers %v), want deploy/grafana/paymesh.json", grafanaService, loaded, providerPaths)
+	}
+
+	byUID := map[string]grafanaDatasource{}
+	for _, ds := range datasources {
+		if _, dup := byUID[ds.UID]; dup || ds.UID == "" {
+			t.Errorf("data source %q: uid %q empty or used twice", ds.Name, ds.UID)
+		}
+		byUID[ds.UID] = ds
+	}
+	reach := map[string]struct {
+		service string
+		port    int
+	}{"prometheus": {prometheusService, 9090}, "jaeger": {jaegerService, 16686}}
+	for _, ds := range datasources {
+		want, ok := reach[ds.Type]
+		if !ok {
+			t.Errorf("data source %q: type %q, want prometheus or jaeger", ds.Name, ds.Type)
+			continue
+		}
+		if host(ds.URL) != want.service || port(ds.URL) != want.port {
+			t.Errorf("data source %q: url %q, want http://%s:%d", ds.Name, ds.URL, want.service, want.port)
+		}
+		if _, ok := compose.Services[want.service]; !ok {
+			t.Errorf("data source %q: no compose service %s", ds.Name, want.service)
+		}
+		if ds.Type != "prometheus" {
+			continue
+		}
+		var toJaeger bool
+		for _, d := range ds.JSONData.ExemplarTraceIDDestinations {
+			toJaeger = toJaeger || d.Name == "trace_id" && byUID[d.DatasourceUID].Type == "jaeger"
+		}
+		if !toJaeger {
+			t.Errorf("data source %q: exemplarTraceIdDestinations %+v, want trace_id to a Jaeger data source", ds.Name, ds.JSONData.ExemplarTraceIDDestinations)
+		}
+	}
+	if prom := compose.service(t, prometheusService); flag(prom.Command, "web.listen-address") != "" && port(flag(prom.Command, "web.listen-address")) != 9090 {
+		t.Errorf("%s: listens on %s, the data source expects 9090", prometheusService, flag(prom.Command, "web.listen-address"))
+	}
+
+	b, err := os.ReadFile(filepath.Join(repoRoot, "deploy/grafana/paymesh.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Links []struct {
+			URL string `json:"url"`
+		} `json:"links"`
+		Panels []struct {
+			Title      string `json:"title"`
+			Datasource struct {
+				Type string `json:"type"`
+				UID  string `json:"uid"`
+			} `json:"datasource"`
+			FieldConfig struct {
+				Defaults struct {
+					Links []struct {
+						URL string `json:"url"`
+					} `json:"links"`
+				} `json:"defaults"`
+			} `json:"fieldConfig"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(b, &dash); err != nil {
+		t.Fatal(err)
+	}
+	urls := []string{}
+	for _, l := range dash.Links {
+		urls = append(urls, l.URL)
+	}
+	for _, p := range dash.Panels {
+		ds, ok := byUID[p.Datasource.UID]
+		if !ok || ds.Type != p.Datasource.Type {
+			t.Errorf("panel %q: data source %s/%s is not provisioned", p.Title, p.Datasource.Type, p.Datasource.UID)
+		}
+		for _, l := range p.FieldConfig.Defaults.Links {
+			urls = append(urls, l.URL)
+		}
+	}
+	checkJaegerLinks(t, compose, tab, urls)
+}
+
+// checkJaegerLinks: every link of the dashboard that opens Jaeger's UI
+// goes to the host port where the jaeger service publishes it, and the
+// service it searches sends traces under that name, in every region.
+func checkJaegerLinks(t *testing.T, compose composeFile, tab regions.Table, urls []string) {
+	t.Helper()
+	names := map[string]bool{}
+	for _, n := range tracedServices(tab) {
+		names[n] = true
+	}
+	var links int
+	for _, raw := range urls {
+		u, err := url.Parse(strings.NewReplacer("${", "", "}", "").Replace(raw))
+		if err != nil || !strings.HasPrefix(u.Path, "/search") {
+			continue
+		}
+		links++
+		if p := fmt.Sprintf("%s:16686", u.Port()); !slices.Contains(compose.Services[jaegerService].Ports, p) {
+			t.Errorf("link %s: %s does not publish Jaeger's UI on port %s (ports %v)", raw, jaegerService, u.Port(), compose.Services[jaegerService].Ports)
+		}
+		svc := regexp.MustCompile(`[$][{]__field[.]labels[.]region[}]`).ReplaceAllString(queryParam(raw, "service"), "%s")
+		if svc == "" {
+			continue
+		}
+		for _, r := range tab.Regions {
+			if name := strings.ReplaceAll(svc, "%s", r.Name); !names[name] {
+				t.Errorf("link %s: searches service %s, which no compose service sends traces as", raw, name)
+			}
+		}
+	}
+	if links == 0 {
+		t.Error("paymesh.json: no link to Jaeger's search")
+	}
+}
+
+// queryParam reads a query parameter of a link that holds Grafana
+// variables, which url.Parse would refuse in the query.
+func queryParam(raw, name string) string {
+	_, q, _ := strings.Cut(raw, "?")
+	for _, kv := range strings.Split(q, "&") {
+		if v, ok := strings.CutPrefix(kv, name+"="); ok {
+			return v
+		}
+	}
+	return ""
+}
