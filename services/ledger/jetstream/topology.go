@@ -14,6 +14,7 @@ package jetstream
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"strings"
@@ -105,7 +106,10 @@ func Split(shards []int, n int) [][]int {
 
 // Backlog sums, over every shard's ledger consumer of the stream, the messages not
 // yet delivered and those delivered but not acked. Zero means the ledger
-// has applied everything published so far.
+// has applied everything published so far. A consumer's pending count
+// catches up with a new message a moment after the stream stored it, so a
+// consumer that has not yet delivered its subject's last message counts
+// as one more.
 func Backlog(ctx context.Context, js jetstream.JetStream, t Topology) (uint64, error) {
 	s, err := js.Stream(ctx, t.Stream())
 	if err != nil {
@@ -114,12 +118,26 @@ func Backlog(ctx context.Context, js jetstream.JetStream, t Topology) (uint64, e
 	var n uint64
 	consumers := 0
 	infos := s.ListConsumers(ctx)
+	var behind []*jetstream.ConsumerInfo
 	for info := range infos.Info() {
 		n += info.NumPending + uint64(info.NumAckPending)
 		consumers++
+		if info.NumPending == 0 && info.Config.FilterSubject != "" {
+			behind = append(behind, info)
+		}
 	}
 	if err := infos.Err(); err != nil {
 		return 0, err
+	}
+	for _, info := range behind {
+		last, err := s.GetLastMsgForSubject(ctx, info.Config.FilterSubject)
+		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+		case err != nil:
+			return 0, err
+		case last.Sequence > info.Delivered.Stream:
+			n++
+		}
 	}
 	if consumers < t.withDefaults().Shards {
 		// Some shard has no consumer yet: count the whole stream as pending.
