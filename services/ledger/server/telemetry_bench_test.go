@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -40,7 +41,9 @@ import (
 //     (Prometheus reader) with the batch histograms and the ledger's
 //     observable counters, scraped every second.
 //
-// One op is one transfer. Both modes run on a database and a JetStream of
+// One op is one transfer; cpu-ns/op is this process's CPU time per
+// transfer (ledger and embedded JetStream, not Postgres), the figure least
+// disturbed by other load on the machine. Both modes run on a database and a JetStream of
 // their own. Run it with a fixed -benchtime (say 20000x) so that both
 // modes apply the same number of transfers; `make bench-telemetry`
 // compares them with benchstat.
@@ -51,11 +54,20 @@ func BenchmarkApplyPath(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			env := envs[on]
 			env.publish(b, b.N)
+			env.batches.Store(0)
+			env.txTime.Store(0)
 			b.ResetTimer()
+			cpu := processCPU(b)
 			stop := env.consume(b, b.N)
 			b.StopTimer()
+			cpu = processCPU(b) - cpu
 			stop()
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "transfers/s")
+			b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
+			if n := env.batches.Load(); n > 0 {
+				b.ReportMetric(float64(b.N)/float64(n), "transfers/batch")
+				b.ReportMetric(float64(env.txTime.Load())/float64(n)/1e6, "ms/batch")
+			}
 			if on {
 				env.mustHaveTraced(b)
 				env.tel.exp.Reset()
@@ -121,8 +133,13 @@ type applyEnv struct {
 	srv   *server.Server
 	pub   *ljs.Publisher
 	ids   *idgen.Generator
-	accts []string
-	next  int // transfers built so far, to spread them over the accounts
+	// groups are the accounts by shard (shards with two or more): a
+	// transfer stays in its source's shard, so that the two workers' batches
+	// never wait for each other's row locks.
+	groups [][]string
+	next   int // transfers built so far, to spread them over the accounts
+	// batches and txTime count the applied batches and their transaction time.
+	batches, txTime atomic.Int64
 }
 
 func newApplyEnv(tb testing.TB, on bool, accounts int) *applyEnv {
@@ -135,9 +152,15 @@ func newApplyEnv(tb testing.TB, on bool, accounts int) *applyEnv {
 		tb.Fatal(err)
 	}
 	const region = "eu"
-	observe, err := tel.metrics.BatchObserver(region, ljs.Topology{Region: region}.Stream())
+	record, err := tel.metrics.BatchObserver(region, ljs.Topology{Region: region}.Stream())
 	if err != nil {
 		tb.Fatal(err)
+	}
+	env := &applyEnv{tel: tel}
+	observe := func(size int, took time.Duration) {
+		env.batches.Add(1)
+		env.txTime.Add(int64(took))
+		record(size, took)
 	}
 	ctx := context.Background()
 	// The production ledger's settings (cmd/paymesh defaults).
@@ -158,16 +181,18 @@ func newApplyEnv(tb testing.TB, on bool, accounts int) *applyEnv {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	env := &applyEnv{tel: tel, srv: srv, pub: ljs.NewPublisher(srv.JetStream(), srv.Topo, nil), ids: ids}
+	env.srv, env.pub, env.ids = srv, ljs.NewPublisher(srv.JetStream(), srv.Topo, nil), ids
 
 	// Open and fund the accounts directly through the store.
 	var funds []ledger.Command
+	shards := make([][]string, srv.Topo.Shards)
 	for range accounts {
 		a, err := srv.Store.CreateAccount(ctx, ledger.NewAccount{ClientID: "bench", Currency: "EUR"})
 		if err != nil {
 			tb.Fatal(err)
 		}
-		env.accts = append(env.accts, a.ID)
+		shard := srv.Topo.Shard(a.ID)
+		shards[shard] = append(shards[shard], a.ID)
 		funds = append(funds, ledger.Command{Type: ledger.TypeFund, TransferID: env.id(tb), ClientID: "bench",
 			IdempotencyKey: "fund-" + a.ID, To: a.ID, Amount: 1 << 40, Currency: "EUR", CreatedAt: time.Now()})
 	}
@@ -183,6 +208,14 @@ func newApplyEnv(tb testing.TB, on bool, accounts int) *applyEnv {
 				tb.Fatalf("funding: %v %v", r.Kind, r.Err)
 			}
 		}
+	}
+	for _, g := range shards {
+		if len(g) >= 2 {
+			env.groups = append(env.groups, g)
+		}
+	}
+	if len(env.groups) == 0 {
+		tb.Fatal("no shard has two accounts")
 	}
 	return env
 }
@@ -207,12 +240,9 @@ func (e *applyEnv) publish(tb testing.TB, n int) {
 		n -= chunk
 		futures := make([]jetstream.PubAckFuture, 0, chunk)
 		for range chunk {
-			i := e.next
+			g, k := e.groups[e.next%len(e.groups)], e.next/len(e.groups)
 			e.next++
-			from, to := e.accts[i%len(e.accts)], e.accts[(i*7+1)%len(e.accts)]
-			if from == to {
-				to = e.accts[(i+1)%len(e.accts)]
-			}
+			from, to := g[k%len(g)], g[(k+1)%len(g)]
 			m := e.pub.Msg(ledger.Command{Type: ledger.TypeTransfer, TransferID: e.id(tb), ClientID: "bench",
 				IdempotencyKey: "t-" + e.id(tb), From: from, To: to, Amount: 1, Currency: "EUR", CreatedAt: time.Now()})
 			if e.tel.on {
@@ -306,6 +336,17 @@ func (e *applyEnv) mustHaveTraced(tb testing.TB) {
 	x.process.Store(0)
 	x.batch.Store(0)
 	x.db.Store(0)
+}
+
+// processCPU is the CPU time this process (the ledger, and the embedded
+// JetStream server of both modes) has used, user and system. Postgres's is
+// not in it: it is the same in both modes.
+func processCPU(tb testing.TB) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		tb.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // pipeline is one mode's telemetry.
