@@ -3,7 +3,7 @@ GO      ?= go
 ARGS    ?=
 PG_URL  ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
 BENCHSTAT   ?= $(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
-BENCH_COUNT ?= 6
+BENCH_COUNT ?= 10
 BENCH_TIME  ?= 20000x
 
 .PHONY: demo test test-short build fuzz bench-telemetry services clean compose-up compose-down compose-load
