@@ -43,10 +43,10 @@ import (
 //
 // One op is one transfer; cpu-ns/op is this process's CPU time per
 // transfer (ledger and embedded JetStream, not Postgres), the figure least
-// disturbed by other load on the machine. Both modes run on a database and a JetStream of
-// their own. Run it with a fixed -benchtime (say 20000x) so that both
-// modes apply the same number of transfers; `make bench-telemetry`
-// compares them with benchstat.
+// disturbed by other load on the machine. Both modes run on a database and
+// a JetStream of their own. Run it with a fixed -benchtime (say 20000x) so
+// that both modes apply the same number of transfers; `make
+// bench-telemetry` compares them with benchstat.
 func BenchmarkApplyPath(b *testing.B) {
 	envs := map[bool]*applyEnv{false: newApplyEnv(b, false, 1000), true: newApplyEnv(b, true, 1000)}
 	for _, on := range []bool{false, true} {
