@@ -129,10 +129,10 @@ func TestApplyPathTelemetry(t *testing.T) {
 // applyEnv is one region's ledger server on a fresh database and an
 // embedded JetStream, with funded accounts, and the telemetry of one mode.
 type applyEnv struct {
-	tel   *pipeline
-	srv   *server.Server
-	pub   *ljs.Publisher
-	ids   *idgen.Generator
+	tel *pipeline
+	srv *server.Server
+	pub *ljs.Publisher
+	ids *idgen.Generator
 	// groups are the accounts by shard (shards with two or more): a
 	// transfer stays in its source's shard, so that the two workers' batches
 	// never wait for each other's row locks.
