@@ -2,8 +2,11 @@
 GO      ?= go
 ARGS    ?=
 PG_URL  ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
+BENCHSTAT   ?= $(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da
+BENCH_COUNT ?= 10
+BENCH_TIME  ?= 20000x
 
-.PHONY: demo test test-short build fuzz services browser clean compose-up compose-down compose-load
+.PHONY: demo test test-short build fuzz bench-telemetry services browser clean compose-up compose-down compose-load
 
 ## demo: run the single-region demo on the local Postgres and an embedded JetStream
 demo: services
@@ -31,6 +34,20 @@ fuzz:
 ## browser: make sure Debian's Chromium is there for the browser test (see scripts/browser)
 browser:
 	@./scripts/browser
+
+## bench-telemetry: what tracing and metrics cost the ledger apply path: BENCH_COUNT
+## rounds of BenchmarkApplyPath (telemetry=off, then on, BENCH_TIME transfers each),
+## compared by benchstat; the raw results are in bin/bench-telemetry.txt
+bench-telemetry: services
+	@mkdir -p bin
+	$(GO) test -c -o bin/ledger-server.test ./services/ledger/server
+	@rm -f bin/bench-telemetry.txt
+	@for i in $$(seq $(BENCH_COUNT)); do \
+		bin/ledger-server.test -test.run '^$$' -test.bench '^BenchmarkApplyPath$$' -test.benchtime $(BENCH_TIME) >bin/bench-round.txt \
+			|| { cat bin/bench-round.txt; exit 1; }; \
+		grep '^Benchmark' bin/bench-round.txt; cat bin/bench-round.txt >>bin/bench-telemetry.txt; \
+	done
+	$(BENCHSTAT) -col /telemetry bin/bench-telemetry.txt
 
 ## services: make sure the local Postgres and NATS are up (see scripts/services)
 services:

@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/paymesh/paymesh/pkg/dedup"
@@ -31,7 +32,8 @@ import (
 
 // Metrics is one process's meter provider and its Prometheus registry.
 type Metrics struct {
-	provider *sdkmetric.MeterProvider
+	provider metric.MeterProvider
+	shutdown func(context.Context) error
 	registry *prometheus.Registry
 }
 
@@ -42,7 +44,15 @@ func New() (*Metrics, error) {
 	if err != nil {
 		return nil, fmt.Errorf("telemetry: %w", err)
 	}
-	return &Metrics{provider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp)), registry: reg}, nil
+	p := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp))
+	return &Metrics{provider: p, shutdown: p.Shutdown, registry: reg}, nil
+}
+
+// Disabled returns metrics that record nothing: its instruments come from
+// a no-op meter provider and its handler serves no series. It is the
+// baseline that telemetry's cost is measured against.
+func Disabled() *Metrics {
+	return &Metrics{provider: noop.NewMeterProvider(), shutdown: func(context.Context) error { return nil }, registry: prometheus.NewRegistry()}
 }
 
 // Handler serves /metrics: the Prometheus text format by default, and
@@ -83,7 +93,7 @@ func (m *Metrics) Serve(addr string, log *slog.Logger) (*Endpoint, error) {
 func (e *Endpoint) Close() error { return e.hs.Close() }
 
 // Shutdown stops the meter provider.
-func (m *Metrics) Shutdown(ctx context.Context) error { return m.provider.Shutdown(ctx) }
+func (m *Metrics) Shutdown(ctx context.Context) error { return m.shutdown(ctx) }
 
 // counter is one observable counter and how to read it.
 type counter struct {

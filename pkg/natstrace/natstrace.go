@@ -55,9 +55,21 @@ func Extract(ctx context.Context, h nats.Header) context.Context {
 // TraceParent returns ctx's trace context as a traceparent value ("" when
 // there is none), to store with work that continues later (an outbox row).
 func TraceParent(ctx context.Context) string {
-	c := propagation.MapCarrier{}
-	propagator.Inject(ctx, c)
-	return c["traceparent"]
+	var c traceParentCarrier
+	propagator.Inject(ctx, &c)
+	return c.value
+}
+
+// traceParentCarrier keeps the traceparent value alone: TraceParent runs
+// for every delivery, and a map per call is garbage for nothing.
+type traceParentCarrier struct{ value string }
+
+func (c *traceParentCarrier) Get(string) string { return "" }
+func (c *traceParentCarrier) Keys() []string    { return nil }
+func (c *traceParentCarrier) Set(key, value string) {
+	if key == "traceparent" {
+		c.value = value
+	}
 }
 
 // WithTraceParent returns ctx carrying a stored traceparent.

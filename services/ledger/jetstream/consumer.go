@@ -227,8 +227,12 @@ func (c *Consumer) process(ctx context.Context, msgs []jetstream.Msg) {
 	)
 	c.cfg.Stats.Deliveries.Add(int64(len(msgs)))
 	for _, m := range msgs {
-		span := c.startSpan(ctx, m)
-		if md, err := m.Metadata(); err == nil && md.NumDelivered > 1 {
+		md, err := m.Metadata()
+		if err != nil {
+			md = nil
+		}
+		span := c.startSpan(ctx, m, md)
+		if md != nil && md.NumDelivered > 1 {
 			c.cfg.Stats.Redeliveries.Add(1)
 		}
 		cmd, err := ledger.DecodeCommand(m.Data())
@@ -255,18 +259,21 @@ func (c *Consumer) process(ctx context.Context, msgs []jetstream.Msg) {
 var tracer = otel.Tracer("github.com/paymesh/paymesh/services/ledger/jetstream")
 
 // startSpan starts the span of one delivery attempt, a child of the trace
-// context in the message's headers.
-func (c *Consumer) startSpan(ctx context.Context, m jetstream.Msg) trace.Span {
-	attrs := []attribute.KeyValue{
+// context in the message's headers. md is the message's metadata, nil when
+// it has none.
+func (c *Consumer) startSpan(ctx context.Context, m jetstream.Msg, md *jetstream.MsgMetadata) trace.Span {
+	h := m.Headers()
+	attrs := make([]attribute.KeyValue, 0, 8) // room for the metadata's: one allocation
+	attrs = append(attrs,
 		attribute.String("messaging.system", "nats"),
 		attribute.String("messaging.destination.name", m.Subject()),
-		attribute.String("messaging.message.id", m.Headers().Get(jetstream.MsgIDHeader)),
+		attribute.String("messaging.message.id", h.Get(jetstream.MsgIDHeader)),
 		attribute.String("messaging.operation.type", "process"),
 		attribute.String("paymesh.region", c.cfg.Topology.Region),
-	}
-	parent := natstrace.Extract(ctx, m.Headers())
+	)
+	parent := natstrace.Extract(ctx, h)
 	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
-	if md, err := m.Metadata(); err == nil {
+	if md != nil {
 		attrs = append(attrs, attribute.Int64("messaging.nats.delivery_count", int64(md.NumDelivered)),
 			attribute.Int64("messaging.nats.stream_sequence", int64(md.Sequence.Stream)),
 			attribute.String("messaging.consumer.group.name", md.Consumer))
