@@ -38,6 +38,7 @@ const fundAmount = 1_000_000_000
 type ledgerRig struct {
 	e        *env
 	db       string
+	batch    int
 	srv      *server.Server
 	accounts []string
 	// track receives every committed batch (the after-commit hook).
@@ -51,7 +52,7 @@ type ledgerRig struct {
 // openLedger creates database e.prefix+name, starts a ledger on it with the
 // given batch size, and opens and funds the accounts.
 func (e *env) openLedger(ctx context.Context, name string, batch, accounts int) (*ledgerRig, error) {
-	r := &ledgerRig{e: e, db: e.cfg.DatabasePrefix + strings.ReplaceAll(name, "-", "_")}
+	r := &ledgerRig{e: e, db: e.cfg.DatabasePrefix + strings.ReplaceAll(name, "-", "_"), batch: batch}
 	url, err := e.createDB(ctx, r.db)
 	if err != nil {
 		return nil, err
@@ -230,7 +231,7 @@ type phase struct {
 func (r *ledgerRig) drive(ctx context.Context, p phase) (LedgerRun, error) {
 	e := r.e
 	n := len(p.w.from)
-	t := newTracker(p.w.tag, n, e.cfg.Window)
+	t := newTracker(p.w.tag, n, r.window())
 	r.track.Store(t)
 	defer r.track.Store(nil)
 	r.batches.Store(0)
@@ -241,7 +242,7 @@ func (r *ledgerRig) drive(ctx context.Context, p phase) (LedgerRun, error) {
 
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	futures := make(chan jetstream.PubAckFuture, e.cfg.Window)
+	futures := make(chan jetstream.PubAckFuture, r.window())
 	var checker sync.WaitGroup
 	checker.Go(func() { e.checkAcks(ctx, futures, cancel) })
 	progress := e.progress(p.scenario, func() (int64, int64) { return t.done.Load(), int64(n) })
@@ -330,6 +331,15 @@ publish:
 		run.PacedRate = p.rate
 	}
 	return run, nil
+}
+
+// window is how many of a phase's messages may be published but not yet
+// committed: Window, or less when that is plenty for the consumers. Each
+// shard's consumer holds at most 4×batch unacked messages, so 2×that per
+// shard keeps them all busy; more would only queue in the stream (and, with
+// batch 1, take many seconds to drain).
+func (r *ledgerRig) window() int {
+	return min(r.e.cfg.Window, max(256, 8*r.batch*r.e.cfg.Shards))
 }
 
 // publish sends command i of the phase without waiting for its ack.
