@@ -1,4 +1,5 @@
-# paymesh: `make demo` runs the demo, `make test` the test suite.
+# paymesh: `make demo` runs the demo, `make test` the test suite, `make bench`
+# the benchmarks.
 GO      ?= go
 ARGS    ?=
 PG_URL  ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
@@ -6,11 +7,16 @@ BENCHSTAT   ?= $(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-2
 BENCH_COUNT ?= 10
 BENCH_TIME  ?= 20000x
 
-.PHONY: demo test test-short build fuzz bench-telemetry services browser clean compose-up compose-down compose-load
+.PHONY: demo bench bench-telemetry test test-short build fuzz services browser clean compose-up compose-down compose-load
 
 ## demo: run the single-region demo on the local Postgres and an embedded JetStream
 demo: services
 	$(GO) run ./cmd/paymesh demo $(ARGS)
+
+## bench: measure throughput and latency against same-run baselines (about
+## 5 minutes; ARGS=--quick for about 1, ARGS="--json bench.json" for a file)
+bench: services
+	$(GO) run ./cmd/paymesh bench $(ARGS)
 
 ## test: vet and run every test against real Postgres and real JetStream
 ## (the browser test's screenshot lands in artifacts/)

@@ -27,6 +27,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/paymesh/paymesh/deploy/regions"
+	"github.com/paymesh/paymesh/internal/bench"
 	"github.com/paymesh/paymesh/internal/dashboard"
 	"github.com/paymesh/paymesh/internal/demo"
 	"github.com/paymesh/paymesh/internal/loadgen"
@@ -50,6 +51,7 @@ type cli struct {
 	Verbose     bool   `short:"v" help:"Log debug messages."`
 
 	Demo      demoCmd      `cmd:"" help:"Run the single-region demo: transfers with injected duplicates, then the invariant report."`
+	Bench     benchCmd     `cmd:"" help:"Measure throughput and latency on the local Postgres and an embedded nats-server, against baselines run alongside."`
 	Ledger    ledgerCmd    `cmd:"" help:"Run a region's ledger: consume its JetStream stream and apply transfers exactly once."`
 	Router    routerCmd    `cmd:"" help:"Run a region's router: forward its route stream to the home regions and relay its ledger's outbox."`
 	API       apiCmd       `cmd:"" name:"api" help:"Serve a region's HTTP API."`
@@ -657,6 +659,47 @@ func (c *demoCmd) Run(ctx context.Context) error {
 	return nil
 }
 
+type benchCmd struct {
+	PostgresURL string        `name:"postgres-url" env:"PAYMESH_POSTGRES_URL" help:"Postgres server on which to create the bench databases (default: ${default_pg})."`
+	Scenarios   []string      `help:"Scenarios to run, comma-separated (default: all): uniform, replay, latency, hot, dedup-table, naive, tpcb, cross-region. uniform always runs: the others are compared with it."`
+	Accounts    int           `help:"Accounts to open and fund (default 10000; --quick 2000)."`
+	Transfers   int           `help:"Transfers per full-speed run (default 200000; --quick 30000)."`
+	BatchSize   int           `name:"batch-size" help:"Most messages per ledger transaction (default: the ledger's, ${default_batch})."`
+	BatchSizes  []int         `name:"batch-sizes" help:"Also run uniform at each of these batch sizes, comma-separated, and name the fastest."`
+	Workers     int           `help:"Ledger consumers (default 2, as paymesh ledger)."`
+	Shards      int           `help:"Ledger subjects (default ${default_shards})."`
+	Window      int           `help:"Most transfers published but not yet committed (default 4096)."`
+	DedupRows   int64         `name:"dedup-rows" help:"Consume-log rows written before the dedup-table run (default 10000000; --quick 1000000)."`
+	Limit       time.Duration `help:"Longest publish phase of a full-speed run (default 60s; --quick 15s)."`
+	Quick       bool          `help:"A run of about a minute: fewer accounts, transfers and consume-log rows, shorter baselines."`
+	JSON        string        `name:"json" help:"Write the results as JSON to this file." type:"path"`
+	CPUProfile  string        `name:"cpuprofile" help:"Write a CPU profile of the uniform run to this file." type:"path"`
+	Keep        bool          `help:"Keep the bench databases afterwards."`
+	Seed        uint64        `default:"1" help:"Seed of the random workload."`
+}
+
+func (c *benchCmd) Run(ctx context.Context) error {
+	res, err := bench.Run(ctx, bench.Config{
+		PostgresURL: c.PostgresURL, Scenarios: c.Scenarios, Accounts: c.Accounts, Transfers: c.Transfers,
+		BatchSize: c.BatchSize, BatchSizes: c.BatchSizes, Workers: c.Workers, Shards: c.Shards, Window: c.Window,
+		DedupRows: c.DedupRows, Limit: c.Limit, Quick: c.Quick, Keep: c.Keep, CPUProfile: c.CPUProfile, Seed: c.Seed,
+	}, os.Stdout)
+	if err != nil {
+		return err
+	}
+	res.Print(os.Stdout)
+	if c.JSON != "" {
+		if err := res.WriteJSON(c.JSON); err != nil {
+			return err
+		}
+		fmt.Printf("results written to %s\n", c.JSON)
+	}
+	if !res.OK() {
+		return errFailed
+	}
+	return nil
+}
+
 func dashboardAddr(flag string) string {
 	if flag == "off" {
 		return ""
@@ -669,7 +712,7 @@ func main() {
 	k := kong.Parse(&c,
 		kong.Name("paymesh"),
 		kong.Description("A multi-region payment ledger that turns at-least-once messaging into exactly-once effects."),
-		kong.Vars{"default_pg": pgdb.DefaultURL},
+		kong.Vars{"default_pg": pgdb.DefaultURL, "default_batch": fmt.Sprint(ljs.DefaultBatchSize), "default_shards": fmt.Sprint(ljs.DefaultShards)},
 		kong.UsageOnError())
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

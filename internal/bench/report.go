@@ -1,0 +1,131 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"strings"
+)
+
+// Targets of the headline figures.
+const (
+	TargetRate        = 15_000 // uniform transfers/s
+	TargetVsTPCB      = 10     // uniform / TPC-B tps
+	TargetVsNaive     = 7      // uniform / naive
+	TargetP99Ms       = 25     // p99 at half the peak rate
+	TargetDupCost     = 0.10   // time per duplicate / time per first delivery
+	TargetHotShare    = 0.50   // hot / uniform
+	TargetDedupShare  = 0.80   // with the pre-filled consume-log / uniform
+	TargetPeakRSSMB   = 200
+	provisionalNotice = "PROVISIONAL: measured on a shared machine; to be re-measured"
+)
+
+// figures derives the headline figures from the runs, each with its target.
+func figures(r Result) []Figure {
+	var out []Figure
+	add := func(name, unit, target string, measured bool, value float64, pass bool) {
+		out = append(out, Figure{Name: name, Value: value, Unit: unit, Target: target, Measured: measured, Pass: measured && pass})
+	}
+	u, haveU := r.RunOf(Uniform)
+	add("uniform throughput", "transfers/s", fmt.Sprintf(">= %d", TargetRate), haveU, u.Rate, u.Rate >= TargetRate)
+	ratio := func(name string, other float64, have bool, target float64) {
+		v := 0.0
+		if have && other > 0 {
+			v = u.Rate / other
+		}
+		add(name, "x", fmt.Sprintf(">= %gx", target), haveU && have && other > 0, v, v >= target)
+	}
+	tps := 0.0
+	if r.TPCB != nil {
+		tps = r.TPCB.TPS
+	}
+	ratio("uniform / TPC-B", tps, r.TPCB != nil, TargetVsTPCB)
+	n, haveN := r.RunOf(Naive)
+	ratio("uniform / naive (batch 1)", n.Rate, haveN, TargetVsNaive)
+	l, haveL := r.RunOf(Latency)
+	add("p50 at half the peak rate", "ms", "(reported)", haveL, l.P50Ms, true)
+	add("p99 at half the peak rate", "ms", fmt.Sprintf("<= %d ms", TargetP99Ms), haveL, l.P99Ms, l.P99Ms <= TargetP99Ms)
+	d, haveD := r.RunOf(Replay)
+	cost := 0.0
+	if haveD && d.Rate > 0 {
+		cost = u.Rate / d.Rate // (1/duplicate rate) / (1/first-delivery rate)
+	}
+	add("duplicate cost / first delivery", "x", fmt.Sprintf("<= %g", TargetDupCost), haveU && haveD && d.Rate > 0, cost, cost <= TargetDupCost)
+	share := func(name, scenario string, target float64) {
+		x, have := r.RunOf(scenario)
+		v := 0.0
+		if have && u.Rate > 0 {
+			v = x.Rate / u.Rate
+		}
+		add(name, "x", fmt.Sprintf(">= %g", target), haveU && have, v, v >= target)
+	}
+	share("hot account / uniform", Hot, TargetHotShare)
+	share("large consume-log / empty", Dedup, TargetDedupShare)
+	var rss float64
+	for _, x := range r.Runs {
+		rss = max(rss, x.PeakRSSMB)
+	}
+	add("peak RSS of the bench process", "MB", fmt.Sprintf("<= %d MB", TargetPeakRSSMB), haveU, rss, rss <= TargetPeakRSSMB)
+	if r.Cross != nil {
+		add("cross-region throughput (completed)", "transfers/s", "(reported)", true, r.Cross.Rate, true)
+	}
+	return out
+}
+
+// Print writes the result's summary: the machine, the figures with their
+// targets and verdicts, and what each figure means.
+func (r Result) Print(w io.Writer) {
+	m := r.Machine
+	fmt.Fprintf(w, "\n== paymesh bench (%s) ==\n%s\n", fmtSeconds(r.Elapsed), provisionalNotice)
+	fmt.Fprintf(w, "machine: %d CPUs (load average %s at the start), %s; PostgreSQL %s with synchronous_commit=%s, fsync=%s, wal_sync_method=%s, shared_buffers=%s\n",
+		m.CPUs, m.LoadAverage, m.GoVersion, m.Postgres, m.SynchronousCommit, m.Fsync, m.WALSyncMethod, m.SharedBuffers)
+	if r.Config.Quick {
+		fmt.Fprintf(w, "--quick: %d transfers, %d consume-log rows in the dedup-table run (the full run writes 10,000,000)\n", r.Config.Transfers, r.Config.DedupRows)
+	}
+	fmt.Fprintf(w, "%-38s %14s  %-12s %s\n", "figure", "value", "target", "")
+	for _, f := range r.Figures {
+		verdict := "MISS"
+		switch {
+		case !f.Measured:
+			verdict = "not run"
+		case strings.HasPrefix(f.Target, "("):
+			verdict = ""
+		case f.Pass:
+			verdict = "PASS"
+		}
+		value := "-"
+		if f.Measured {
+			value = fmt.Sprintf("%.2f %s", f.Value, f.Unit)
+			if f.Value >= 100 {
+				value = fmt.Sprintf("%.0f %s", f.Value, f.Unit)
+			}
+		}
+		fmt.Fprintf(w, "%-38s %14s  %-12s %s\n", f.Name, value, f.Target, verdict)
+	}
+	if len(r.Sweep) > 0 {
+		fmt.Fprintf(w, "batch-size sweep:")
+		for _, s := range r.Sweep {
+			fmt.Fprintf(w, "  %d: %.0f/s", s.BatchSize, s.Rate)
+		}
+		fmt.Fprintf(w, "  (best %d)\n", r.BestBatch)
+	}
+	verdict := "PASS"
+	if !r.OK() {
+		verdict = "FAIL"
+	}
+	fmt.Fprintf(w, "%s  invariants after every run (store.Verify, every transfer recorded once)\n", verdict)
+	fmt.Fprintln(w, "Latency is publish→commit: CreatedAt set when the command is published, commit time taken by the ledger's after-commit hook (after COMMIT returned, before the acks).")
+	fmt.Fprintln(w, "CPU per transfer counts this whole process (ledger, publisher, embedded nats-server) plus the run database's Postgres backends (not the WAL writer or checkpointer).")
+	fmt.Fprintln(w, "Peak RSS is the process high-water mark up to each run: ledger, publisher, nats-server and the bench's own bookkeeping.")
+}
+
+// OK reports whether every run's invariants held.
+func (r Result) OK() bool {
+	for _, x := range append(append([]LedgerRun(nil), r.Runs...), r.Sweep...) {
+		if !x.Verified {
+			return false
+		}
+	}
+	return r.Cross == nil || r.Cross.Verified
+}
+
+func fmtSeconds(s float64) string { return fmt.Sprintf("%.0fs", s) }
