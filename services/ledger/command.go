@@ -1,17 +1,18 @@
 package ledger
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"regexp"
 	"strconv"
 	"time"
 	"unicode"
+
+	jsonv2 "github.com/go-json-experiment/json"
+	"github.com/go-json-experiment/json/jsontext"
 
 	"github.com/paymesh/paymesh/pkg/idgen"
 )
@@ -101,76 +102,45 @@ func (c Command) Encode() []byte {
 	return b
 }
 
-// wireCommand keeps the amount raw so that fractions, exponents
-// and values beyond int64 get a precise error instead of a silent rounding.
+// wireCommand is a command as decoded: the amount stays raw so that
+// fractions, exponents and values beyond int64 get a precise error instead
+// of a silent rounding.
 type wireCommand struct {
-	Command
-	Amount json.RawMessage `json:"amount"`
+	Type           string         `json:"type"`
+	TransferID     string         `json:"transfer_id"`
+	ClientID       string         `json:"client_id"`
+	IdempotencyKey string         `json:"idempotency_key"`
+	From           string         `json:"from"`
+	To             string         `json:"to"`
+	Amount         jsontext.Value `json:"amount"`
+	Currency       string         `json:"currency"`
+	CreatedAt      time.Time      `json:"created_at"`
+	Reason         Code           `json:"reason"`
 }
 
-// DecodeCommand parses a command strictly: unknown fields, trailing data,
-// oversize input and an amount that is not a plain integer in int64 are
-// errors. It returns an *Error (CodeInvalidRequest or CodeInvalidAmount).
+// DecodeCommand parses a command strictly, in one pass: unknown fields,
+// fields given twice (where a lenient decoder lets the last win), names that
+// match a field only case-insensitively, invalid UTF-8, trailing data,
+// oversize input and an amount that is not a plain integer in int64 are all
+// refused with a coded error. It uses the JSON v2 decoder
+// (github.com/go-json-experiment/json), which does all of that by itself.
 func DecodeCommand(b []byte) (Command, error) {
 	if len(b) > MaxCommandBytes {
 		return Command{}, Errorf(CodeInvalidRequest, "command is %d bytes, over the %d-byte limit", len(b), MaxCommandBytes)
 	}
-	if err := checkKeys(b); err != nil {
-		return Command{}, err
-	}
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	dec.UseNumber()
 	var w wireCommand
-	if err := dec.Decode(&w); err != nil {
+	if err := jsonv2.Unmarshal(b, &w, jsonv2.RejectUnknownMembers(true)); err != nil {
 		return Command{}, Errorf(CodeInvalidRequest, "decode command: %v", err)
 	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return Command{}, Errorf(CodeInvalidRequest, "decode command: trailing data after the JSON object")
-	}
-	if len(w.Amount) > 0 && (w.Amount[0] == '"' || w.Amount[0] == 'n') {
+	if k := w.Amount.Kind(); len(w.Amount) > 0 && k != '0' {
 		return Command{}, Errorf(CodeInvalidAmount, "amount must be a JSON integer, got %s", w.Amount)
 	}
 	amount, err := ParseAmount(string(w.Amount))
 	if err != nil {
 		return Command{}, err
 	}
-	c := w.Command
-	c.Amount = amount
-	return c, nil
-}
-
-// commandFields are the exact JSON names of a command's fields.
-var commandFields = map[string]bool{"type": true, "transfer_id": true, "client_id": true, "idempotency_key": true,
-	"from": true, "to": true, "amount": true, "currency": true, "created_at": true, "reason": true}
-
-// checkKeys refuses what encoding/json lets through: keys that match a field
-// only case-insensitively, and keys given twice (where the last would win).
-func checkKeys(b []byte) error {
-	dec := json.NewDecoder(bytes.NewReader(b))
-	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
-		return Errorf(CodeInvalidRequest, "decode command: want a JSON object")
-	}
-	seen := map[string]bool{}
-	for dec.More() {
-		t, err := dec.Token()
-		if err != nil {
-			return Errorf(CodeInvalidRequest, "decode command: %v", err)
-		}
-		key, _ := t.(string)
-		switch {
-		case !commandFields[key]:
-			return Errorf(CodeInvalidRequest, "decode command: unknown field %q", key)
-		case seen[key]:
-			return Errorf(CodeInvalidRequest, "decode command: field %q given twice", key)
-		}
-		seen[key] = true
-		var skip json.RawMessage
-		if err := dec.Decode(&skip); err != nil {
-			return Errorf(CodeInvalidRequest, "decode command: %v", err)
-		}
-	}
-	return nil
+	return Command{Type: w.Type, TransferID: w.TransferID, ClientID: w.ClientID, IdempotencyKey: w.IdempotencyKey,
+		From: w.From, To: w.To, Amount: amount, Currency: w.Currency, CreatedAt: w.CreatedAt, Reason: w.Reason}, nil
 }
 
 // ParseAmount parses integer minor units written in canonical decimal

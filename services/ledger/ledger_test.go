@@ -92,6 +92,11 @@ func TestDecodeCommand(t *testing.T) {
 		"NotJSON":       {[]byte("hello"), ledger.CodeInvalidRequest},
 		"Oversize":      {[]byte(`{"type":"` + strings.Repeat("x", ledger.MaxCommandBytes) + `"}`), ledger.CodeInvalidRequest},
 		"MissingAmount": {[]byte(strings.Replace(string(good.Encode()), `"amount":250,`, ``, 1)), ledger.CodeInvalidAmount},
+		"FieldTwice":    {[]byte(strings.Replace(string(good.Encode()), `{`, `{"to":"`+id("eu")+`",`, 1)), ledger.CodeInvalidRequest},
+		"AmountTwice":   {[]byte(strings.Replace(string(good.Encode()), `{`, `{"amount":1,`, 1)), ledger.CodeInvalidRequest},
+		"NameCase":      {[]byte(strings.Replace(string(good.Encode()), `"currency"`, `"Currency"`, 1)), ledger.CodeInvalidRequest},
+		"InvalidUTF8":   {[]byte(strings.Replace(string(good.Encode()), `"c1"`, "\"c\xff\"", 1)), ledger.CodeInvalidRequest},
+		"Array":         {[]byte(`[1,2]`), ledger.CodeInvalidRequest},
 	}
 	for name, tt := range bad {
 		t.Run(name, func(t *testing.T) {
