@@ -133,7 +133,7 @@ type ledgerCmd struct {
 	NATSURL    string        `name:"nats-url" env:"PAYMESH_NATS_URL" default:"nats://127.0.0.1:4222" help:"NATS server of the region."`
 	Node       uint16        `env:"PAYMESH_NODE" default:"1" help:"Node id (0-1023), unique per running ledger process in the region."`
 	Workers    int           `env:"PAYMESH_WORKERS" default:"2" help:"Consumers in this process."`
-	BatchSize  int           `name:"batch-size" env:"PAYMESH_BATCH_SIZE" default:"128" help:"Most messages applied in one transaction."`
+	BatchSize  int           `name:"batch-size" env:"PAYMESH_BATCH_SIZE" default:"${default_batch}" help:"Most messages applied in one transaction."`
 	AckWait    time.Duration `name:"ack-wait" env:"PAYMESH_ACK_WAIT" default:"30s" help:"JetStream redelivery timeout."`
 	MaxDeliver int           `name:"max-deliver" env:"PAYMESH_MAX_DELIVER" default:"10" help:"Deliveries before a message is dead-lettered."`
 	Lease      time.Duration `env:"PAYMESH_LEASE" default:"30s" help:"Longest a transaction may sit idle before Postgres ends it and its claims pass on."`

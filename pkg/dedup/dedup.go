@@ -192,79 +192,150 @@ const (
 )
 
 func (l *Log) claim(ctx context.Context, tx Querier, consumer string, keys []Key, status string) ([]Claim, error) {
+	p, err := l.prepare(consumer, keys, status)
+	if err != nil {
+		return nil, err
+	}
+	if len(p.ask) > 0 {
+		rows, err := tx.Query(ctx, claimSQL, p.insertArgs()...)
+		if err != nil {
+			return nil, fmt.Errorf("dedup: claim: %w", err)
+		}
+		if err := p.read(rows); err != nil {
+			return nil, err
+		}
+	}
+	return p.Finish(ctx, tx)
+}
+
+// PendingClaim is a claim whose insert rides in the caller's pipelined
+// batch (QueueClaimForTx), so that it costs no round trip of its own.
+type PendingClaim struct {
+	l        *Log
+	consumer string
+	status   string
+	now      time.Time
+	keys     []Key
+	claims   []Claim
+	firstIdx map[string]int // key ID -> first index still to ask the table
+	ask      []int          // indexes to insert, in key order
+	inserted []string
+	err      error
+}
+
+// QueueClaimForTx is ClaimForTx in two halves: it queues the claim's insert
+// on b (the caller sends b in its transaction, with its own statements),
+// and Finish, called once b has run, returns the claims. Keys the recent
+// cache or an earlier copy in the batch settles are known at once
+// (Settled), so the caller need not read anything for them.
+func (l *Log) QueueClaimForTx(b *pgx.Batch, consumer string, keys []Key) (*PendingClaim, error) {
+	p, err := l.prepare(consumer, keys, statusProcessed)
+	if err != nil {
+		return nil, err
+	}
+	if len(p.ask) > 0 {
+		b.Queue(claimSQL, p.insertArgs()...).Query(func(rows pgx.Rows) error {
+			p.err = p.read(rows)
+			return p.err
+		})
+	}
+	return p, nil
+}
+
+// Settled reports whether key i's outcome is known without the table: a
+// recent-cache hit or a repeat within the batch.
+func (p *PendingClaim) Settled(i int) bool {
+	return p.claims[i].Outcome != 0 || p.firstIdx[p.claims[i].Key.ID] != i
+}
+
+const claimSQL = `
+	INSERT INTO dedup_log (consumer, msg_key, origin_day, status, fence, holder, lease_until, fingerprint, claimed_at, processed_at)
+	SELECT $1, k.id, k.day, $8, 1, $2, $3, k.fp, $4, CASE WHEN $8 = 'PROCESSED' THEN $4::timestamptz END
+	FROM unnest($5::text[], $6::date[], $7::bytea[]) WITH ORDINALITY AS k(id, day, fp, n)
+	ORDER BY k.n
+	ON CONFLICT DO NOTHING
+	RETURNING msg_key`
+
+// prepare settles what needs no table (invalid keys, repeats in the batch,
+// recent-cache hits) and lists, in key order, the keys to insert.
+func (l *Log) prepare(consumer string, keys []Key, status string) (*PendingClaim, error) {
 	now := l.cfg.Now().UTC().Truncate(time.Microsecond) // as Postgres stores it
-	claims := make([]Claim, len(keys))
-	firstIdx := make(map[string]int, len(keys)) // key ID -> first index still to ask the table
+	p := &PendingClaim{l: l, consumer: consumer, status: status, now: now, keys: keys,
+		claims: make([]Claim, len(keys)), firstIdx: make(map[string]int, len(keys))}
 	for i, k := range keys {
 		if k.ID == "" || k.Origin.IsZero() {
 			return nil, fmt.Errorf("%w: id %q origin %v", ErrInvalidKey, k.ID, k.Origin)
 		}
-		claims[i] = Claim{Key: k, day: l.dayFor(k.Origin, now), at: now}
-		if j, seen := firstIdx[k.ID]; seen {
-			claims[i].Outcome, claims[i].Layer = Duplicate, LayerTable
+		p.claims[i] = Claim{Key: k, day: l.dayFor(k.Origin, now), at: now}
+		if j, seen := p.firstIdx[k.ID]; seen {
+			p.claims[i].Outcome, p.claims[i].Layer = Duplicate, LayerTable
 			if !sameFingerprint(keys[j].Fingerprint, k.Fingerprint) {
-				claims[i].Outcome = Conflict
+				p.claims[i].Outcome = Conflict
 			}
 			continue
 		}
 		if l.cfg.Cache != nil {
 			if fp, ok := l.cfg.Cache.get(consumer, k.ID); ok && sameFingerprint(fp, k.Fingerprint) {
-				claims[i].Outcome, claims[i].Layer = Duplicate, LayerCache
-				firstIdx[k.ID] = i
+				p.claims[i].Outcome, p.claims[i].Layer = Duplicate, LayerCache
+				p.firstIdx[k.ID] = i
 				continue
 			}
 		}
-		firstIdx[k.ID] = i
+		p.firstIdx[k.ID] = i
 	}
-
-	ask := make([]int, 0, len(firstIdx))
-	for _, i := range firstIdx {
-		if claims[i].Outcome == 0 {
-			ask = append(ask, i)
+	for _, i := range p.firstIdx {
+		if p.claims[i].Outcome == 0 {
+			p.ask = append(p.ask, i)
 		}
 	}
-	if len(ask) == 0 {
-		return claims, nil
-	}
-	slices.SortFunc(ask, func(a, b int) int { return strings.Compare(keys[a].ID, keys[b].ID) })
-	ids := make([]string, len(ask))
-	days := make([]time.Time, len(ask))
-	fps := make([][]byte, len(ask))
-	for n, i := range ask {
-		ids[n], days[n], fps[n] = keys[i].ID, claims[i].day, keys[i].Fingerprint
-	}
+	slices.SortFunc(p.ask, func(a, b int) int { return strings.Compare(keys[a].ID, keys[b].ID) })
+	return p, nil
+}
 
-	rows, err := tx.Query(ctx, `
-		INSERT INTO dedup_log (consumer, msg_key, origin_day, status, fence, holder, lease_until, fingerprint, claimed_at, processed_at)
-		SELECT $1, k.id, k.day, $8, 1, $2, $3, k.fp, $4, CASE WHEN $8 = 'PROCESSED' THEN $4::timestamptz END
-		FROM unnest($5::text[], $6::date[], $7::bytea[]) WITH ORDINALITY AS k(id, day, fp, n)
-		ORDER BY k.n
-		ON CONFLICT DO NOTHING
-		RETURNING msg_key`,
-		consumer, l.cfg.Holder, now.Add(l.cfg.Lease), now, ids, days, fps, status)
-	if err != nil {
-		return nil, fmt.Errorf("dedup: claim: %w", err)
+func (p *PendingClaim) insertArgs() []any {
+	ids := make([]string, len(p.ask))
+	days := make([]time.Time, len(p.ask))
+	fps := make([][]byte, len(p.ask))
+	for n, i := range p.ask {
+		ids[n], days[n], fps[n] = p.keys[i].ID, p.claims[i].day, p.keys[i].Fingerprint
 	}
+	return []any{p.consumer, p.l.cfg.Holder, p.now.Add(p.l.cfg.Lease), p.now, ids, days, fps, p.status}
+}
+
+func (p *PendingClaim) read(rows pgx.Rows) error {
 	inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return nil, fmt.Errorf("dedup: claim: %w", err)
+		return fmt.Errorf("dedup: claim: %w", err)
 	}
-	won := make(map[string]bool, len(inserted))
-	done := status == statusProcessed
-	for _, id := range inserted {
+	p.inserted = inserted
+	return nil
+}
+
+// Finish returns the claims once the insert has run: a key the insert
+// skipped is resolved against the row already there (PROCESSED is a
+// duplicate, a live lease in progress, an expired lease taken over), which
+// costs one more statement only when some key was already known.
+func (p *PendingClaim) Finish(ctx context.Context, tx Querier) ([]Claim, error) {
+	if p.err != nil {
+		return nil, p.err
+	}
+	if len(p.ask) == 0 {
+		return p.claims, nil
+	}
+	won := make(map[string]bool, len(p.inserted))
+	done := p.status == statusProcessed
+	for _, id := range p.inserted {
 		won[id] = true
-		c := &claims[firstIdx[id]]
+		c := &p.claims[p.firstIdx[id]]
 		c.Outcome, c.Fence, c.done = First, 1, done
 	}
-	if len(won) == len(ask) {
-		l.settleRepeats(claims, firstIdx)
-		return claims, nil
+	if len(won) != len(p.ask) {
+		if err := p.l.resolveExisting(ctx, tx, p.consumer, p.now, p.status, p.claims, p.ask, won); err != nil {
+			return nil, err
+		}
 	}
-	if err := l.resolveExisting(ctx, tx, consumer, now, status, claims, ask, won); err != nil {
-		return nil, err
-	}
-	l.settleRepeats(claims, firstIdx)
-	return claims, nil
+	p.l.settleRepeats(p.claims, p.firstIdx)
+	return p.claims, nil
 }
 
 // resolveExisting answers the keys whose insert conflicted with a committed

@@ -86,7 +86,7 @@ type Observer struct {
 
 // Defaults for ConsumerConfig's zero fields.
 const (
-	DefaultBatchSize  = 128
+	DefaultBatchSize  = 256
 	DefaultAckWait    = 30 * time.Second
 	DefaultMaxDeliver = 10
 )

@@ -15,7 +15,9 @@ import (
 )
 
 // Apply applies a batch of valid commands (Command.Validate passed) in ONE
-// transaction and returns one result per command, in order:
+// transaction of four round trips (BEGIN, steps 1-3 pipelined, step 5,
+// COMMIT)
+// and returns one result per command, in order:
 //
 //  1. claim every message key in the consume-log (one multi-row insert);
 //  2. look up the business keys (client, idempotency key) and transfer IDs
@@ -81,7 +83,34 @@ func (s *Store) Apply(ctx context.Context, cmds []ledger.Command) ([]ledger.Resu
 
 func (s *Store) applyTx(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, keys []dedup.Key) ([]ledger.Result, []dedup.Claim, error) {
 	results := make([]ledger.Result, len(cmds))
-	claims, err := s.cfg.Dedup.ClaimForTx(ctx, tx, Consumer, keys)
+	// One round trip for every read: the consume-log claim, the business
+	// keys, the credits and the row locks, pipelined. The reads cover every
+	// command the recent cache did not settle; a command the claim then
+	// finds to be a duplicate was read and locked for nothing, which is
+	// cheaper than another round trip.
+	b := &pgx.Batch{}
+	pending, err := s.cfg.Dedup.QueueClaimForTx(b, Consumer, keys)
+	if err != nil {
+		return nil, nil, err
+	}
+	var open []int
+	for i := range cmds {
+		if !pending.Settled(i) {
+			open = append(open, i)
+		}
+	}
+	known := queueExistingTransfers(b, cmds, requests(cmds, open))
+	credited := queueExistingCredits(b, cmds, open)
+	state, err := s.queueLockState(ctx, tx, b, pick(cmds, open))
+	if err != nil {
+		return nil, nil, err
+	}
+	if b.Len() > 0 {
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return nil, nil, fmt.Errorf("read batch: %w", err)
+		}
+	}
+	claims, err := pending.Finish(ctx, tx)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -107,14 +136,6 @@ func (s *Store) applyTx(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, k
 
 	// Layer 5: business keys, and the stored outcome of the duplicates the
 	// consume-log caught (a replay answers with the first outcome).
-	known, err := existingTransfers(ctx, tx, cmds, append(requests(cmds, first), dups...))
-	if err != nil {
-		return nil, nil, err
-	}
-	credited, err := existingCredits(ctx, tx, cmds, first)
-	if err != nil {
-		return nil, nil, err
-	}
 	for _, i := range dups {
 		if t, ok := known.byKey[[2]string{cmds[i].ClientID, cmds[i].IdempotencyKey}]; ok {
 			results[i].Transfer = t
@@ -172,16 +193,9 @@ func (s *Store) applyTx(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, k
 	}
 
 	var keep []dedup.Claim
-	b := &pgx.Batch{}
+	b = &pgx.Batch{}
 	if len(apply) > 0 {
-		batch := make([]ledger.Command, len(apply))
-		for n, i := range apply {
-			batch[n] = cmds[i]
-		}
-		state, err := s.lockState(ctx, tx, batch)
-		if err != nil {
-			return nil, nil, err
-		}
+		batch := pick(cmds, apply)
 		plan := state.Plan(batch)
 		for n, i := range apply {
 			o := plan.Outcomes[n]
@@ -221,6 +235,15 @@ func (s *Store) applyTx(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, k
 	return results, keep, nil
 }
 
+// pick returns the commands at idx.
+func pick(cmds []ledger.Command, idx []int) []ledger.Command {
+	out := make([]ledger.Command, len(idx))
+	for n, i := range idx {
+		out[n] = cmds[i]
+	}
+	return out
+}
+
 // requests filters idx down to client requests (transfer, fund).
 func requests(cmds []ledger.Command, idx []int) []int {
 	var out []int
@@ -249,64 +272,64 @@ type knownTransfers struct {
 	byID  map[string]bool
 }
 
-// existingTransfers finds transfers sharing a business key or an ID with the
-// commands at idx.
-func existingTransfers(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, idx []int) (knownTransfers, error) {
-	k := knownTransfers{byKey: map[[2]string]ledger.Transfer{}, byID: map[string]bool{}}
+// queueExistingTransfers queues the lookup of transfers sharing a business
+// key or an ID with the commands at idx; the result is filled in when the
+// batch runs.
+func queueExistingTransfers(b *pgx.Batch, cmds []ledger.Command, idx []int) *knownTransfers {
+	k := &knownTransfers{byKey: map[[2]string]ledger.Transfer{}, byID: map[string]bool{}}
 	if len(idx) == 0 {
-		return k, nil
+		return k
 	}
 	clients, ikeys, ids := make([]string, len(idx)), make([]string, len(idx)), make([]string, len(idx))
 	for n, i := range idx {
 		clients[n], ikeys[n], ids[n] = cmds[i].ClientID, cmds[i].IdempotencyKey, cmds[i].TransferID
 	}
-	rows, err := tx.Query(ctx, `
+	b.Queue(`
 		SELECT t.* FROM unnest($1::text[], $2::text[]) AS k(client_id, idempotency_key)
 		CROSS JOIN LATERAL (
 		    -- LIMIT 1 keeps this a per-key index lookup whatever the plan.
 		    SELECT `+transferColumns+` FROM transfers
 		    WHERE client_id = k.client_id AND idempotency_key = k.idempotency_key LIMIT 1) t
 		UNION
-		SELECT `+transferColumns+` FROM transfers WHERE id = ANY($3::text[])`, clients, ikeys, ids)
-	if err != nil {
-		return knownTransfers{}, fmt.Errorf("read business keys: %w", err)
-	}
-	ts, err := pgx.CollectRows(rows, scanTransfer)
-	if err != nil {
-		return knownTransfers{}, fmt.Errorf("read business keys: %w", err)
-	}
-	for _, t := range ts {
-		k.byKey[[2]string{t.ClientID, t.IdempotencyKey}] = t
-		k.byID[t.ID] = true
-	}
-	return k, nil
+		SELECT `+transferColumns+` FROM transfers WHERE id = ANY($3::text[])`, clients, ikeys, ids).Query(func(rows pgx.Rows) error {
+		ts, err := pgx.CollectRows(rows, scanTransfer)
+		if err != nil {
+			return fmt.Errorf("read business keys: %w", err)
+		}
+		for _, t := range ts {
+			k.byKey[[2]string{t.ClientID, t.IdempotencyKey}] = t
+			k.byID[t.ID] = true
+		}
+		return nil
+	})
+	return k
 }
 
-// existingCredits finds the credits already recorded for the credit steps
-// at idx: the business key of a credit is its transfer.
-func existingCredits(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, idx []int) (map[string]bool, error) {
+// queueExistingCredits queues the lookup of the credits already recorded
+// for the credit steps at idx (the business key of a credit is its
+// transfer); the set is filled in when the batch runs.
+func queueExistingCredits(b *pgx.Batch, cmds []ledger.Command, idx []int) map[string]bool {
+	out := map[string]bool{}
 	var ids []string
 	for _, i := range idx {
 		if cmds[i].Type == ledger.TypeCredit {
 			ids = append(ids, cmds[i].TransferID)
 		}
 	}
-	out := map[string]bool{}
 	if len(ids) == 0 {
-		return out, nil
+		return out
 	}
-	rows, err := tx.Query(ctx, `SELECT transfer_id FROM credits WHERE transfer_id = ANY($1::text[])`, ids)
-	if err != nil {
-		return nil, fmt.Errorf("read credits: %w", err)
-	}
-	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("read credits: %w", err)
-	}
-	for _, id := range got {
-		out[id] = true
-	}
-	return out, nil
+	b.Queue(`SELECT transfer_id FROM credits WHERE transfer_id = ANY($1::text[])`, ids).Query(func(rows pgx.Rows) error {
+		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return fmt.Errorf("read credits: %w", err)
+		}
+		for _, id := range got {
+			out[id] = true
+		}
+		return nil
+	})
+	return out
 }
 
 // systemAccounts fills in the issuance and transit account IDs of the
@@ -344,13 +367,19 @@ func (s *Store) systemAccounts(ctx context.Context, tx pgx.Tx, currencies []stri
 	return nil
 }
 
-// lockState reads and row-locks what the batch touches, always in the same
-// order so that concurrent batches cannot deadlock: first the transfers that
-// confirm and refuse steps settle (sorted), then every account (sorted),
-// including the region's issuance and transit accounts of the currencies
-// involved.
-func (s *Store) lockState(ctx context.Context, tx pgx.Tx, cmds []ledger.Command) (ledger.Batch, error) {
-	b := ledger.Batch{Home: s.cfg.Region, Regions: s.cfg.Regions, Issuance: map[string]string{}, Transit: map[string]string{}}
+// queueLockState queues the reads and row locks of what cmds touch, always
+// in the same order so that concurrent batches cannot deadlock: first the
+// transfers that confirm and refuse steps settle (sorted), then every
+// account (sorted), including the region's issuance and transit accounts of
+// the currencies involved. The returned state is filled in when the batch
+// runs. Only a currency never seen before costs a query of its own, for its
+// system accounts.
+func (s *Store) queueLockState(ctx context.Context, tx pgx.Tx, b *pgx.Batch, cmds []ledger.Command) (*ledger.Batch, error) {
+	st := &ledger.Batch{Home: s.cfg.Region, Regions: s.cfg.Regions, Issuance: map[string]string{}, Transit: map[string]string{},
+		Accounts: map[string]ledger.Account{}}
+	if len(cmds) == 0 {
+		return st, nil
+	}
 	var currencies, settle []string
 	for _, c := range cmds {
 		if !slices.Contains(currencies, c.Currency) {
@@ -360,41 +389,41 @@ func (s *Store) lockState(ctx context.Context, tx pgx.Tx, cmds []ledger.Command)
 			settle = append(settle, c.TransferID)
 		}
 	}
-	if err := s.systemAccounts(ctx, tx, currencies, b.Issuance, b.Transit); err != nil {
-		return b, err
+	if err := s.systemAccounts(ctx, tx, currencies, st.Issuance, st.Transit); err != nil {
+		return nil, err
 	}
 	if len(settle) > 0 {
 		slices.Sort(settle)
-		rows, err := tx.Query(ctx, `SELECT `+transferColumns+` FROM transfers WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE`, settle)
-		if err != nil {
-			return b, fmt.Errorf("lock transfers: %w", err)
-		}
-		ts, err := pgx.CollectRows(rows, scanTransfer)
-		if err != nil {
-			return b, fmt.Errorf("lock transfers: %w", err)
-		}
-		b.Transfers = make(map[string]ledger.Transfer, len(ts))
-		for _, t := range ts {
-			b.Transfers[t.ID] = t
-		}
+		settle = slices.Compact(settle)
+		b.Queue(`SELECT `+transferColumns+` FROM transfers WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE`, settle).Query(func(rows pgx.Rows) error {
+			ts, err := pgx.CollectRows(rows, scanTransfer)
+			if err != nil {
+				return fmt.Errorf("lock transfers: %w", err)
+			}
+			st.Transfers = make(map[string]ledger.Transfer, len(ts))
+			for _, t := range ts {
+				st.Transfers[t.ID] = t
+			}
+			return nil
+		})
 	}
 	ids := make([]string, 0, 2*len(cmds))
 	for _, c := range cmds {
 		switch c.Type {
 		case ledger.TypeFund:
-			ids = append(ids, b.Issuance[c.Currency], c.To)
+			ids = append(ids, st.Issuance[c.Currency], c.To)
 		case ledger.TypeTransfer:
 			// Only a cross-region transfer touches the transit account: a
 			// lock on it would serialise every batch of the currency.
 			if to, _ := s.cfg.Regions.HomeRegion(c.To); to == s.cfg.Region {
 				ids = append(ids, c.From, c.To)
 			} else {
-				ids = append(ids, c.From, b.Transit[c.Currency])
+				ids = append(ids, c.From, st.Transit[c.Currency])
 			}
 		case ledger.TypeCredit:
-			ids = append(ids, c.To, b.Transit[c.Currency])
+			ids = append(ids, c.To, st.Transit[c.Currency])
 		case ledger.TypeRefuse:
-			ids = append(ids, c.From, b.Transit[c.Currency])
+			ids = append(ids, c.From, st.Transit[c.Currency])
 		}
 	}
 	slices.Sort(ids)
@@ -402,19 +431,19 @@ func (s *Store) lockState(ctx context.Context, tx pgx.Tx, cmds []ledger.Command)
 	if len(ids) > 0 && ids[0] == "" {
 		ids = ids[1:]
 	}
-	rows, err := tx.Query(ctx, `SELECT `+accountColumns+` FROM accounts WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE`, ids)
-	if err != nil {
-		return b, fmt.Errorf("lock accounts: %w", err)
+	if len(ids) > 0 {
+		b.Queue(`SELECT `+accountColumns+` FROM accounts WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE`, ids).Query(func(rows pgx.Rows) error {
+			as, err := pgx.CollectRows(rows, scanAccount)
+			if err != nil {
+				return fmt.Errorf("lock accounts: %w", err)
+			}
+			for _, a := range as {
+				st.Accounts[a.ID] = a
+			}
+			return nil
+		})
 	}
-	as, err := pgx.CollectRows(rows, scanAccount)
-	if err != nil {
-		return b, fmt.Errorf("lock accounts: %w", err)
-	}
-	b.Accounts = make(map[string]ledger.Account, len(as))
-	for _, a := range as {
-		b.Accounts[a.ID] = a
-	}
-	return b, nil
+	return st, nil
 }
 
 // queuePlan queues the writes of a planned batch as set-based statements,
