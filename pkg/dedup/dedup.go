@@ -242,6 +242,20 @@ func (l *Log) QueueClaimForTx(b *pgx.Batch, consumer string, keys []Key) (*Pendi
 	return p, nil
 }
 
+// SettledWithoutTable returns the claims of keys when the recent cache and
+// repeats within keys settle every one of them (ok), so that the caller
+// needs no transaction at all: a batch of redeliveries of recent commits.
+func (l *Log) SettledWithoutTable(consumer string, keys []Key) (claims []Claim, ok bool) {
+	if l.cfg.Cache == nil {
+		return nil, false
+	}
+	p, err := l.prepare(consumer, keys, statusProcessed)
+	if err != nil || len(p.ask) > 0 {
+		return nil, false
+	}
+	return p.claims, true
+}
+
 // Settled reports whether key i's outcome is known without the table: a
 // recent-cache hit or a repeat within the batch.
 func (p *PendingClaim) Settled(i int) bool {

@@ -45,6 +45,15 @@ func (s *Store) Apply(ctx context.Context, cmds []ledger.Command) ([]ledger.Resu
 	for i, c := range cmds {
 		keys[i] = dedup.Key{ID: c.MsgKey(), Origin: c.CreatedAt, Fingerprint: c.Fingerprint()}
 	}
+	if claims, ok := s.cfg.Dedup.SettledWithoutTable(Consumer, keys); ok {
+		// Every command is a redelivery of a recent commit (layer 2, the
+		// cache): no transaction at all.
+		results := make([]ledger.Result, len(cmds))
+		for i, c := range claims {
+			results[i] = claimResult(cmds[i], c)
+		}
+		return results, nil
+	}
 	var (
 		results []ledger.Result
 		applied []dedup.Claim
@@ -120,15 +129,11 @@ func (s *Store) applyTx(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, k
 		case dedup.First:
 			first = append(first, i)
 		case dedup.Duplicate:
-			results[i] = ledger.Result{Kind: ledger.Duplicate, Layer: string(c.Layer)}
 			if c.Layer == dedup.LayerTable && !cmds[i].IsStep() {
 				dups = append(dups, i)
 			}
-		case dedup.InProgress:
-			results[i] = ledger.Result{Kind: ledger.InProgress}
-		case dedup.Conflict:
-			results[i] = conflict(cmds[i], c.Layer)
 		}
+		results[i] = claimResult(cmds[i], c)
 	}
 	if len(first)+len(dups) == 0 {
 		return results, nil, nil
@@ -233,6 +238,21 @@ func (s *Store) applyTx(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, k
 		}
 	}
 	return results, keep, nil
+}
+
+// claimResult is the result a claim settles on its own: a duplicate (with
+// the layer that caught it), a key another holder has in progress, or a key
+// reused for another request. A first claim is decided later (zero Result).
+func claimResult(cmd ledger.Command, c dedup.Claim) ledger.Result {
+	switch c.Outcome {
+	case dedup.Duplicate:
+		return ledger.Result{Kind: ledger.Duplicate, Layer: string(c.Layer)}
+	case dedup.InProgress:
+		return ledger.Result{Kind: ledger.InProgress}
+	case dedup.Conflict:
+		return conflict(cmd, c.Layer)
+	}
+	return ledger.Result{}
 }
 
 // pick returns the commands at idx.

@@ -510,3 +510,41 @@ func TestReplayAnswers(t *testing.T) {
 	}
 	f.MustVerify(t)
 }
+
+// TestCachedRedeliveriesNeedNoTransaction: a batch made only of
+// redeliveries of recent commits is answered by the recent-commit cache
+// without touching the database (here: after its pool is closed), and a
+// batch with one new command still goes to the database.
+func TestCachedRedeliveriesNeedNoTransaction(t *testing.T) {
+	f := ledgertest.New(t)
+	a, b := f.Account(t, "EUR", 100), f.Account(t, "EUR", 0)
+	cmds := []ledger.Command{f.Transfer(t, a, b, 10), f.Transfer(t, a, b, 20)}
+
+	pool, err := postgres.Connect(context.Background(), f.URL, time.Minute, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := dedup.New(dedup.Config{Holder: "cache-test", WindowDays: 3, Cache: dedup.NewCache(100)})
+	store := postgres.New(pool, postgres.Config{Region: "eu", Regions: f.Regions, IDs: f.IDs, Dedup: log})
+	if _, err := store.Apply(context.Background(), cmds); err != nil {
+		t.Fatal(err)
+	}
+	pool.Close()
+
+	again := append(cmds, cmds[0]) // a repeat inside the batch too
+	res, err := store.Apply(context.Background(), again)
+	if err != nil {
+		t.Fatalf("cached redeliveries went to the database: %v", err)
+	}
+	for i, r := range res {
+		if r.Kind != ledger.Duplicate || (i < 2 && r.Layer != string(dedup.LayerCache)) {
+			t.Errorf("result %d: %+v, want a duplicate caught by the cache", i, r)
+		}
+	}
+	if _, err := store.Apply(context.Background(), append(again, f.Transfer(t, a, b, 5))); err == nil {
+		t.Fatal("a batch with a new command was answered without the database")
+	}
+	if got := f.Balance(t, b); got != 30 {
+		t.Fatalf("balance %d, want 30", got)
+	}
+}
