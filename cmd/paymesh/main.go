@@ -679,7 +679,8 @@ type benchCmd struct {
 }
 
 func (c *benchCmd) Run(ctx context.Context) error {
-	res, err := bench.Run(ctx, bench.Config{
+	self, _ := os.Executable() // the ledger-process scenario runs `paymesh ledger` from it
+	res, err := bench.Run(ctx, bench.Config{LedgerBinary: self,
 		PostgresURL: c.PostgresURL, Scenarios: c.Scenarios, Accounts: c.Accounts, Transfers: c.Transfers,
 		BatchSize: c.BatchSize, BatchSizes: c.BatchSizes, Workers: c.Workers, Shards: c.Shards, Window: c.Window,
 		DedupRows: c.DedupRows, Limit: c.Limit, Quick: c.Quick, Keep: c.Keep, CPUProfile: c.CPUProfile, Seed: c.Seed,

@@ -42,10 +42,13 @@ const (
 	Naive   = "naive"        // baseline: the same ledger, one message per transaction
 	TPCB    = "tpcb"         // baseline: TPC-B on the same server
 	Cross   = "cross-region" // two regions, half the transfers between them
+	// LedgerProcess runs uniform with `paymesh ledger` in a process of its
+	// own, for the ledger's own peak RSS and CPU.
+	LedgerProcess = "ledger-process"
 )
 
 // Scenarios lists every scenario in running order.
-var Scenarios = []string{Uniform, Replay, Latency, Hot, Dedup, Naive, TPCB, Cross}
+var Scenarios = []string{Uniform, Replay, Latency, Hot, Dedup, Naive, TPCB, Cross, LedgerProcess}
 
 // Config sizes a bench run. Defaults fills in its zero fields.
 type Config struct {
@@ -68,9 +71,12 @@ type Config struct {
 	PgbenchScale   int           `json:"pgbench_scale"`
 	PgbenchFor     time.Duration `json:"pgbench_for"`
 	Quick          bool          `json:"quick"`
-	Keep           bool          `json:"keep"`
-	CPUProfile     string        `json:"cpu_profile,omitempty"`
-	Seed           uint64        `json:"seed"`
+	// LedgerBinary is the paymesh binary the ledger-process scenario runs
+	// (`<binary> ledger`); without it that scenario is skipped.
+	LedgerBinary string `json:"-"`
+	Keep         bool   `json:"keep"`
+	CPUProfile   string `json:"cpu_profile,omitempty"`
+	Seed         uint64 `json:"seed"`
 }
 
 // Defaults fills in c's zero fields: the full run's sizes, or with Quick
@@ -213,6 +219,7 @@ type Result struct {
 	BestBatch int         `json:"best_batch,omitempty"`
 	TPCB      *TPCBResult `json:"tpcb,omitempty"`
 	Cross     *CrossRun   `json:"cross,omitempty"`
+	Process   *ProcessRun `json:"ledger_process,omitempty"`
 	Figures   []Figure    `json:"figures"`
 	Elapsed   float64     `json:"elapsed_seconds"`
 }
@@ -399,6 +406,19 @@ func (e *env) runAll(ctx context.Context, res *Result) error {
 		}
 		res.Cross = &c
 		fmt.Fprintln(e.out, c.line())
+	}
+	if cfg.has(LedgerProcess) {
+		if cfg.LedgerBinary == "" {
+			fmt.Fprintf(e.out, "%-13s skipped: no paymesh binary to run\n", LedgerProcess)
+		} else {
+			e.checkpoint(ctx)
+			p, err := e.ledgerProcess(ctx)
+			if err != nil {
+				return fmt.Errorf("%s: %w", LedgerProcess, err)
+			}
+			res.Process = &p
+			fmt.Fprintln(e.out, p.line())
+		}
 	}
 	for _, b := range cfg.BatchSizes {
 		run, rig, _, err := e.uniformRun(ctx, fmt.Sprintf("sweep-%d", b), b, false, 0, cfg.Limit, "")

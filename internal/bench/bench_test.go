@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -95,5 +96,32 @@ func TestBenchSmall(t *testing.T) {
 	var left int
 	if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_database WHERE datname LIKE $1`, prefix+"%").Scan(&left); err != nil || left != 0 {
 		t.Errorf("%d bench databases left (%v)", left, err)
+	}
+}
+
+// TestLedgerProcess builds the paymesh binary and runs the ledger-process
+// scenario at a tiny size: `paymesh ledger` in a process of its own
+// applies every transfer, and its peak RSS and CPU are read from /proc.
+func TestLedgerProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the paymesh binary")
+	}
+	bin := filepath.Join(t.TempDir(), "paymesh")
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/paymesh/paymesh/cmd/paymesh").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out := &strings.Builder{}
+	res, err := bench.Run(ctx, bench.Config{
+		PostgresURL: pgtest.AdminURL(), DatabasePrefix: fmt.Sprintf("pmbench_proc_%d_", os.Getpid()),
+		Scenarios: []string{bench.LedgerProcess}, Accounts: 20, Transfers: 300, LedgerBinary: bin,
+	}, out)
+	if err != nil {
+		t.Fatalf("bench: %v\n%s", err, out)
+	}
+	p := res.Process
+	if p == nil || !p.Verified || p.Transfers != 300 || p.PeakRSSMB <= 0 || p.CPUPerTransferUs <= 0 || p.Rate <= 0 {
+		t.Fatalf("ledger process: %+v\n%s", p, out)
 	}
 }

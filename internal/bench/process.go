@@ -1,0 +1,178 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
+	"github.com/paymesh/paymesh/services/ledger/server"
+)
+
+// ProcessRun is the uniform workload applied by `paymesh ledger` in a
+// process of its own, as it runs in production: its peak RSS and CPU are
+// the ledger's alone, without the publisher, nats-server or the bench's
+// bookkeeping.
+type ProcessRun struct {
+	Transfers int     `json:"transfers"`
+	Seconds   float64 `json:"seconds"`
+	Rate      float64 `json:"rate"`
+	// PeakRSSMB is the ledger process's VmHWM.
+	PeakRSSMB        float64 `json:"peak_rss_mb"`
+	CPUPerTransferUs float64 `json:"cpu_per_transfer_us"`
+	Verified         bool    `json:"verified"`
+	VerifyReport     string  `json:"verify_report,omitempty"`
+}
+
+func (p ProcessRun) line() string {
+	return fmt.Sprintf("%-13s %8.0f/s  %d transfers in %.1fs  ledger process: peak RSS %.0f MB, CPU %.0f µs/msg  invariants %s",
+		LedgerProcess, p.Rate, p.Transfers, p.Seconds, p.PeakRSSMB, p.CPUPerTransferUs, passFail(p.Verified))
+}
+
+func passFail(ok bool) string {
+	if ok {
+		return "PASS"
+	}
+	return "FAIL"
+}
+
+// ledgerProcess runs `<binary> ledger` on a database of its own and the
+// bench's nats-server, publishes the uniform workload, and reads the
+// process's peak RSS and CPU from /proc when every transfer is recorded.
+func (e *env) ledgerProcess(ctx context.Context) (ProcessRun, error) {
+	name := e.cfg.DatabasePrefix + "ledger_process"
+	url, err := e.createDB(ctx, name)
+	if err != nil {
+		return ProcessRun{}, err
+	}
+	for _, s := range []string{ljs.Topology{Region: region}.Stream(), ljs.Topology{Region: region}.DLQStream()} {
+		if err := e.js.DeleteStream(ctx, s); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return ProcessRun{}, fmt.Errorf("delete stream %s: %w", s, err)
+		}
+	}
+	// The schema, the streams and the funded accounts, from this process;
+	// the consumers run in the child only.
+	setup, err := server.Open(ctx, server.Config{Region: region, Regions: e.regions, Node: 2, PostgresURL: url, NATSURL: e.natsURL,
+		Shards: e.cfg.Shards, CacheSize: 0})
+	if err != nil {
+		return ProcessRun{}, err
+	}
+	accounts, err := openAccounts(ctx, e, setup.Store, region, e.cfg.Accounts)
+	store := setup.Store
+	if err != nil {
+		setup.Close()
+		return ProcessRun{}, err
+	}
+	defer setup.Close()
+
+	child := exec.CommandContext(ctx, e.cfg.LedgerBinary, "ledger", "--region", region,
+		"--postgres-url", e.cfg.PostgresURL, "--database", name, "--nats-url", e.natsURL, "--metrics-listen", "off",
+		"--shards", strconv.Itoa(e.cfg.Shards), "--batch-size", strconv.Itoa(e.cfg.BatchSize),
+		"--workers", strconv.Itoa(e.cfg.Workers), "--cache-size", strconv.Itoa(e.cfg.CacheSize), "--node", "3")
+	child.Env = append(os.Environ(), "OTEL_TRACES_EXPORTER=none")
+	child.Cancel = func() error { return child.Process.Signal(syscall.SIGTERM) }
+	child.WaitDelay = 10 * time.Second
+	if err := child.Start(); err != nil {
+		return ProcessRun{}, fmt.Errorf("start %s ledger: %w", e.cfg.LedgerBinary, err)
+	}
+	defer func() {
+		_ = child.Process.Signal(syscall.SIGTERM)
+		_ = child.Wait()
+	}()
+	pid := child.Process.Pid
+
+	w, err := e.newWorkload(LedgerProcess+fmt.Sprint(e.seq.Add(1)), e.cfg.Transfers, len(accounts), -1)
+	if err != nil {
+		return ProcessRun{}, err
+	}
+	topo := ljs.Topology{Region: region, Shards: e.cfg.Shards}
+	cpu0, _ := procCPU(pid)
+	first := time.Now()
+	var done atomic.Int64
+	stop := e.progress(LedgerProcess, func() (int64, int64) { return done.Load(), int64(len(w.from)) })
+	for i := range w.from {
+		w.created[i] = time.Now().UnixNano()
+		cmd := w.command(e, accounts, i)
+		m := nats.NewMsg(topo.Subject(cmd.From))
+		m.Data = cmd.Encode()
+		m.Header.Set(jetstream.MsgIDHeader, cmd.MsgKey())
+		if _, err := e.js.PublishMsgAsync(m, jetstream.WithExpectStream(topo.Stream())); err != nil {
+			stop()
+			return ProcessRun{}, fmt.Errorf("publish: %w", err)
+		}
+	}
+	select {
+	case <-e.js.PublishAsyncComplete():
+	case <-time.After(time.Minute):
+		stop()
+		return ProcessRun{}, errors.New("publishes not acked within a minute")
+	}
+	// Every transfer is recorded once committed; a minute without progress
+	// fails the run.
+	last, since := int64(-1), time.Now()
+	for done.Load() < int64(len(w.from)) {
+		var n int64
+		if err := store.Pool().QueryRow(ctx, `SELECT count(*) FROM transfers WHERE type = 'transfer'`).Scan(&n); err != nil {
+			stop()
+			return ProcessRun{}, err
+		}
+		done.Store(n)
+		if n != last {
+			last, since = n, time.Now()
+		} else if time.Since(since) > time.Minute {
+			stop()
+			return ProcessRun{}, fmt.Errorf("the ledger process committed nothing for a minute (%d of %d)", n, len(w.from))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	stop()
+	elapsed := time.Since(first)
+	run := ProcessRun{Transfers: len(w.from), Seconds: elapsed.Seconds(), Rate: float64(len(w.from)) / elapsed.Seconds()}
+	if cpu1, ok := procCPU(pid); ok {
+		run.CPUPerTransferUs = float64((cpu1 - cpu0).Microseconds()) / float64(len(w.from))
+	}
+	if run.PeakRSSMB, err = vmHWM(pid); err != nil {
+		return run, err
+	}
+	rep, err := store.Verify(ctx)
+	if err != nil {
+		return run, err
+	}
+	run.Verified = rep.OK()
+	if !run.Verified {
+		run.VerifyReport = rep.String()
+	}
+	return run, nil
+}
+
+// vmHWM reads a process's peak resident set size, in MB, from
+// /proc/<pid>/status.
+func vmHWM(pid int) (float64, error) {
+	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "VmHWM:"); ok {
+			kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
+			if err != nil {
+				return 0, fmt.Errorf("VmHWM %q: %w", rest, err)
+			}
+			return kb / 1024, nil
+		}
+	}
+	return 0, fmt.Errorf("no VmHWM in /proc/%d/status", pid)
+}
