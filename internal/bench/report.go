@@ -16,7 +16,7 @@ const (
 	TargetHotShare    = 0.50   // hot / uniform
 	TargetDedupShare  = 0.80   // with the pre-filled consume-log / uniform
 	TargetPeakRSSMB   = 200
-	provisionalNotice = "PROVISIONAL: measured on a shared machine; to be re-measured"
+	sharingNotice     = "The publisher, the embedded nats-server and Postgres share this machine's cores with the ledger; compare runs of one invocation, and see the load average below."
 )
 
 // figures derives the headline figures from the runs, each with its target.
@@ -79,7 +79,7 @@ func figures(r Result) []Figure {
 // targets and verdicts, and what each figure means.
 func (r Result) Print(w io.Writer) {
 	m := r.Machine
-	fmt.Fprintf(w, "\n== paymesh bench (%s) ==\n%s\n", fmtSeconds(r.Elapsed), provisionalNotice)
+	fmt.Fprintf(w, "\n== paymesh bench (%s) ==\n%s\n", fmtSeconds(r.Elapsed), sharingNotice)
 	fmt.Fprintf(w, "machine: %d CPUs (load average %s at the start), %s; PostgreSQL %s with synchronous_commit=%s, fsync=%s, wal_sync_method=%s, shared_buffers=%s\n",
 		m.CPUs, m.LoadAverage, m.GoVersion, m.Postgres, m.SynchronousCommit, m.Fsync, m.WALSyncMethod, m.SharedBuffers)
 	if r.Config.Quick {
