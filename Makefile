@@ -9,12 +9,12 @@ BENCH_TIME  ?= 20000x
 
 .PHONY: demo bench bench-telemetry test test-short build fuzz services browser clean compose-up compose-down compose-load
 
-## demo: run the single-region demo on the local Postgres and an embedded JetStream
+## demo: run the three-region demo on the local Postgres and an embedded NATS topology
 demo: services
 	$(GO) run ./cmd/paymesh demo $(ARGS)
 
 ## bench: measure throughput and latency against same-run baselines (about
-## 5 minutes; ARGS=--quick for about 1, ARGS="--json bench.json" for a file)
+## 3.5 minutes; ARGS=--quick for about 1, ARGS="--json bench.json" for a file)
 bench: services
 	$(GO) run ./cmd/paymesh bench $(ARGS)
 

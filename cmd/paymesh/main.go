@@ -1,5 +1,6 @@
-// Command paymesh runs the parts of paymesh: a region's ledger, the
-// invariant check, migrations and the demo.
+// Command paymesh runs paymesh's services (ledger, router, api), its
+// operator tools (migrate, verify, client), the API client commands, load,
+// the demo and the bench.
 package main
 
 import (
@@ -50,7 +51,7 @@ type cli struct {
 	RegionsFile string `name:"regions-file" env:"PAYMESH_REGIONS_FILE" help:"Region table (default: the built-in deploy/regions/regions.yaml)." type:"existingfile"`
 	Verbose     bool   `short:"v" help:"Log debug messages."`
 
-	Demo      demoCmd      `cmd:"" help:"Run the single-region demo: transfers with injected duplicates, then the invariant report."`
+	Demo      demoCmd      `cmd:"" help:"Run the three-region demo in one process: transfers (half cross-region) with injected duplicates and faults, a live page, then the global invariant report."`
 	Bench     benchCmd     `cmd:"" help:"Measure throughput and latency on the local Postgres and an embedded nats-server, against baselines run alongside."`
 	Ledger    ledgerCmd    `cmd:"" help:"Run a region's ledger: consume its JetStream stream and apply transfers exactly once."`
 	Router    routerCmd    `cmd:"" help:"Run a region's router: forward its route stream to the home regions and relay its ledger's outbox."`
@@ -570,7 +571,11 @@ func (c *migrateCmd) Run(ctx context.Context, t regions.Table) error {
 		if base == "" {
 			base = pgdb.DefaultURL
 		}
-		if _, err := pgdb.Create(ctx, base, reg.Postgres.Database, false); err != nil {
+		db := c.Database
+		if db == "" {
+			db = reg.Postgres.Database
+		}
+		if _, err := pgdb.Create(ctx, base, db, false); err != nil {
 			fmt.Fprintf(os.Stderr, "create database: %v (continuing)\n", err)
 		}
 	}
@@ -601,7 +606,7 @@ type demoCmd struct {
 	Poison        float64 `default:"0.002" help:"Rate of malformed messages."`
 	Faults        string  `default:"cut-us,restart-eu-ledger,restart-ap-nats" help:"Faults to fire during the run, comma-separated (empty for none): cut-us (3 s), restart-eu-ledger, restart-ap-nats."`
 	Report        string  `help:"Also write the report as JSON to this file."`
-	Stay          bool    `help:"Keep the regions running after the report, with their APIs on the region table's ports, until Ctrl-C."`
+	Stay          bool    `help:"Keep the regions, their APIs and the live page running after the report, until Ctrl-C."`
 	Throwaway     bool    `name:"throwaway-postgres" help:"Use a throwaway PostgreSQL cluster from the local binaries even if a server answers."`
 	Keep          bool    `help:"Keep the demo databases afterwards."`
 	Dashboard     string  `default:"127.0.0.1:8100" help:"Address of the live page (throughput, duplicates by layer, invariants, traces with retries); 'off' for none."`
@@ -661,7 +666,7 @@ func (c *demoCmd) Run(ctx context.Context) error {
 
 type benchCmd struct {
 	PostgresURL string        `name:"postgres-url" env:"PAYMESH_POSTGRES_URL" help:"Postgres server on which to create the bench databases (default: ${default_pg})."`
-	Scenarios   []string      `help:"Scenarios to run, comma-separated (default: all): uniform, replay, latency, hot, dedup-table, naive, tpcb, cross-region. uniform always runs: the others are compared with it."`
+	Scenarios   []string      `help:"Scenarios to run, comma-separated (default: all): uniform, replay, latency, hot, dedup-table, naive, tpcb, cross-region, ledger-process. uniform always runs: the others are compared with it."`
 	Accounts    int           `help:"Accounts to open and fund (default 10000; --quick 2000)."`
 	Transfers   int           `help:"Transfers per full-speed run (default 200000; --quick 30000)."`
 	BatchSize   int           `name:"batch-size" help:"Most messages per ledger transaction (default: the ledger's, ${default_batch})."`

@@ -43,7 +43,7 @@ type ledgerRig struct {
 	accounts []string
 	// track receives every committed batch (the after-commit hook).
 	track atomic.Pointer[tracker]
-	// Batch statistics of the current phase (ObserveBatch).
+	// Batch statistics of the current phase (the ledger's Observer.Batch hook).
 	batches, batchMsgs, batchNanos atomic.Int64
 	stop                           context.CancelFunc
 	done                           chan error

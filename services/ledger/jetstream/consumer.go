@@ -396,13 +396,11 @@ func (c *Consumer) retryLater(ctx context.Context, m jetstream.Msg, cause error,
 	_ = m.NakWithDelay(delay)
 }
 
-// ackAll double-acks messages concurrently: each ack waits for the server's
-// confirmation. A lost ack only causes a redelivery, which dedup absorbs.
+// ackAll acks committed messages with plain acks: each is one publish on
+// the connection, batched by its flusher, with no reply to wait for. A lost
+// ack only causes a redelivery, which the layers absorb, so waiting for the
+// server's confirmation (DoubleAck, a round trip per message) buys nothing.
 func (c *Consumer) ackAll(_ context.Context, msgs []jetstream.Msg) {
-	// Plain acks: each is one publish on the connection, batched by its
-	// flusher, with no reply to wait for. A lost ack only causes a
-	// redelivery, which the layers absorb, so waiting for the server's
-	// confirmation (DoubleAck, a round trip per message) buys nothing.
 	for _, m := range msgs {
 		if err := m.Ack(); err != nil {
 			c.cfg.Log.Warn("ack failed; the message will be redelivered", "err", err)

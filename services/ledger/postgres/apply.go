@@ -46,8 +46,8 @@ func (s *Store) Apply(ctx context.Context, cmds []ledger.Command) ([]ledger.Resu
 		keys[i] = dedup.Key{ID: c.MsgKey(), Origin: c.CreatedAt, Fingerprint: c.Fingerprint()}
 	}
 	if claims, ok := s.cfg.Dedup.SettledWithoutTable(Consumer, keys); ok {
-		// Every command is a redelivery of a recent commit (layer 2, the
-		// cache): no transaction at all.
+		// Every command is a redelivery of a recent commit (layer 3, the
+		// recent-commit cache): no transaction at all.
 		results := make([]ledger.Result, len(cmds))
 		for i, c := range claims {
 			results[i] = claimResult(cmds[i], c)
