@@ -8,15 +8,15 @@ import (
 
 // Targets of the headline figures.
 const (
-	TargetRate        = 15_000 // uniform transfers/s
-	TargetVsTPCB      = 10     // uniform / TPC-B tps
-	TargetVsNaive     = 7      // uniform / naive
-	TargetP99Ms       = 25     // p99 at half the peak rate
-	TargetDupCost     = 0.10   // time per duplicate / time per first delivery
-	TargetHotShare    = 0.50   // hot / uniform
-	TargetDedupShare  = 0.80   // with the pre-filled consume-log / uniform
-	TargetPeakRSSMB   = 200
-	sharingNotice     = "The publisher, the embedded nats-server and Postgres share this machine's cores with the ledger; compare runs of one invocation, and see the load average below."
+	TargetRate       = 15_000 // uniform transfers/s
+	TargetVsTPCB     = 10     // uniform / TPC-B tps
+	TargetVsNaive    = 7      // uniform / naive
+	TargetP99Ms      = 25     // p99 at half the peak rate
+	TargetDupCost    = 0.10   // time per duplicate / time per first delivery
+	TargetHotShare   = 0.50   // hot / uniform
+	TargetDedupShare = 0.80   // with the pre-filled consume-log / uniform
+	TargetPeakRSSMB  = 200
+	sharingNotice    = "The publisher, the embedded nats-server and Postgres share this machine's cores with the ledger; compare runs of one invocation, and see the load average below."
 )
 
 // figures derives the headline figures from the runs, each with its target.
