@@ -19,7 +19,7 @@ bench: services
 	$(GO) run ./cmd/paymesh bench $(ARGS)
 
 ## chaos: every built fault-injection scenario with 3 seeds, then the table of
-## faults fired, operations and invariants (about 8 minutes; see docs/RELIABILITY.md)
+## faults fired, operations and invariants (about 6 minutes; see docs/RELIABILITY.md)
 chaos: services
 	$(GO) run ./cmd/paymesh chaos --seeds 1,2,3 $(ARGS)
 

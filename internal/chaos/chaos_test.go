@@ -112,7 +112,7 @@ func TestCheckerCatchesLoss(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a fault-injection run")
 	}
-	r := runOne(t, Config{bugs: ledger.Bugs{AckBeforeCommit: true}, QuietWait: 10 * time.Second}, "2")
+	r := runOne(t, Config{bugs: ledger.Bugs{AckBeforeCommit: true}, QuietWait: 3 * time.Second}, "2")
 	requireFailure(t, r, I3, "LOST")
 	if r.Lost == 0 {
 		t.Errorf("no key counted as lost")
