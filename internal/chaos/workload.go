@@ -211,9 +211,13 @@ func (e *env) open(ctx context.Context) error {
 	return e.c.WaitQuiet(qctx)
 }
 
-// run sends requests from workers goroutines until d has passed.
+// run sends requests from workers goroutines until d has passed. A
+// request still waiting a second later is abandoned: its pending sends end
+// unknown and it is not retried.
 func (e *env) run(ctx context.Context, d time.Duration, workers int) {
 	deadline := time.Now().Add(d)
+	ctx, cancel := context.WithDeadline(ctx, deadline.Add(time.Second))
+	defer cancel()
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	for range workers {
