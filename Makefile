@@ -7,7 +7,7 @@ BENCHSTAT   ?= $(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-2
 BENCH_COUNT ?= 10
 BENCH_TIME  ?= 20000x
 
-.PHONY: demo bench bench-telemetry test test-short build fuzz services browser clean compose-up compose-down compose-load
+.PHONY: demo bench chaos bench-telemetry test test-short build fuzz services browser clean compose-up compose-down compose-load
 
 ## demo: run the three-region demo on the local Postgres and an embedded NATS topology
 demo: services
@@ -17,6 +17,11 @@ demo: services
 ## 3.5 minutes; ARGS=--quick for about 1, ARGS="--json bench.json" for a file)
 bench: services
 	$(GO) run ./cmd/paymesh bench $(ARGS)
+
+## chaos: every built fault-injection scenario with 3 seeds, then the table of
+## faults fired, operations and invariants (about 6 minutes; see docs/RELIABILITY.md)
+chaos: services
+	$(GO) run ./cmd/paymesh chaos --seeds 1,2,3 $(ARGS)
 
 ## test: vet and run every test against real Postgres and real JetStream
 ## (the browser test's screenshot lands in artifacts/)

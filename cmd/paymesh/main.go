@@ -29,6 +29,7 @@ import (
 
 	"github.com/paymesh/paymesh/deploy/regions"
 	"github.com/paymesh/paymesh/internal/bench"
+	"github.com/paymesh/paymesh/internal/chaos"
 	"github.com/paymesh/paymesh/internal/dashboard"
 	"github.com/paymesh/paymesh/internal/demo"
 	"github.com/paymesh/paymesh/internal/loadgen"
@@ -53,6 +54,7 @@ type cli struct {
 
 	Demo      demoCmd      `cmd:"" help:"Run the three-region demo in one process: transfers (half cross-region) with injected duplicates and faults, a live page, then the global invariant report."`
 	Bench     benchCmd     `cmd:"" help:"Measure throughput and latency on the local Postgres and an embedded nats-server, against baselines run alongside."`
+	Chaos     chaosCmd     `cmd:"" help:"Run the fault-injection scenarios on a three-region cluster and check the ledger's invariants against the recorded history."`
 	Ledger    ledgerCmd    `cmd:"" help:"Run a region's ledger: consume its JetStream stream and apply transfers exactly once."`
 	Router    routerCmd    `cmd:"" help:"Run a region's router: forward its route stream to the home regions and relay its ledger's outbox."`
 	API       apiCmd       `cmd:"" name:"api" help:"Serve a region's HTTP API."`
@@ -701,6 +703,42 @@ func (c *benchCmd) Run(ctx context.Context) error {
 		fmt.Printf("results written to %s\n", c.JSON)
 	}
 	if !res.OK() {
+		return errFailed
+	}
+	return nil
+}
+
+type chaosCmd struct {
+	PostgresURL string        `name:"postgres-url" env:"PAYMESH_POSTGRES_URL" help:"Postgres server on which to create the region databases (default: ${default_pg})."`
+	Seeds       []uint64      `default:"1" help:"Seeds, comma-separated: each scenario runs once per seed, and a seed replays the same requests."`
+	Scenarios   []string      `help:"Scenarios to run, comma-separated, by name or number (default: all built)."`
+	Duration    time.Duration `default:"10s" help:"How long each scenario's workload runs."`
+	JSON        string        `name:"json" help:"Write the results as JSON to this file." type:"path"`
+	Keep        bool          `help:"Keep the region databases afterwards."`
+}
+
+func (c *chaosCmd) Run(ctx context.Context) error {
+	url := c.PostgresURL
+	if url == "" {
+		url = pgdb.DefaultURL
+	}
+	res, err := chaos.Run(ctx, chaos.Config{PostgresURL: url, Seeds: c.Seeds, Scenarios: c.Scenarios, Duration: c.Duration, Keep: c.Keep}, os.Stdout)
+	if err != nil && len(res) == 0 {
+		return err
+	}
+	fmt.Println()
+	chaos.Print(os.Stdout, res)
+	fmt.Printf("\nnot built yet: %s\n", strings.Join(chaos.NotBuilt, "; "))
+	if c.JSON != "" {
+		if err := chaos.WriteJSON(c.JSON, res); err != nil {
+			return err
+		}
+		fmt.Printf("results written to %s\n", c.JSON)
+	}
+	if err != nil {
+		return err
+	}
+	if !chaos.AllPassed(res) {
 		return errFailed
 	}
 	return nil

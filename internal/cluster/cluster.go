@@ -49,6 +49,13 @@ type Config struct {
 	// DropAck asks, per committed ledger batch of msgs messages, to skip
 	// its acks (a forced redelivery).
 	DropAck func(msgs int) bool
+	// BeforeCommit runs in every ledger apply transaction just before its
+	// COMMIT (a failpoint: an error aborts the transaction, as a crash
+	// would).
+	BeforeCommit func(ctx context.Context) error
+	// Bugs are deliberate bugs for the fault-injection suite's tests only
+	// (see ledger.Bugs); the zero value is the correct ledger.
+	Bugs ledger.Bugs
 	// APIWait and KeyTTL configure each region's HTTP API (see api.Config).
 	APIWait time.Duration
 	KeyTTL  time.Duration
@@ -164,7 +171,7 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) error {
 	srv, err := server.Open(ctx, server.Config{Observe: observe,
 		Region: r.Name, Regions: c.ids, Node: 1, PostgresURL: r.URL, NATSURL: url, Workers: 2,
 		BatchSize: c.cfg.BatchSize, AckWait: c.cfg.AckWait, MaxDeliver: 1000, Shards: c.cfg.Shards,
-		CacheSize: 10_000, AfterCommit: afterCommit, Log: c.cfg.Log.With("region", r.Name, "service", "ledger"),
+		CacheSize: 10_000, AfterCommit: afterCommit, BeforeCommit: c.cfg.BeforeCommit, Bugs: c.cfg.Bugs, Log: c.cfg.Log.With("region", r.Name, "service", "ledger"),
 		Respond: api.Respond, Stats: r.ledgerStats,
 	})
 	if err != nil {

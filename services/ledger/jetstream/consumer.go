@@ -64,7 +64,10 @@ type ConsumerConfig struct {
 	// AfterCommit, if set, runs after a batch committed and before its acks.
 	// It is a failpoint: returning an error skips the acks, as a crash would.
 	AfterCommit func(msgs []jetstream.Msg) error
-	Stats       *ledger.Stats
+	// Bugs are deliberate bugs for the fault-injection suite's tests only
+	// (see ledger.Bugs); the zero value is the correct consumer.
+	Bugs  ledger.Bugs
+	Stats *ledger.Stats
 	// Observe is told what the consumer applied (metrics).
 	Observe Observer
 	Log     *slog.Logger
@@ -319,6 +322,9 @@ func (c *Consumer) apply(ctx context.Context, cmds []ledger.Command, valid []jet
 	ctx, batchSpan := tracer.Start(ctx, "apply batch", trace.WithLinks(links...),
 		trace.WithAttributes(attribute.Int("paymesh.batch.size", len(cmds)), attribute.String("paymesh.region", c.cfg.Topology.Region)))
 	defer batchSpan.End()
+	if c.cfg.Bugs.AckBeforeCommit { // deliberate bug, tests only
+		c.ackAll(ctx, valid)
+	}
 	began := time.Now()
 	results, err := c.applier.Apply(ctx, cmds)
 	if err == nil && c.cfg.Observe.Batch != nil {

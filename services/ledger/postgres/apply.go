@@ -44,6 +44,9 @@ func (s *Store) Apply(ctx context.Context, cmds []ledger.Command) ([]ledger.Resu
 	keys := make([]dedup.Key, len(cmds))
 	for i, c := range cmds {
 		keys[i] = dedup.Key{ID: c.MsgKey(), Origin: c.CreatedAt, Fingerprint: c.Fingerprint()}
+		if s.cfg.Bugs.DedupByTransferID && !c.IsStep() { // deliberate bug, tests only
+			keys[i].ID += "#" + c.TransferID
+		}
 	}
 	if claims, ok := s.cfg.Dedup.SettledWithoutTable(Consumer, keys); ok {
 		// Every command is a redelivery of a recent commit (layer 3, the
@@ -179,7 +182,7 @@ func (s *Store) applyTx(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, k
 			continue
 		}
 		batchIDs[c.TransferID] = true
-		if t, ok := known.byKey[[2]string{c.ClientID, c.IdempotencyKey}]; ok {
+		if t, ok := known.byKey[[2]string{c.ClientID, c.IdempotencyKey}]; ok && !s.cfg.Bugs.DedupByTransferID { // the bug: tests only
 			release = append(release, claims[i])
 			if bytes.Equal(t.Fingerprint, c.Fingerprint()) {
 				results[i] = ledger.Result{Kind: ledger.Duplicate, Layer: string(dedup.LayerBusinessKey), Transfer: t}

@@ -95,6 +95,9 @@ type Config struct {
 	// result; the apply transaction stores it with the request's
 	// idempotency key (see services/api).
 	Respond func(ledger.Result) (status int, body []byte)
+	// Bugs are deliberate bugs for the fault-injection suite's tests only
+	// (see ledger.Bugs); the zero value is the correct ledger.
+	Bugs ledger.Bugs
 }
 
 // Store is the ledger's Postgres adapter. It is safe for concurrent use.

@@ -1,0 +1,286 @@
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/paymesh/paymesh/services/ledger"
+)
+
+// Config selects what Run runs.
+type Config struct {
+	// PostgresURL is the admin URL of the server the region databases are
+	// created on.
+	PostgresURL string
+	Seeds       []uint64
+	// Scenarios to run, by name or number (default: all built).
+	Scenarios []string
+	// Duration is how long each scenario's workload runs (default 10 s).
+	Duration time.Duration
+	// QuietWait bounds the wait for the cluster to drain after the
+	// workload (default 2 minutes).
+	QuietWait time.Duration
+	// Keep keeps the region databases.
+	Keep bool
+	// bugs switches deliberate bugs on: set only by this package's tests.
+	bugs ledger.Bugs
+	// dropBusinessKey drops the transfers' unique (client, idempotency
+	// key) constraint before the workload: set only by this package's
+	// tests, with bugs.DedupByTransferID.
+	dropBusinessKey bool
+}
+
+// Result is one scenario run's verdict.
+type Result struct {
+	Scenario string           `json:"scenario"`
+	Seed     uint64           `json:"seed"`
+	What     string           `json:"what"`
+	Counts   string           `json:"fault_counter"`
+	Faults   int64            `json:"faults_fired"`
+	OK       int              `json:"ok"`
+	Fail     int              `json:"fail"`
+	Unknown  int              `json:"unknown"`
+	Lost     int              `json:"lost"`
+	Doubled  int              `json:"doubled"`
+	Quiet    bool             `json:"quiet"`
+	Checks   []Check          `json:"checks"`
+	Stats    map[string]int64 `json:"stats"`
+	Elapsed  time.Duration    `json:"elapsed_ns"`
+	Error    string           `json:"error,omitempty"`
+	// History is the run's operations (kept out of the JSON file).
+	History []Op `json:"-"`
+}
+
+// Passed reports whether every check passed and the fault fired.
+func (r Result) Passed() bool {
+	if r.Error != "" || r.Faults == 0 {
+		return false
+	}
+	for _, c := range r.Checks {
+		if !c.OK {
+			return false
+		}
+	}
+	return true
+}
+
+// Check returns the named check (a zero Check when there is none).
+func (r Result) Check(name string) Check {
+	for _, c := range r.Checks {
+		if c.Name == name {
+			return c
+		}
+	}
+	return Check{}
+}
+
+// Run runs every selected scenario once per seed, one after another,
+// writing a line per run to out, and returns the results.
+func Run(ctx context.Context, cfg Config, out io.Writer) ([]Result, error) {
+	if cfg.Duration <= 0 {
+		cfg.Duration = 10 * time.Second
+	}
+	if cfg.QuietWait <= 0 {
+		cfg.QuietWait = 2 * time.Minute
+	}
+	if len(cfg.Seeds) == 0 {
+		cfg.Seeds = []uint64{1}
+	}
+	names := cfg.Scenarios
+	if len(names) == 0 {
+		names = Scenarios()
+	}
+	var scs []*scenario
+	for _, n := range names {
+		s, err := scenarioByName(strings.TrimSpace(n))
+		if err != nil {
+			return nil, err
+		}
+		scs = append(scs, s)
+	}
+	var results []Result
+	for _, s := range scs {
+		for _, seed := range cfg.Seeds {
+			if ctx.Err() != nil {
+				return results, ctx.Err()
+			}
+			r := runScenario(ctx, cfg, s, seed)
+			verdict := "PASS"
+			if !r.Passed() {
+				verdict = "FAIL"
+			}
+			fmt.Fprintf(out, "%s %s seed %d: faults %d, ops %d/%d/%d, %s\n", verdict, r.Scenario, r.Seed, r.Faults, r.OK, r.Fail, r.Unknown,
+				r.Elapsed.Round(100*time.Millisecond))
+			results = append(results, r)
+		}
+	}
+	return results, nil
+}
+
+func runScenario(ctx context.Context, cfg Config, s *scenario, seed uint64) Result {
+	began := time.Now()
+	r := Result{Scenario: s.name, Seed: seed, What: s.what, Counts: s.counts}
+	fail := func(err error) Result {
+		r.Error, r.Elapsed = err.Error(), time.Since(began)
+		return r
+	}
+	e, err := start(ctx, cfg, s, seed)
+	if err != nil {
+		return fail(err)
+	}
+	defer e.stop()
+	if err := e.open(ctx); err != nil {
+		return fail(fmt.Errorf("open accounts: %w", err))
+	}
+	if cfg.dropBusinessKey {
+		for _, n := range e.names {
+			if _, err := e.c.Region(n).Ledger.Store.Pool().Exec(ctx,
+				`ALTER TABLE transfers DROP CONSTRAINT transfers_client_id_idempotency_key_key`); err != nil {
+				return fail(err)
+			}
+		}
+	}
+	workers := s.workers
+	if workers == 0 {
+		workers = 6
+	}
+	e.active.Store(true)
+	fctx, cancel := context.WithTimeout(ctx, cfg.Duration)
+	faultErr := make(chan error, 1)
+	go func() {
+		if s.fault == nil {
+			faultErr <- nil
+			return
+		}
+		faultErr <- s.fault(fctx, e, cfg.Duration)
+	}()
+	e.run(ctx, cfg.Duration, workers)
+	err = <-faultErr
+	cancel()
+	e.active.Store(false)
+	if err != nil {
+		return fail(fmt.Errorf("fault: %w", err))
+	}
+	qctx, qcancel := context.WithTimeout(ctx, cfg.QuietWait)
+	r.Quiet = e.c.WaitQuiet(qctx) == nil
+	qcancel()
+	cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer ccancel()
+	quiet := Check{Name: "quiet", What: "the cluster drained after the workload", OK: r.Quiet, Checked: 1}
+	if !r.Quiet {
+		n, _ := e.c.Backlog(cctx)
+		quiet.Failures = []string{fmt.Sprintf("backlog %d after %s", n, cfg.QuietWait)}
+	}
+
+	v, err := check(cctx, e.c, e.hist, r.Quiet)
+	if err != nil {
+		return fail(fmt.Errorf("check: %w", err))
+	}
+	i6, err := checkReplay(cctx, e.c)
+	if err != nil {
+		return fail(fmt.Errorf("replay: %w", err))
+	}
+	r.Checks = append(v.checks, i6, quiet)
+	if s.extra != nil {
+		extra, err := s.extra(cctx, e)
+		if err != nil {
+			return fail(err)
+		}
+		r.Checks = append(r.Checks, extra...)
+	}
+	r.Lost, r.Doubled = v.lost, v.doubled
+	counts := e.hist.Counts()
+	r.OK, r.Fail, r.Unknown = counts[OK], counts[Fail], counts[Unknown]
+	r.Faults = e.fired.Load()
+	if s.fired != nil {
+		r.Faults = s.fired(e)
+	}
+	r.Stats = map[string]int64{"apply_failed": e.applyFailed.Load()}
+	for _, n := range e.names {
+		st := e.c.Region(n).Ledger.Stats
+		r.Stats["ledger_redeliveries"] += st.Redeliveries.Load()
+		r.Stats["ledger_retries"] += st.Retries.Load()
+		r.Stats["ledger_applied"] += st.Applied.Load()
+		r.Stats["dead_lettered"] += st.DeadLettered.Load()
+		for layer, v := range st.Duplicates() {
+			r.Stats["duplicates_"+layer] += v
+		}
+	}
+	for _, p := range []string{PurposeFirst, PurposeRetry, PurposeResubmit, PurposeConflict, PurposeBurst, PurposeLate} {
+		r.Stats["sent_"+p] = e.sentCount(p)
+	}
+	r.History = e.hist.Ops()
+	r.Elapsed = time.Since(began)
+	return r
+}
+
+// Print writes the results as a table, then the failures of every failed
+// check.
+func Print(w io.Writer, results []Result) {
+	fmt.Fprintf(w, "%-16s %4s %7s %20s %5s %7s  %-4s %-4s %-4s %-4s %-4s %-4s %-5s %s\n",
+		"scenario", "seed", "faults", "ops ok/fail/unknown", "lost", "doubled", I1, I2, I3, I4, I5, I6, "quiet", "other")
+	for _, r := range results {
+		if r.Error != "" {
+			fmt.Fprintf(w, "%-16s %4d ERROR %s\n", r.Scenario, r.Seed, r.Error)
+			continue
+		}
+		v := func(name string) string {
+			c := r.Check(name)
+			if c.Name == "" {
+				return "-"
+			}
+			if c.OK {
+				return "PASS"
+			}
+			return "FAIL"
+		}
+		var other []string
+		for _, c := range r.Checks {
+			if !strings.HasPrefix(c.Name, "I") && c.Name != "quiet" {
+				other = append(other, c.Name+" "+v(c.Name))
+			}
+		}
+		faults := fmt.Sprint(r.Faults)
+		if r.Faults == 0 {
+			faults = "0 FAIL"
+		}
+		fmt.Fprintf(w, "%-16s %4d %7s %20s %5d %7d  %-4s %-4s %-4s %-4s %-4s %-4s %-5s %s\n", r.Scenario, r.Seed, faults,
+			fmt.Sprintf("%d/%d/%d", r.OK, r.Fail, r.Unknown), r.Lost, r.Doubled,
+			v(I1), v(I2), v(I3), v(I4), v(I5), v(I6), v("quiet"), strings.Join(other, ", "))
+	}
+	for _, r := range results {
+		for _, c := range r.Checks {
+			if c.OK {
+				continue
+			}
+			fmt.Fprintf(w, "\nFAIL %s seed %d %s (%s):\n", r.Scenario, r.Seed, c.Name, c.What)
+			for _, f := range c.Failures {
+				fmt.Fprintf(w, "  %s\n", f)
+			}
+		}
+	}
+}
+
+// AllPassed reports whether every run passed.
+func AllPassed(results []Result) bool {
+	for _, r := range results {
+		if !r.Passed() {
+			return false
+		}
+	}
+	return len(results) > 0
+}
+
+// WriteJSON writes the results to path.
+func WriteJSON(path string, results []Result) error {
+	b, err := json.MarshalIndent(map[string]any{"results": results, "not_built": NotBuilt}, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
