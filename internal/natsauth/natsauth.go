@@ -210,3 +210,55 @@ func concat(lists ...[]string) []string {
 	}
 	return out
 }
+
+// Conf renders users as the value of a nats-server config's users field,
+// each line after the first indented by indent: the text of
+// deploy/regions/nats/*.conf, which deploy/regions/natsconf_test.go parses
+// and compares with these definitions.
+func Conf(users []User, indent string) string {
+	var b strings.Builder
+	line := func(depth int, format string, args ...any) {
+		b.WriteString(indent + strings.Repeat("  ", depth) + fmt.Sprintf(format, args...) + "\n")
+	}
+	list := func(depth int, key string, subjects []string) {
+		if subjects == nil {
+			return
+		}
+		if len(subjects) == 1 {
+			line(depth, "%s: [%q]", key, subjects[0])
+			return
+		}
+		line(depth, "%s: [", key)
+		for _, s := range subjects {
+			line(depth+1, "%q,", s)
+		}
+		line(depth, "]")
+	}
+	perm := func(key string, allow, deny []string) {
+		if allow == nil && deny == nil {
+			return
+		}
+		line(3, "%s: {", key)
+		list(4, "allow", allow)
+		list(4, "deny", deny)
+		line(3, "}")
+	}
+	b.WriteString("[\n")
+	for _, u := range users {
+		line(1, "{")
+		line(2, "user: %q", u.Name)
+		line(2, "password: %q", u.Password)
+		if p := u.Permissions; p != nil {
+			line(2, "permissions: {")
+			perm("publish", p.PublishAllow, p.PublishDeny)
+			perm("subscribe", p.SubscribeAllow, p.SubscribeDeny)
+			if p.AllowResponses {
+				line(3, "allow_responses: true")
+			}
+			line(2, "}")
+		}
+		line(1, "}")
+	}
+	b.WriteString(indent + "]")
+	return b.String()
+}
