@@ -33,6 +33,7 @@ import (
 	"github.com/paymesh/paymesh/internal/dashboard"
 	"github.com/paymesh/paymesh/internal/demo"
 	"github.com/paymesh/paymesh/internal/loadgen"
+	"github.com/paymesh/paymesh/internal/natsauth"
 	"github.com/paymesh/paymesh/internal/pgdb"
 	"github.com/paymesh/paymesh/internal/telemetry"
 	"github.com/paymesh/paymesh/pkg/dedup"
@@ -90,6 +91,14 @@ func (r regionDB) resolve(t regions.Table) (regions.Region, string, error) {
 	return reg, url, err
 }
 
+// natsLogin is a service's user on its region's nats-server: in
+// docker-compose one per region and service (deploy/regions/nats/*.conf,
+// internal/natsauth); none for a server without users.
+type natsLogin struct {
+	NATSUser     string `name:"nats-user" env:"PAYMESH_NATS_USER" help:"User on the region's nats-server (ledger-<region>, router-<region> or api-<region>; none for a server without users)."`
+	NATSPassword string `name:"nats-password" env:"PAYMESH_NATS_PASSWORD" help:"Password of --nats-user."`
+}
+
 // regionLinks are a service's connections to its region.
 type regionLinks struct {
 	reg  regions.Region
@@ -100,7 +109,7 @@ type regionLinks struct {
 
 // connect opens the region's database and NATS connection for service, and
 // makes sure the region's route stream exists.
-func (r regionDB) connect(ctx context.Context, t regions.Table, natsURL, service string, ackWait time.Duration) (*regionLinks, error) {
+func (r regionDB) connect(ctx context.Context, t regions.Table, natsURL string, login natsLogin, service string, ackWait time.Duration) (*regionLinks, error) {
 	reg, url, err := r.resolve(t)
 	if err != nil {
 		return nil, err
@@ -109,7 +118,8 @@ func (r regionDB) connect(ctx context.Context, t regions.Table, natsURL, service
 	if l.pool, err = postgres.Connect(ctx, url, time.Minute, 0); err != nil {
 		return nil, err
 	}
-	if l.nc, err = nats.Connect(natsURL, nats.Name("paymesh-"+service+"-"+reg.Name), nats.MaxReconnects(-1)); err != nil {
+	opts := append(natsauth.ConnectOptions(login.NATSUser, login.NATSPassword), nats.Name("paymesh-"+service+"-"+reg.Name), nats.MaxReconnects(-1))
+	if l.nc, err = nats.Connect(natsURL, opts...); err != nil {
 		l.Close()
 		return nil, fmt.Errorf("nats %s: %w", natsURL, err)
 	}
@@ -133,7 +143,8 @@ func (l *regionLinks) Close() {
 
 type ledgerCmd struct {
 	regionDB
-	NATSURL    string        `name:"nats-url" env:"PAYMESH_NATS_URL" default:"nats://127.0.0.1:4222" help:"NATS server of the region."`
+	NATSURL string `name:"nats-url" env:"PAYMESH_NATS_URL" default:"nats://127.0.0.1:4222" help:"NATS server of the region."`
+	natsLogin
 	Node       uint16        `env:"PAYMESH_NODE" default:"1" help:"Node id (0-1023), unique per running ledger process in the region."`
 	Workers    int           `env:"PAYMESH_WORKERS" default:"2" help:"Consumers in this process."`
 	BatchSize  int           `name:"batch-size" env:"PAYMESH_BATCH_SIZE" default:"${default_batch}" help:"Most messages applied in one transaction."`
@@ -182,7 +193,7 @@ func (c *ledgerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 		return err
 	}
 	srv, err := server.Open(ctx, server.Config{OwnShards: own, Observe: observe,
-		Region: reg.Name, Regions: ids, Node: c.Node, PostgresURL: url, NATSURL: c.NATSURL, Workers: c.Workers,
+		Region: reg.Name, Regions: ids, Node: c.Node, PostgresURL: url, NATSURL: c.NATSURL, NATSUser: c.NATSUser, NATSPassword: c.NATSPassword, Workers: c.Workers,
 		BatchSize: c.BatchSize, AckWait: c.AckWait, MaxDeliver: c.MaxDeliver, Lease: c.Lease,
 		WindowDays: c.WindowDays, CacheSize: c.CacheSize, Shards: c.Shards, Log: log, Respond: api.Respond,
 	})
@@ -301,7 +312,8 @@ func (c *verifyCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 
 type apiCmd struct {
 	regionDB
-	NATSURL string        `name:"nats-url" env:"PAYMESH_NATS_URL" default:"nats://127.0.0.1:4222" help:"NATS server of the region."`
+	NATSURL string `name:"nats-url" env:"PAYMESH_NATS_URL" default:"nats://127.0.0.1:4222" help:"NATS server of the region."`
+	natsLogin
 	Listen  string        `env:"PAYMESH_API_LISTEN" help:"Address to listen on (default: 127.0.0.1:<the region's api_port>)."`
 	Node    uint16        `env:"PAYMESH_API_NODE" default:"2" help:"Node id (0-1023) for the transfer IDs this process mints; unique per process in the region."`
 	Shards  int           `env:"PAYMESH_SHARDS" default:"16" help:"Ledger subjects per region (as the ledgers)."`
@@ -311,7 +323,7 @@ type apiCmd struct {
 }
 
 func (c *apiCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, log *slog.Logger) error {
-	l, err := c.connect(ctx, t, c.NATSURL, "api", 0)
+	l, err := c.connect(ctx, t, c.NATSURL, c.natsLogin, "api", 0)
 	if err != nil {
 		return err
 	}
@@ -527,14 +539,15 @@ func (c *loadCmd) Run(ctx context.Context) error {
 
 type routerCmd struct {
 	regionDB
-	NATSURL string        `name:"nats-url" env:"PAYMESH_NATS_URL" default:"nats://127.0.0.1:4222" help:"NATS server of the region."`
+	NATSURL string `name:"nats-url" env:"PAYMESH_NATS_URL" default:"nats://127.0.0.1:4222" help:"NATS server of the region."`
+	natsLogin
 	Shards  int           `env:"PAYMESH_SHARDS" default:"16" help:"Ledger subjects per region (as the ledgers)."`
 	AckWait time.Duration `name:"ack-wait" env:"PAYMESH_ROUTER_ACK_WAIT" default:"10s" help:"How long a forward may take before it is retried."`
 	Metrics string        `name:"metrics-listen" env:"PAYMESH_ROUTER_METRICS_LISTEN" help:"Address of /metrics (default: 127.0.0.1:<the region's router_metrics_port>; 'off' for none)."`
 }
 
 func (c *routerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, log *slog.Logger) error {
-	l, err := c.connect(ctx, t, c.NATSURL, "router", c.AckWait)
+	l, err := c.connect(ctx, t, c.NATSURL, c.natsLogin, "router", c.AckWait)
 	if err != nil {
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/paymesh/paymesh/deploy/regions"
+	"github.com/paymesh/paymesh/internal/natsauth"
 )
 
 type composeService struct {
@@ -44,7 +45,8 @@ func (d *dependsOn) UnmarshalYAML(n *yaml.Node) error {
 // region the table does not know. The services outside the regions are the
 // load profile's, the observability stack (observability_test.go) and the
 // leafnode hub nats-hub; every region's nats service runs from its config in
-// deploy/regions/nats and depends on the hub.
+// deploy/regions/nats and depends on the hub; every ledger, router and API
+// logs in to its region's server as its own user (internal/natsauth).
 func TestComposeMatchesRegions(t *testing.T) {
 	compose := loadCompose(t)
 	tab, err := regions.Default()
@@ -120,9 +122,18 @@ func TestComposeMatchesRegions(t *testing.T) {
 				t.Errorf("%s-%s: depends_on %v, want postgres-%s", name, r.Name, s.DependsOn, r.Name)
 			}
 		}
-		for name, s := range map[string]composeService{"ledger": ledger, "router": rt, "api": apiSvc} {
+		for name, s := range map[string]composeService{natsauth.Ledger: ledger, natsauth.Router: rt, natsauth.API: apiSvc} {
 			if got, want := s.Environment["PAYMESH_NATS_URL"], "nats://nats-"+r.Name+":4222"; got != want {
 				t.Errorf("%s-%s: PAYMESH_NATS_URL %q, want %q", name, r.Name, got, want)
+			}
+			// Each service logs in as its own user of deploy/regions/nats.
+			u, err := natsauth.UserOf(r.Name, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := s.Environment["PAYMESH_NATS_USER"]; got != u.Name || s.Environment["PAYMESH_NATS_PASSWORD"] != u.Password {
+				t.Errorf("%s-%s: PAYMESH_NATS_USER %q with PAYMESH_NATS_PASSWORD %q, want %s with its password",
+					name, r.Name, got, s.Environment["PAYMESH_NATS_PASSWORD"], u.Name)
 			}
 		}
 		if p := fmt.Sprintf("%d:%d", r.APIPort, r.APIPort); !slices.Contains(apiSvc.Ports, p) || apiSvc.Environment["PAYMESH_API_LISTEN"] != fmt.Sprintf("0.0.0.0:%d", r.APIPort) {

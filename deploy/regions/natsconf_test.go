@@ -3,13 +3,26 @@ package regions_test
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/paymesh/paymesh/deploy/regions"
+	"github.com/paymesh/paymesh/internal/natsauth"
+	"github.com/paymesh/paymesh/internal/natsembed"
 )
+
+// checkUsers compares the users a config gives a server with the
+// definitions the embedded topology runs with, and prints the text that
+// would make them agree.
+func checkUsers(t *testing.T, what string, got []*server.User, want []natsauth.User) {
+	t.Helper()
+	if !reflect.DeepEqual(got, natsembed.ServerUsers(want)) {
+		t.Errorf("%s differ from internal/natsauth; want\n%s", what, natsauth.Conf(want, "  "))
+	}
+}
 
 // natsConfDir holds the nats-server configs that docker-compose.yml mounts.
 const natsConfDir = "nats"
@@ -31,7 +44,10 @@ func loadNATSConf(t *testing.T, name string) *server.Options {
 // its address, every region's server
 // is named after the region, runs JetStream in the region's domain on the
 // ports docker-compose publishes, and has exactly one leaf remote, the hub;
-// and there is no config for a region the table does not know.
+// every server has the users and permissions of internal/natsauth (the
+// hub: a client user that may do nothing and one leafnode user per region,
+// with which each region joins); and there is no config for a region the
+// table does not know.
 func TestNATSConfigs(t *testing.T) {
 	tab, err := regions.Default()
 	if err != nil {
@@ -69,10 +85,19 @@ func TestNATSConfigs(t *testing.T) {
 				urls = append(urls, u.String())
 			}
 		}
-		if len(urls) != 1 || urls[0] != "nats-leaf://nats-hub:7422" {
-			t.Errorf("%s.conf: leaf remotes %v, want exactly nats-leaf://nats-hub:7422", r.Name, urls)
+		leaf := natsauth.LeafUserName(r.Name)
+		wantURL := "nats-leaf://" + leaf + ":" + natsauth.DevPassword(leaf) + "@nats-hub:7422"
+		if len(urls) != 1 || urls[0] != wantURL {
+			t.Errorf("%s.conf: leaf remotes %v, want exactly nats-leaf://nats-hub:7422 as %s", r.Name, urls, leaf)
 		}
+		checkUsers(t, r.Name+".conf users", o.Users, natsauth.Users(r.Name))
 	}
+	checkUsers(t, "hub.conf users", hub.Users, natsauth.HubUsers())
+	var names []string
+	for _, r := range tab.Regions {
+		names = append(names, r.Name)
+	}
+	checkUsers(t, "hub.conf leafnode users", hub.LeafNode.Users, natsauth.LeafUsers(names))
 
 	entries, err := os.ReadDir(natsConfDir)
 	if err != nil {

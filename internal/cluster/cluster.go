@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 
+	"github.com/paymesh/paymesh/internal/natsauth"
 	"github.com/paymesh/paymesh/internal/natsembed"
 	"github.com/paymesh/paymesh/internal/pgdb"
 	"github.com/paymesh/paymesh/internal/telemetry"
@@ -84,8 +85,9 @@ type Region struct {
 	// The counters, kept across restarts.
 	ledgerStats *ledger.Stats
 	routerStats *router.Stats
-	nc          *nats.Conn
-	js          jetstream.JetStream
+	nc          *nats.Conn          // the router's
+	apiNC       *nats.Conn          // the API's
+	js          jetstream.JetStream // the router's
 	stop        context.CancelFunc
 	done        sync.WaitGroup
 }
@@ -168,8 +170,34 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) error {
 		return err
 	}
 	url := c.cfg.Topology.ClientURL(r.Name)
+	// Each service connects as its own user of the region's server
+	// (internal/natsauth), so it runs with the permissions it has in
+	// docker-compose.
+	user := func(service string) natsauth.User {
+		u, err := natsauth.UserOf(r.Name, service)
+		if err != nil {
+			panic(err) // natsauth.Services are known
+		}
+		return u
+	}
+	connect := func(service string) (*nats.Conn, jetstream.JetStream, error) {
+		u := user(service)
+		opts := append(natsauth.ConnectOptions(u.Name, u.Password), nats.Name("paymesh-"+service+"-"+r.Name),
+			nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+		nc, err := nats.Connect(url, opts...)
+		if err != nil {
+			return nil, nil, fmt.Errorf("nats as %s: %w", u.Name, err)
+		}
+		js, err := router.NewJetStream(nc, c.cfg.AckWait)
+		if err != nil {
+			nc.Close()
+			return nil, nil, err
+		}
+		return nc, js, nil
+	}
+	lu := user(natsauth.Ledger)
 	srv, err := server.Open(ctx, server.Config{Observe: observe,
-		Region: r.Name, Regions: c.ids, Node: 1, PostgresURL: r.URL, NATSURL: url, Workers: 2,
+		Region: r.Name, Regions: c.ids, Node: 1, PostgresURL: r.URL, NATSURL: url, NATSUser: lu.Name, NATSPassword: lu.Password, Workers: 2,
 		BatchSize: c.cfg.BatchSize, AckWait: c.cfg.AckWait, MaxDeliver: 1000, Shards: c.cfg.Shards,
 		CacheSize: 10_000, AfterCommit: afterCommit, BeforeCommit: c.cfg.BeforeCommit, Bugs: c.cfg.Bugs, Log: c.cfg.Log.With("region", r.Name, "service", "ledger"),
 		Respond: api.Respond, Stats: r.ledgerStats,
@@ -177,35 +205,44 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) error {
 	if err != nil {
 		return err
 	}
-	nc, err := nats.Connect(url, nats.Name("paymesh-router-"+r.Name), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	nc, js, err := connect(natsauth.Router)
 	if err != nil {
 		srv.Close()
 		return err
 	}
-	js, err := router.NewJetStream(nc, c.cfg.AckWait)
+	apiNC, apiJS, err := connect(natsauth.API)
 	if err != nil {
 		srv.Close()
 		nc.Close()
 		return err
+	}
+	closeNATS := func() {
+		nc.Close()
+		apiNC.Close()
 	}
 	if err := router.EnsureStream(ctx, js, r.Name, 0); err != nil {
 		srv.Close()
-		nc.Close()
+		closeNATS()
 		return err
 	}
-	rt := router.New(js, router.Config{Region: r.Name, Regions: c.ids, Shards: c.cfg.Shards, Inject: c.cfg.Inject, AckWait: c.cfg.AckWait,
-		Stats: r.routerStats})
+	rtCfg := router.Config{Region: r.Name, Regions: c.ids, Shards: c.cfg.Shards, Inject: c.cfg.Inject, AckWait: c.cfg.AckWait,
+		Stats: r.routerStats}
+	rt := router.New(js, rtCfg)
+	// The API submits through a router of its own connection, counted
+	// with the region's router.
+	rtCfg.Stats = rt.Stats()
+	apiRouter := router.New(apiJS, rtCfg)
 	gen, err := idgen.NewGenerator(c.ids, r.Name, 2)
 	if err != nil {
 		srv.Close()
-		nc.Close()
+		closeNATS()
 		return err
 	}
-	apiSrv := api.New(api.Config{Region: r.Name, Regions: c.ids, IDs: gen, Store: srv.Store, Router: rt, NATS: nc,
+	apiSrv := api.New(api.Config{Region: r.Name, Regions: c.ids, IDs: gen, Store: srv.Store, Router: apiRouter, NATS: apiNC,
 		Wait: c.cfg.APIWait, KeyTTL: c.cfg.KeyTTL, Log: c.cfg.Log.With("region", r.Name, "service", "api")})
 	if err := apiSrv.Listen(); err != nil {
 		srv.Close()
-		nc.Close()
+		closeNATS()
 		return err
 	}
 	addr := r.apiAddr
@@ -219,7 +256,7 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) error {
 	if err != nil {
 		apiSrv.Close()
 		srv.Close()
-		nc.Close()
+		closeNATS()
 		return err
 	}
 	err = m.ObserveLedger(r.Name, srv.Topo.Stream(), srv.Stats)
@@ -240,7 +277,7 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) error {
 		ln.Close()
 		apiSrv.Close()
 		srv.Close()
-		nc.Close()
+		closeNATS()
 		return err
 	}
 	r.metrics, r.mend, r.MetricsURL = m, mend, mend.URL
@@ -248,7 +285,7 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) error {
 	r.API, r.APIURL = apiSrv, "http://"+ln.Addr().String()
 	go func() { _ = r.http.Serve(ln) }()
 	runCtx, stop := context.WithCancel(context.Background())
-	r.Ledger, r.Router, r.nc, r.js, r.stop = srv, rt, nc, js, stop
+	r.Ledger, r.Router, r.nc, r.apiNC, r.js, r.stop = srv, rt, nc, apiNC, js, stop
 	log := c.cfg.Log.With("region", r.Name)
 	r.done.Go(func() {
 		if err := srv.Run(runCtx); err != nil {
@@ -277,6 +314,7 @@ func (r *Region) close() {
 	r.done.Wait()
 	r.Ledger.Close()
 	r.nc.Close()
+	r.apiNC.Close()
 	r.stop = nil
 }
 
@@ -297,6 +335,11 @@ func (c *Cluster) RestartRegion(ctx context.Context, name string) error {
 	c.mu.Unlock()
 	return nil
 }
+
+// RouterJetStream returns the JetStream handle of the region's router: a
+// connection with the router's permissions, the only one that may publish
+// to ledger subjects.
+func (r *Region) RouterJetStream() jetstream.JetStream { return r.js }
 
 // Submit hands a command to the router of region via.
 func (c *Cluster) Submit(ctx context.Context, via string, cmd ledger.Command) error {
@@ -320,7 +363,7 @@ func (c *Cluster) Backlog(ctx context.Context) (int64, error) {
 	var n int64
 	for _, name := range c.Names() {
 		r := c.Region(name)
-		b, err := ljs.Backlog(ctx, r.js, r.Ledger.Topo)
+		b, err := ljs.Backlog(ctx, r.Ledger.JetStream(), r.Ledger.Topo)
 		if err != nil {
 			return 0, err
 		}

@@ -521,7 +521,8 @@ func (d *driver) send(ctx context.Context, cmd ledger.Command) error {
 		home, _ := d.c.IDs().HomeRegion(cmd.From)
 		m := nats.NewMsg(ljs.Topology{Region: home, Shards: 8}.Subject(cmd.From))
 		m.Data = []byte(strings.Replace(string(cmd.Encode()), `"amount":`, `"amount":0.5,"x":`, 1))
-		if _, err := d.c.Region(home).Ledger.JetStream().PublishMsg(ctx, m); err != nil {
+		// Only routers may publish to ledger subjects (internal/natsauth).
+		if _, err := d.c.Region(home).RouterJetStream().PublishMsg(ctx, m); err != nil {
 			return err
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/paymesh/paymesh/internal/faultproxy"
+	"github.com/paymesh/paymesh/internal/natsauth"
 )
 
 const (
@@ -41,6 +42,11 @@ type TopologyOptions struct {
 // region with JetStream in its own domain (named after the region) and one
 // leafnode remote to the hub. Each region's leafnode link runs through its own
 // faultproxy, so a region can be cut off from the others.
+//
+// The servers have the users and permissions of internal/natsauth, as
+// deploy/regions/nats/*.conf: a region's server takes only its services'
+// users (natsauth.UserOf, with natsauth.ConnectOptions), the hub takes no
+// clients, and each region joins the hub as its leafnode user.
 type Topology struct {
 	hub     *server.Server
 	hubLeaf string // host:port of the hub's leafnode listener
@@ -86,9 +92,12 @@ func StartTopology(o TopologyOptions) (*Topology, error) {
 			// an advertised leafnode URL would let a reconnect bypass them.
 			NoAdvertise: true,
 		},
+		// The hub takes no clients, only the regions' leafnodes.
+		Users:  ServerUsers(natsauth.HubUsers()),
 		NoSigs: true,
 		NoLog:  true,
 	}
+	hubOpts.LeafNode.Users = ServerUsers(natsauth.LeafUsers(o.Regions))
 	hub, err := startServer(hubOpts)
 	if err != nil {
 		return nil, fmt.Errorf("natsembed: topology: hub: %w", err)
@@ -141,7 +150,8 @@ func startServer(opts *server.Options) (*server.Server, error) {
 // startRegion starts n's server on its client port (random the first time)
 // with its store directory and a leafnode remote through its proxy.
 func (t *Topology) startRegion(n *regionNode) error {
-	remote := &url.URL{Scheme: "nats-leaf", Host: n.proxy.Addr()}
+	leaf := natsauth.LeafUserName(n.name)
+	remote := &url.URL{Scheme: "nats-leaf", Host: n.proxy.Addr(), User: url.UserPassword(leaf, natsauth.DevPassword(leaf))}
 	s, err := startServer(&server.Options{
 		ServerName:      n.name,
 		Host:            "127.0.0.1",
@@ -153,6 +163,7 @@ func (t *Topology) startRegion(n *regionNode) error {
 			ReconnectInterval: leafReconnect,
 			Remotes:           []*server.RemoteLeafOpts{{URLs: []*url.URL{remote}}},
 		},
+		Users:  ServerUsers(natsauth.Users(n.name)),
 		NoSigs: true,
 		NoLog:  true,
 	})

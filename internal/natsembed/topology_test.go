@@ -9,14 +9,22 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/paymesh/paymesh/internal/natsauth"
 	"github.com/paymesh/paymesh/internal/natsembed"
 )
 
-func connectJS(t *testing.T, url string) jetstream.JetStream {
+// connectJS connects to region's server as its service's user.
+func connectJS(t *testing.T, topo *natsembed.Topology, region, service string) jetstream.JetStream {
 	t.Helper()
-	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	u, err := natsauth.UserOf(region, service)
 	if err != nil {
-		t.Fatalf("connect %s: %v", url, err)
+		t.Fatal(err)
+	}
+	url := topo.ClientURL(region)
+	opts := append(natsauth.ConnectOptions(u.Name, u.Password), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		t.Fatalf("connect %s as %s: %v", url, u.Name, err)
 	}
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
@@ -74,9 +82,12 @@ func TestTopologyCrossRegionPublishCutHealRestart(t *testing.T) {
 		}
 	}
 
-	us := connectJS(t, topo.ClientURL("us"))
-	eu := connectJS(t, topo.ClientURL("eu"))
-	createStream(t, us, "LEDGER_US", "ledger.us.>")
+	// Each step runs as the service that does it in paymesh: a region's
+	// ledger creates its streams, routers publish to ledger subjects.
+	usLedger := connectJS(t, topo, "us", natsauth.Ledger)
+	us := connectJS(t, topo, "us", natsauth.Router)
+	eu := connectJS(t, topo, "eu", natsauth.Router)
+	createStream(t, usLedger, "LEDGER_US", "ledger.us.>")
 
 	// Cross-region publish from eu lands in us's stream, deduplicated by
 	// Msg-Id. The stream's interest may take a moment to reach eu.
@@ -103,7 +114,7 @@ func TestTopologyCrossRegionPublishCutHealRestart(t *testing.T) {
 		t.Logf("publish across the cut failed after %s: %v (no responders: %v)",
 			time.Since(cutAt), err, errors.Is(err, jetstream.ErrNoStreamResponse))
 	}
-	createStream(t, eu, "LEDGER_EU", "ledger.eu.>")
+	createStream(t, connectJS(t, topo, "eu", natsauth.Ledger), "LEDGER_EU", "ledger.eu.>")
 	if ack, err := publish(eu, "ledger.eu.1", "xfer/c/3", 2*time.Second); err != nil || ack.Stream != "LEDGER_EU" {
 		t.Fatalf("eu local publish while us is cut: %+v, %v", ack, err)
 	}
@@ -111,7 +122,7 @@ func TestTopologyCrossRegionPublishCutHealRestart(t *testing.T) {
 		t.Fatalf("us local publish while cut off: %+v, %v", ack, err)
 	}
 	// The cut-off region keeps full control of its domain.
-	createStream(t, us, "LEDGER_US_SCRATCH", "scratch.us.>")
+	createStream(t, usLedger, "DLQ_US", "dlq.us.ledger")
 
 	// Heal: eu reaches us again.
 	healAt := time.Now()
@@ -146,7 +157,7 @@ func TestTopologyCrossRegionPublishCutHealRestart(t *testing.T) {
 	var info *jetstream.StreamInfo
 	for {
 		// us's connection reconnects to the same URL by itself.
-		s, err := us.Stream(ctx, "LEDGER_US")
+		s, err := usLedger.Stream(ctx, "LEDGER_US")
 		if err == nil {
 			if info, err = s.Info(ctx); err == nil {
 				break

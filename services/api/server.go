@@ -1,7 +1,7 @@
 // Package api serves paymesh's JSON HTTP API in every region. Any region
 // answers for any ID: a request for an account or transfer homed elsewhere
 // is forwarded to its home region over NATS (request-reply on
-// api.<region>), which answers from its own database; no region reads
+// paymesh.api.<region>), which answers from its own database; no region reads
 // another region's database.
 //
 // POST /v1/transfers requires an Idempotency-Key (IETF draft "The
@@ -154,7 +154,7 @@ func (s *Server) do(ctx context.Context, home string, c call) reply {
 	req, _ := json.Marshal(c)
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Wait+5*time.Second)
 	defer cancel()
-	out := nats.NewMsg(subject(home))
+	out := nats.NewMsg(ForwardSubject(home))
 	out.Data = req
 	natstrace.Inject(ctx, out)
 	msg, err := s.cfg.NATS.RequestMsgWithContext(ctx, out)
@@ -168,7 +168,9 @@ func (s *Server) do(ctx context.Context, home string, c call) reply {
 	return rep
 }
 
-func subject(region string) string { return "paymesh.api." + region }
+// ForwardSubject is where region's API takes the calls forwarded from other
+// regions; only API users may publish or subscribe to it (internal/natsauth).
+func ForwardSubject(region string) string { return "paymesh.api." + region }
 
 // maxForwarded bounds the calls from other regions served at once.
 const maxForwarded = 256
@@ -179,7 +181,7 @@ func (s *Server) Listen() error {
 	// may wait for its final state: each call gets a goroutine of its own,
 	// up to maxForwarded at once.
 	slots := make(chan struct{}, maxForwarded)
-	sub, err := s.cfg.NATS.QueueSubscribe(subject(s.cfg.Region), "api", func(m *nats.Msg) {
+	sub, err := s.cfg.NATS.QueueSubscribe(ForwardSubject(s.cfg.Region), "api", func(m *nats.Msg) {
 		slots <- struct{}{}
 		go func() {
 			defer func() { <-slots }()

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/paymesh/paymesh/internal/natsauth"
 	"github.com/paymesh/paymesh/pkg/dedup"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/ledger"
@@ -25,20 +26,22 @@ import (
 
 // Config is everything a region's ledger needs.
 type Config struct {
-	Region      string
-	Regions     *idgen.Regions
-	Node        uint16        // node id in the region, unique per running ledger process
-	PostgresURL string        // the region's database
-	NATSURL     string        // a server of the region
-	Workers     int           // consumers in this process; each applies its own shards in order
-	OwnShards   []int         // shards this process applies (default: all); give replicas disjoint sets
-	BatchSize   int           // most messages per transaction
-	AckWait     time.Duration // JetStream redelivery timeout
-	MaxDeliver  int           // deliveries before dead-lettering
-	Lease       time.Duration // longest a transaction may sit idle before Postgres ends it
-	WindowDays  int           // consume-log retention
-	CacheSize   int           // recent-commit cache entries; 0 disables the cache
-	Shards      int           // ledger subjects per region
+	Region       string
+	Regions      *idgen.Regions
+	Node         uint16 // node id in the region, unique per running ledger process
+	PostgresURL  string // the region's database
+	NATSURL      string // a server of the region
+	NATSUser     string // the ledger's user on that server (internal/natsauth); empty if it has none
+	NATSPassword string
+	Workers      int           // consumers in this process; each applies its own shards in order
+	OwnShards    []int         // shards this process applies (default: all); give replicas disjoint sets
+	BatchSize    int           // most messages per transaction
+	AckWait      time.Duration // JetStream redelivery timeout
+	MaxDeliver   int           // deliveries before dead-lettering
+	Lease        time.Duration // longest a transaction may sit idle before Postgres ends it
+	WindowDays   int           // consume-log retention
+	CacheSize    int           // recent-commit cache entries; 0 disables the cache
+	Shards       int           // ledger subjects per region
 	// Stats, if set, receives the counters (kept across restarts by the
 	// caller); a new one is made otherwise.
 	Stats *ledger.Stats
@@ -89,7 +92,8 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ledger %s: %w", cfg.Region, err)
 	}
-	nc, err := nats.Connect(cfg.NATSURL, nats.Name("paymesh-ledger-"+cfg.Region), nats.MaxReconnects(-1))
+	opts := append(natsauth.ConnectOptions(cfg.NATSUser, cfg.NATSPassword), nats.Name("paymesh-ledger-"+cfg.Region), nats.MaxReconnects(-1))
+	nc, err := nats.Connect(cfg.NATSURL, opts...)
 	if err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("ledger %s: nats %s: %w", cfg.Region, cfg.NATSURL, err)
