@@ -191,6 +191,7 @@ var scenarios = []*scenario{
 				if e.coin(0.5) { // sent again as a new command: a new transfer ID, the same key and body
 					cmd.TransferID = e.id(home)
 				}
+				// Through the router's connection: only routers may publish to ledger subjects.
 				m := nats.NewMsg(ljs.Topology{Region: home, Shards: shards}.Subject(cmd.From))
 				m.Data = cmd.Encode()
 				m.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("%s/late-%d", cmd.MsgKey(), e.fired.Load()))
@@ -198,7 +199,7 @@ var scenarios = []*scenario{
 					Purpose: PurposeLate, Transfer: cmd.TransferID, cmd: cmd})
 				pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 				defer cancel()
-				if _, err := e.c.Region(home).Ledger.JetStream().PublishMsg(pctx, m); err != nil {
+				if _, err := e.c.Region(home).RouterJetStream().PublishMsg(pctx, m); err != nil {
 					e.hist.Complete(i, Unknown, err.Error(), "")
 				} else {
 					e.hist.Complete(i, OK, "", "")
