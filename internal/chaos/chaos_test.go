@@ -105,6 +105,18 @@ func TestCheckerCatchesDoubles(t *testing.T) {
 	}
 }
 
+// TestCheckerCatchesForgery: scenario 12 forging its publishes as the
+// router's user, which may publish to ledger subjects: the forged transfers
+// land, I3 names them, and the refusals check fails.
+func TestCheckerCatchesForgery(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a fault-injection run")
+	}
+	r := runOne(t, Config{forgeAs: "router", QuietWait: 10 * time.Second}, "12")
+	requireFailure(t, r, I3, "forged")
+	requireFailure(t, r, "refused", "refused")
+}
+
 // TestCheckerCatchesLoss: scenario 2 with the ledger acking each batch
 // before its transaction commits. A worker killed before COMMIT then loses
 // acknowledged transfers, and I3 fails naming their keys.

@@ -33,6 +33,10 @@ type Config struct {
 	// key) constraint before the workload: set only by this package's
 	// tests, with bugs.DedupByTransferID.
 	dropBusinessKey bool
+	// forgeAs makes scenario 12 forge its publishes as this service's user
+	// (a user allowed to publish there, "router"): set only by this
+	// package's tests, to show the checker fails when a forgery lands.
+	forgeAs string
 }
 
 // Result is one scenario run's verdict.

@@ -77,7 +77,6 @@ var NotBuilt = []string{
 	"6 postgres-restart: pg_ctl restart -m immediate of a throwaway cluster",
 	"10 clock-steps: idempotency-key expiry under an injected clock stepped backwards",
 	"11 hostile-inputs: fuzzed amounts, IDs, headers, oversized bodies and other clients' accounts through the API",
-	"12 nats-permissions: per-region NATS accounts (built separately)",
 }
 
 var scenarios = []*scenario{
@@ -306,6 +305,8 @@ var scenarios = []*scenario{
 		},
 	},
 }
+
+func init() { scenarios = append(scenarios, permissionsScenario()) }
 
 var lastSlow atomic.Int64
 
