@@ -565,20 +565,45 @@ func (l *Log) Status(ctx context.Context, q Querier, consumer string, key Key) (
 // carries this holder, c's fence and c's claim time. It is how a caller
 // resolves a COMMIT whose outcome it could not see; another holder's
 // commit of the same key does not count.
+//
+// The transaction whose COMMIT was cut off may still be finishing on the
+// server (its client went away, its backend did not), so a plain read could
+// miss a row about to commit. When q can begin a transaction, IsMine first
+// tries to insert the same key, which waits for any transaction still
+// holding it, then reads, and rolls its own insert back.
 func (l *Log) IsMine(ctx context.Context, q Querier, consumer string, c Claim) (bool, error) {
-	rows, err := q.Query(ctx, `
+	const mine = `
 		SELECT count(*) FROM dedup_log
 		WHERE consumer = $1 AND msg_key = $2 AND origin_day = $3
-		  AND status = 'PROCESSED' AND holder = $4 AND fence = $5 AND claimed_at = $6`,
-		consumer, c.Key.ID, c.day, l.cfg.Holder, c.Fence, c.at)
+		  AND status = 'PROCESSED' AND holder = $4 AND fence = $5 AND claimed_at = $6`
+	args := []any{consumer, c.Key.ID, c.day, l.cfg.Holder, c.Fence, c.at}
+	read := func(q Querier) (bool, error) {
+		rows, err := q.Query(ctx, mine, args...)
+		if err != nil {
+			return false, fmt.Errorf("dedup: is mine: %w", err)
+		}
+		n, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[int64])
+		if err != nil {
+			return false, fmt.Errorf("dedup: is mine: %w", err)
+		}
+		return n == 1, nil
+	}
+	b, ok := q.(Beginner)
+	if !ok {
+		return read(q)
+	}
+	tx, err := b.Begin(ctx)
 	if err != nil {
 		return false, fmt.Errorf("dedup: is mine: %w", err)
 	}
-	n, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[int64])
-	if err != nil {
+	defer tx.Rollback(ctx) //nolint:errcheck // the probe is always rolled back
+	if _, err := tx.Exec(ctx, `
+		INSERT INTO dedup_log (consumer, msg_key, origin_day, status, fence, holder, lease_until, claimed_at)
+		VALUES ($1, $2, $3, 'PROCESSING', 1, 'is-mine probe', now(), now())
+		ON CONFLICT DO NOTHING`, consumer, c.Key.ID, c.day); err != nil {
 		return false, fmt.Errorf("dedup: is mine: %w", err)
 	}
-	return n == 1, nil
+	return read(tx)
 }
 
 // dayFor maps an origin to its partition day, clamped into the live window so
