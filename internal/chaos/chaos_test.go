@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/paymesh/paymesh/internal/pgdb"
 	"github.com/paymesh/paymesh/internal/pgtest"
 	"github.com/paymesh/paymesh/services/ledger"
 )
@@ -53,6 +54,11 @@ func TestScenarios(t *testing.T) {
 	}
 	for _, name := range Scenarios() {
 		t.Run(name, func(t *testing.T) {
+			if s, _ := scenarioByName(name); s.ownPostgres {
+				if err := pgdb.Available(); err != nil {
+					t.Skipf("%s starts its own Postgres cluster: %v", name, err)
+				}
+			}
 			r := runOne(t, Config{}, name)
 			if r.Faults == 0 {
 				t.Errorf("%s: the fault never fired (%s)", name, r.Counts)

@@ -37,6 +37,10 @@ type Config struct {
 	// (a user allowed to publish there, "router"): set only by this
 	// package's tests, to show the checker fails when a forgery lands.
 	forgeAs string
+	// asyncCommit turns synchronous_commit off on scenario 6's own
+	// Postgres before its restarts: set only by this package's tests, to
+	// show the checker fails when acknowledged commits are lost.
+	asyncCommit bool
 }
 
 // Result is one scenario run's verdict.

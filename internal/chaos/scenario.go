@@ -24,6 +24,10 @@ type scenario struct {
 	ackWait      time.Duration
 	workers      int
 	hot          bool // the workload moves money among four accounts only
+	// ownPostgres puts the regions' databases on a throwaway cluster the
+	// run starts (pgdb.StartThrowaway) and stops, instead of
+	// Config.PostgresURL, so the fault may restart it (e.pg).
+	ownPostgres bool
 	// beforeCommit and dropAck are the ledger failpoints (see
 	// cluster.Config), consulted only while the workload runs.
 	beforeCommit func(ctx context.Context, e *env) error

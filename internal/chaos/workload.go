@@ -20,6 +20,7 @@ import (
 	"github.com/paymesh/paymesh/deploy/regions"
 	"github.com/paymesh/paymesh/internal/cluster"
 	"github.com/paymesh/paymesh/internal/natsembed"
+	"github.com/paymesh/paymesh/internal/pgdb"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/api"
 	"github.com/paymesh/paymesh/services/ledger"
@@ -51,6 +52,7 @@ type env struct {
 	seed   uint64
 	topo   *natsembed.Topology
 	dir    string
+	pg     *pgdb.Throwaway // the scenario's own Postgres (scenario.ownPostgres), or nil
 	c      *cluster.Cluster
 	hist   *History
 	names  []string
@@ -118,8 +120,17 @@ func start(ctx context.Context, cfg Config, sc *scenario, seed uint64) (*env, er
 	if ackWait == 0 {
 		ackWait = defaultAckWait
 	}
+	pgURL := cfg.PostgresURL
+	if sc.ownPostgres {
+		if e.pg, err = pgdb.StartThrowaway(ctx); err != nil {
+			e.topo.Shutdown()
+			os.RemoveAll(e.dir)
+			return nil, fmt.Errorf("scenario %s needs its own Postgres cluster: %w", sc.name, err)
+		}
+		pgURL = e.pg.URL
+	}
 	ccfg := cluster.Config{
-		Regions: table.Codes(), Topology: e.topo, PostgresURL: cfg.PostgresURL,
+		Regions: table.Codes(), Topology: e.topo, PostgresURL: pgURL,
 		DatabasePrefix: fmt.Sprintf("paymesh_chaos_%d_%d_", os.Getpid(), dbSeq.Add(1)),
 		Shards:         shards, BatchSize: 64, AckWait: ackWait, APIWait: 3 * time.Second, Bugs: cfg.bugs,
 		Log: slog.New(&countingHandler{n: &e.applyFailed}),
@@ -138,6 +149,9 @@ func start(ctx context.Context, cfg Config, sc *scenario, seed uint64) (*env, er
 	if e.c, err = cluster.Start(ctx, ccfg); err != nil {
 		e.topo.Shutdown()
 		os.RemoveAll(e.dir)
+		if e.pg != nil {
+			_ = e.pg.Stop()
+		}
 		return nil, err
 	}
 	for _, n := range e.names {
@@ -156,6 +170,9 @@ func (e *env) stop() {
 	}
 	e.topo.Shutdown()
 	os.RemoveAll(e.dir)
+	if e.pg != nil { // the scenario's own cluster goes, whatever Keep says
+		_ = e.pg.Stop()
+	}
 }
 
 // countingHandler counts the ledger's "apply failed" errors and drops

@@ -25,6 +25,7 @@ type Throwaway struct {
 	Dir    string
 	bin    string
 	asUser string
+	opts   string // the server options, kept for Restart
 }
 
 // Reachable reports whether a server answers at url within the timeout.
@@ -99,13 +100,33 @@ func StartThrowaway(ctx context.Context) (*Throwaway, error) {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("initdb: %v: %s", err, out)
 	}
-	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=on", port, dir)
-	if out, err := t.run(ctx, "pg_ctl", "-D", data, "-o", opts, "-l", filepath.Join(dir, "log"), "-w", "-t", "60", "start"); err != nil {
+	t.opts = fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=on", port, dir)
+	if out, err := t.run(ctx, "pg_ctl", "-D", data, "-o", t.opts, "-l", filepath.Join(dir, "log"), "-w", "-t", "60", "start"); err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("pg_ctl start: %v: %s", err, out)
 	}
 	t.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
 	return t, nil
+}
+
+// Restart restarts the cluster in immediate mode (pg_ctl restart -m
+// immediate): every server process is killed without a checkpoint, as in
+// a crash, and the server starts again on the same port and data folder,
+// running crash recovery before it accepts connections. Clients' open
+// connections break; new ones succeed once Restart returns.
+func (t *Throwaway) Restart(ctx context.Context) error {
+	if out, err := t.run(ctx, "pg_ctl", "-D", filepath.Join(t.Dir, "data"), "-o", t.opts, "-l", filepath.Join(t.Dir, "log"),
+		"-m", "immediate", "-w", "-t", "60", "restart"); err != nil {
+		return fmt.Errorf("pg_ctl restart: %v: %s", err, out)
+	}
+	return nil
+}
+
+// Available reports whether StartThrowaway can find initdb and pg_ctl,
+// with an error that says what to install when it cannot.
+func Available() error {
+	_, err := findBin()
+	return err
 }
 
 // Stop stops the cluster and removes its folder.

@@ -9,8 +9,8 @@ import (
 	"github.com/paymesh/paymesh/internal/pgdb"
 )
 
-// TestThrowaway starts a cluster from the local binaries, uses it, and
-// leaves nothing behind.
+// TestThrowaway starts a cluster from the local binaries, uses it,
+// restarts it in immediate mode on the same URL, and leaves nothing behind.
 func TestThrowaway(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a PostgreSQL cluster")
@@ -25,6 +25,12 @@ func TestThrowaway(t *testing.T) {
 	}
 	if _, err := pgdb.Create(ctx, tw.URL, "paymesh_probe", true); err != nil {
 		t.Fatal(err)
+	}
+	if err := tw.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := pgdb.Reachable(ctx, tw.URL, 5*time.Second); err != nil {
+		t.Fatalf("not reachable after an immediate restart: %v", err)
 	}
 	if err := tw.Stop(); err != nil {
 		t.Fatal(err)
