@@ -24,6 +24,10 @@ type scenario struct {
 	ackWait      time.Duration
 	workers      int
 	hot          bool // the workload moves money among four accounts only
+	// keyTTL and now are the APIs' idempotency-key TTL and clock (see
+	// cluster.Config; zero: the defaults).
+	keyTTL time.Duration
+	now    func() time.Time
 	// beforeCommit and dropAck are the ledger failpoints (see
 	// cluster.Config), consulted only while the workload runs.
 	beforeCommit func(ctx context.Context, e *env) error
