@@ -133,6 +133,7 @@ func start(ctx context.Context, cfg Config, sc *scenario, seed uint64) (*env, er
 		Regions: table.Codes(), Topology: e.topo, PostgresURL: pgURL,
 		DatabasePrefix: fmt.Sprintf("paymesh_chaos_%d_%d_", os.Getpid(), dbSeq.Add(1)),
 		Shards:         shards, BatchSize: 64, AckWait: ackWait, APIWait: 3 * time.Second, Bugs: cfg.bugs,
+		KeyTTL: sc.keyTTL, Now: sc.now,
 		Log: slog.New(&countingHandler{n: &e.applyFailed}),
 	}
 	if sc.beforeCommit != nil {

@@ -60,6 +60,8 @@ type Config struct {
 	// APIWait and KeyTTL configure each region's HTTP API (see api.Config).
 	APIWait time.Duration
 	KeyTTL  time.Duration
+	// Now is the APIs' clock (see api.Config; default time.Now).
+	Now func() time.Time
 	// APIAddrs gives a region's API a fixed listen address; the default is
 	// a random port on 127.0.0.1.
 	APIAddrs map[string]string
@@ -239,7 +241,7 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) error {
 		return err
 	}
 	apiSrv := api.New(api.Config{Region: r.Name, Regions: c.ids, IDs: gen, Store: srv.Store, Router: apiRouter, NATS: apiNC,
-		Wait: c.cfg.APIWait, KeyTTL: c.cfg.KeyTTL, Log: c.cfg.Log.With("region", r.Name, "service", "api")})
+		Wait: c.cfg.APIWait, KeyTTL: c.cfg.KeyTTL, Now: c.cfg.Now, Log: c.cfg.Log.With("region", r.Name, "service", "api")})
 	if err := apiSrv.Listen(); err != nil {
 		srv.Close()
 		closeNATS()

@@ -55,8 +55,11 @@ type Config struct {
 	Wait time.Duration
 	// KeyTTL is how long idempotency keys are kept (default 24 h).
 	KeyTTL time.Duration
-	Now    func() time.Time
-	Log    *slog.Logger
+	// Now is the clock the idempotency keys' creation, leases, expiry and
+	// cleanup are measured by (default time.Now); the fault-injection
+	// suite steps it.
+	Now func() time.Time
+	Log *slog.Logger
 }
 
 // Stats counts the API's idempotency outcomes. The zero value is ready.
@@ -332,13 +335,19 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 }
 
+// CleanupKeys deletes the idempotency keys expired by the API's clock, and
+// returns how many.
+func (s *Server) CleanupKeys(ctx context.Context) (int64, error) {
+	return s.cfg.Store.DeleteExpiredKeys(ctx, s.cfg.Now())
+}
+
 // RunCleanup deletes expired idempotency keys now and then every interval
 // until ctx ends.
 func (s *Server) RunCleanup(ctx context.Context, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
-		if n, err := s.cfg.Store.DeleteExpiredKeys(ctx, s.cfg.Now()); err != nil {
+		if n, err := s.CleanupKeys(ctx); err != nil {
 			if ctx.Err() == nil {
 				s.cfg.Log.Warn("idempotency key cleanup", "err", err)
 			}

@@ -14,4 +14,9 @@ type Bugs struct {
 	// request sent again under a new transfer ID applies again (once the
 	// schema's unique business key is gone as well).
 	DedupByTransferID bool
+	// ForgetKeyTransfer makes the store's TransferByKey find nothing, so
+	// the API no longer answers a request repeated after its idempotency
+	// key expired with the transfer the key made: it submits it again
+	// under a new transfer ID.
+	ForgetKeyTransfer bool
 }
