@@ -211,22 +211,32 @@ func (e *env) open(ctx context.Context) error {
 			return err
 		}
 		for range accountsPer {
-			a, err := store.CreateAccount(ctx, ledger.NewAccount{ClientID: clientID, Currency: "EUR"})
+			id, err := e.fundedAccount(ctx, n, clientID)
 			if err != nil {
 				return err
 			}
-			e.accts[n] = append(e.accts[n], a.ID)
-			cmd := ledger.Command{Type: ledger.TypeFund, TransferID: e.id(n), ClientID: "ops", IdempotencyKey: "fund-" + a.ID,
-				To: a.ID, Amount: funding, Currency: "EUR", CreatedAt: time.Now()}
-			if o := e.submitUntilKnown(ctx, PurposeFund, n, cmd); o != OK {
-				return fmt.Errorf("funding %s: %s", a.ID, o)
-			}
+			e.accts[n] = append(e.accts[n], id)
 		}
 	}
 	e.hot = e.accts[e.names[0]][:4]
 	qctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	return e.c.WaitQuiet(qctx)
+}
+
+// fundedAccount opens an EUR account of client in region and funds it
+// with funding through the region's router.
+func (e *env) fundedAccount(ctx context.Context, region, client string) (string, error) {
+	a, err := e.c.Region(region).Ledger.Store.CreateAccount(ctx, ledger.NewAccount{ClientID: client, Currency: "EUR"})
+	if err != nil {
+		return "", err
+	}
+	cmd := ledger.Command{Type: ledger.TypeFund, TransferID: e.id(region), ClientID: "ops", IdempotencyKey: "fund-" + a.ID,
+		To: a.ID, Amount: funding, Currency: "EUR", CreatedAt: time.Now()}
+	if o := e.submitUntilKnown(ctx, PurposeFund, region, cmd); o != OK {
+		return "", fmt.Errorf("funding %s: %s", a.ID, o)
+	}
+	return a.ID, nil
 }
 
 // run sends requests from workers goroutines until d has passed. A

@@ -55,7 +55,8 @@ type Config struct {
 	// would).
 	BeforeCommit func(ctx context.Context) error
 	// Bugs are deliberate bugs for the fault-injection suite's tests only
-	// (see ledger.Bugs); the zero value is the correct ledger.
+	// (see ledger.Bugs), passed to the ledger and the API; the zero value is
+	// the correct ledger and API.
 	Bugs ledger.Bugs
 	// APIWait and KeyTTL configure each region's HTTP API (see api.Config).
 	APIWait time.Duration
@@ -241,7 +242,7 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) error {
 		return err
 	}
 	apiSrv := api.New(api.Config{Region: r.Name, Regions: c.ids, IDs: gen, Store: srv.Store, Router: apiRouter, NATS: apiNC,
-		Wait: c.cfg.APIWait, KeyTTL: c.cfg.KeyTTL, Now: c.cfg.Now, Log: c.cfg.Log.With("region", r.Name, "service", "api")})
+		Wait: c.cfg.APIWait, KeyTTL: c.cfg.KeyTTL, Now: c.cfg.Now, Bugs: c.cfg.Bugs, Log: c.cfg.Log.With("region", r.Name, "service", "api")})
 	if err := apiSrv.Listen(); err != nil {
 		srv.Close()
 		closeNATS()

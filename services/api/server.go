@@ -60,6 +60,10 @@ type Config struct {
 	// suite steps it.
 	Now func() time.Time
 	Log *slog.Logger
+	// Bugs are deliberate bugs for the fault-injection suite's tests only
+	// (see ledger.Bugs: the API reads SkipOwnerCheck); the zero value is
+	// the correct API.
+	Bugs ledger.Bugs
 }
 
 // Stats counts the API's idempotency outcomes. The zero value is ready.
