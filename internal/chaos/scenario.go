@@ -1,10 +1,12 @@
 package chaos
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -77,12 +79,20 @@ func Scenarios() []string {
 	for _, s := range scenarios {
 		out = append(out, s.name)
 	}
+	// Scenarios in files of their own register from init, in file order:
+	// list them all by their number.
+	slices.SortStableFunc(out, func(a, b string) int { return cmp.Compare(number(a), number(b)) })
 	return out
 }
 
-// NotBuilt lists the scenarios this suite does not run yet.
-var NotBuilt = []string{
+// number is a scenario's number, the part of its name before the dash.
+func number(name string) int {
+	n, _ := strconv.Atoi(strings.SplitN(name, "-", 2)[0])
+	return n
 }
+
+// NotBuilt lists the scenarios this suite does not run yet.
+var NotBuilt []string
 
 var scenarios = []*scenario{
 	{
