@@ -320,6 +320,9 @@ var hostileCases = []hostileCase{
 	withHeader("Idempotency-Key of 32 KiB", func(_ *hostility, _ *env, hdr http.Header) {
 		hdr.Set("Idempotency-Key", hdr.Get("Idempotency-Key")+"-"+strings.Repeat("k", 32<<10))
 	}),
+	withHeader("Idempotency-Key twice, both valid", func(_ *hostility, _ *env, hdr http.Header) {
+		hdr.Add("Idempotency-Key", hdr.Get("Idempotency-Key")+"-second")
+	}),
 	withHeader("Idempotency-Key twice, the first invalid", func(_ *hostility, _ *env, hdr http.Header) {
 		k := hdr.Get("Idempotency-Key")
 		hdr.Set("Idempotency-Key", k+" bad")
@@ -370,6 +373,7 @@ var hostileCases = []hostileCase{
 		return []byte(strings.Repeat("[", 10000) + strings.Repeat("]", 10000))
 	}),
 	// Content types with bodies that are not JSON.
+	withContentType("text/plain with a JSON body", "text/plain", func(r hostileReq) []byte { return r.body }),
 	withContentType("form", "application/x-www-form-urlencoded", func(r hostileReq) []byte {
 		return fmt.Appendf(nil, "from=%s&to=%s&amount=%d&currency=EUR", r.rec.From, r.rec.To, r.rec.Amount)
 	}),

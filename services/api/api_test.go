@@ -107,15 +107,23 @@ func (r response) code(tb testing.TB) ledger.Code {
 
 func (e *env) do(tb testing.TB, region, method, path, apiKey, idemKey, body string) response {
 	tb.Helper()
+	h := http.Header{}
+	if idemKey != "" {
+		h.Set("Idempotency-Key", idemKey)
+	}
+	return e.doWith(tb, region, method, path, apiKey, body, h)
+}
+
+// doWith sends a request with the given headers and the client's API key.
+func (e *env) doWith(tb testing.TB, region, method, path, apiKey, body string, h http.Header) response {
+	tb.Helper()
 	req, err := http.NewRequest(method, e.c.Region(region).APIURL+path, strings.NewReader(body))
 	if err != nil {
 		tb.Fatal(err)
 	}
+	req.Header = h
 	if apiKey != "" {
 		req.Header.Set("Authorization", "Bearer "+apiKey)
-	}
-	if idemKey != "" {
-		req.Header.Set("Idempotency-Key", idemKey)
 	}
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -377,6 +385,20 @@ func TestValidationAndLimits(t *testing.T) {
 			if r.status != 422 || r.code(t) != ledger.CodeInvalidAmount {
 				t.Fatalf("floor %s: got %d %s, want 422 invalid_amount", floor, r.status, r.body)
 			}
+		}
+	})
+	t.Run("ContentTypeNotJSON", func(t *testing.T) {
+		for _, ct := range []string{"text/plain", "application/x-www-form-urlencoded", "application/xml", "garbage;;"} {
+			r := e.doWith(t, "eu", "POST", "/v1/transfers", keyA, body("1"), http.Header{"Content-Type": {ct}, "Idempotency-Key": {"ct-" + ct}})
+			if r.status != 415 || r.code(t) != api.CodeUnsupportedMediaType {
+				t.Fatalf("Content-Type %q: got %d %s, want 415 unsupported_media_type", ct, r.status, r.body)
+			}
+		}
+	})
+	t.Run("IdempotencyKeyTwice", func(t *testing.T) {
+		r := e.doWith(t, "eu", "POST", "/v1/transfers", keyA, body("1"), http.Header{"Idempotency-Key": {"twice-1", "twice-2"}})
+		if r.status != 400 || r.code(t) != ledger.CodeInvalidRequest {
+			t.Fatalf("got %d %s, want 400 invalid_request", r.status, r.body)
 		}
 	})
 	for i, tc := range cases {

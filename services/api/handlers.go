@@ -125,6 +125,9 @@ func (s *Server) listEntries(ctx context.Context, c call) reply {
 }
 
 func (s *Server) postTransfer(ctx context.Context, r *http.Request, client string) reply {
+	if len(r.Header.Values("Idempotency-Key")) > 1 {
+		return errReply(ledger.Errorf(ledger.CodeInvalidRequest, "give the Idempotency-Key header once"))
+	}
 	key := r.Header.Get("Idempotency-Key")
 	if key == "" {
 		return errReply(ledger.Errorf(CodeIdempotencyKeyMissing, "POST /v1/transfers requires an Idempotency-Key header"))

@@ -15,6 +15,7 @@ const (
 	CodeIdempotencyKeyMissing  ledger.Code = "idempotency_key_missing"
 	CodeIdempotencyKeyInFlight ledger.Code = "idempotency_key_in_flight"
 	CodeBodyTooLarge           ledger.Code = "body_too_large"
+	CodeUnsupportedMediaType   ledger.Code = "unsupported_media_type"
 	CodeRegionUnavailable      ledger.Code = "region_unavailable"
 	CodeInternal               ledger.Code = "internal"
 )
@@ -40,6 +41,7 @@ var statusOf = map[ledger.Code]int{
 	CodeIdempotencyKeyMissing:       http.StatusBadRequest,
 	CodeIdempotencyKeyInFlight:      http.StatusConflict,
 	CodeBodyTooLarge:                http.StatusRequestEntityTooLarge,
+	CodeUnsupportedMediaType:        http.StatusUnsupportedMediaType,
 	CodeRegionUnavailable:           http.StatusServiceUnavailable,
 	CodeInternal:                    http.StatusInternalServerError,
 }

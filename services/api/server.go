@@ -22,8 +22,10 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"mime"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -312,7 +314,15 @@ func (s *Server) limit(c postgres.Client) time.Duration {
 	return 0
 }
 
+// readBody reads a request's JSON body. A body sent with a Content-Type
+// other than JSON is refused (a request without one is read as JSON).
 func (s *Server) readBody(r *http.Request) ([]byte, error) {
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		mt, _, err := mime.ParseMediaType(ct)
+		if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
+			return nil, ledger.Errorf(CodeUnsupportedMediaType, "Content-Type %q: the body must be application/json", ct)
+		}
+	}
 	b, err := io.ReadAll(io.LimitReader(r.Body, MaxBodyBytes+1))
 	if err != nil {
 		return nil, ledger.Errorf(ledger.CodeInvalidRequest, "read body: %v", err)
