@@ -272,6 +272,10 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 
 const demoClient = "demo"
 
+// httpAttempts is how many times the demo's clients send a request that
+// gets 409, 429 or 5xx (with the server's Retry-After, about 20 s in all).
+const httpAttempts = 20
+
 // registerClient creates the demo's API client in every region.
 func registerClient(ctx context.Context, c *cluster.Cluster) (string, error) {
 	b := make([]byte, 16)
@@ -550,7 +554,10 @@ func (d *driver) submit(ctx context.Context, via string, cmd ledger.Command) err
 func (d *driver) sendHTTP(ctx context.Context, via string, cmd ledger.Command) error {
 	key := api.NewIdempotencyKey()
 	req := api.TransferRequest{From: cmd.From, To: cmd.To, Amount: cmd.Amount, Currency: cmd.Currency}
-	cl := &api.Client{BaseURL: d.c.Region(via).APIURL, APIKey: d.apiKey}
+	// A key left in flight by a region restart answers 409 until its lease
+	// (the API's wait + 5 s) ends: retry for longer than that, as a client
+	// would.
+	cl := &api.Client{BaseURL: d.c.Region(via).APIURL, APIKey: d.apiKey, Attempts: httpAttempts}
 	r, err := cl.SendTransfer(ctx, req, key)
 	if err != nil {
 		return fmt.Errorf("POST /v1/transfers in %s: %w", via, err)
@@ -564,7 +571,7 @@ func (d *driver) sendHTTP(ctx context.Context, via string, cmd ledger.Command) e
 	d.cmds = append(d.cmds, cmd)
 	d.mu.Unlock()
 	if d.float() < d.cfg.ClientRetry {
-		other := &api.Client{BaseURL: d.c.Region(d.names[d.intn(len(d.names))]).APIURL, APIKey: d.apiKey}
+		other := &api.Client{BaseURL: d.c.Region(d.names[d.intn(len(d.names))]).APIURL, APIKey: d.apiKey, Attempts: httpAttempts}
 		again, err := other.SendTransfer(ctx, req, key)
 		if err != nil {
 			return err
