@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -23,5 +24,16 @@ func TestCheckerCatchesAsyncCommit(t *testing.T) {
 		t.Skipf("scenario 6 starts its own Postgres cluster: %v", err)
 	}
 	r := runOne(t, Config{asyncCommit: true, QuietWait: 10 * time.Second}, "6")
-	requireFailure(t, r, I3, "transfer ")
+	// The loss shows in I3, or in I1 and I6 when the lost commit was a
+	// saga step: at least one of them fails and names a transfer.
+	for _, name := range []string{I3, I1, I6} {
+		c := r.Check(name)
+		for _, f := range c.Failures {
+			if !c.OK && strings.Contains(f, "transfer") {
+				t.Logf("%s names: %s", name, f)
+				return
+			}
+		}
+	}
+	t.Fatalf("I1, I3 and I6 passed or named no transfer with the deliberate bug on: the checker cannot see it")
 }
