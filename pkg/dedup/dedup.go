@@ -246,7 +246,13 @@ func (l *Log) QueueClaimForTx(b *pgx.Batch, consumer string, keys []Key) (*Pendi
 // repeats within keys settle every one of them (ok), so that the caller
 // needs no transaction at all: a batch of redeliveries of recent commits.
 func (l *Log) SettledWithoutTable(consumer string, keys []Key) (claims []Claim, ok bool) {
-	if l.cfg.Cache == nil {
+	if l.cfg.Cache == nil || len(keys) == 0 {
+		return nil, false
+	}
+	// The first key is never a repeat: unless the cache knows it, the batch
+	// needs the table, and the full pass is not worth making (a batch of
+	// first deliveries, the common case, stops here).
+	if fp, ok := l.cfg.Cache.get(consumer, keys[0].ID); !ok || !sameFingerprint(fp, keys[0].Fingerprint) {
 		return nil, false
 	}
 	p, err := l.prepare(consumer, keys, statusProcessed)
