@@ -532,12 +532,17 @@ func (r LedgerRun) line() string {
 	if len(r.Layers) > 0 {
 		fmt.Fprintf(&b, "  caught by %v", r.Layers)
 	}
-	if r.Verified {
-		b.WriteString("  invariants PASS")
-	} else {
-		b.WriteString("  invariants FAIL: " + r.VerifyReport)
-	}
+	b.WriteString("  " + invariants(r.Verified, r.VerifyReport))
 	return b.String()
+}
+
+// invariants is a run's verdict on its invariant checks, with the report
+// of what failed.
+func invariants(ok bool, report string) string {
+	if ok {
+		return "invariants PASS"
+	}
+	return "invariants FAIL: " + report
 }
 
 // WriteJSON writes the result to path.

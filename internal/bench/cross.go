@@ -38,12 +38,8 @@ type CrossRun struct {
 }
 
 func (c CrossRun) line() string {
-	verdict := "invariants PASS"
-	if !c.Verified {
-		verdict = "invariants FAIL: " + c.VerifyReport
-	}
 	return fmt.Sprintf("%-13s %8.0f/s  %d of %d completed in %.1fs (%.0f%% cross-region, regions %v)  same-region p50 %.1f ms p99 %.1f ms, cross-region p50 %.1f ms p99 %.1f ms  %s",
-		Cross, c.Rate, c.Completed, c.Transfers, c.Seconds, 100*c.CrossShare, c.Regions, c.SameP50Ms, c.SameP99Ms, c.CrossP50Ms, c.CrossP99Ms, verdict)
+		Cross, c.Rate, c.Completed, c.Transfers, c.Seconds, 100*c.CrossShare, c.Regions, c.SameP50Ms, c.SameP99Ms, c.CrossP50Ms, c.CrossP99Ms, invariants(c.Verified, c.VerifyReport))
 }
 
 // crossSubmitters is how many transfers are submitted to the routers at once.

@@ -36,15 +36,8 @@ type ProcessRun struct {
 }
 
 func (p ProcessRun) line() string {
-	return fmt.Sprintf("%-13s %8.0f/s  %d transfers in %.1fs  ledger process: peak RSS %.0f MB, CPU %.0f µs/msg  invariants %s",
-		LedgerProcess, p.Rate, p.Transfers, p.Seconds, p.PeakRSSMB, p.CPUPerTransferUs, passFail(p.Verified))
-}
-
-func passFail(ok bool) string {
-	if ok {
-		return "PASS"
-	}
-	return "FAIL"
+	return fmt.Sprintf("%-13s %8.0f/s  %d transfers in %.1fs  ledger process: peak RSS %.0f MB, CPU %.0f µs/msg  %s",
+		LedgerProcess, p.Rate, p.Transfers, p.Seconds, p.PeakRSSMB, p.CPUPerTransferUs, invariants(p.Verified, p.VerifyReport))
 }
 
 // ledgerProcess runs `<binary> ledger` on a database of its own and the
