@@ -45,6 +45,9 @@ type Config struct {
 	Shards         int
 	BatchSize      int
 	AckWait        time.Duration
+	// DuplicateWindow is the Nats-Msg-Id window of the route and ledger
+	// streams (default ljs.DefaultDuplicateWindow).
+	DuplicateWindow time.Duration
 	// Inject asks, per router publish, for a duplicate (see router.Config).
 	Inject func() bool
 	// DropAck asks, per committed ledger batch of msgs messages, to skip
@@ -55,8 +58,8 @@ type Config struct {
 	// would).
 	BeforeCommit func(ctx context.Context) error
 	// Bugs are deliberate bugs for the fault-injection suite's tests only
-	// (see ledger.Bugs), passed to the ledger and the API; the zero value is
-	// the correct ledger and API.
+	// (see ledger.Bugs), passed to the ledger, the router and the API; the
+	// zero value is the correct ledger, router and API.
 	Bugs ledger.Bugs
 	// APIWait and KeyTTL configure each region's HTTP API (see api.Config).
 	APIWait time.Duration
@@ -201,7 +204,7 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) error {
 	lu := user(natsauth.Ledger)
 	srv, err := server.Open(ctx, server.Config{Observe: observe,
 		Region: r.Name, Regions: c.ids, Node: 1, PostgresURL: r.URL, NATSURL: url, NATSUser: lu.Name, NATSPassword: lu.Password, Workers: 2,
-		BatchSize: c.cfg.BatchSize, AckWait: c.cfg.AckWait, MaxDeliver: 1000, Shards: c.cfg.Shards,
+		BatchSize: c.cfg.BatchSize, AckWait: c.cfg.AckWait, MaxDeliver: 1000, Shards: c.cfg.Shards, DuplicateWindow: c.cfg.DuplicateWindow,
 		CacheSize: 10_000, AfterCommit: afterCommit, BeforeCommit: c.cfg.BeforeCommit, Bugs: c.cfg.Bugs, Log: c.cfg.Log.With("region", r.Name, "service", "ledger"),
 		Respond: api.Respond, Stats: r.ledgerStats,
 	})
@@ -223,13 +226,13 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) error {
 		nc.Close()
 		apiNC.Close()
 	}
-	if err := router.EnsureStream(ctx, js, r.Name, 0); err != nil {
+	if err := router.EnsureStream(ctx, js, r.Name, c.cfg.DuplicateWindow); err != nil {
 		srv.Close()
 		closeNATS()
 		return err
 	}
 	rtCfg := router.Config{Region: r.Name, Regions: c.ids, Shards: c.cfg.Shards, Inject: c.cfg.Inject, AckWait: c.cfg.AckWait,
-		Stats: r.routerStats}
+		Bugs: c.cfg.Bugs, Stats: r.routerStats}
 	rt := router.New(js, rtCfg)
 	// The API submits through a router of its own connection, counted
 	// with the region's router.

@@ -24,4 +24,34 @@ type Bugs struct {
 	// hole: any client could move another client's money). services/api
 	// reads it from api.Config.Bugs.
 	SkipOwnerCheck bool
+	// IgnoreKeyBody makes the API's idempotency keys forget the request
+	// they were made for: a key sent again with another body is answered
+	// with the first request's stored response instead of refused.
+	IgnoreKeyBody bool
+	// SeenBeforeCommit records a batch's message keys in the recent-commit
+	// cache when they are claimed, before the transaction commits (the
+	// "SETNX before processing" mistake). A redelivery, or the next
+	// attempt, of a batch whose transaction then fails is taken for a
+	// duplicate and acked: the transfer is lost.
+	SeenBeforeCommit bool
+	// AssumeCommitted takes a COMMIT the server never answered for a
+	// success, without reading the consume-log back: a batch cut off
+	// before its COMMIT reached the server is acked, and lost.
+	AssumeCommitted bool
+	// DropStateCAS lets a saga step move a transfer whatever its status:
+	// the state machine's transition check and the compare-and-set on
+	// (status, version) are gone, so a refusal that arrives after the
+	// confirmation refunds a completed transfer.
+	DropStateCAS bool
+	// NoRetry gives up an apply transaction on its first deadlock,
+	// serialization failure or lock timeout instead of retrying it.
+	NoRetry bool
+	// ForwardIgnoresPubAck makes the router ack a command in its route
+	// stream once the forward to the home region was sent, whether or not
+	// the home stream confirmed it: a forward lost on the way is lost.
+	ForwardIgnoresPubAck bool
+	// RelayIgnoresPubAck makes the router mark an outbox row sent once the
+	// saga step was published, whether or not the destination stream
+	// confirmed it: a step lost on the way leaves its money in transit.
+	RelayIgnoresPubAck bool
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -125,6 +126,9 @@ func (s *Store) applyTx(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, k
 	claims, err := pending.Finish(ctx, tx)
 	if err != nil {
 		return nil, nil, err
+	}
+	if s.cfg.Bugs.SeenBeforeCommit { // deliberate bug, tests only: the first claims cached before COMMIT
+		s.cfg.Dedup.Committed(Consumer, claims)
 	}
 	var first, dups []int
 	for i, c := range claims {
@@ -399,7 +403,7 @@ func (s *Store) systemAccounts(ctx context.Context, tx pgx.Tx, currencies []stri
 // system accounts.
 func (s *Store) queueLockState(ctx context.Context, tx pgx.Tx, b *pgx.Batch, cmds []ledger.Command) (*ledger.Batch, error) {
 	st := &ledger.Batch{Home: s.cfg.Region, Regions: s.cfg.Regions, Issuance: map[string]string{}, Transit: map[string]string{},
-		Accounts: map[string]ledger.Account{}}
+		Accounts: map[string]ledger.Account{}, Bugs: s.cfg.Bugs}
 	if len(cmds) == 0 {
 		return st, nil
 	}
@@ -526,12 +530,11 @@ func (s *Store) queuePlan(b *pgx.Batch, cmds []ledger.Command, p ledger.Plan) {
 			nt.id, nt.client, nt.key, nt.typ, nt.from, nt.to, nt.cur, nt.status, nt.reason, nt.fp, nt.amount, nt.version, nt.created)
 	}
 	if len(uID) > 0 {
-		b.Queue(`
-			UPDATE transfers t SET status = u.status, version = u.to_version, reason = nullif(u.reason, ''), settled_at = now()
-			FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::text[])
-			     AS u(id, from_status, from_version, status, to_version, reason)
-			WHERE t.id = u.id AND t.status = u.from_status AND t.version = u.from_version`,
-			uID, uFrom, uFromV, uTo, uToV, uReason).Exec(func(tag pgconn.CommandTag) error {
+		sql := advanceTransfersSQL
+		if s.cfg.Bugs.DropStateCAS { // deliberate bug, tests only
+			sql = strings.Replace(sql, transferCAS, "true", 1)
+		}
+		b.Queue(sql, uID, uFrom, uFromV, uTo, uToV, uReason).Exec(func(tag pgconn.CommandTag) error {
 			if tag.RowsAffected() != int64(len(uID)) {
 				s.stats().StaleVersions.Add(1)
 				return ledger.Errorf(ledger.CodeStaleVersion, "transfer compare-and-set matched %d of %d transfers", tag.RowsAffected(), len(uID))
@@ -590,6 +593,16 @@ func optional(c ledger.Code) *string {
 	s := string(c)
 	return &s
 }
+
+// advanceTransfersSQL moves each transfer to its next status where it is
+// still in the status and version the batch read (transferCAS).
+const advanceTransfersSQL = `
+	UPDATE transfers t SET status = u.status, version = u.to_version, reason = nullif(u.reason, ''), settled_at = now()
+	FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::text[])
+	     AS u(id, from_status, from_version, status, to_version, reason)
+	WHERE t.id = u.id AND ` + transferCAS
+
+const transferCAS = "t.status = u.from_status AND t.version = u.from_version"
 
 // updateBalancesSQL sets each account's balance and version only where the
 // version is still the one the batch read.

@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/paymesh/paymesh/pkg/dedup"
@@ -191,4 +192,52 @@ func TestCrossRegionSaga(t *testing.T) {
 	if !rep.OK() {
 		t.Fatalf("global verify:\n%s", rep)
 	}
+}
+
+// lateRefusal completes a transfer eu→us through the saga, then hands eu a
+// refusal of its credit, out of order: the state machine must refuse it. It
+// returns what went wrong.
+func lateRefusal(t *testing.T, bugs ledger.Bugs) []string {
+	withBugs := func(c *postgres.Config) { c.Bugs = bugs }
+	eu, us := ledgertest.New(t, withBugs), ledgertest.New(t, ledgertest.Region("us"), withBugs)
+	regions := map[string]*ledgertest.Fixture{"eu": eu, "us": us}
+	a, b := eu.Account(t, "EUR", 1000), us.Account(t, "EUR", 0)
+	cmd := eu.Transfer(t, a, b, 300)
+	eu.MustApply(t, cmd)
+	relay(t, eu, regions)
+	relay(t, us, regions)
+	var problems []string
+	if r := eu.Apply(t, cmd.Step(ledger.TypeRefuse, ledger.CodeAccountClosed))[0]; r.Kind != ledger.Invalid {
+		problems = append(problems, fmt.Sprintf("a refusal after the confirmation was %v, want invalid", r.Kind))
+	}
+	if got := transferStatus(t, eu, cmd.TransferID); got.Status != ledger.StatusCompleted || got.Version != 2 {
+		problems = append(problems, fmt.Sprintf("the transfer is %s v%d, want COMPLETED v2", got.Status, got.Version))
+	}
+	if got := eu.Balance(t, a); got != 700 {
+		problems = append(problems, fmt.Sprintf("the source holds %d, want 700 (credited in us and refunded in eu)", got))
+	}
+	rep, err := postgres.VerifyGlobal(context.Background(), []*postgres.Store{eu.Store, us.Store}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.OK() {
+		problems = append(problems, "global verify failed:\n"+rep.String())
+	}
+	return problems
+}
+
+// TestLateRefusalRefused: a refusal that arrives after the confirmation
+// (its consume-log key is new, so only the state machine stands in its
+// way) changes nothing. With the state machine's transition check and
+// compare-and-set dropped (a deliberate bug), the same test fails: the
+// completed transfer is refunded too.
+func TestLateRefusalRefused(t *testing.T) {
+	if p := lateRefusal(t, ledger.Bugs{}); len(p) > 0 {
+		t.Fatalf("out-of-order refusal: %v", p)
+	}
+	p := lateRefusal(t, ledger.Bugs{DropStateCAS: true})
+	if len(p) == 0 {
+		t.Fatal("with the state machine's CAS dropped, the out-of-order test still passes: it cannot see the bug")
+	}
+	t.Logf("with the CAS dropped: %v", p)
 }

@@ -42,6 +42,9 @@ type Config struct {
 	WindowDays   int           // consume-log retention
 	CacheSize    int           // recent-commit cache entries; 0 disables the cache
 	Shards       int           // ledger subjects per region
+	// DuplicateWindow is the ledger streams' Nats-Msg-Id window (default
+	// ljs.DefaultDuplicateWindow).
+	DuplicateWindow time.Duration
 	// Stats, if set, receives the counters (kept across restarts by the
 	// caller); a new one is made otherwise.
 	Stats *ledger.Stats
@@ -114,7 +117,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		stats = &ledger.Stats{}
 	}
 	s := &Server{cfg: cfg, Stats: stats, pool: pool, nc: nc, js: js,
-		Topo: ljs.Topology{Region: cfg.Region, Shards: cfg.Shards}}
+		Topo: ljs.Topology{Region: cfg.Region, Shards: cfg.Shards, DuplicateWindow: cfg.DuplicateWindow}}
 	s.dedup = dedup.New(dedup.Config{
 		Holder: fmt.Sprintf("%s/%s-%d/%d", cfg.Region, host, os.Getpid(), cfg.Node), Lease: cfg.Lease,
 		WindowDays: cfg.WindowDays, Cache: cache,
