@@ -8,7 +8,6 @@ import (
 
 	"github.com/paymesh/paymesh/internal/pgdb"
 	"github.com/paymesh/paymesh/internal/pgtest"
-	"github.com/paymesh/paymesh/services/ledger"
 )
 
 // shortRun is each scenario's workload in the test suite.
@@ -90,49 +89,4 @@ func requireFailure(t *testing.T, r Result, name, want string) {
 		}
 	}
 	t.Fatalf("%s failed, but no failure says %q: %v", name, want, c.Failures)
-}
-
-// TestCheckerCatchesDoubles: scenario 4 (requests published again past
-// the Nats-Msg-Id window, half under a new transfer ID) with the
-// consume-log keyed by transfer ID, the business-key lookup skipped and the
-// unique (client, idempotency key) constraint dropped. A request sent again
-// under a new transfer ID then applies twice, and I3 fails naming the key
-// and both transfers. (In scenario 1 the same bug stays invisible: the API's
-// idempotency keys and the streams' Msg-Id window catch every resubmit
-// before the ledger.)
-func TestCheckerCatchesDoubles(t *testing.T) {
-	if testing.Short() {
-		t.Skip("a fault-injection run")
-	}
-	r := runOne(t, Config{bugs: ledger.Bugs{DedupByTransferID: true}, dropBusinessKey: true, QuietWait: 20 * time.Second}, "4")
-	requireFailure(t, r, I3, "DOUBLED")
-	if r.Doubled == 0 {
-		t.Errorf("no key counted as doubled")
-	}
-}
-
-// TestCheckerCatchesForgery: scenario 12 forging its publishes as the
-// router's user, which may publish to ledger subjects: the forged transfers
-// land, I3 names them, and the refusals check fails.
-func TestCheckerCatchesForgery(t *testing.T) {
-	if testing.Short() {
-		t.Skip("a fault-injection run")
-	}
-	r := runOne(t, Config{forgeAs: "router", QuietWait: 10 * time.Second}, "12")
-	requireFailure(t, r, I3, "forged")
-	requireFailure(t, r, "refused", "refused")
-}
-
-// TestCheckerCatchesLoss: scenario 2 with the ledger acking each batch
-// before its transaction commits. A worker killed before COMMIT then loses
-// acknowledged transfers, and I3 fails naming their keys.
-func TestCheckerCatchesLoss(t *testing.T) {
-	if testing.Short() {
-		t.Skip("a fault-injection run")
-	}
-	r := runOne(t, Config{bugs: ledger.Bugs{AckBeforeCommit: true}, QuietWait: 3 * time.Second}, "2")
-	requireFailure(t, r, I3, "LOST")
-	if r.Lost == 0 {
-		t.Errorf("no key counted as lost")
-	}
 }

@@ -72,7 +72,7 @@ const (
 	PurposeConflict = "conflict" // the same key with another body
 	PurposeBurst    = "burst"    // one of several concurrent sends of one key
 	PurposeFund     = "fund"
-	PurposeLate     = "late-retry" // published again after the Msg-Id window (simulated)
+	PurposeLate     = "late-retry" // submitted again after the Msg-Id window expired
 )
 
 // History is the record of every operation. It is safe for concurrent use.

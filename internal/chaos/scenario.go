@@ -12,10 +12,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
-	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
+	"github.com/paymesh/paymesh/internal/faultproxy"
 )
 
 // scenario is one fault and how to inject it.
@@ -26,10 +24,16 @@ type scenario struct {
 	ackWait      time.Duration
 	workers      int
 	hot          bool // the workload moves money among four accounts only
+	// dupWindow is the route and ledger streams' Nats-Msg-Id window (zero:
+	// the default).
+	dupWindow time.Duration
 	// ownPostgres puts the regions' databases on a throwaway cluster the
 	// run starts (pgdb.StartThrowaway) and stops, instead of
 	// Config.PostgresURL, so the fault may restart it (e.pg).
 	ownPostgres bool
+	// pgProxy runs every Postgres connection through a fault proxy
+	// (e.pgProxy).
+	pgProxy bool
 	// keyTTL and now are the APIs' idempotency-key TTL and clock (see
 	// cluster.Config; zero: the defaults).
 	keyTTL time.Duration
@@ -48,6 +52,14 @@ type scenario struct {
 }
 
 var errKilled = errors.New("chaos: worker killed before COMMIT")
+
+// Scenario 4's shortened duplicate window, and how long after its
+// acknowledgement a command is retried: past the window, and past the
+// stream's purge of expired Msg-Ids (at most one more window).
+const (
+	lateWindow = 300 * time.Millisecond
+	lateAge    = 3 * lateWindow
+)
 
 // at sleeps until fraction f of d has passed since start, or ctx ends.
 func at(ctx context.Context, start time.Time, d time.Duration, f float64) bool {
@@ -153,8 +165,9 @@ var scenarios = []*scenario{
 	{
 		name: "3-slow-ack",
 		what: "AckWait of 1 s while some transactions take 1.5 s (a delay before COMMIT, at most one every 400 ms per " +
-			"process): JetStream redelivers their messages while the first attempt still runs",
-		counts:  "transactions held past AckWait (and the redeliveries must be > 0)",
+			"process), and one in three of those then fails (a slow worker that dies): JetStream redelivers their messages " +
+			"while the first attempt still runs, and a redelivery must wait for that attempt's outcome, not take it for done",
+		counts:  "transactions held past AckWait (the redeliveries, and the held ones that failed, must be > 0)",
 		ackWait: time.Second,
 		beforeCommit: func(ctx context.Context, e *env) error {
 			now := time.Now().UnixMilli()
@@ -162,62 +175,59 @@ var scenarios = []*scenario{
 			if now-last < 400 || !lastSlow.CompareAndSwap(last, now) {
 				return nil
 			}
-			e.fired.Add(1)
+			n := e.fired.Add(1)
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
 			case <-time.After(1500 * time.Millisecond):
 			}
+			if n%3 == 1 { // the first, fourth, ... held transaction
+				e.count(slowFailed)
+				return errKilled
+			}
 			return nil
 		},
 		extra: func(ctx context.Context, e *env) ([]Check, error) {
-			chk := Check{Name: "redelivered", What: "messages were redelivered", OK: true}
+			chk := Check{Name: "redelivered", What: "messages were redelivered, and some held transactions failed", OK: true}
 			for _, n := range e.names {
 				chk.Checked += e.c.Region(n).Ledger.Stats.Redeliveries.Load()
 			}
 			if chk.Checked == 0 {
 				chk.fail("no ledger redelivery: AckWait never expired during a transaction")
 			}
+			if e.sentCount(slowFailed) == 0 {
+				chk.fail("no held transaction failed")
+			}
 			return []Check{chk}, nil
 		},
 	},
 	{
 		name: "4-late-retry",
-		what: "a producer retry after the Nats-Msg-Id duplicate window expired, SIMULATED: commands the routers " +
-			"acknowledged are published again (half of them as a new command, with a new transfer ID) straight into their " +
-			"home ledger stream under a new Msg-Id, so " +
-			"JetStream's window cannot catch them (the streams' 2-minute window is not shortened)",
-		counts: "commands published again under a new Msg-Id",
+		what: fmt.Sprintf("producer retries after the Nats-Msg-Id duplicate window expired: the route and ledger streams keep "+
+			"a %v window, and commands a router acknowledged at least %v earlier are submitted again through a router with "+
+			"the same Msg-Id (half of them as a new command, with a new transfer ID); the consume-log must catch them",
+			lateWindow, lateAge),
+		counts:    "retries the route stream stored again (its window had expired)",
+		dupWindow: lateWindow,
 		fault: func(ctx context.Context, e *env, d time.Duration) error {
 			return every(ctx, 50*time.Millisecond, func() {
-				ops := e.hist.Ops()
 				var cands []Op
-				for _, op := range ops[max(0, len(ops)-200):] {
-					if op.Path == "router" && op.Outcome == OK && op.Purpose != PurposeFund {
+				for _, op := range e.hist.Ops() {
+					if op.Path == "router" && op.Outcome == OK && op.Purpose != PurposeFund && time.Since(op.Complete) >= lateAge {
 						cands = append(cands, op)
 					}
 				}
 				if len(cands) == 0 {
 					return
 				}
-				cmd := cands[e.intn(len(cands))].cmd
-				home, _ := e.c.IDs().HomeRegion(cmd.From)
+				op := cands[e.intn(len(cands))]
+				cmd := op.cmd
 				if e.coin(0.5) { // sent again as a new command: a new transfer ID, the same key and body
+					home, _ := e.c.IDs().HomeRegion(cmd.From)
 					cmd.TransferID = e.id(home)
 				}
-				// Through the router's connection: only routers may publish to ledger subjects.
-				m := nats.NewMsg(ljs.Topology{Region: home, Shards: shards}.Subject(cmd.From))
-				m.Data = cmd.Encode()
-				m.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("%s/late-%d", cmd.MsgKey(), e.fired.Load()))
-				i := e.hist.Invoke(Op{Client: cmd.ClientID, Key: cmd.IdempotencyKey, Body: e.body(cmd), Path: "stream", Via: home,
-					Purpose: PurposeLate, Transfer: cmd.TransferID, cmd: cmd})
-				pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-				defer cancel()
-				if _, err := e.c.Region(home).RouterJetStream().PublishMsg(pctx, m); err != nil {
-					e.hist.Complete(i, Unknown, err.Error(), "")
-				} else {
-					e.hist.Complete(i, OK, "", "")
-					e.fired.Add(1)
+				if e.submit(ctx, PurposeLate, op.Via, cmd) == OK {
+					e.fired.Add(1) // stored: the window no longer knew the Msg-Id
 				}
 			})
 		},
@@ -225,10 +235,23 @@ var scenarios = []*scenario{
 	{
 		name: "5-pg-reset",
 		what: "Postgres connections reset: every 150 ms one backend of a region's database, busy or idle in a " +
-			"transaction, is terminated (pg_terminate_backend), so some die mid-transaction and some mid-COMMIT",
-		counts: "backends terminated",
+			"transaction, is terminated (pg_terminate_backend), and every connection runs through a loopback proxy that " +
+			"cuts the next COMMIT it carries, in turn before the server gets it and right after (the server commits, the " +
+			"answer is lost)",
+		counts:  "backends terminated + COMMITs cut (each kind must fire, and the ledger must see unanswered COMMITs)",
+		pgProxy: true,
 		fault: func(ctx context.Context, e *env, d time.Duration) error {
+			modes := []faultproxy.Mode{faultproxy.DropBefore, faultproxy.DropAfter}
+			armed, seen := 0, 0
+			defer e.pgProxy.Trap(nil, 0) // disarmed: the checks commit through the proxy too
 			return every(ctx, 150*time.Millisecond, func() {
+				if f := e.pgProxy.Fired(); f > seen {
+					seen = f
+					e.fired.Add(1)
+					e.count(cutName[modes[armed]])
+					armed = (armed + 1) % len(modes)
+				}
+				e.pgProxy.Trap(commitMessage, modes[armed])
 				n := e.names[e.intn(len(e.names))]
 				pool := e.c.Region(n).Ledger.Store.Pool()
 				var killed int64
@@ -240,6 +263,23 @@ var scenarios = []*scenario{
 					    ORDER BY random() LIMIT 1) x`).Scan(&killed)
 				e.fired.Add(killed)
 			})
+		},
+		extra: func(ctx context.Context, e *env) ([]Check, error) {
+			var unanswered int64
+			for _, n := range e.names {
+				unanswered += e.c.Region(n).Ledger.Stats.CommitsUnanswered.Load()
+			}
+			before, after := e.sentCount(cutName[faultproxy.DropBefore]), e.sentCount(cutName[faultproxy.DropAfter])
+			chk := Check{Name: "mid-commit", OK: true, Checked: before + after,
+				What: fmt.Sprintf("COMMITs were cut before the server got them (%d) and after it committed (%d); the ledgers "+
+					"read the consume-log back after %d unanswered COMMITs", before, after, unanswered)}
+			if before == 0 || after == 0 {
+				chk.fail("a kind of COMMIT cut never fired: %d before, %d after", before, after)
+			}
+			if unanswered == 0 {
+				chk.fail("no ledger COMMIT went unanswered")
+			}
+			return []Check{chk}, nil
 		},
 	},
 	{
@@ -280,15 +320,22 @@ var scenarios = []*scenario{
 	{
 		name: "9-contention",
 		what: "heavy contention: every transfer moves money among the same four accounts of one region, from 8 " +
-			"workers, while a contender transaction locks two of them in the reverse order every 300 ms, so the " +
-			"ledger's transactions meet deadlocks (40P01) and retry",
-		counts:  "ledger transaction retries (40001/40P01/55P03/23505)",
+			"workers, while a contender transaction locks two of them in the reverse order every 100 ms, so the " +
+			"ledger's transactions meet deadlocks (40P01, detected after 100 ms) and retry",
+		counts:  "ledger transactions that met 40001/40P01/55P03/23505 (retried or, with no budget left, given up)",
 		hot:     true,
 		workers: 8,
 		fault: func(ctx context.Context, e *env, d time.Duration) error {
 			hot := slices.Sorted(slices.Values(e.hot))
 			pool := e.c.Region(e.names[0]).Ledger.Store.Pool()
-			return every(ctx, 300*time.Millisecond, func() {
+			// The ledger's sessions look for deadlocks after 100 ms instead
+			// of the server's 1 s, so a short run meets many: set on the
+			// database, taken up by new connections once the pool's closed.
+			if _, err := pool.Exec(ctx, deadlockTimeoutSQL); err != nil {
+				return err
+			}
+			pool.Reset()
+			return every(ctx, 100*time.Millisecond, func() {
 				// The ledger locks in ID order; this locks the highest first,
 				// and lets the ledger's session detect the deadlock.
 				_ = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -307,12 +354,20 @@ var scenarios = []*scenario{
 		fired: func(e *env) int64 {
 			var n int64
 			for _, r := range e.names {
-				n += e.c.Region(r).Ledger.Stats.Retries.Load()
+				st := e.c.Region(r).Ledger.Stats
+				n += st.Retries.Load() + st.GaveUp.Load()
 			}
 			return n
 		},
 		extra: func(ctx context.Context, e *env) ([]Check, error) {
-			chk := Check{Name: "budget", What: "the retry budget was never exhausted: no apply gave up", OK: true, Checked: 1}
+			chk := Check{Name: "budget", What: "the retry budget was never exhausted: no transaction or apply gave up", OK: true, Checked: 1}
+			var gaveUp int64
+			for _, r := range e.names {
+				gaveUp += e.c.Region(r).Ledger.Stats.GaveUp.Load()
+			}
+			if gaveUp > 0 {
+				chk.fail("%d transactions gave up on a deadlock, serialization failure or lock timeout", gaveUp)
+			}
 			if n := e.applyFailed.Load(); n > 0 {
 				chk.fail("%d applies gave up (the ledger logged \"apply failed\")", n)
 			}
@@ -324,6 +379,21 @@ var scenarios = []*scenario{
 func init() { scenarios = append(scenarios, permissionsScenario()) }
 
 var lastSlow atomic.Int64
+
+// deadlockTimeoutSQL shortens deadlock_timeout for the sessions of
+// scenario 9's database.
+const deadlockTimeoutSQL = `DO $$ BEGIN
+	EXECUTE format('ALTER DATABASE %I SET deadlock_timeout = %L', current_database(), '100ms');
+END $$`
+
+// commitMessage is COMMIT as pgx sends it: a simple-protocol query
+// message ('Q', its length, the text).
+var commitMessage = []byte("Q\x00\x00\x00\x0bcommit\x00")
+
+var cutName = map[faultproxy.Mode]string{faultproxy.DropBefore: "commit-cut-before", faultproxy.DropAfter: "commit-cut-after"}
+
+// slowFailed counts scenario 3's held transactions that then failed.
+const slowFailed = "slow-failed"
 
 func scenarioByName(name string) (*scenario, error) {
 	for _, s := range scenarios {

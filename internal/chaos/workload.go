@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	mrand "math/rand/v2"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"sync"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/paymesh/paymesh/deploy/regions"
 	"github.com/paymesh/paymesh/internal/cluster"
+	"github.com/paymesh/paymesh/internal/faultproxy"
 	"github.com/paymesh/paymesh/internal/natsembed"
 	"github.com/paymesh/paymesh/internal/pgdb"
 	"github.com/paymesh/paymesh/pkg/idgen"
@@ -47,20 +49,22 @@ var dbSeq atomic.Int64
 
 // env is one scenario run: the cluster, the history and the fault state.
 type env struct {
-	cfg    Config
-	sc     *scenario
-	seed   uint64
-	topo   *natsembed.Topology
-	dir    string
-	pg     *pgdb.Throwaway // the scenario's own Postgres (scenario.ownPostgres), or nil
-	c      *cluster.Cluster
-	hist   *History
-	names  []string
-	accts  map[string][]string
-	hot    []string
-	gens   map[string]*idgen.Generator
-	apiKey string
-	http   *http.Client
+	cfg  Config
+	sc   *scenario
+	seed uint64
+	topo *natsembed.Topology
+	dir  string
+	pg   *pgdb.Throwaway // the scenario's own Postgres (scenario.ownPostgres), or nil
+	// pgProxy relays every Postgres connection (scenario.pgProxy), or nil.
+	pgProxy *faultproxy.Proxy
+	c       *cluster.Cluster
+	hist    *History
+	names   []string
+	accts   map[string][]string
+	hot     []string
+	gens    map[string]*idgen.Generator
+	apiKey  string
+	http    *http.Client
 
 	// active is set while the workload runs: failpoints fire only then.
 	active atomic.Bool
@@ -129,10 +133,17 @@ func start(ctx context.Context, cfg Config, sc *scenario, seed uint64) (*env, er
 		}
 		pgURL = e.pg.URL
 	}
+	if sc.pgProxy {
+		if e.pgProxy, pgURL, err = proxied(pgURL); err != nil {
+			e.topo.Shutdown()
+			os.RemoveAll(e.dir)
+			return nil, err
+		}
+	}
 	ccfg := cluster.Config{
 		Regions: table.Codes(), Topology: e.topo, PostgresURL: pgURL,
 		DatabasePrefix: fmt.Sprintf("paymesh_chaos_%d_%d_", os.Getpid(), dbSeq.Add(1)),
-		Shards:         shards, BatchSize: 64, AckWait: ackWait, APIWait: 3 * time.Second, Bugs: cfg.bugs,
+		Shards:         shards, BatchSize: 64, AckWait: ackWait, DuplicateWindow: sc.dupWindow, APIWait: 3 * time.Second, Bugs: cfg.bugs,
 		KeyTTL: sc.keyTTL, Now: sc.now,
 		Log: slog.New(&countingHandler{n: &e.applyFailed}),
 	}
@@ -152,6 +163,9 @@ func start(ctx context.Context, cfg Config, sc *scenario, seed uint64) (*env, er
 		os.RemoveAll(e.dir)
 		if e.pg != nil {
 			_ = e.pg.Stop()
+		}
+		if e.pgProxy != nil {
+			_ = e.pgProxy.Close()
 		}
 		return nil, err
 	}
@@ -174,6 +188,24 @@ func (e *env) stop() {
 	if e.pg != nil { // the scenario's own cluster goes, whatever Keep says
 		_ = e.pg.Stop()
 	}
+	if e.pgProxy != nil {
+		_ = e.pgProxy.Close()
+	}
+}
+
+// proxied starts a fault proxy in front of the server of pgURL and returns
+// it with pgURL pointed at it.
+func proxied(pgURL string) (*faultproxy.Proxy, string, error) {
+	u, err := url.Parse(pgURL)
+	if err != nil || u.Host == "" {
+		return nil, "", fmt.Errorf("a Postgres URL with a host is needed to proxy it: %q", pgdb.Redact(pgURL))
+	}
+	p, err := faultproxy.New(u.Host)
+	if err != nil {
+		return nil, "", err
+	}
+	u.Host = p.Addr()
+	return p, u.String(), nil
 }
 
 // countingHandler counts the ledger's "apply failed" errors and drops

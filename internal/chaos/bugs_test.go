@@ -1,0 +1,154 @@
+package chaos
+
+import (
+	"testing"
+	"time"
+
+	"github.com/paymesh/paymesh/services/ledger"
+)
+
+// failure is a check that must fail, with a failure that contains want.
+type failure struct{ check, want string }
+
+// bugCases pairs each scenario with a deliberate bug that removes the
+// protection the scenario attacks, and says how the checker must fail.
+// Scenario 6's bug is a Postgres setting: see TestCheckerCatchesAsyncCommit.
+var bugCases = []struct {
+	scenario string
+	// why says what goes wrong with the bug on.
+	why   string
+	cfg   Config
+	fails []failure
+	// lost and doubled: the table must count at least one lost or doubled key.
+	lost, doubled bool
+}{
+	{
+		scenario: "1",
+		why: "the API answers a repeated idempotency key from its stored response without comparing the bodies: a " +
+			"conflicting body is acknowledged with the first request's transfer",
+		cfg:   Config{bugs: ledger.Bugs{IgnoreKeyBody: true}},
+		fails: []failure{{I3, "different bodies were acknowledged"}, {"conflicts", "conflicting body was answered ok"}},
+	},
+	{
+		scenario: "2",
+		why: "the consumer acks each batch before its transaction commits: a worker killed before COMMIT loses " +
+			"acknowledged transfers",
+		cfg:   Config{bugs: ledger.Bugs{AckBeforeCommit: true}, QuietWait: 3 * time.Second},
+		fails: []failure{{I3, "LOST"}},
+		lost:  true,
+	},
+	{
+		scenario: "3",
+		why: "the ledger caches a batch's keys as done when it claims them, before COMMIT: after a held transaction " +
+			"fails, its redeliveries and retries are acked as duplicates",
+		cfg:   Config{bugs: ledger.Bugs{SeenBeforeCommit: true}},
+		fails: []failure{{I3, "LOST"}},
+		lost:  true,
+	},
+	{
+		scenario: "4",
+		why: "the consume-log is keyed by transfer ID, the business-key lookup skipped and the unique (client, key) " +
+			"constraint dropped: a late retry under a new transfer ID applies again",
+		cfg:     Config{bugs: ledger.Bugs{DedupByTransferID: true}, dropBusinessKey: true},
+		fails:   []failure{{I3, "DOUBLED"}},
+		doubled: true,
+	},
+	{
+		scenario: "5",
+		why: "the ledger takes a COMMIT the server never answered for a success: a batch cut before its COMMIT reached " +
+			"the server is acked, a request LOST or a saga step gone (its transfer left DEBITED)",
+		cfg:   Config{bugs: ledger.Bugs{AssumeCommitted: true}, QuietWait: 3 * time.Second},
+		fails: []failure{{I3, "key chaos/"}},
+	},
+	{
+		scenario: "7",
+		why: "the routers mark a saga step sent whether or not the destination stream stored it: steps relayed while " +
+			"a NATS server is down are lost, and their transfers stay in transit",
+		cfg:   Config{bugs: ledger.Bugs{RelayIgnoresPubAck: true}, QuietWait: 3 * time.Second},
+		fails: []failure{{I3, "still DEBITED"}},
+	},
+	{
+		scenario: "8",
+		why: "the routers ack a command in their route stream whether or not its home region stored the forward: " +
+			"commands forwarded across the cut are lost",
+		cfg:   Config{bugs: ledger.Bugs{ForwardIgnoresPubAck: true}, QuietWait: 3 * time.Second},
+		fails: []failure{{I3, "LOST"}},
+		lost:  true,
+	},
+	{
+		scenario: "9",
+		why:      "the ledger gives a transaction up on its first deadlock instead of retrying it",
+		cfg:      Config{bugs: ledger.Bugs{NoRetry: true}},
+		fails:    []failure{{"budget", "gave up"}},
+	},
+	{
+		scenario: "10",
+		why: "the store's lookup of the transfer a key made finds nothing: a resend after its key expired is answered " +
+			"with a new transfer ID that never exists (the route stream's Msg-Id window drops the resend itself)",
+		cfg:   Config{bugs: ledger.Bugs{ForgetKeyTransfer: true}, QuietWait: 20 * time.Second},
+		fails: []failure{{"same-transfer", "after a step"}},
+	},
+	{
+		scenario: "11",
+		why: "the API skips its check that the source account belongs to the client: transfers from the other " +
+			"client's accounts (BOLA) are answered 2xx and applied",
+		cfg: Config{bugs: ledger.Bugs{SkipOwnerCheck: true}},
+		fails: []failure{{"refused", "BOLA transfer from the other client's account"},
+			{I3, "answers only refused requests (hostile"}},
+	},
+	{
+		scenario: "12",
+		why:      "the forgeries are published as the router's user, which may publish to ledger subjects: they land",
+		cfg:      Config{forgeAs: "router"},
+		fails:    []failure{{I3, "forged"}, {"refused", "refused"}},
+	},
+}
+
+// TestCheckerCatchesBugs runs a scenario with each deliberate bug on: the
+// checker must fail, and name the keys, transfers or requests.
+func TestCheckerCatchesBugs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fault-injection runs")
+	}
+	for _, bc := range bugCases {
+		s, err := scenarioByName(bc.scenario)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Run(s.name, func(t *testing.T) {
+			t.Logf("bug: %s", bc.why)
+			cfg := bc.cfg
+			if cfg.QuietWait == 0 {
+				cfg.QuietWait = 10 * time.Second
+			}
+			r := runOne(t, cfg, bc.scenario)
+			for _, f := range bc.fails {
+				requireFailure(t, r, f.check, f.want)
+			}
+			if bc.lost && r.Lost == 0 {
+				t.Errorf("no key counted as lost")
+			}
+			if bc.doubled && r.Doubled == 0 {
+				t.Errorf("no key counted as doubled")
+			}
+		})
+	}
+}
+
+// TestBugCasesCoverScenarios: every built scenario has a deliberate-bug
+// case (6 has its own test, TestCheckerCatchesAsyncCommit).
+func TestBugCasesCoverScenarios(t *testing.T) {
+	covered := map[string]bool{"6-pg-restart": true}
+	for _, bc := range bugCases {
+		s, err := scenarioByName(bc.scenario)
+		if err != nil {
+			t.Fatal(err)
+		}
+		covered[s.name] = true
+	}
+	for _, name := range Scenarios() {
+		if !covered[name] {
+			t.Errorf("scenario %s has no deliberate-bug test", name)
+		}
+	}
+}
