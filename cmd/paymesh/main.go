@@ -741,9 +741,6 @@ func (c *chaosCmd) Run(ctx context.Context) error {
 	}
 	fmt.Println()
 	chaos.Print(os.Stdout, res)
-	if len(chaos.NotBuilt) > 0 {
-		fmt.Printf("\nnot built yet: %s\n", strings.Join(chaos.NotBuilt, "; "))
-	}
 	if c.JSON != "" {
 		if err := chaos.WriteJSON(c.JSON, res); err != nil {
 			return err

@@ -467,7 +467,7 @@ func (h *hostility) send(ctx context.Context, e *env, n int) {
 		i = e.hist.Invoke(Op{Client: r.client, Key: key, Body: r.rec, Path: "api", Via: r.via, Purpose: PurposeHostile})
 	}
 	h.sent.Add(1)
-	e.count(PurposeHostile)
+	e.sent.add(PurposeHostile)
 	st, raw, err := e.do(ctx, r.via, r.method, r.path, r.header, r.body)
 	detail := fmt.Sprintf("%s: %d %s", r.what, st, raw)
 	if err != nil {

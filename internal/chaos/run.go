@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/paymesh/paymesh/services/ledger"
@@ -157,17 +158,18 @@ func runScenario(ctx context.Context, cfg Config, s *scenario, seed uint64) Resu
 	if workers == 0 {
 		workers = 6
 	}
+	d := max(cfg.Duration, s.minRun)
 	e.active.Store(true)
-	fctx, cancel := context.WithTimeout(ctx, cfg.Duration)
+	fctx, cancel := context.WithTimeout(ctx, d)
 	faultErr := make(chan error, 1)
 	go func() {
 		if s.fault == nil {
 			faultErr <- nil
 			return
 		}
-		faultErr <- s.fault(fctx, e, cfg.Duration)
+		faultErr <- s.fault(fctx, e, d)
 	}()
-	e.run(ctx, cfg.Duration, workers)
+	e.run(ctx, d, workers)
 	err = <-faultErr
 	cancel()
 	e.active.Store(false)
@@ -213,6 +215,8 @@ func runScenario(ctx context.Context, cfg Config, s *scenario, seed uint64) Resu
 		st := e.c.Region(n).Ledger.Stats
 		r.Stats["ledger_redeliveries"] += st.Redeliveries.Load()
 		r.Stats["ledger_retries"] += st.Retries.Load()
+		r.Stats["ledger_gave_up"] += st.GaveUp.Load()
+		r.Stats["ledger_commits_unanswered"] += st.CommitsUnanswered.Load()
 		r.Stats["ledger_applied"] += st.Applied.Load()
 		r.Stats["dead_lettered"] += st.DeadLettered.Load()
 		for layer, v := range st.Duplicates() {
@@ -220,8 +224,12 @@ func runScenario(ctx context.Context, cfg Config, s *scenario, seed uint64) Resu
 		}
 	}
 	for _, p := range []string{PurposeFirst, PurposeRetry, PurposeResubmit, PurposeConflict, PurposeBurst, PurposeLate} {
-		r.Stats["sent_"+p] = e.sentCount(p)
+		r.Stats["sent_"+p] = e.sent.get(p)
 	}
+	e.events.m.Range(func(k, v any) bool {
+		r.Stats[k.(string)] = v.(*atomic.Int64).Load()
+		return true
+	})
 	r.History = e.hist.Ops()
 	r.Elapsed = time.Since(began)
 	return r
@@ -286,7 +294,7 @@ func AllPassed(results []Result) bool {
 
 // WriteJSON writes the results to path.
 func WriteJSON(path string, results []Result) error {
-	b, err := json.MarshalIndent(map[string]any{"results": results, "not_built": NotBuilt}, "", "  ")
+	b, err := json.MarshalIndent(map[string]any{"results": results}, "", "  ")
 	if err != nil {
 		return err
 	}

@@ -72,7 +72,10 @@ type env struct {
 	// applyFailed counts the ledger's "apply failed" errors: an apply that
 	// gave up on its transaction (its retry budget spent, or a failpoint).
 	applyFailed atomic.Int64
-	sent        sync.Map // purpose -> *atomic.Int64
+	sent        tally // requests sent, by purpose
+	events      tally // a scenario's own counters, by name
+	// lastSlow is when scenario 3 last held a transaction (Unix ms).
+	lastSlow atomic.Int64
 
 	rngMu sync.Mutex
 	rng   *mrand.Rand
@@ -90,13 +93,16 @@ func (e *env) intn(n int) int {
 	return e.rng.IntN(n)
 }
 
-func (e *env) count(purpose string) {
-	v, _ := e.sent.LoadOrStore(purpose, new(atomic.Int64))
+// tally counts events by name.
+type tally struct{ m sync.Map } // name -> *atomic.Int64
+
+func (t *tally) add(name string) {
+	v, _ := t.m.LoadOrStore(name, new(atomic.Int64))
 	v.(*atomic.Int64).Add(1)
 }
 
-func (e *env) sentCount(purpose string) int64 {
-	if v, ok := e.sent.Load(purpose); ok {
+func (t *tally) get(name string) int64 {
+	if v, ok := t.m.Load(name); ok {
 		return v.(*atomic.Int64).Load()
 	}
 	return 0
@@ -323,9 +329,12 @@ func (e *env) request(ctx context.Context, i int) {
 	cmd := ledger.Command{Type: ledger.TypeTransfer, TransferID: e.id(home), ClientID: clientID, IdempotencyKey: key,
 		From: body.From, To: body.To, Amount: body.Amount, Currency: body.Currency, CreatedAt: time.Now()}
 	send := func(purpose, via string, b Body, c ledger.Command) {
-		if viaAPI {
+		switch {
+		case viaAPI:
 			e.postUntilKnown(ctx, purpose, via, key, b)
-		} else {
+		case purpose == PurposeConflict:
+			e.submit(ctx, purpose, via, c) // once: see submit
+		default:
 			e.submitUntilKnown(ctx, purpose, via, c)
 		}
 	}
@@ -373,7 +382,7 @@ func (e *env) submitUntilKnown(ctx context.Context, purpose, via string, cmd led
 // submit hands cmd to a region's router. Nil is ok; an error is unknown;
 // a duplicate Nats-Msg-Id is a fail: the route stream stored nothing.
 func (e *env) submit(ctx context.Context, purpose, via string, cmd ledger.Command) Outcome {
-	e.count(purpose)
+	e.sent.add(purpose)
 	b := e.body(cmd)
 	if cmd.Type == ledger.TypeFund {
 		b.From = ""
@@ -395,6 +404,12 @@ func (e *env) submit(ctx context.Context, purpose, via string, cmd ledger.Comman
 	case dup:
 		e.hist.Complete(i, Fail, "duplicate Nats-Msg-Id: nothing stored", "")
 		return Fail
+	case purpose == PurposeConflict:
+		// Stored: the window no longer knew the key's Msg-Id (scenario 4's
+		// is short). The route stream's ack is then no answer to the
+		// conflict; the ledger refuses it, so its outcome is unknown here.
+		e.hist.Complete(i, Unknown, "stored past the Msg-Id window: the ledger decides", "")
+		return Unknown
 	}
 	e.hist.Complete(i, OK, "", "")
 	return OK
@@ -416,7 +431,7 @@ func (e *env) postUntilKnown(ctx context.Context, purpose, via, key string, b Bo
 // answer is unknown; any other 4xx (a refusal, or 409: the key is in
 // flight in another request) is a fail.
 func (e *env) post(ctx context.Context, purpose, via, key string, b Body) (Outcome, int) {
-	e.count(purpose)
+	e.sent.add(purpose)
 	i := e.hist.Invoke(Op{Client: clientID, Key: key, Body: b, Path: "api", Via: via, Purpose: purpose})
 	r := e.c.Region(via)
 	if r == nil {

@@ -162,7 +162,7 @@ func (s *Server) createTransfer(ctx context.Context, c call) reply {
 	if err := validKey(c.Key); err != nil {
 		return errReply(err)
 	}
-	if _, err := s.ownAccount(ctx, c.Client, req.From); err != nil && !s.cfg.Bugs.SkipOwnerCheck { // the bug: tests only
+	if _, err := s.ownAccount(ctx, c.Client, req.From); err != nil && !s.cfg.Bugs.SkipOwnerCheck { // deliberate bug, tests only
 		return errReply(err)
 	}
 	id, err := s.cfg.IDs.NextString()

@@ -1,10 +1,11 @@
 package ledger
 
-// Bugs switches deliberate bugs on. They exist only so that the tests of the
-// fault-injection suite (internal/chaos) can show that its checker fails,
-// and names the transfers, when a protection is missing. Nothing else sets
-// them, and no flag or environment variable reaches them: the zero value is
-// the correct ledger.
+// Bugs switches deliberate bugs on. They exist only so that tests can show
+// that their checks fail, and name the transfers, when a protection is
+// missing: the fault-injection suite's (internal/chaos, one bug per
+// scenario) and the store's out-of-order saga test (DropStateCAS). Nothing
+// else sets them, and no flag or environment variable reaches them: the
+// zero value is the correct ledger, router and API.
 type Bugs struct {
 	// AckBeforeCommit acks a batch's messages before its transaction
 	// commits, so a crash between the two loses them.
@@ -24,9 +25,11 @@ type Bugs struct {
 	// hole: any client could move another client's money). services/api
 	// reads it from api.Config.Bugs.
 	SkipOwnerCheck bool
-	// IgnoreKeyBody makes the API's idempotency keys forget the request
-	// they were made for: a key sent again with another body is answered
-	// with the first request's stored response instead of refused.
+	// IgnoreKeyBody makes the store's BeginKey skip its comparison of
+	// request fingerprints: an answered idempotency key sent again with
+	// another body is replayed the first request's stored response
+	// instead of refused. (A key still in flight gets its 409, and one
+	// taken over or expired still meets the transfer's own fingerprint.)
 	IgnoreKeyBody bool
 	// SeenBeforeCommit records a batch's message keys in the recent-commit
 	// cache when they are claimed, before the transaction commits (the
@@ -43,8 +46,9 @@ type Bugs struct {
 	// (status, version) are gone, so a refusal that arrives after the
 	// confirmation refunds a completed transfer.
 	DropStateCAS bool
-	// NoRetry gives up an apply transaction on its first deadlock,
-	// serialization failure or lock timeout instead of retrying it.
+	// NoRetry gives up every store transaction on its first retryable
+	// error (a deadlock, serialization failure, lock timeout, unique-key
+	// race, lost connection or fenced claim) instead of retrying it.
 	NoRetry bool
 	// ForwardIgnoresPubAck makes the router ack a command in its route
 	// stream once the forward to the home region was sent, whether or not

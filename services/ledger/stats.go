@@ -20,13 +20,14 @@ type Stats struct {
 	DeadLettered       atomic.Int64
 	Redeliveries       atomic.Int64
 	Retries            atomic.Int64 // transaction attempts retried
-	GaveUp             atomic.Int64 // transactions abandoned on a retryable error: the retry budget spent
+	GaveUp             atomic.Int64 // transactions abandoned on a retryable error: the retry budget spent (any store transaction)
 	Fenced             atomic.Int64 // commits refused because a claim was fenced off
 	IllegalTransitions atomic.Int64
 	StaleVersions      atomic.Int64
 	// CommitsUnanswered counts COMMITs the server never answered (the
-	// connection died mid-COMMIT): the consume-log was read back to learn
-	// whether each took effect.
+	// connection died mid-COMMIT) in the transactions whose outcome can be
+	// read back: apply batches (their consume-log rows) and new
+	// idempotency keys (the key's row).
 	CommitsUnanswered atomic.Int64
 
 	mu   sync.Mutex

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -186,7 +185,7 @@ func (s *Store) applyTx(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, k
 			continue
 		}
 		batchIDs[c.TransferID] = true
-		if t, ok := known.byKey[[2]string{c.ClientID, c.IdempotencyKey}]; ok && !s.cfg.Bugs.DedupByTransferID { // the bug: tests only
+		if t, ok := known.byKey[[2]string{c.ClientID, c.IdempotencyKey}]; ok && !s.cfg.Bugs.DedupByTransferID { // deliberate bug, tests only
 			release = append(release, claims[i])
 			if bytes.Equal(t.Fingerprint, c.Fingerprint()) {
 				results[i] = ledger.Result{Kind: ledger.Duplicate, Layer: string(dedup.LayerBusinessKey), Transfer: t}
@@ -530,11 +529,11 @@ func (s *Store) queuePlan(b *pgx.Batch, cmds []ledger.Command, p ledger.Plan) {
 			nt.id, nt.client, nt.key, nt.typ, nt.from, nt.to, nt.cur, nt.status, nt.reason, nt.fp, nt.amount, nt.version, nt.created)
 	}
 	if len(uID) > 0 {
-		sql := advanceTransfersSQL
+		advance := advanceTransfersSQL
 		if s.cfg.Bugs.DropStateCAS { // deliberate bug, tests only
-			sql = strings.Replace(sql, transferCAS, "true", 1)
+			advance = advanceTransfersNoCAS
 		}
-		b.Queue(sql, uID, uFrom, uFromV, uTo, uToV, uReason).Exec(func(tag pgconn.CommandTag) error {
+		b.Queue(advance, uID, uFrom, uFromV, uTo, uToV, uReason).Exec(func(tag pgconn.CommandTag) error {
 			if tag.RowsAffected() != int64(len(uID)) {
 				s.stats().StaleVersions.Add(1)
 				return ledger.Errorf(ledger.CodeStaleVersion, "transfer compare-and-set matched %d of %d transfers", tag.RowsAffected(), len(uID))
@@ -595,14 +594,17 @@ func optional(c ledger.Code) *string {
 }
 
 // advanceTransfersSQL moves each transfer to its next status where it is
-// still in the status and version the batch read (transferCAS).
-const advanceTransfersSQL = `
+// still in the status and version the batch read: the state machine's
+// compare-and-set. advanceTransfersNoCAS, without it, is the DropStateCAS
+// bug.
+const (
+	advanceTransfersNoCAS = `
 	UPDATE transfers t SET status = u.status, version = u.to_version, reason = nullif(u.reason, ''), settled_at = now()
 	FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::text[])
 	     AS u(id, from_status, from_version, status, to_version, reason)
-	WHERE t.id = u.id AND ` + transferCAS
-
-const transferCAS = "t.status = u.from_status AND t.version = u.from_version"
+	WHERE t.id = u.id`
+	advanceTransfersSQL = advanceTransfersNoCAS + ` AND t.status = u.from_status AND t.version = u.from_version`
+)
 
 // updateBalancesSQL sets each account's balance and version only where the
 // version is still the one the batch read.

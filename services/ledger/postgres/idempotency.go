@@ -81,7 +81,7 @@ func (s *Store) BeginKey(ctx context.Context, client, key string, fp []byte, new
 			if _, err := tx.Exec(ctx, `DELETE FROM idempotency_keys WHERE client_id = $1 AND key = $2`, client, key); err != nil {
 				return err
 			}
-		case found && !bytes.Equal(k.Fingerprint, fp) && !s.cfg.Bugs.IgnoreKeyBody: // the bug: tests only
+		case found && !bytes.Equal(k.Fingerprint, fp) && !s.cfg.Bugs.IgnoreKeyBody: // deliberate bug, tests only
 			out = KeyMismatch
 			return nil
 		case found && !k.InFlight:
@@ -110,7 +110,16 @@ func (s *Store) BeginKey(ctx context.Context, client, key string, fp []byte, new
 		k, err = pgx.CollectExactlyOneRow(rows, scanKey)
 		out = KeyNew
 		return err
-	}, nil)
+	}, func(ctx context.Context) (bool, error) {
+		// The COMMIT went unanswered. A new key committed if its row names
+		// this call's transfer ID; otherwise the retry sees what is there
+		// (after a take-over that did commit: its own lease, a 409).
+		if out != KeyNew {
+			return false, nil
+		}
+		cur, ok, err := s.Key(ctx, client, key)
+		return ok && cur.TransferID == newTransferID, err
+	})
 	return k, out, err
 }
 

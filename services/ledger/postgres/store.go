@@ -169,7 +169,11 @@ func (s *Store) transact(ctx context.Context, op string, fn func(pgx.Tx) error, 
 		if fenced(err) {
 			s.stats().Fenced.Add(1)
 		}
-		if !retryable(err) || s.cfg.Bugs.NoRetry { // the bug: tests only
+		if !retryable(err) {
+			return struct{}{}, backoff.Permanent(err)
+		}
+		if attempt >= int(s.cfg.MaxAttempts) || s.cfg.Bugs.NoRetry { // deliberate bug, tests only: NoRetry
+			s.stats().GaveUp.Add(1) // the retry budget is spent
 			return struct{}{}, backoff.Permanent(err)
 		}
 		s.stats().Retries.Add(1)
@@ -183,9 +187,6 @@ func (s *Store) transact(ctx context.Context, op string, fn func(pgx.Tx) error, 
 		InitialInterval: 2 * time.Millisecond, RandomizationFactor: 0.5, Multiplier: 2, MaxInterval: 200 * time.Millisecond,
 	}), backoff.WithMaxTries(s.cfg.MaxAttempts), backoff.WithMaxElapsedTime(0))
 	if err != nil {
-		if retryable(err) {
-			s.stats().GaveUp.Add(1) // the retry budget is spent
-		}
 		return fmt.Errorf("%s: %w", op, err)
 	}
 	return nil
@@ -205,7 +206,7 @@ func (s *Store) once(ctx context.Context, fn func(pgx.Tx) error, committed func(
 		return err
 	}
 	s.stats().CommitsUnanswered.Add(1)
-	if s.cfg.Bugs.AssumeCommitted { // deliberate bug, tests only
+	if s.cfg.Bugs.AssumeCommitted { // deliberate bug, tests only: no read-back
 		return nil
 	}
 	// The connection died during COMMIT: read back whether it happened.

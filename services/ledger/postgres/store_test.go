@@ -340,24 +340,7 @@ func TestCommitOutcomeUnknown(t *testing.T) {
 	for _, mode := range []faultproxy.Mode{faultproxy.DropAfter, faultproxy.DropBefore} {
 		name := map[faultproxy.Mode]string{faultproxy.DropAfter: "CommittedThenCut", faultproxy.DropBefore: "CutBeforeCommit"}[mode]
 		t.Run(name, func(t *testing.T) {
-			_, url := pgtest.MustDatabase(t, postgres.Migrations()...)
-			proxy, err := faultproxy.New("127.0.0.1:5432")
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { proxy.Close() })
-			cfg, err := pgxpool.ParseConfig(url)
-			if err != nil {
-				t.Fatal(err)
-			}
-			cfg.ConnConfig.Host, cfg.ConnConfig.Port = "127.0.0.1", uint16(mustPort(t, proxy.Addr()))
-			cfg.ConnConfig.Fallbacks = nil
-			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(pool.Close)
-			f := ledgertest.On(t, pool, url)
+			f, proxy := proxiedFixture(t)
 			a, b := f.Account(t, "EUR", 100), f.Account(t, "EUR", 0)
 			cmd := f.Transfer(t, a, b, 30)
 
@@ -377,6 +360,63 @@ func TestCommitOutcomeUnknown(t *testing.T) {
 				t.Fatalf("retries: got %d, want %d", got, wantRetries)
 			}
 			f.MustVerify(t)
+		})
+	}
+}
+
+// proxiedFixture is a ledger whose every connection runs through a fault
+// proxy in front of the test server.
+func proxiedFixture(t *testing.T) (*ledgertest.Fixture, *faultproxy.Proxy) {
+	t.Helper()
+	_, url := pgtest.MustDatabase(t, postgres.Migrations()...)
+	proxy, err := faultproxy.New("127.0.0.1:5432")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = "127.0.0.1", uint16(mustPort(t, proxy.Addr()))
+	cfg.ConnConfig.Fallbacks = nil
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return ledgertest.On(t, pool, url), proxy
+}
+
+// TestBeginKeyCommitOutcomeUnknown cuts the connection while a new
+// idempotency key's COMMIT is in flight. Whether or not the server
+// committed, the caller gets the key as new, with its own transfer ID: not
+// a 409 for a key it holds itself.
+func TestBeginKeyCommitOutcomeUnknown(t *testing.T) {
+	for _, mode := range []faultproxy.Mode{faultproxy.DropAfter, faultproxy.DropBefore} {
+		name := map[faultproxy.Mode]string{faultproxy.DropAfter: "CommittedThenCut", faultproxy.DropBefore: "CutBeforeCommit"}[mode]
+		t.Run(name, func(t *testing.T) {
+			f, proxy := proxiedFixture(t)
+			ctx := context.Background()
+			now := f.Clock.Now()
+			proxy.Trap([]byte("commit"), mode)
+			k, out, err := f.Store.BeginKey(ctx, "c1", "k1", []byte("fp"), "eu-transfer-1", now, time.Minute, time.Hour)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if proxy.Fired() != 1 {
+				t.Fatalf("the fault did not fire")
+			}
+			if out != postgres.KeyNew || k.TransferID != "eu-transfer-1" {
+				t.Fatalf("got %v with transfer %q, want a new key with eu-transfer-1", out, k.TransferID)
+			}
+			if got := f.Stats.CommitsUnanswered.Load(); got != 1 {
+				t.Fatalf("unanswered commits: got %d, want 1", got)
+			}
+			// The key is held: another request with it is told so.
+			if _, out, err := f.Store.BeginKey(ctx, "c1", "k1", []byte("fp"), "eu-transfer-2", now, time.Minute, time.Hour); err != nil || out != postgres.KeyInFlight {
+				t.Fatalf("a second request: got %v, %v; want in flight", out, err)
+			}
 		})
 	}
 }
