@@ -273,8 +273,8 @@ var scenarios = []*scenario{
 			}
 			before, after := e.events.get(cutName[faultproxy.DropBefore]), e.events.get(cutName[faultproxy.DropAfter])
 			chk := Check{Name: "mid-commit", OK: true, Checked: before + after,
-				What: fmt.Sprintf("COMMITs were cut before the server got them (%d) and after it committed (%d); the ledgers "+
-					"read the consume-log back after %d unanswered COMMITs", before, after, unanswered)}
+				What: fmt.Sprintf("COMMITs were cut before the server got them (%d) and after it committed (%d); the "+
+					"stores read the outcome back after %d unanswered COMMITs", before, after, unanswered)}
 			if before == 0 || after == 0 {
 				chk.fail("a kind of COMMIT cut never fired: %d before, %d after", before, after)
 			}
