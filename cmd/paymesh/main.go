@@ -680,22 +680,24 @@ func (c *demoCmd) Run(ctx context.Context) error {
 }
 
 type benchCmd struct {
-	PostgresURL string        `name:"postgres-url" env:"PAYMESH_POSTGRES_URL" help:"Postgres server on which to create the bench databases (default: ${default_pg})."`
-	Scenarios   []string      `help:"Scenarios to run, comma-separated (default: all): uniform, replay, latency, hot, dedup-table, naive, tpcb, cross-region, ledger-process. uniform always runs: the others are compared with it."`
-	Accounts    int           `help:"Accounts to open and fund (default 10000; --quick 2000)."`
-	Transfers   int           `help:"Transfers per full-speed run (default 200000; --quick 30000)."`
-	BatchSize   int           `name:"batch-size" help:"Most messages per ledger transaction (default: the ledger's, ${default_batch})."`
-	BatchSizes  []int         `name:"batch-sizes" help:"Also run uniform at each of these batch sizes, comma-separated, and name the fastest."`
-	Workers     int           `help:"Ledger consumers (default 2, as paymesh ledger)."`
-	Shards      int           `help:"Ledger subjects (default ${default_shards})."`
-	Window      int           `help:"Most transfers published but not yet committed (default 4096)."`
-	DedupRows   int64         `name:"dedup-rows" help:"Consume-log rows written before the dedup-table run (default 10000000; --quick 1000000)."`
-	Limit       time.Duration `help:"Longest publish phase of a full-speed run (default 60s; --quick 15s)."`
-	Quick       bool          `help:"A run of about a minute: fewer accounts, transfers and consume-log rows, shorter baselines."`
-	JSON        string        `name:"json" help:"Write the results as JSON to this file." type:"path"`
-	CPUProfile  string        `name:"cpuprofile" help:"Write a CPU profile of the uniform run to this file." type:"path"`
-	Keep        bool          `help:"Keep the bench databases afterwards."`
-	Seed        uint64        `default:"1" help:"Seed of the random workload."`
+	PostgresURL    string        `name:"postgres-url" env:"PAYMESH_POSTGRES_URL" help:"Postgres server on which to create the bench databases (default: ${default_pg})."`
+	Scenarios      []string      `help:"Scenarios to run, comma-separated (default: all): uniform, replay, latency, hot, dedup-table, naive, tpcb, cross-region, api, ledger-process. uniform always runs: the others are compared with it."`
+	Accounts       int           `help:"Accounts to open and fund (default 10000; --quick 2000)."`
+	Transfers      int           `help:"Transfers per full-speed run (default 200000; --quick 30000)."`
+	BatchSize      int           `name:"batch-size" help:"Most messages per ledger transaction (default: the ledger's, ${default_batch})."`
+	BatchSizes     []int         `name:"batch-sizes" help:"Also run uniform at each of these batch sizes, comma-separated, and name the fastest."`
+	Workers        int           `help:"Ledger consumers (default 2, as paymesh ledger)."`
+	Shards         int           `help:"Ledger subjects (default ${default_shards})."`
+	Window         int           `help:"Most transfers published but not yet committed (default 4096)."`
+	APITransfers   int           `name:"api-transfers" help:"Transfers the api scenario sends through the HTTP API (default 20000; --quick 4000)."`
+	APIConcurrency int           `name:"api-concurrency" help:"HTTP requests the api scenario keeps in flight (default 64)."`
+	DedupRows      int64         `name:"dedup-rows" help:"Consume-log rows written before the dedup-table run (default 10000000; --quick 1000000)."`
+	Limit          time.Duration `help:"Longest publish phase of a full-speed run (default 60s; --quick 15s)."`
+	Quick          bool          `help:"A run of about a minute: fewer accounts, transfers and consume-log rows, shorter baselines."`
+	JSON           string        `name:"json" help:"Write the results as JSON to this file." type:"path"`
+	CPUProfile     string        `name:"cpuprofile" help:"Write a CPU profile of the uniform run to this file." type:"path"`
+	Keep           bool          `help:"Keep the bench databases afterwards."`
+	Seed           uint64        `default:"1" help:"Seed of the random workload."`
 }
 
 func (c *benchCmd) Run(ctx context.Context) error {
@@ -703,7 +705,7 @@ func (c *benchCmd) Run(ctx context.Context) error {
 	res, err := bench.Run(ctx, bench.Config{LedgerBinary: self,
 		PostgresURL: c.PostgresURL, Scenarios: c.Scenarios, Accounts: c.Accounts, Transfers: c.Transfers,
 		BatchSize: c.BatchSize, BatchSizes: c.BatchSizes, Workers: c.Workers, Shards: c.Shards, Window: c.Window,
-		DedupRows: c.DedupRows, Limit: c.Limit, Quick: c.Quick, Keep: c.Keep, CPUProfile: c.CPUProfile, Seed: c.Seed,
+		APITransfers: c.APITransfers, APIConcurrency: c.APIConcurrency, DedupRows: c.DedupRows, Limit: c.Limit, Quick: c.Quick, Keep: c.Keep, CPUProfile: c.CPUProfile, Seed: c.Seed,
 	}, os.Stdout)
 	if err != nil {
 		return err

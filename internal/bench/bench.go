@@ -42,13 +42,14 @@ const (
 	Naive   = "naive"        // baseline: the same ledger, one message per transaction
 	TPCB    = "tpcb"         // baseline: TPC-B on the same server
 	Cross   = "cross-region" // two regions, half the transfers between them
+	API     = "api"          // one region, transfers through its HTTP API
 	// LedgerProcess runs uniform with `paymesh ledger` in a process of its
 	// own, for the ledger's own peak RSS and CPU.
 	LedgerProcess = "ledger-process"
 )
 
 // Scenarios lists every scenario in running order.
-var Scenarios = []string{Uniform, Replay, Latency, Hot, Dedup, Naive, TPCB, Cross, LedgerProcess}
+var Scenarios = []string{Uniform, Replay, Latency, Hot, Dedup, Naive, TPCB, Cross, API, LedgerProcess}
 
 // Config sizes a bench run. Defaults fills in its zero fields.
 type Config struct {
@@ -68,6 +69,8 @@ type Config struct {
 	LatencyFor     time.Duration `json:"latency_for"`
 	NaiveFor       time.Duration `json:"naive_for"`
 	CrossTransfers int           `json:"cross_transfers"`
+	APITransfers   int           `json:"api_transfers"`
+	APIConcurrency int           `json:"api_concurrency"` // requests in flight
 	PgbenchScale   int           `json:"pgbench_scale"`
 	PgbenchFor     time.Duration `json:"pgbench_for"`
 	Quick          bool          `json:"quick"`
@@ -109,6 +112,8 @@ func (c Config) Defaults() Config {
 	def(&c.CacheSize, 100_000, 100_000)
 	def(&c.Window, 4096, 4096)
 	def(&c.CrossTransfers, 20_000, 4_000)
+	def(&c.APITransfers, 20_000, 4_000)
+	def(&c.APIConcurrency, 64, 64)
 	def(&c.PgbenchScale, 10, 10)
 	if c.DedupRows <= 0 {
 		c.DedupRows = map[bool]int64{false: 10_000_000, true: 1_000_000}[c.Quick]
@@ -133,7 +138,7 @@ func (c Config) Validate() error {
 	switch {
 	case c.Accounts < 2:
 		return errors.New("need at least 2 accounts")
-	case c.Transfers < 1 || c.CrossTransfers < 1:
+	case c.Transfers < 1 || c.CrossTransfers < 1 || c.APITransfers < 1 || c.APIConcurrency < 1:
 		return errors.New("need at least 1 transfer")
 	case c.Window < 1 || c.Workers < 1 || c.Shards < 1:
 		return errors.New("window, workers and shards must be positive")
@@ -219,6 +224,7 @@ type Result struct {
 	BestBatch int         `json:"best_batch,omitempty"`
 	TPCB      *TPCBResult `json:"tpcb,omitempty"`
 	Cross     *CrossRun   `json:"cross,omitempty"`
+	API       *APIRun     `json:"api,omitempty"`
 	Process   *ProcessRun `json:"ledger_process,omitempty"`
 	Figures   []Figure    `json:"figures"`
 	Elapsed   float64     `json:"elapsed_seconds"`
@@ -406,6 +412,14 @@ func (e *env) runAll(ctx context.Context, res *Result) error {
 		}
 		res.Cross = &c
 		fmt.Fprintln(e.out, c.line())
+	}
+	if cfg.has(API) {
+		a, err := e.api(ctx)
+		if err != nil {
+			return fmt.Errorf("%s: %w", API, err)
+		}
+		res.API = &a
+		fmt.Fprintln(e.out, a.line())
 	}
 	if cfg.has(LedgerProcess) {
 		if cfg.LedgerBinary == "" {

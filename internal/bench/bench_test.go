@@ -28,7 +28,7 @@ func TestBenchSmall(t *testing.T) {
 	out := &strings.Builder{}
 	res, err := bench.Run(ctx, bench.Config{
 		PostgresURL: pgtest.AdminURL(), DatabasePrefix: prefix,
-		Accounts: 20, Transfers: 300, CrossTransfers: 60, DedupRows: 2000, Window: 64,
+		Accounts: 20, Transfers: 300, CrossTransfers: 60, APITransfers: 80, APIConcurrency: 8, DedupRows: 2000, Window: 64,
 		LatencyFor: 500 * time.Millisecond, NaiveFor: 500 * time.Millisecond, PgbenchScale: 1, PgbenchFor: time.Second,
 		CPUProfile: filepath.Join(t.TempDir(), "cpu.pprof"),
 	}, out)
@@ -65,6 +65,9 @@ func TestBenchSmall(t *testing.T) {
 	}
 	if c := res.Cross; c == nil || !c.Verified || c.Completed != 60 {
 		t.Errorf("cross-region: %+v", c)
+	}
+	if a := res.API; a == nil || !a.Verified || a.Completed != 80 || a.Rate <= 0 || a.P99Ms < a.P50Ms {
+		t.Errorf("api: %+v", a)
 	}
 	if res.Machine.SynchronousCommit == "" || res.Machine.Fsync == "" {
 		t.Errorf("machine: %+v", res.Machine)

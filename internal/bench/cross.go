@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"sync"
@@ -57,33 +58,11 @@ func (e *env) cross(ctx context.Context) (CrossRun, error) {
 		codes[n], _ = e.regions.Code(n)
 	}
 	res := CrossRun{Regions: names, BatchSize: e.cfg.BatchSize, Transfers: e.cfg.CrossTransfers, CrossShare: 0.5}
-	dir, err := os.MkdirTemp("", "paymesh-bench-topology-")
+	c, stop, err := e.startCluster(ctx, codes, "x_", 0)
 	if err != nil {
 		return res, err
 	}
-	defer os.RemoveAll(dir)
-	topo, err := natsembed.StartTopology(natsembed.TopologyOptions{Regions: names, Dir: dir})
-	if err != nil {
-		return res, err
-	}
-	defer topo.Shutdown()
-	prefix := e.cfg.DatabasePrefix + "x_"
-	e.mu.Lock()
-	for _, n := range names {
-		e.dbs[prefix+n] = true
-	}
-	e.mu.Unlock()
-	c, err := cluster.Start(ctx, cluster.Config{Regions: codes, Topology: topo, PostgresURL: e.cfg.PostgresURL,
-		DatabasePrefix: prefix, Shards: e.cfg.Shards, BatchSize: e.cfg.BatchSize, AckWait: 30 * time.Second})
-	if err != nil {
-		return res, err
-	}
-	defer func() {
-		c.Stop()
-		for _, n := range names {
-			e.dropDB(ctx, prefix+n)
-		}
-	}()
+	defer stop()
 	accounts := map[string][]string{}
 	for _, n := range names {
 		if accounts[n], err = openAccounts(ctx, e, c.Region(n).Ledger.Store, n, max(2, e.cfg.Accounts/len(names))); err != nil {
@@ -129,8 +108,8 @@ func (e *env) cross(ctx context.Context) (CrossRun, error) {
 		return n, last, nil
 	}
 	var done atomic.Int64
-	stop := e.progress(Cross, func() (int64, int64) { return done.Load(), int64(res.Transfers) })
-	defer stop()
+	progress := e.progress(Cross, func() (int64, int64) { return done.Load(), int64(res.Transfers) })
+	defer progress()
 	start := time.Now()
 	submitErr := e.submitAll(ctx, c, cmds)
 	if submitErr != nil {
@@ -175,12 +154,7 @@ func (e *env) cross(ctx context.Context) (CrossRun, error) {
 	slices.Sort(crossL)
 	res.SameP50Ms, res.SameP99Ms = ms(percentile(same, 0.5)), ms(percentile(same, 0.99))
 	res.CrossP50Ms, res.CrossP99Ms = ms(percentile(crossL, 0.5)), ms(percentile(crossL, 0.99))
-	qctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	if err := c.WaitQuiet(qctx); err != nil {
-		return res, err
-	}
-	rep, err := postgres.VerifyGlobal(ctx, c.Stores(), true)
+	rep, err := quietReport(ctx, c)
 	if err != nil {
 		return res, err
 	}
@@ -189,6 +163,54 @@ func (e *env) cross(ctx context.Context) (CrossRun, error) {
 		res.VerifyReport = rep.String()
 	}
 	return res, nil
+}
+
+// startCluster runs regions (name → code) in this process on an embedded
+// NATS topology, each on a database named after prefix; stop shuts them
+// down and drops the databases.
+func (e *env) startCluster(ctx context.Context, codes map[string]uint8, prefix string, apiWait time.Duration) (c *cluster.Cluster, stop func(), err error) {
+	dir, err := os.MkdirTemp("", "paymesh-bench-topology-")
+	if err != nil {
+		return nil, nil, err
+	}
+	names := slices.Sorted(maps.Keys(codes))
+	topo, err := natsembed.StartTopology(natsembed.TopologyOptions{Regions: names, Dir: dir})
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, nil, err
+	}
+	prefix = e.cfg.DatabasePrefix + prefix
+	e.mu.Lock()
+	for _, n := range names {
+		e.dbs[prefix+n] = true
+	}
+	e.mu.Unlock()
+	c, err = cluster.Start(ctx, cluster.Config{Regions: codes, Topology: topo, PostgresURL: e.cfg.PostgresURL,
+		DatabasePrefix: prefix, Shards: e.cfg.Shards, BatchSize: e.cfg.BatchSize, AckWait: 30 * time.Second, APIWait: apiWait})
+	if err != nil {
+		topo.Shutdown()
+		os.RemoveAll(dir)
+		return nil, nil, err
+	}
+	return c, func() {
+		c.Stop()
+		for _, n := range names {
+			e.dropDB(ctx, prefix+n)
+		}
+		topo.Shutdown()
+		os.RemoveAll(dir)
+	}, nil
+}
+
+// quietReport waits, up to a minute, until c has drained, and checks the
+// global invariants.
+func quietReport(ctx context.Context, c *cluster.Cluster) (postgres.Report, error) {
+	qctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := c.WaitQuiet(qctx); err != nil {
+		return postgres.Report{}, err
+	}
+	return postgres.VerifyGlobal(ctx, c.Stores(), true)
 }
 
 // submitAll hands the commands to their source region's router,

@@ -16,6 +16,7 @@ const (
 	TargetHotShare   = 0.50   // hot / uniform
 	TargetDedupShare = 0.80   // with the pre-filled consume-log / uniform
 	TargetPeakRSSMB  = 200
+	TargetAPIRate    = 5_000 // transfers/s through the HTTP API
 	sharingNotice    = "The publisher, the embedded nats-server and Postgres share this machine's cores with the ledger; compare runs of one invocation, and see the load average below."
 )
 
@@ -71,6 +72,9 @@ func figures(r Result) []Figure {
 	}
 	if r.Cross != nil {
 		add("cross-region throughput (completed)", "transfers/s", "(reported)", true, r.Cross.Rate, true)
+	}
+	if a := r.API; a != nil {
+		add("HTTP API throughput (answered 201)", "transfers/s", fmt.Sprintf(">= %d/s", TargetAPIRate), true, a.Rate, a.Rate >= TargetAPIRate)
 	}
 	return out
 }
@@ -129,7 +133,7 @@ func (r Result) OK() bool {
 			return false
 		}
 	}
-	return (r.Cross == nil || r.Cross.Verified) && (r.Process == nil || r.Process.Verified)
+	return (r.Cross == nil || r.Cross.Verified) && (r.API == nil || r.API.Verified) && (r.Process == nil || r.Process.Verified)
 }
 
 func fmtSeconds(s float64) string { return fmt.Sprintf("%.0fs", s) }
