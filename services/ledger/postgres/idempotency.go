@@ -58,15 +58,26 @@ func scanKey(row pgx.CollectableRow) (IdempotencyKey, error) {
 }
 
 // BeginKey claims an idempotency key for a request with the given
-// fingerprint, in a transaction of its own, and says what to do. A new or
-// expired key is taken with a lease and newTransferID; an in-flight key
-// whose lease expired is taken over (its transfer ID is kept, so a repeat
-// submission is deduplicated by the ledger). It returns an error only when
-// the database fails.
+// fingerprint and says what to do. A new or expired key is taken with a
+// lease and newTransferID; an in-flight key whose lease expired is taken
+// over (its transfer ID is kept, so a repeat submission is deduplicated by
+// the ledger). A key never seen, the common case, costs one statement;
+// any other goes through a transaction that locks the key's row. It
+// returns an error only when the database fails.
 func (s *Store) BeginKey(ctx context.Context, client, key string, fp []byte, newTransferID string, now time.Time, lease, ttl time.Duration) (IdempotencyKey, KeyOutcome, error) {
+	rows, err := s.pool.Query(ctx, insertKeySQL+` ON CONFLICT (client_id, key) DO NOTHING RETURNING `+keyColumns,
+		client, key, fp, newTransferID, now.Add(lease), now, now.Add(ttl))
+	if err == nil {
+		var k IdempotencyKey
+		if k, err = pgx.CollectExactlyOneRow(rows, scanKey); err == nil {
+			return k, KeyNew, nil
+		}
+	}
+	// The key exists, or the insert's outcome is unknown (the transaction
+	// below then finds this call's own claim by its transfer ID).
 	var k IdempotencyKey
 	var out KeyOutcome
-	err := s.transact(ctx, "begin idempotency key", func(tx pgx.Tx) error {
+	err = s.transact(ctx, "begin idempotency key", func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `SELECT `+keyColumns+` FROM idempotency_keys WHERE client_id = $1 AND key = $2 FOR UPDATE`, client, key)
 		if err != nil {
 			return err
@@ -77,6 +88,11 @@ func (s *Store) BeginKey(ctx context.Context, client, key string, fp []byte, new
 			return err
 		}
 		switch {
+		case found && k.InFlight && k.TransferID == newTransferID:
+			// This call's own claim, made by an attempt whose answer was
+			// lost: transfer IDs are never reused.
+			out = KeyNew
+			return nil
 		case found && k.ExpiresAt.Before(now):
 			if _, err := tx.Exec(ctx, `DELETE FROM idempotency_keys WHERE client_id = $1 AND key = $2`, client, key); err != nil {
 				return err
@@ -100,9 +116,7 @@ func (s *Store) BeginKey(ctx context.Context, client, key string, fp []byte, new
 			out = KeyTakenOver
 			return err
 		}
-		rows, err = tx.Query(ctx, `
-			INSERT INTO idempotency_keys (client_id, key, fingerprint, transfer_id, state, lease_until, created_at, expires_at)
-			VALUES ($1, $2, $3, $4, 'in_flight', $5, $6, $7) RETURNING `+keyColumns,
+		rows, err = tx.Query(ctx, insertKeySQL+` RETURNING `+keyColumns,
 			client, key, fp, newTransferID, now.Add(lease), now, now.Add(ttl))
 		if err != nil {
 			return err
@@ -122,6 +136,11 @@ func (s *Store) BeginKey(ctx context.Context, client, key string, fp []byte, new
 	})
 	return k, out, err
 }
+
+// insertKeySQL claims a new key, in flight with a lease.
+const insertKeySQL = `
+	INSERT INTO idempotency_keys (client_id, key, fingerprint, transfer_id, state, lease_until, created_at, expires_at)
+	VALUES ($1, $2, $3, $4, 'in_flight', $5, $6, $7)`
 
 // Key reads an idempotency key; false when there is none.
 func (s *Store) Key(ctx context.Context, client, key string) (IdempotencyKey, bool, error) {
@@ -174,6 +193,8 @@ func (s *Store) DeleteExpiredKeys(ctx context.Context, now time.Time) (int64, er
 // queueResponses queues, in the apply transaction's batch, the first
 // response to every client request whose idempotency key is still in
 // flight: the response is durable in the same transaction as the debit.
+// It is final (the API stores nothing after it) unless it is a 202, which
+// the API replaces with the transfer's final state if it sees it in time.
 func (s *Store) queueResponses(b *pgx.Batch, cmds []ledger.Command, results []ledger.Result) {
 	if s.cfg.Respond == nil {
 		return
@@ -194,7 +215,8 @@ func (s *Store) queueResponses(b *pgx.Batch, cmds []ledger.Command, results []le
 		return
 	}
 	b.Queue(`
-		UPDATE idempotency_keys k SET state = 'done', response_status = u.status, response_body = u.body
+		UPDATE idempotency_keys k SET state = 'done', response_status = u.status, response_body = u.body,
+		       response_final = u.status <> 202
 		FROM unnest($1::text[], $2::text[], $3::int[], $4::bytea[]) AS u(client_id, key, status, body)
 		WHERE k.client_id = u.client_id AND k.key = u.key AND k.state = 'in_flight'`,
 		clients, keys, statuses, bodies)
