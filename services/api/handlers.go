@@ -229,13 +229,31 @@ func (s *Server) createTransfer(ctx context.Context, c call) reply {
 func (s *Server) await(ctx context.Context, cmd ledger.Command) reply {
 	client, key, transferID := cmd.ClientID, cmd.IdempotencyKey, cmd.TransferID
 	deadline := time.Now().Add(s.cfg.Wait)
+	// Until the ledger answered, wait with every other request (one query
+	// for all of them, see keyWaiter); then read the answer, and for a
+	// provisional 202 poll the transfer's state.
+	answered, stop := s.keys.done(client, key)
+	wait := time.NewTimer(s.cfg.Wait)
+	var k postgres.IdempotencyKey
+	ok, read := false, true // read: the key must be read (again)
+	select {
+	case k = <-answered:
+		ok, read = true, false
+	case <-wait.C:
+	case <-ctx.Done():
+	}
+	wait.Stop()
+	stop()
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		k, ok, err := s.cfg.Store.Key(ctx, client, key)
-		if err != nil {
-			return errReply(err)
+		var err error
+		if read {
+			if k, ok, err = s.cfg.Store.Key(ctx, client, key); err != nil {
+				return errReply(err)
+			}
 		}
+		read = true
 		if ok && !k.InFlight && (k.Final || k.Status != http.StatusAccepted) {
 			if !k.Final {
 				if k, err = s.cfg.Store.Answer(ctx, client, key, k.Status, k.Body, false); err != nil {

@@ -83,6 +83,7 @@ type Server struct {
 	routes   []string
 	limiters sync.Map // client id -> *rate.Limiter
 	sub      *nats.Subscription
+	keys     keyWaiter
 }
 
 // New returns a region's API server. Call Listen to answer forwarded
@@ -100,7 +101,7 @@ func New(cfg Config) *Server {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, mux: http.NewServeMux()}
+	s := &Server{cfg: cfg, mux: http.NewServeMux(), keys: keyWaiter{store: cfg.Store}}
 	s.route("POST /v1/accounts", s.authed(s.postAccount))
 	s.route("GET /v1/accounts/{id}", s.authed(s.getAccount))
 	s.route("GET /v1/accounts/{id}/entries", s.authed(s.getEntries))

@@ -137,6 +137,22 @@ func (s *Store) BeginKey(ctx context.Context, client, key string, fp []byte, new
 	return k, out, err
 }
 
+// AnsweredKeys returns, of the keys clients[i]/keys[i], those that are
+// answered (no longer in flight).
+func (s *Store) AnsweredKeys(ctx context.Context, clients, keys []string) ([]IdempotencyKey, error) {
+	rows, err := s.pool.Query(ctx, `
+		SELECT `+keyColumns+` FROM idempotency_keys
+		WHERE (client_id, key) IN (SELECT * FROM unnest($1::text[], $2::text[])) AND state = 'done'`, clients, keys)
+	if err != nil {
+		return nil, fmt.Errorf("read idempotency keys: %w", err)
+	}
+	ks, err := pgx.CollectRows(rows, scanKey)
+	if err != nil {
+		return nil, fmt.Errorf("read idempotency keys: %w", err)
+	}
+	return ks, nil
+}
+
 // insertKeySQL claims a new key, in flight with a lease.
 const insertKeySQL = `
 	INSERT INTO idempotency_keys (client_id, key, fingerprint, transfer_id, state, lease_until, created_at, expires_at)
