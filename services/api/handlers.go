@@ -162,24 +162,47 @@ func (s *Server) createTransfer(ctx context.Context, c call) reply {
 	if err := validKey(c.Key); err != nil {
 		return errReply(err)
 	}
-	if _, err := s.ownAccount(ctx, c.Client, req.From); err != nil && !s.cfg.Bugs.SkipOwnerCheck { // deliberate bug, tests only
-		return errReply(err)
-	}
+	checkOwner := !s.cfg.Bugs.SkipOwnerCheck // deliberate bug, tests only
 	id, err := s.cfg.IDs.NextString()
 	if err != nil {
 		return errReply(err)
 	}
 	now := s.cfg.Now()
 	// Refuse here what the ledger would refuse, so that an accepted key
-	// always leads to a recorded transfer.
+	// always leads to a recorded transfer. Another client's account is
+	// refused first, as if it did not exist.
 	probe := ledger.Command{Type: ledger.TypeTransfer, TransferID: id, ClientID: c.Client, IdempotencyKey: c.Key,
 		From: req.From, To: req.To, Amount: req.Amount, Currency: req.Currency, CreatedAt: now}
 	if err := probe.Validate(s.cfg.Region, s.cfg.Regions, now); err != nil {
+		if _, oerr := s.ownAccount(ctx, c.Client, req.From); oerr != nil && checkOwner {
+			return errReply(oerr)
+		}
 		return errReply(err)
 	}
-	k, outcome, err := s.cfg.Store.BeginKey(ctx, c.Client, c.Key, req.fingerprint(), id, now, s.cfg.Wait+5*time.Second, s.cfg.KeyTTL)
-	if err != nil {
-		return errReply(err)
+	lease := s.cfg.Wait + 5*time.Second
+	// The common case in one round trip: the owner check, a new key's
+	// claim and the business-key lookup (StartKey).
+	var k postgres.IdempotencyKey
+	var outcome postgres.KeyOutcome
+	var prior ledger.Transfer // the transfer the business key made (zero: none)
+	priorRead := false
+	st, err := s.cfg.Store.StartKey(ctx, c.Client, c.Key, req.fingerprint(), id, req.From, checkOwner, now, lease, s.cfg.KeyTTL)
+	switch {
+	case err != nil: // the claim's outcome is unknown: the steps one by one (BeginKey finds an own claim)
+		if _, err := s.ownAccount(ctx, c.Client, req.From); err != nil && checkOwner {
+			return errReply(err)
+		}
+		if k, outcome, err = s.cfg.Store.BeginKey(ctx, c.Client, c.Key, req.fingerprint(), id, now, lease, s.cfg.KeyTTL); err != nil {
+			return errReply(err)
+		}
+	case checkOwner && (!st.SourceFound || st.Source.ClientID != c.Client || st.Source.Kind != ledger.KindCustomer):
+		return errReply(ledger.Errorf(ledger.CodeAccountNotFound, "account %s does not exist", req.From))
+	case st.Claimed:
+		k, outcome, prior, priorRead = st.Key, postgres.KeyNew, st.Prior, true
+	default: // the key exists
+		if k, outcome, err = s.cfg.Store.BeginKey(ctx, c.Client, c.Key, req.fingerprint(), id, now, lease, s.cfg.KeyTTL); err != nil {
+			return errReply(err)
+		}
 	}
 	switch outcome {
 	case postgres.KeyMismatch:
@@ -205,9 +228,12 @@ func (s *Server) createTransfer(ctx context.Context, c call) reply {
 		From: req.From, To: req.To, Amount: req.Amount, Currency: req.Currency, CreatedAt: k.CreatedAt}
 	// The ledger's business key outlives the idempotency key: a request
 	// repeated after its key expired is answered with the transfer it made.
-	if t, ok, err := s.cfg.Store.TransferByKey(ctx, c.Client, c.Key); err != nil {
-		return errReply(err)
-	} else if ok {
+	if !priorRead {
+		if prior, _, err = s.cfg.Store.TransferByKey(ctx, c.Client, c.Key); err != nil {
+			return errReply(err)
+		}
+	}
+	if t := prior; t.ID != "" {
 		st, b := Respond(ledger.Result{Kind: ledger.Duplicate, Transfer: t})
 		if !bytes.Equal(t.Fingerprint, cmd.Fingerprint()) {
 			st, b = problem(ledger.Errorf(ledger.CodeIdempotencyKeyReused, "the Idempotency-Key was used for a different request"))

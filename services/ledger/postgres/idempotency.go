@@ -137,6 +137,66 @@ func (s *Store) BeginKey(ctx context.Context, client, key string, fp []byte, new
 	return k, out, err
 }
 
+// KeyStart is what StartKey found.
+type KeyStart struct {
+	// Source is the request's source account; SourceFound is false when
+	// it does not exist.
+	Source      ledger.Account
+	SourceFound bool
+	// Claimed is set when the key was new and is now claimed (Key); when
+	// it is not, and the source is the client's, the key exists: BeginKey
+	// says what to do with it.
+	Claimed bool
+	Key     IdempotencyKey
+	// Prior is the transfer the client's key already made (its business
+	// key outlives the idempotency key); zero when there is none.
+	Prior ledger.Transfer
+}
+
+// StartKey is the first step of a transfer request, in one round trip: it
+// reads the source account, claims the key as new (as BeginKey would) only
+// if the account is a customer account of the client (or ownerOnly is
+// false), and reads the transfer the client's key already made.
+func (s *Store) StartKey(ctx context.Context, client, key string, fp []byte, newTransferID, source string, ownerOnly bool, now time.Time, lease, ttl time.Duration) (KeyStart, error) {
+	var st KeyStart
+	b := &pgx.Batch{}
+	b.Queue(`SELECT `+accountColumns+` FROM accounts WHERE id = $1`, source).Query(func(rows pgx.Rows) error {
+		a, err := pgx.CollectExactlyOneRow(rows, scanAccount)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		st.Source, st.SourceFound = a, err == nil
+		return err
+	})
+	b.Queue(`
+		INSERT INTO idempotency_keys (client_id, key, fingerprint, transfer_id, state, lease_until, created_at, expires_at)
+		SELECT $1, $2, $3, $4, 'in_flight', $5, $6, $7
+		WHERE NOT $8 OR EXISTS (SELECT 1 FROM accounts WHERE id = $9 AND client_id = $1 AND kind = 'customer')
+		ON CONFLICT (client_id, key) DO NOTHING RETURNING `+keyColumns,
+		client, key, fp, newTransferID, now.Add(lease), now, now.Add(ttl), ownerOnly, source).Query(func(rows pgx.Rows) error {
+		k, err := pgx.CollectExactlyOneRow(rows, scanKey)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		st.Key, st.Claimed = k, err == nil
+		return err
+	})
+	if !s.cfg.Bugs.ForgetKeyTransfer { // deliberate bug, tests only: see TransferByKey
+		b.Queue(`SELECT `+transferColumns+` FROM transfers WHERE client_id = $1 AND idempotency_key = $2`, client, key).Query(func(rows pgx.Rows) error {
+			t, err := pgx.CollectExactlyOneRow(rows, scanTransfer)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil
+			}
+			st.Prior = t
+			return err
+		})
+	}
+	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
+		return KeyStart{}, fmt.Errorf("start idempotency key: %w", err)
+	}
+	return st, nil
+}
+
 // AnsweredKeys returns, of the keys clients[i]/keys[i], those that are
 // answered (no longer in flight).
 func (s *Store) AnsweredKeys(ctx context.Context, clients, keys []string) ([]IdempotencyKey, error) {

@@ -586,3 +586,49 @@ func TestCachedRedeliveriesNeedNoTransaction(t *testing.T) {
 		t.Fatalf("balance %d, want 30", got)
 	}
 }
+
+// TestStartKey: the first step of a transfer request claims a new key only
+// for the client's own source account, leaves an existing key to BeginKey,
+// and reads the transfer the client's key already made.
+func TestStartKey(t *testing.T) {
+	f := ledgertest.New(t)
+	ctx := context.Background()
+	now, lease, ttl := f.Clock.Now(), time.Minute, time.Hour
+	a, b := f.Account(t, "EUR", 100), f.Account(t, "EUR", 0)
+	start := func(client, key, source, id string, ownerOnly bool) postgres.KeyStart {
+		t.Helper()
+		st, err := f.Store.StartKey(ctx, client, key, []byte("fp"), id, source, ownerOnly, now, lease, ttl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+
+	st := start("c1", "k1", a, "eu-t1", true)
+	if !st.SourceFound || st.Source.ID != a || !st.Claimed || st.Key.TransferID != "eu-t1" || !st.Key.InFlight || st.Prior.ID != "" {
+		t.Fatalf("a new key on an own account: %+v", st)
+	}
+	if st := start("c1", "k1", a, "eu-t2", true); st.Claimed {
+		t.Fatalf("an existing key was claimed again: %+v", st)
+	}
+	if st := start("c2", "k2", a, "eu-t3", true); st.Claimed || !st.SourceFound || st.Source.ClientID != "c1" {
+		t.Fatalf("another client's account: %+v", st)
+	}
+	if st := start("c1", "k3", "eu-nosuchaccount", "eu-t4", true); st.Claimed || st.SourceFound {
+		t.Fatalf("a missing account: %+v", st)
+	}
+	if n := f.Count(t, `SELECT count(*) FROM idempotency_keys`); n != 1 {
+		t.Fatalf("%d keys, want only k1", n)
+	}
+	// Without the owner check (the API's deliberate bug), another client's
+	// account is claimed.
+	if st := start("c2", "k2", a, "eu-t5", false); !st.Claimed {
+		t.Fatalf("owner check off: %+v", st)
+	}
+	// A key whose transfer exists (its idempotency key expired and went).
+	cmd := f.Transfer(t, a, b, 10)
+	f.MustApply(t, cmd)
+	if st := start("c1", cmd.IdempotencyKey, a, "eu-t6", true); !st.Claimed || st.Prior.ID != cmd.TransferID {
+		t.Fatalf("a key whose transfer exists: %+v", st)
+	}
+}
