@@ -286,7 +286,7 @@ var scenarios = []*scenario{
 	},
 	{
 		name:   "7-nats-restart",
-		what:   "a region's NATS server (JetStream, file storage) shut down and started again, twice, in random regions",
+		what:   "a region's NATS server (JetStream, file storage) shut down, left down for 500 ms and started again, twice, in random regions",
 		counts: "NATS server restarts",
 		fault: func(ctx context.Context, e *env, d time.Duration) error {
 			start := time.Now()
@@ -294,7 +294,7 @@ var scenarios = []*scenario{
 				if !at(ctx, start, d, f) {
 					return nil
 				}
-				if err := e.topo.RestartRegion(e.names[e.intn(len(e.names))]); err != nil {
+				if err := e.topo.RestartRegionAfter(e.names[e.intn(len(e.names))], 500*time.Millisecond); err != nil {
 					return err
 				}
 				e.fired.Add(1)

@@ -296,7 +296,32 @@ func (t *Topology) Heal(region string) {
 // and messages survive. Unless the region is cut, it then waits until the
 // link to the hub is back. It returns an error when the server does not come
 // back or, unless cut, the link does not come back within 10 seconds.
-func (t *Topology) RestartRegion(region string) error {
+func (t *Topology) RestartRegion(region string) error { return t.RestartRegionAfter(region, 0) }
+
+// RestartRegionAfter is RestartRegion with the server left down for down
+// before it starts again: an outage its clients notice.
+func (t *Topology) RestartRegionAfter(region string, down time.Duration) error {
+	if err := t.stopRegion(region); err != nil {
+		return err
+	}
+	time.Sleep(down)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := t.regions[region]
+	if err := t.startRegion(n); err != nil {
+		return fmt.Errorf("natsembed: restart: %w", err)
+	}
+	if !n.cut {
+		if err := t.waitLink(region, true); err != nil {
+			return fmt.Errorf("natsembed: restart: %w", err)
+		}
+	}
+	return nil
+}
+
+// stopRegion shuts the region's server down and waits until the hub
+// dropped its link.
+func (t *Topology) stopRegion(region string) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	n, ok := t.regions[region]
@@ -311,14 +336,6 @@ func (t *Topology) RestartRegion(region string) error {
 			return fmt.Errorf("natsembed: restart: %w", err)
 		}
 		n.srv = nil
-	}
-	if err := t.startRegion(n); err != nil {
-		return fmt.Errorf("natsembed: restart: %w", err)
-	}
-	if !n.cut {
-		if err := t.waitLink(region, true); err != nil {
-			return fmt.Errorf("natsembed: restart: %w", err)
-		}
 	}
 	return nil
 }
