@@ -68,10 +68,20 @@ func (s *Server) getAccount(ctx context.Context, r *http.Request, client string)
 // answered exactly like a missing one: no object-level leak.
 func (s *Server) ownAccount(ctx context.Context, client, id string) (ledger.Account, error) {
 	a, err := s.cfg.Store.Account(ctx, id)
-	if err == nil && (a.ClientID != client || a.Kind != ledger.KindCustomer) {
-		err = ledger.Errorf(ledger.CodeAccountNotFound, "account %s does not exist", id)
+	if err == nil && !ownedBy(a, client) {
+		err = notFound(id)
 	}
 	return a, err
+}
+
+// ownedBy reports whether a is a customer account of client (false for
+// the zero Account: a missing one).
+func ownedBy(a ledger.Account, client string) bool {
+	return a.ClientID == client && a.Kind == ledger.KindCustomer
+}
+
+func notFound(account string) error {
+	return ledger.Errorf(ledger.CodeAccountNotFound, "account %s does not exist", account)
 }
 
 func (s *Server) readAccount(ctx context.Context, c call) reply {
@@ -174,33 +184,29 @@ func (s *Server) createTransfer(ctx context.Context, c call) reply {
 	probe := ledger.Command{Type: ledger.TypeTransfer, TransferID: id, ClientID: c.Client, IdempotencyKey: c.Key,
 		From: req.From, To: req.To, Amount: req.Amount, Currency: req.Currency, CreatedAt: now}
 	if err := probe.Validate(s.cfg.Region, s.cfg.Regions, now); err != nil {
-		if _, oerr := s.ownAccount(ctx, c.Client, req.From); oerr != nil && checkOwner {
-			return errReply(oerr)
+		if checkOwner {
+			if _, oerr := s.ownAccount(ctx, c.Client, req.From); oerr != nil {
+				return errReply(oerr)
+			}
 		}
 		return errReply(err)
 	}
 	lease := s.cfg.Wait + 5*time.Second
 	// The common case in one round trip: the owner check, a new key's
 	// claim and the business-key lookup (StartKey).
-	var k postgres.IdempotencyKey
-	var outcome postgres.KeyOutcome
-	var prior ledger.Transfer // the transfer the business key made (zero: none)
-	priorRead := false
 	st, err := s.cfg.Store.StartKey(ctx, c.Client, c.Key, req.fingerprint(), id, req.From, checkOwner, now, lease, s.cfg.KeyTTL)
-	switch {
-	case err != nil: // the claim's outcome is unknown: the steps one by one (BeginKey finds an own claim)
-		if _, err := s.ownAccount(ctx, c.Client, req.From); err != nil && checkOwner {
-			return errReply(err)
+	if err != nil { // the claim's outcome is unknown: check the owner on its own (ResolveKey finds an own claim)
+		if checkOwner {
+			if _, err := s.ownAccount(ctx, c.Client, req.From); err != nil {
+				return errReply(err)
+			}
 		}
-		if k, outcome, err = s.cfg.Store.BeginKey(ctx, c.Client, c.Key, req.fingerprint(), id, now, lease, s.cfg.KeyTTL); err != nil {
-			return errReply(err)
-		}
-	case checkOwner && (!st.SourceFound || st.Source.ClientID != c.Client || st.Source.Kind != ledger.KindCustomer):
-		return errReply(ledger.Errorf(ledger.CodeAccountNotFound, "account %s does not exist", req.From))
-	case st.Claimed:
-		k, outcome, prior, priorRead = st.Key, postgres.KeyNew, st.Prior, true
-	default: // the key exists
-		if k, outcome, err = s.cfg.Store.BeginKey(ctx, c.Client, c.Key, req.fingerprint(), id, now, lease, s.cfg.KeyTTL); err != nil {
+	} else if checkOwner && !ownedBy(st.Source, c.Client) {
+		return errReply(notFound(req.From))
+	}
+	k, outcome, prior := st.Key, postgres.KeyNew, st.Prior // prior: the transfer the business key made (zero: none)
+	if !st.Claimed {                                       // the key exists, or the claim's outcome is unknown
+		if k, outcome, err = s.cfg.Store.ResolveKey(ctx, c.Client, c.Key, req.fingerprint(), id, now, lease, s.cfg.KeyTTL); err != nil {
 			return errReply(err)
 		}
 	}
@@ -228,7 +234,7 @@ func (s *Server) createTransfer(ctx context.Context, c call) reply {
 		From: req.From, To: req.To, Amount: req.Amount, Currency: req.Currency, CreatedAt: k.CreatedAt}
 	// The ledger's business key outlives the idempotency key: a request
 	// repeated after its key expired is answered with the transfer it made.
-	if !priorRead {
+	if !st.Claimed { // not read with the claim
 		if prior, _, err = s.cfg.Store.TransferByKey(ctx, c.Client, c.Key); err != nil {
 			return errReply(err)
 		}

@@ -62,8 +62,8 @@ func scanKey(row pgx.CollectableRow) (IdempotencyKey, error) {
 // lease and newTransferID; an in-flight key whose lease expired is taken
 // over (its transfer ID is kept, so a repeat submission is deduplicated by
 // the ledger). A key never seen, the common case, costs one statement;
-// any other goes through a transaction that locks the key's row. It
-// returns an error only when the database fails.
+// any other goes to ResolveKey. It returns an error only when the database
+// fails.
 func (s *Store) BeginKey(ctx context.Context, client, key string, fp []byte, newTransferID string, now time.Time, lease, ttl time.Duration) (IdempotencyKey, KeyOutcome, error) {
 	rows, err := s.pool.Query(ctx, insertKeySQL+` ON CONFLICT (client_id, key) DO NOTHING RETURNING `+keyColumns,
 		client, key, fp, newTransferID, now.Add(lease), now, now.Add(ttl))
@@ -73,11 +73,18 @@ func (s *Store) BeginKey(ctx context.Context, client, key string, fp []byte, new
 			return k, KeyNew, nil
 		}
 	}
-	// The key exists, or the insert's outcome is unknown (the transaction
-	// below then finds this call's own claim by its transfer ID).
+	// The key exists, or the insert's outcome is unknown.
+	return s.ResolveKey(ctx, client, key, fp, newTransferID, now, lease, ttl)
+}
+
+// ResolveKey is BeginKey without its first insert: a transaction that
+// locks the key's row and says what to do with it, claiming it when it is
+// missing or expired. It finds this call's own claim (an insert whose
+// answer was lost) by its transfer ID.
+func (s *Store) ResolveKey(ctx context.Context, client, key string, fp []byte, newTransferID string, now time.Time, lease, ttl time.Duration) (IdempotencyKey, KeyOutcome, error) {
 	var k IdempotencyKey
 	var out KeyOutcome
-	err = s.transact(ctx, "begin idempotency key", func(tx pgx.Tx) error {
+	err := s.transact(ctx, "begin idempotency key", func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `SELECT `+keyColumns+` FROM idempotency_keys WHERE client_id = $1 AND key = $2 FOR UPDATE`, client, key)
 		if err != nil {
 			return err
@@ -168,9 +175,7 @@ func (s *Store) StartKey(ctx context.Context, client, key string, fp []byte, new
 		st.Source, st.SourceFound = a, err == nil
 		return err
 	})
-	b.Queue(`
-		INSERT INTO idempotency_keys (client_id, key, fingerprint, transfer_id, state, lease_until, created_at, expires_at)
-		SELECT $1, $2, $3, $4, 'in_flight', $5, $6, $7
+	b.Queue(insertKeySQL+`
 		WHERE NOT $8 OR EXISTS (SELECT 1 FROM accounts WHERE id = $9 AND client_id = $1 AND kind = 'customer')
 		ON CONFLICT (client_id, key) DO NOTHING RETURNING `+keyColumns,
 		client, key, fp, newTransferID, now.Add(lease), now, now.Add(ttl), ownerOnly, source).Query(func(rows pgx.Rows) error {
@@ -182,7 +187,7 @@ func (s *Store) StartKey(ctx context.Context, client, key string, fp []byte, new
 		return err
 	})
 	if !s.cfg.Bugs.ForgetKeyTransfer { // deliberate bug, tests only: see TransferByKey
-		b.Queue(`SELECT `+transferColumns+` FROM transfers WHERE client_id = $1 AND idempotency_key = $2`, client, key).Query(func(rows pgx.Rows) error {
+		b.Queue(transferByKeySQL, client, key).Query(func(rows pgx.Rows) error {
 			t, err := pgx.CollectExactlyOneRow(rows, scanTransfer)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return nil
@@ -213,10 +218,11 @@ func (s *Store) AnsweredKeys(ctx context.Context, clients, keys []string) ([]Ide
 	return ks, nil
 }
 
-// insertKeySQL claims a new key, in flight with a lease.
+// insertKeySQL claims a new key, in flight with a lease (a SELECT, so that
+// StartKey can make it conditional).
 const insertKeySQL = `
 	INSERT INTO idempotency_keys (client_id, key, fingerprint, transfer_id, state, lease_until, created_at, expires_at)
-	VALUES ($1, $2, $3, $4, 'in_flight', $5, $6, $7)`
+	SELECT $1, $2, $3, $4, 'in_flight', $5::timestamptz, $6::timestamptz, $7::timestamptz`
 
 // Key reads an idempotency key; false when there is none.
 func (s *Store) Key(ctx context.Context, client, key string) (IdempotencyKey, bool, error) {

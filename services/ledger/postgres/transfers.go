@@ -71,13 +71,16 @@ func (s *Store) Advance(ctx context.Context, id string, from ledger.Status, vers
 	return cur, ledger.Errorf(ledger.CodeStaleVersion, "transfer %s is %s v%d, not %s v%d", id, cur.Status, cur.Version, from, version)
 }
 
+// transferByKeySQL reads the transfer a client's idempotency key made.
+const transferByKeySQL = `SELECT ` + transferColumns + ` FROM transfers WHERE client_id = $1 AND idempotency_key = $2`
+
 // TransferByKey returns the transfer recorded for a client's idempotency
 // key, or false.
 func (s *Store) TransferByKey(ctx context.Context, client, key string) (ledger.Transfer, bool, error) {
 	if s.cfg.Bugs.ForgetKeyTransfer { // deliberate bug, tests only
 		return ledger.Transfer{}, false, nil
 	}
-	rows, err := s.pool.Query(ctx, `SELECT `+transferColumns+` FROM transfers WHERE client_id = $1 AND idempotency_key = $2`, client, key)
+	rows, err := s.pool.Query(ctx, transferByKeySQL, client, key)
 	if err != nil {
 		return ledger.Transfer{}, false, fmt.Errorf("read transfer: %w", err)
 	}
