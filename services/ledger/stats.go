@@ -20,6 +20,7 @@ type Stats struct {
 	DeadLettered       atomic.Int64
 	Redeliveries       atomic.Int64
 	Retries            atomic.Int64 // transaction attempts retried
+	ApplyFailed        atomic.Int64 // applies that failed, their messages left for redelivery
 	GaveUp             atomic.Int64 // transactions abandoned on a retryable error: the retry budget spent (any store transaction)
 	Fenced             atomic.Int64 // commits refused because a claim was fenced off
 	IllegalTransitions atomic.Int64

@@ -347,6 +347,7 @@ func (c *Consumer) apply(ctx context.Context, cmds []ledger.Command, valid []jet
 		if ctx.Err() != nil {
 			return // shutting down: redelivered after AckWait, not a failed attempt
 		}
+		c.cfg.Stats.ApplyFailed.Add(1)
 		c.cfg.Log.Error("apply failed; the message will be redelivered", "err", err)
 		c.retryLater(ctx, valid[0], err, cmds[0].IsStep())
 		return
