@@ -130,9 +130,6 @@ func clockScenario() *scenario {
 		keyTTL: clockKeyTTL,
 		now:    f.now,
 		fault: func(ctx context.Context, e *env, d time.Duration) error {
-			for _, c := range []*atomic.Int64{&f.offset, &f.steps, &f.expired, &f.resent, &f.gone, &f.byTransfer} {
-				c.Store(0)
-			}
 			offsets := []time.Duration{clockStep, 0, -clockStep, 0}
 			i := 0
 			err := every(ctx, clockInterval, func() {
@@ -185,4 +182,4 @@ func clockScenario() *scenario {
 	}
 }
 
-func init() { scenarios = append(scenarios, clockScenario()) }
+func init() { registry = append(registry, clockScenario) }

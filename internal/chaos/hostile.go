@@ -70,8 +70,6 @@ func (h *hostility) setup(ctx context.Context, e *env) error {
 	_, _ = rand.Read(b)
 	h.otherKey = "pm_chaos_other_" + hex.EncodeToString(b)
 	h.accts, h.system, h.xfers, h.wrong, h.statuses = map[string][]string{}, map[string]string{}, nil, nil, map[int]int{}
-	h.sent.Store(0)
-	h.refused.Store(0)
 	for _, n := range e.names {
 		store := e.c.Region(n).Ledger.Store
 		if err := store.PutClient(ctx, postgres.Client{ID: otherClientID, Name: "chaos other", RatePerSec: 1_000_000}, h.otherKey); err != nil {
@@ -550,4 +548,4 @@ func hostileScenario() *scenario {
 	}
 }
 
-func init() { scenarios = append(scenarios, hostileScenario()) }
+func init() { registry = append(registry, hostileScenario) }

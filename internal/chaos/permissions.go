@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -26,7 +25,6 @@ const PurposeForged = "forged"
 // user and as its API user, each counting the permission violations the
 // server reports.
 type forgery struct {
-	mu       sync.Mutex
 	conns    map[string]*nats.Conn // "<service>-<region>"
 	attempts atomic.Int64
 	refused  atomic.Int64
@@ -116,8 +114,6 @@ func permissionsScenario() *scenario {
 			"forwarded API calls, every 50 ms; the servers must refuse every one (deploy/regions users and permissions)",
 		counts: "forbidden publishes the servers refused",
 		fault: func(ctx context.Context, e *env, d time.Duration) error {
-			f.attempts.Store(0)
-			f.refused.Store(0)
 			if err := f.connect(e); err != nil {
 				return err
 			}
@@ -140,3 +136,5 @@ func permissionsScenario() *scenario {
 		},
 	}
 }
+
+func init() { registry = append(registry, permissionsScenario) }

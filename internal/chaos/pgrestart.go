@@ -35,9 +35,6 @@ func pgRestartScenario() *scenario {
 		counts:      "Postgres immediate restarts",
 		ownPostgres: true,
 		fault: func(ctx context.Context, e *env, d time.Duration) error {
-			if e.pg == nil {
-				return fmt.Errorf("no throwaway Postgres cluster to restart")
-			}
 			if e.cfg.asyncCommit {
 				if err := asyncCommit(ctx, e.pg.URL); err != nil {
 					return err
@@ -128,4 +125,4 @@ func asyncCommit(ctx context.Context, url string) error {
 	return nil
 }
 
-func init() { scenarios = append(scenarios, pgRestartScenario()) }
+func init() { registry = append(registry, pgRestartScenario) }

@@ -104,21 +104,21 @@ func Run(ctx context.Context, cfg Config, out io.Writer) ([]Result, error) {
 	if len(names) == 0 {
 		names = Scenarios()
 	}
-	var scs []*scenario
+	var builds []func() *scenario
 	for _, n := range names {
-		s, err := scenarioByName(strings.TrimSpace(n))
+		build, err := builderByName(strings.TrimSpace(n))
 		if err != nil {
 			return nil, err
 		}
-		scs = append(scs, s)
+		builds = append(builds, build)
 	}
 	var results []Result
-	for _, s := range scs {
+	for _, build := range builds {
 		for _, seed := range cfg.Seeds {
 			if ctx.Err() != nil {
 				return results, ctx.Err()
 			}
-			r := runScenario(ctx, cfg, s, seed)
+			r := runScenario(ctx, cfg, build(), seed)
 			verdict := "PASS"
 			if !r.Passed() {
 				verdict = "FAIL"
@@ -210,10 +210,11 @@ func runScenario(ctx context.Context, cfg Config, s *scenario, seed uint64) Resu
 	if s.fired != nil {
 		r.Faults = s.fired(e)
 	}
-	r.Stats = map[string]int64{"apply_failed": e.applyFailed.Load()}
+	r.Stats = map[string]int64{}
 	for _, n := range e.names {
 		st := e.c.Region(n).Ledger.Stats
 		r.Stats["ledger_redeliveries"] += st.Redeliveries.Load()
+		r.Stats["apply_failed"] += st.ApplyFailed.Load()
 		r.Stats["ledger_retries"] += st.Retries.Load()
 		r.Stats["ledger_gave_up"] += st.GaveUp.Load()
 		r.Stats["ledger_commits_unanswered"] += st.CommitsUnanswered.Load()

@@ -8,11 +8,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/paymesh/paymesh/internal/faultproxy"
+	"github.com/paymesh/paymesh/services/ledger"
 )
 
 // scenario is one fault and how to inject it.
@@ -87,11 +89,23 @@ func every(ctx context.Context, interval time.Duration, fn func()) error {
 	}
 }
 
+// registry builds each scenario afresh, so that every run (scenario and
+// seed) starts with clean fault state. The scenarios without state of
+// their own are copies of builtin; the others register their constructors
+// from their files' init.
+var registry []func() *scenario
+
+func init() {
+	for _, s := range builtin {
+		registry = append(registry, func() *scenario { c := *s; return &c })
+	}
+}
+
 // Scenarios lists the built scenarios in the order they run.
 func Scenarios() []string {
 	var out []string
-	for _, s := range scenarios {
-		out = append(out, s.name)
+	for _, build := range registry {
+		out = append(out, build().name)
 	}
 	// Scenarios in files of their own register from init, in file order:
 	// list them all by their number.
@@ -105,7 +119,7 @@ func number(name string) int {
 	return n
 }
 
-var scenarios = []*scenario{
+var builtin = []*scenario{
 	{
 		name: "1-duplicates",
 		what: "no faults: 10% of requests sent again with the same key and body (half of the router ones as a new command, " +
@@ -189,9 +203,7 @@ var scenarios = []*scenario{
 		},
 		extra: func(ctx context.Context, e *env) ([]Check, error) {
 			chk := Check{Name: "redelivered", OK: true}
-			for _, n := range e.names {
-				chk.Checked += e.c.Region(n).Ledger.Stats.Redeliveries.Load()
-			}
+			chk.Checked = e.ledgerSum(func(s *ledger.Stats) *atomic.Int64 { return &s.Redeliveries })
 			chk.What = fmt.Sprintf("messages were redelivered (%d; %d held transactions failed)", chk.Checked, e.events.get(slowFailed))
 			if chk.Checked == 0 {
 				chk.fail("no ledger redelivery: AckWait never expired during a transaction")
@@ -267,10 +279,7 @@ var scenarios = []*scenario{
 			})
 		},
 		extra: func(ctx context.Context, e *env) ([]Check, error) {
-			var unanswered int64
-			for _, n := range e.names {
-				unanswered += e.c.Region(n).Ledger.Stats.CommitsUnanswered.Load()
-			}
+			unanswered := e.ledgerSum(func(s *ledger.Stats) *atomic.Int64 { return &s.CommitsUnanswered })
 			before, after := e.events.get(cutName[faultproxy.DropBefore]), e.events.get(cutName[faultproxy.DropAfter])
 			chk := Check{Name: "mid-commit", OK: true, Checked: before + after,
 				What: fmt.Sprintf("COMMITs were cut before the server got them (%d) and after it committed (%d); the "+
@@ -358,31 +367,21 @@ var scenarios = []*scenario{
 			})
 		},
 		fired: func(e *env) int64 {
-			var n int64
-			for _, r := range e.names {
-				st := e.c.Region(r).Ledger.Stats
-				n += st.Retries.Load() + st.GaveUp.Load()
-			}
-			return n
+			return e.ledgerSum(func(s *ledger.Stats) *atomic.Int64 { return &s.Retries }) +
+				e.ledgerSum(func(s *ledger.Stats) *atomic.Int64 { return &s.GaveUp })
 		},
 		extra: func(ctx context.Context, e *env) ([]Check, error) {
 			chk := Check{Name: "budget", What: "the retry budget was never exhausted: no transaction or apply gave up", OK: true, Checked: 1}
-			var gaveUp int64
-			for _, r := range e.names {
-				gaveUp += e.c.Region(r).Ledger.Stats.GaveUp.Load()
+			if n := e.ledgerSum(func(s *ledger.Stats) *atomic.Int64 { return &s.GaveUp }); n > 0 {
+				chk.fail("%d transactions gave up on a deadlock, serialization failure or lock timeout", n)
 			}
-			if gaveUp > 0 {
-				chk.fail("%d transactions gave up on a deadlock, serialization failure or lock timeout", gaveUp)
-			}
-			if n := e.applyFailed.Load(); n > 0 {
-				chk.fail("%d applies gave up (the ledger logged \"apply failed\")", n)
+			if n := e.ledgerSum(func(s *ledger.Stats) *atomic.Int64 { return &s.ApplyFailed }); n > 0 {
+				chk.fail("%d applies gave up (Stats.ApplyFailed)", n)
 			}
 			return []Check{chk}, nil
 		},
 	},
 }
-
-func init() { scenarios = append(scenarios, permissionsScenario()) }
 
 // deadlockTimeoutSQL shortens deadlock_timeout for the sessions of
 // scenario 9's database.
@@ -400,11 +399,22 @@ var cutName = map[faultproxy.Mode]string{faultproxy.DropBefore: "commit-cut-befo
 // env event).
 const slowFailed = "slow-failed"
 
-func scenarioByName(name string) (*scenario, error) {
-	for _, s := range scenarios {
-		if s.name == name || strings.SplitN(s.name, "-", 2)[0] == name {
-			return s, nil
+// builderByName returns the constructor of a scenario named by name or
+// number.
+func builderByName(name string) (func() *scenario, error) {
+	for _, build := range registry {
+		if s := build(); s.name == name || strings.SplitN(s.name, "-", 2)[0] == name {
+			return build, nil
 		}
 	}
 	return nil, fmt.Errorf("unknown scenario %q (built: %s)", name, strings.Join(Scenarios(), ", "))
+}
+
+// scenarioByName returns a fresh scenario named by name or number.
+func scenarioByName(name string) (*scenario, error) {
+	build, err := builderByName(name)
+	if err != nil {
+		return nil, err
+	}
+	return build(), nil
 }

@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	mrand "math/rand/v2"
 	"net/http"
 	"net/url"
@@ -69,11 +68,8 @@ type env struct {
 	// active is set while the workload runs: failpoints fire only then.
 	active atomic.Bool
 	fired  atomic.Int64
-	// applyFailed counts the ledger's "apply failed" errors: an apply that
-	// gave up on its transaction (its retry budget spent, or a failpoint).
-	applyFailed atomic.Int64
-	sent        tally // requests sent, by purpose
-	events      tally // a scenario's own counters, by name
+	sent   tally // requests sent, by purpose
+	events tally // a scenario's own counters, by name
 	// lastSlow is when scenario 3 last held a transaction (Unix ms).
 	lastSlow atomic.Int64
 
@@ -109,7 +105,7 @@ func (t *tally) get(name string) int64 {
 }
 
 // start runs a fresh three-region cluster for the scenario.
-func start(ctx context.Context, cfg Config, sc *scenario, seed uint64) (*env, error) {
+func start(ctx context.Context, cfg Config, sc *scenario, seed uint64) (_ *env, err error) {
 	table, err := regions.Default()
 	if err != nil {
 		return nil, err
@@ -119,11 +115,15 @@ func start(ctx context.Context, cfg Config, sc *scenario, seed uint64) (*env, er
 	for _, r := range table.Regions {
 		e.names = append(e.names, r.Name)
 	}
+	defer func() {
+		if err != nil {
+			e.stop() // whatever was started
+		}
+	}()
 	if e.dir, err = os.MkdirTemp("", "paymesh-chaos-nats-"); err != nil {
 		return nil, err
 	}
 	if e.topo, err = natsembed.StartTopology(natsembed.TopologyOptions{Regions: e.names, Dir: e.dir}); err != nil {
-		os.RemoveAll(e.dir)
 		return nil, err
 	}
 	ackWait := sc.ackWait
@@ -133,16 +133,12 @@ func start(ctx context.Context, cfg Config, sc *scenario, seed uint64) (*env, er
 	pgURL := cfg.PostgresURL
 	if sc.ownPostgres {
 		if e.pg, err = pgdb.StartThrowaway(ctx); err != nil {
-			e.topo.Shutdown()
-			os.RemoveAll(e.dir)
 			return nil, fmt.Errorf("scenario %s needs its own Postgres cluster: %w", sc.name, err)
 		}
 		pgURL = e.pg.URL
 	}
 	if sc.pgProxy {
 		if e.pgProxy, pgURL, err = proxied(pgURL); err != nil {
-			e.topo.Shutdown()
-			os.RemoveAll(e.dir)
 			return nil, err
 		}
 	}
@@ -151,7 +147,6 @@ func start(ctx context.Context, cfg Config, sc *scenario, seed uint64) (*env, er
 		DatabasePrefix: fmt.Sprintf("paymesh_chaos_%d_%d_", os.Getpid(), dbSeq.Add(1)),
 		Shards:         shards, BatchSize: 64, AckWait: ackWait, DuplicateWindow: sc.dupWindow, APIWait: 3 * time.Second, Bugs: cfg.bugs,
 		KeyTTL: sc.keyTTL, Now: sc.now,
-		Log: slog.New(&countingHandler{n: &e.applyFailed}),
 	}
 	if sc.beforeCommit != nil {
 		ccfg.BeforeCommit = func(ctx context.Context) error {
@@ -165,32 +160,31 @@ func start(ctx context.Context, cfg Config, sc *scenario, seed uint64) (*env, er
 		ccfg.DropAck = func(msgs int) bool { return e.active.Load() && sc.dropAck(e, msgs) }
 	}
 	if e.c, err = cluster.Start(ctx, ccfg); err != nil {
-		e.topo.Shutdown()
-		os.RemoveAll(e.dir)
-		if e.pg != nil {
-			_ = e.pg.Stop()
-		}
-		if e.pgProxy != nil {
-			_ = e.pgProxy.Close()
-		}
 		return nil, err
 	}
 	for _, n := range e.names {
 		if e.gens[n], err = idgen.NewGenerator(e.c.IDs(), n, 900); err != nil {
-			e.stop()
 			return nil, err
 		}
 	}
 	return e, nil
 }
 
+// stop stops and removes what the env started; it skips what it never
+// started.
 func (e *env) stop() {
-	e.c.Stop()
-	if !e.cfg.Keep {
-		_ = e.c.Drop(context.Background())
+	if e.c != nil {
+		e.c.Stop()
+		if !e.cfg.Keep {
+			_ = e.c.Drop(context.Background())
+		}
 	}
-	e.topo.Shutdown()
-	os.RemoveAll(e.dir)
+	if e.topo != nil {
+		e.topo.Shutdown()
+	}
+	if e.dir != "" {
+		os.RemoveAll(e.dir)
+	}
 	if e.pg != nil { // the scenario's own cluster goes, whatever Keep says
 		_ = e.pg.Stop()
 	}
@@ -214,19 +208,14 @@ func proxied(pgURL string) (*faultproxy.Proxy, string, error) {
 	return p, u.String(), nil
 }
 
-// countingHandler counts the ledger's "apply failed" errors and drops
-// every record.
-type countingHandler struct{ n *atomic.Int64 }
-
-func (h *countingHandler) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelError }
-func (h *countingHandler) Handle(_ context.Context, r slog.Record) error {
-	if strings.HasPrefix(r.Message, "apply failed") {
-		h.n.Add(1)
+// ledgerSum sums a ledger counter over the regions.
+func (e *env) ledgerSum(counter func(*ledger.Stats) *atomic.Int64) int64 {
+	var n int64
+	for _, r := range e.names {
+		n += counter(e.c.Region(r).Ledger.Stats).Load()
 	}
-	return nil
+	return n
 }
-func (h *countingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
-func (h *countingHandler) WithGroup(string) slog.Handler      { return h }
 
 func (e *env) id(region string) string {
 	s, err := e.gens[region].NextString()
