@@ -89,7 +89,7 @@ func (e *env) api(ctx context.Context) (APIRun, error) {
 	var mu sync.Mutex
 	lat := make([]time.Duration, 0, res.Transfers)
 	progress := e.progress(API, func() (int64, int64) { return done.Load(), int64(res.Transfers) })
-	db := e.cfg.DatabasePrefix + "api_eu"
+	db := store.Pool().Config().ConnConfig.Database
 	pg0, cpu0 := pgBackends(ctx, store.Pool(), db), cpuTime()
 	start := time.Now()
 	var wg sync.WaitGroup

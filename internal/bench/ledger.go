@@ -57,11 +57,8 @@ func (e *env) openLedger(ctx context.Context, name string, batch, accounts int) 
 	if err != nil {
 		return nil, err
 	}
-	// A run starts on empty streams: nothing left from the previous one.
-	for _, s := range []string{ljs.Topology{Region: region}.Stream(), ljs.Topology{Region: region}.DLQStream()} {
-		if err := e.js.DeleteStream(ctx, s); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
-			return nil, fmt.Errorf("delete stream %s: %w", s, err)
-		}
+	if err := e.resetStreams(ctx); err != nil {
+		return nil, err
 	}
 	r.srv, err = server.Open(ctx, server.Config{
 		Region: region, Regions: e.regions, Node: 1, PostgresURL: url, NATSURL: e.natsURL,
@@ -468,6 +465,17 @@ func (e *env) uniformRun(ctx context.Context, name string, batch int, hot bool, 
 		return fail(err)
 	}
 	return run, rig, w, nil
+}
+
+// resetStreams deletes the region's ledger and dead-letter streams, so
+// that a run starts on empty streams: nothing left from the previous one.
+func (e *env) resetStreams(ctx context.Context) error {
+	for _, s := range []string{ljs.Topology{Region: region}.Stream(), ljs.Topology{Region: region}.DLQStream()} {
+		if err := e.js.DeleteStream(ctx, s); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return fmt.Errorf("delete stream %s: %w", s, err)
+		}
+	}
+	return nil
 }
 
 // randSource seeds the workloads.

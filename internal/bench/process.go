@@ -49,10 +49,8 @@ func (e *env) ledgerProcess(ctx context.Context) (ProcessRun, error) {
 	if err != nil {
 		return ProcessRun{}, err
 	}
-	for _, s := range []string{ljs.Topology{Region: region}.Stream(), ljs.Topology{Region: region}.DLQStream()} {
-		if err := e.js.DeleteStream(ctx, s); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
-			return ProcessRun{}, fmt.Errorf("delete stream %s: %w", s, err)
-		}
+	if err := e.resetStreams(ctx); err != nil {
+		return ProcessRun{}, err
 	}
 	// The schema, the streams and the funded accounts, from this process;
 	// the consumers run in the child only.

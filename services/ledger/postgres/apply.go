@@ -16,8 +16,7 @@ import (
 
 // Apply applies a batch of valid commands (Command.Validate passed) in ONE
 // transaction of four round trips (BEGIN, steps 1-3 pipelined, step 5,
-// COMMIT)
-// and returns one result per command, in order:
+// COMMIT) and returns one result per command, in order:
 //
 //  1. claim every message key in the consume-log (one multi-row insert);
 //  2. look up the business keys (client, idempotency key) and transfer IDs
