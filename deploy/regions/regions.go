@@ -32,6 +32,20 @@ type Region struct {
 	MetricsPort       int `yaml:"metrics_port"`
 	RouterMetricsPort int `yaml:"router_metrics_port"`
 	APIMetricsPort    int `yaml:"api_metrics_port"`
+	// WANPort is where the region's WAN link (paymesh wan) listens for the
+	// region's leafnode connection to the hub, on the host; WANControlPort
+	// serves the link's control API.
+	WANPort        int `yaml:"wan_port"`
+	WANControlPort int `yaml:"wan_control_port"`
+}
+
+// Hub holds the ports of the leafnode hub that joins the regions. In
+// docker-compose they stay inside the network; the process simulation
+// uses them on the host.
+type Hub struct {
+	ClientPort  int `yaml:"client_port"`
+	MonitorPort int `yaml:"monitor_port"`
+	LeafPort    int `yaml:"leaf_port"`
 }
 
 // NATS holds a region's nats-server ports as published by docker-compose.
@@ -48,6 +62,7 @@ type Postgres struct {
 
 // Table is the ordered set of regions.
 type Table struct {
+	Hub     Hub      `yaml:"hub"`
 	Regions []Region `yaml:"regions"`
 }
 
@@ -94,6 +109,15 @@ func (t Table) validate() error {
 	names := map[string]bool{}
 	codes := map[uint8]string{}
 	ports := map[int]string{}
+	for _, p := range []int{t.Hub.ClientPort, t.Hub.MonitorPort, t.Hub.LeafPort} {
+		if p <= 0 || p > 65535 {
+			return fmt.Errorf("hub: port %d out of range", p)
+		}
+		if _, ok := ports[p]; ok {
+			return fmt.Errorf("hub: port %d given twice", p)
+		}
+		ports[p] = "hub"
+	}
 	for _, r := range t.Regions {
 		if !nameRE.MatchString(r.Name) {
 			return fmt.Errorf("region name %q: want 2-8 lowercase letters", r.Name)
@@ -112,7 +136,7 @@ func (t Table) validate() error {
 		if r.Postgres.Database == "" {
 			return fmt.Errorf("region %q: postgres.database is empty", r.Name)
 		}
-		for _, p := range []int{r.NATS.ClientPort, r.NATS.MonitorPort, r.Postgres.Port, r.APIPort, r.MetricsPort, r.RouterMetricsPort, r.APIMetricsPort} {
+		for _, p := range []int{r.NATS.ClientPort, r.NATS.MonitorPort, r.Postgres.Port, r.APIPort, r.MetricsPort, r.RouterMetricsPort, r.APIMetricsPort, r.WANPort, r.WANControlPort} {
 			if p <= 0 || p > 65535 {
 				return fmt.Errorf("region %q: port %d out of range", r.Name, p)
 			}
