@@ -516,6 +516,9 @@ type loadCmd struct {
 	Transfers   int      `default:"2000" help:"Transfers to send."`
 	Concurrency int      `default:"16" help:"Requests in flight."`
 	Retry       float64  `default:"0.1" help:"Share of transfers sent again with the same key in another region."`
+	Cross       float64  `default:"0.5" help:"Share of transfers between accounts of two regions."`
+	History     string   `env:"PAYMESH_LOAD_HISTORY" help:"Write every acknowledged transfer request (key, client, region asked, status, transfer id) to this file as JSON lines." type:"path"`
+	Client      string   `env:"PAYMESH_LOAD_CLIENT" help:"The API key's client id, written to --history."`
 	Seed        uint64   `default:"1" help:"Seed of the random load."`
 }
 
@@ -531,8 +534,17 @@ func (c *loadCmd) Run(ctx context.Context) error {
 	if c.Retry < 0 || c.Retry > 1 {
 		return fmt.Errorf("--retry %v: a rate must be between 0 and 1", c.Retry)
 	}
-	res, err := loadgen.Run(ctx, loadgen.Config{APIs: apis, APIKey: c.APIKey, Accounts: c.Accounts, Overdraft: c.Overdraft,
-		Transfers: c.Transfers, Concurrency: c.Concurrency, Retry: c.Retry, Seed: c.Seed}, os.Stdout)
+	cfg := loadgen.Config{APIs: apis, APIKey: c.APIKey, Accounts: c.Accounts, Overdraft: c.Overdraft,
+		Transfers: c.Transfers, Concurrency: c.Concurrency, Retry: c.Retry, Cross: c.Cross, Client: c.Client, Seed: c.Seed}
+	if c.History != "" {
+		f, err := os.Create(c.History)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		cfg.History = f
+	}
+	res, err := loadgen.Run(ctx, cfg, os.Stdout)
 	res.Print(os.Stdout)
 	return err
 }

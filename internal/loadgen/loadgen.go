@@ -1,8 +1,10 @@
 // Package loadgen drives transfers through running regions' HTTP APIs, as
 // clients would: it opens accounts with an overdraft in every region, sends
-// random same-region and cross-region transfers to random regions, and
-// retries some of them with the same Idempotency-Key in another region.
-// `paymesh load` runs it against the demo's regions or docker-compose.
+// same-region and cross-region transfers (a set share of them cross-region)
+// to random regions, and retries some of them with the same
+// Idempotency-Key in another region. `paymesh load` runs it against the
+// demo's regions, docker-compose or the process simulation (paymesh sim),
+// which reads the history of acknowledged transfers it can write.
 package loadgen
 
 import (
@@ -12,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,14 +32,60 @@ type Config struct {
 	Transfers   int     // to send
 	Concurrency int     // requests in flight
 	Retry       float64 // share of transfers sent again with the same key in another region
-	Seed        uint64
+	// Cross is the share of transfers whose two accounts live in different
+	// regions (0..1).
+	Cross float64
+	// Attempts bounds the tries of each request on network errors, 409,
+	// 429 and 5xx (default 20, about 50 s: long enough to ride out a
+	// restarting region).
+	Attempts uint
+	// History, if set, gets one JSON line (a HistoryEntry) per
+	// acknowledged transfer request (201 or 202), retries included.
+	History io.Writer
+	// Client is the API key's client id, written to the history.
+	Client string
+	Seed   uint64
+}
+
+// HistoryEntry is one acknowledged transfer request.
+type HistoryEntry struct {
+	Key        string `json:"key"`
+	Client     string `json:"client,omitempty"`
+	Region     string `json:"region"` // the region whose API was asked
+	Status     int    `json:"status"` // 201 or 202
+	TransferID string `json:"transfer_id"`
+	From       string `json:"from"`
+	To         string `json:"to"`
+	Replayed   bool   `json:"replayed,omitempty"`
+}
+
+// ReadHistory decodes the JSON lines a run wrote to Config.History. It
+// returns an error naming the line that does not decode.
+func ReadHistory(r io.Reader) ([]HistoryEntry, error) {
+	var out []HistoryEntry
+	dec := json.NewDecoder(r)
+	for line := 1; ; line++ {
+		var e HistoryEntry
+		err := dec.Decode(&e)
+		if errors.Is(err, io.EOF) {
+			return out, nil
+		}
+		if err != nil {
+			return out, fmt.Errorf("loadgen: history entry %d: %w", line, err)
+		}
+		out = append(out, e)
+	}
 }
 
 // Result counts what happened.
 type Result struct {
 	Sent, Completed, Accepted, Replayed, Retries int64
 	Refused                                      map[string]int64 // by problem code
-	Elapsed                                      time.Duration
+	// Failed counts requests that got no answer within Config.Attempts,
+	// by the region asked; FirstFailure is the first such error.
+	Failed       map[string]int64
+	FirstFailure string
+	Elapsed      time.Duration
 }
 
 // Run opens the accounts and sends the transfers. It returns an error when
@@ -46,14 +95,26 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Result, error) {
 	if cfg.Concurrency <= 0 {
 		cfg.Concurrency = 8
 	}
+	if cfg.Attempts == 0 {
+		cfg.Attempts = 20
+	}
+	if cfg.Cross < 0 || cfg.Cross > 1 || cfg.Retry < 0 || cfg.Retry > 1 {
+		return Result{}, fmt.Errorf("loadgen: cross share %v and retry share %v must be between 0 and 1", cfg.Cross, cfg.Retry)
+	}
 	var regions []string
 	for r := range cfg.APIs {
 		regions = append(regions, r)
 	}
+	sort.Strings(regions) // the seed picks the same regions every run
 	if len(regions) == 0 || cfg.Accounts < 2 {
 		return Result{}, errors.New("loadgen: need at least one region API and 2 accounts per region")
 	}
-	client := func(region string) *api.Client { return &api.Client{BaseURL: cfg.APIs[region], APIKey: cfg.APIKey} }
+	if cfg.Cross > 0 && len(regions) < 2 {
+		return Result{}, errors.New("loadgen: cross-region transfers need at least two region APIs")
+	}
+	client := func(region string) *api.Client {
+		return &api.Client{BaseURL: cfg.APIs[region], APIKey: cfg.APIKey, Attempts: cfg.Attempts}
+	}
 	accounts := map[string][]string{}
 	for _, r := range regions {
 		for range cfg.Accounts {
@@ -70,8 +131,21 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Result, error) {
 	}
 	fmt.Fprintf(out, "opened %d accounts in each of %d regions; sending %d transfers\n", cfg.Accounts, len(regions), cfg.Transfers)
 
-	res := Result{Refused: map[string]int64{}}
-	var mu sync.Mutex
+	res := Result{Refused: map[string]int64{}, Failed: map[string]int64{}}
+	var mu sync.Mutex // guards res's maps, FirstFailure and the history
+	record := func(e HistoryEntry) error {
+		if cfg.History == nil {
+			return nil
+		}
+		b, err := json.Marshal(e)
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		_, err = cfg.History.Write(append(b, '\n'))
+		return err
+	}
 	var sent, completed, accepted, replayed, retries atomic.Int64
 	rng := rand.New(rand.NewPCG(cfg.Seed, 7))
 	var rngMu sync.Mutex
@@ -85,10 +159,17 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Result, error) {
 	for range cfg.Concurrency {
 		wg.Go(func() {
 			for range jobs {
-				src, dst := regions[pick(len(regions))], regions[pick(len(regions))]
+				src, dst := regions[pick(len(regions))], ""
+				if coin(cfg.Cross) {
+					for dst = src; dst == src; {
+						dst = regions[pick(len(regions))]
+					}
+				} else {
+					dst = src
+				}
 				from, to := accounts[src][pick(cfg.Accounts)], accounts[dst][pick(cfg.Accounts)]
-				if from == to {
-					continue
+				for to == from {
+					to = accounts[dst][pick(cfg.Accounts)]
 				}
 				req := api.TransferRequest{From: from, To: to, Amount: int64(1 + pick(1000)), Currency: "EUR"}
 				key := api.NewIdempotencyKey()
@@ -105,18 +186,41 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Result, error) {
 						mu.Lock()
 						res.Refused[string(ae.Problem.Code)]++
 						mu.Unlock()
-					case err != nil:
-						select {
-						case errs <- fmt.Errorf("POST /v1/transfers in %s: %w", via, err):
-						default:
-						}
+					case err != nil && ctx.Err() != nil:
 						return
-					case r.Replayed:
-						replayed.Add(1)
-					case r.Status == 201:
-						completed.Add(1)
+					case err != nil:
+						mu.Lock()
+						res.Failed[via]++
+						if res.FirstFailure == "" {
+							res.FirstFailure = fmt.Sprintf("POST /v1/transfers in %s: %v", via, err)
+						}
+						mu.Unlock()
 					default:
-						accepted.Add(1)
+						switch {
+						case r.Replayed:
+							replayed.Add(1)
+						case r.Status == 201:
+							completed.Add(1)
+						default:
+							accepted.Add(1)
+						}
+						var body api.TransferBody
+						if err := json.Unmarshal(r.Body, &body); err != nil {
+							err = fmt.Errorf("POST /v1/transfers in %s: answer %d: %w", via, r.Status, err)
+							select {
+							case errs <- err:
+							default:
+							}
+							return
+						}
+						if err := record(HistoryEntry{Key: key, Client: cfg.Client, Region: via, Status: r.Status, TransferID: body.ID,
+							From: from, To: to, Replayed: r.Replayed}); err != nil {
+							select {
+							case errs <- fmt.Errorf("loadgen: write the history: %w", err):
+							default:
+							}
+							return
+						}
 					}
 					if i == 0 {
 						sent.Add(1)
@@ -157,5 +261,11 @@ func (r Result) Print(w io.Writer) {
 		r.Sent, r.Elapsed.Round(time.Millisecond), float64(r.Sent)/r.Elapsed.Seconds(), r.Completed, r.Accepted, r.Retries, r.Replayed)
 	for code, n := range r.Refused {
 		fmt.Fprintf(w, "refused %s: %d\n", code, n)
+	}
+	for region, n := range r.Failed {
+		fmt.Fprintf(w, "no answer from %s after every retry: %d\n", region, n)
+	}
+	if r.FirstFailure != "" {
+		fmt.Fprintf(w, "first of them: %s\n", r.FirstFailure)
 	}
 }

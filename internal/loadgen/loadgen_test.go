@@ -1,10 +1,12 @@
 package loadgen_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -37,14 +39,36 @@ func TestLoad(t *testing.T) {
 	for _, n := range c.Names() {
 		apis[n] = c.Region(n).APIURL
 	}
+	var history bytes.Buffer
 	res, err := loadgen.Run(ctx, loadgen.Config{APIs: apis, APIKey: "load-key-0123456789", Accounts: 3, Overdraft: 1_000_000,
-		Transfers: 150, Concurrency: 8, Retry: 0.3, Seed: 5}, io.Discard)
+		Transfers: 150, Concurrency: 8, Retry: 0.3, Cross: 0.5, History: &history, Client: "load", Seed: 5}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	res.Print(io.Discard)
-	if res.Sent < 100 || res.Retries == 0 || res.Replayed != res.Retries || len(res.Refused) != 0 {
-		t.Fatalf("result %+v: want every retry replayed and nothing refused", res)
+	if res.Sent != 150 || res.Retries == 0 || res.Replayed != res.Retries || len(res.Refused) != 0 || len(res.Failed) != 0 {
+		t.Fatalf("result %+v: want every transfer sent, every retry replayed and nothing refused", res)
+	}
+	entries, err := loadgen.ReadHistory(&history)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if int64(len(entries)) != res.Sent+res.Retries {
+		t.Fatalf("history has %d entries, want %d (sent plus retries)", len(entries), res.Sent+res.Retries)
+	}
+	cross := 0
+	for _, e := range entries {
+		from, _ := c.IDs().HomeRegion(e.From)
+		to, _ := c.IDs().HomeRegion(e.To)
+		if from != to {
+			cross++
+		}
+		if e.Key == "" || e.TransferID == "" || e.Client != "load" || (e.Status != 201 && e.Status != 202) || apis[e.Region] == "" {
+			t.Fatalf("history entry %+v: want a key, a transfer id, the client, 201 or 202 and a region asked", e)
+		}
+	}
+	if cross < len(entries)/4 || cross > 3*len(entries)/4 {
+		t.Fatalf("%d of %d transfers cross-region, want about half", cross, len(entries))
 	}
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
@@ -54,5 +78,26 @@ func TestLoad(t *testing.T) {
 	rep, err := postgres.VerifyGlobal(ctx, c.Stores(), true)
 	if err != nil || !rep.OK() {
 		t.Fatalf("global verify: %v\n%s", err, rep)
+	}
+}
+
+// TestBadConfig: shares outside 0..1 are refused before anything is sent.
+func TestBadConfig(t *testing.T) {
+	for _, cfg := range []loadgen.Config{
+		{APIs: map[string]string{"eu": "http://127.0.0.1:1"}, Accounts: 2, Cross: 1.5},
+		{APIs: map[string]string{"eu": "http://127.0.0.1:1"}, Accounts: 2, Retry: -0.1},
+		{APIs: map[string]string{"eu": "http://127.0.0.1:1"}, Accounts: 2, Cross: 0.5},
+	} {
+		if _, err := loadgen.Run(context.Background(), cfg, io.Discard); err == nil {
+			t.Errorf("Run(%+v): got no error, want one", cfg)
+		}
+	}
+}
+
+// TestReadHistoryBadLine names the line that does not decode.
+func TestReadHistoryBadLine(t *testing.T) {
+	_, err := loadgen.ReadHistory(strings.NewReader("{\"key\":\"a\"}\n{oops\n"))
+	if err == nil || !strings.Contains(err.Error(), "entry 2") {
+		t.Fatalf("got %v, want an error naming entry 2", err)
 	}
 }
