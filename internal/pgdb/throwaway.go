@@ -66,6 +66,28 @@ func findBin() (string, error) {
 // (initdb refuses to), the cluster runs as the system user postgres. It
 // returns an error that says what to install when it cannot.
 func StartThrowaway(ctx context.Context) (*Throwaway, error) {
+	return StartThrowawayWith(ctx, ThrowawayOptions{})
+}
+
+// ThrowawayOptions sets up a throwaway cluster.
+type ThrowawayOptions struct {
+	// Port is the loopback port to listen on (0: a free one).
+	Port int
+}
+
+// StartThrowawayWith is StartThrowaway with options. It returns an error
+// naming the port when a fixed Port is taken or out of range.
+func StartThrowawayWith(ctx context.Context, o ThrowawayOptions) (*Throwaway, error) {
+	if o.Port < 0 || o.Port > 65535 {
+		return nil, fmt.Errorf("throwaway postgres: port %d out of range", o.Port)
+	}
+	if o.Port != 0 {
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", o.Port))
+		if err != nil {
+			return nil, fmt.Errorf("throwaway postgres: port %d is taken: %w", o.Port, err)
+		}
+		ln.Close()
+	}
 	bin, err := findBin()
 	if err != nil {
 		return nil, err
@@ -90,10 +112,12 @@ func StartThrowaway(ctx context.Context) (*Throwaway, error) {
 		}
 		t.asUser = "postgres"
 	}
-	port, err := freePort()
-	if err != nil {
-		os.RemoveAll(dir)
-		return nil, err
+	port := o.Port
+	if port == 0 {
+		if port, err = freePort(); err != nil {
+			os.RemoveAll(dir)
+			return nil, err
+		}
 	}
 	data := filepath.Join(dir, "data")
 	if out, err := t.run(ctx, "initdb", "-D", data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"); err != nil {

@@ -2,7 +2,10 @@ package pgdb_test
 
 import (
 	"context"
+	"fmt"
+	"net"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -40,5 +43,41 @@ func TestThrowaway(t *testing.T) {
 	}
 	if err := pgdb.Reachable(ctx, tw.URL, time.Second); err == nil {
 		t.Fatal("the cluster still answers after Stop")
+	}
+}
+
+// TestThrowawayPort starts a cluster on a fixed port, and refuses a second
+// one on the same port with an error that names it.
+func TestThrowawayPort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a PostgreSQL cluster")
+	}
+	if err := pgdb.Available(); err != nil {
+		t.Skipf("no local PostgreSQL binaries: %v", err)
+	}
+	ctx := context.Background()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	tw, err := pgdb.StartThrowawayWith(ctx, pgdb.ThrowawayOptions{Port: port})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tw.Stop()
+	if want := fmt.Sprintf("127.0.0.1:%d/", port); !strings.Contains(tw.URL, want) {
+		t.Fatalf("URL %s, want it on %s", tw.URL, want)
+	}
+	if err := pgdb.Reachable(ctx, tw.URL, 5*time.Second); err != nil {
+		t.Fatalf("not reachable on port %d: %v", port, err)
+	}
+	_, err = pgdb.StartThrowawayWith(ctx, pgdb.ThrowawayOptions{Port: port})
+	if err == nil || !strings.Contains(err.Error(), fmt.Sprint(port)) {
+		t.Fatalf("a second cluster on port %d: got %v, want an error naming the port", port, err)
+	}
+	if _, err := pgdb.StartThrowawayWith(ctx, pgdb.ThrowawayOptions{Port: 70000}); err == nil {
+		t.Fatal("port 70000: got no error")
 	}
 }
