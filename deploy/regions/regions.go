@@ -222,6 +222,15 @@ func (t Table) Get(name string) (Region, bool) {
 	return Region{}, false
 }
 
+// Names returns the region names in table order.
+func (t Table) Names() []string {
+	names := make([]string, len(t.Regions))
+	for i, r := range t.Regions {
+		names[i] = r.Name
+	}
+	return names
+}
+
 // Codes returns the name-to-code map that pkg/idgen needs.
 func (t Table) Codes() map[string]uint8 {
 	m := make(map[string]uint8, len(t.Regions))
