@@ -65,6 +65,7 @@ type cli struct {
 	Transfers transfersCmd `cmd:"" help:"Send and show transfers through the HTTP API."`
 	Verify    verifyCmd    `cmd:"" help:"Check a region's ledger invariants and print PASS/FAIL for each."`
 	Migrate   migrateCmd   `cmd:"" help:"Apply a region's database migrations and create its consume-log partitions."`
+	WAN       wanCmd       `cmd:"" name:"wan" help:"Run a region's WAN link to the hub: a TCP proxy with the table's latency, jitter, resets, cut and heal, and a control API."`
 }
 
 // regionDB names a region and its database.

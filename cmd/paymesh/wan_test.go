@@ -1,0 +1,144 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/paymesh/paymesh/internal/faultproxy"
+)
+
+// buildPaymesh builds the paymesh binary into a temporary directory.
+func buildPaymesh(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "paymesh")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// TestWANCommand runs `paymesh wan` as a process: it relays to its target
+// with the asked latency, answers its control API, and exits 0 on SIGTERM.
+// Bad flags make it exit non-zero with a message naming the flag.
+func TestWANCommand(t *testing.T) {
+	bin := buildPaymesh(t)
+	target := echoListener(t)
+
+	cmd := exec.Command(bin, "wan", "--link", "us", "--listen", "127.0.0.1:0", "--target", target,
+		"--control", "127.0.0.1:0", "--latency", "30ms", "--jitter", "1ms")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	lines := bufio.NewScanner(stderr)
+	var start string
+	if lines.Scan() {
+		start = lines.Text()
+	}
+	go io.Copy(io.Discard, stderr)
+	m := regexp.MustCompile(`listen=(\S+) target=(\S+) control=(\S+) shape="latency 30ms jitter 1ms reset_rate 0/s"`).FindStringSubmatch(start)
+	if m == nil || m[2] != target {
+		t.Fatalf("start line: got %q, want listen, target %s, control and shape", start, target)
+	}
+	listen, control := m[1], m[3]
+
+	c, err := net.Dial("tcp", listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	begin := time.Now()
+	if _, err := io.WriteString(c, "ping\n"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := bufio.NewReader(c).ReadString('\n'); err != nil || got != "ping\n" {
+		t.Fatalf("relay: got %q, %v", got, err)
+	}
+	if took := time.Since(begin); took < 58*time.Millisecond {
+		t.Fatalf("round trip took %s, want at least 2×(30ms-1ms)", took)
+	}
+
+	st, err := faultproxy.NewClient(control).Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Shape.Latency != 30*time.Millisecond || st.Accepted != 1 || st.Target != target {
+		t.Fatalf("status: got %+v", st)
+	}
+
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("exit after SIGTERM: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("still running 5s after SIGTERM")
+	}
+
+	for name, tt := range map[string]struct {
+		args []string
+		want string
+	}{
+		"NegativeLatency": {[]string{"--link", "eu", "--latency=-5ms"}, "latency -5ms is negative"},
+		"BadLatency":      {[]string{"--link", "eu", "--latency", "slow"}, `--latency "slow"`},
+		"UnknownLink":     {[]string{"--link", "mars"}, `--link "mars": unknown region`},
+		"NegativeRate":    {[]string{"--link", "eu", "--reset-rate=-1"}, "reset_rate -1"},
+		"NoListen":        {nil, "--listen: no address"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			args := append([]string{"wan", "--listen", "127.0.0.1:0", "--control", "off"}, tt.args...)
+			if name == "NoListen" {
+				args = []string{"wan"}
+			}
+			out, err := exec.Command(bin, args...).CombinedOutput()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() == 0 || !strings.Contains(string(out), tt.want) {
+				t.Fatalf("got %v:\n%s\nwant a non-zero exit and %q", err, out, tt.want)
+			}
+		})
+	}
+}
+
+// echoListener echoes every connection's bytes back until the test ends.
+func echoListener(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				io.Copy(c, c)
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
