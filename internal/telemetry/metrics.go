@@ -268,3 +268,36 @@ func (m *Metrics) ObserveAPI(region string, st *api.Stats) error {
 		}},
 	})
 }
+
+// Served is a service's own meter provider and the /metrics endpoint that
+// serves it.
+type Served struct {
+	Metrics *Metrics
+	// URL is the address to scrape, http://host:port/metrics.
+	URL string
+	e   *Endpoint
+}
+
+// ServeNew returns a new meter provider whose instruments observe
+// registers, served at listen (host:port; port 0 picks a free one). It
+// returns observe's error, or the bind error, after releasing what it made.
+func ServeNew(listen string, log *slog.Logger, observe func(*Metrics) error) (*Served, error) {
+	m, err := New()
+	if err != nil {
+		return nil, err
+	}
+	if err := observe(m); err != nil {
+		return nil, errors.Join(err, m.Shutdown(context.Background()))
+	}
+	e, err := m.Serve(listen, log)
+	if err != nil {
+		return nil, errors.Join(err, m.Shutdown(context.Background()))
+	}
+	return &Served{Metrics: m, URL: e.URL, e: e}, nil
+}
+
+// Close stops the endpoint, then the meter provider, and returns their
+// errors joined.
+func (s *Served) Close() error {
+	return errors.Join(s.e.Close(), s.Metrics.Shutdown(context.Background()))
+}

@@ -1,6 +1,6 @@
 // Package server wires one region's ledger: the Postgres store with its
 // consume-log, the JetStream streams, the retention job and the batching
-// consumers. cmd/paymesh and the demo run it.
+// consumers, and its /metrics. cmd/paymesh and internal/cluster run it.
 package server
 
 import (
@@ -16,7 +16,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/paymesh/paymesh/internal/natsauth"
+	"github.com/paymesh/paymesh/internal/natsconn"
+	"github.com/paymesh/paymesh/internal/pgdb"
+	"github.com/paymesh/paymesh/internal/telemetry"
 	"github.com/paymesh/paymesh/pkg/dedup"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/ledger"
@@ -51,7 +53,8 @@ type Config struct {
 	// Respond renders a client request's response, stored with its
 	// idempotency key in the apply transaction (see services/api).
 	Respond func(ledger.Result) (int, []byte)
-	// Observe receives the applied batches and saga stages (metrics).
+	// Observe receives the applied batches and saga stages (default: the
+	// histograms of /metrics when MetricsListen is set).
 	Observe ljs.Observer
 	// AfterCommit is the consumers' failpoint (see jetstream.ConsumerConfig).
 	AfterCommit func([]jetstream.Msg) error
@@ -60,7 +63,13 @@ type Config struct {
 	// Bugs are deliberate bugs for the fault-injection suite's tests only
 	// (see ledger.Bugs).
 	Bugs ledger.Bugs
-	Log  *slog.Logger
+	// MetricsListen is where /metrics is served ("" for nowhere,
+	// "127.0.0.1:0" for a free port).
+	MetricsListen string
+	// ConnectTimeout bounds how long Open waits for Postgres and NATS to
+	// answer (0: one attempt each).
+	ConnectTimeout time.Duration
+	Log            *slog.Logger
 }
 
 // Server is a running region ledger.
@@ -73,6 +82,8 @@ type Server struct {
 	nc    *nats.Conn
 	js    jetstream.JetStream
 	dedup *dedup.Log
+	// metrics serves /metrics; nil when it is not served.
+	metrics *telemetry.Served
 }
 
 // Open connects to Postgres and NATS, migrates the database and creates the
@@ -91,15 +102,18 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := pgdb.Wait(ctx, cfg.PostgresURL, cfg.ConnectTimeout, cfg.Log); err != nil {
+		return nil, fmt.Errorf("ledger %s: %w", cfg.Region, err)
+	}
 	pool, err := postgres.Connect(ctx, cfg.PostgresURL, cfg.Lease, 0)
 	if err != nil {
 		return nil, fmt.Errorf("ledger %s: %w", cfg.Region, err)
 	}
-	opts := append(natsauth.ConnectOptions(cfg.NATSUser, cfg.NATSPassword), nats.Name("paymesh-ledger-"+cfg.Region), nats.MaxReconnects(-1))
-	nc, err := nats.Connect(cfg.NATSURL, opts...)
+	nc, err := natsconn.Connect(ctx, natsconn.Config{URL: cfg.NATSURL, User: cfg.NATSUser, Password: cfg.NATSPassword,
+		Name: "paymesh-ledger-" + cfg.Region, Timeout: cfg.ConnectTimeout, Log: cfg.Log})
 	if err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("ledger %s: nats %s: %w", cfg.Region, cfg.NATSURL, err)
+		return nil, fmt.Errorf("ledger %s: %w", cfg.Region, err)
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -128,14 +142,41 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 			cfg.Log.Debug("transaction retried", "op", op, "attempt", attempt, "err", err)
 		}})
 	if err := s.Store.Migrate(ctx); err != nil {
-		s.Close()
-		return nil, fmt.Errorf("ledger %s: %w", cfg.Region, err)
+		return nil, errors.Join(fmt.Errorf("ledger %s: %w", cfg.Region, err), s.Close())
 	}
 	if err := ljs.EnsureStreams(ctx, js, s.Topo); err != nil {
-		s.Close()
-		return nil, fmt.Errorf("ledger %s: %w", cfg.Region, err)
+		return nil, errors.Join(fmt.Errorf("ledger %s: %w", cfg.Region, err), s.Close())
+	}
+	if cfg.MetricsListen != "" {
+		if s.metrics, err = telemetry.ServeNew(cfg.MetricsListen, cfg.Log, s.observe); err != nil {
+			return nil, errors.Join(fmt.Errorf("ledger %s: %w", cfg.Region, err), s.Close())
+		}
 	}
 	return s, nil
+}
+
+// observe registers the ledger's counters, its store's gauges and, unless
+// the caller gave an Observer, its batch and saga histograms with m.
+func (s *Server) observe(m *telemetry.Metrics) error {
+	if s.cfg.Observe.Batch == nil && s.cfg.Observe.Stage == nil {
+		o, err := m.LedgerObserver(s.cfg.Region, s.Topo.Stream())
+		if err != nil {
+			return err
+		}
+		s.cfg.Observe = o
+	}
+	if err := m.ObserveLedger(s.cfg.Region, s.Topo.Stream(), s.Stats); err != nil {
+		return err
+	}
+	return m.ObserveStore(s.cfg.Region, s.Store)
+}
+
+// MetricsURL returns the address of /metrics, or "" when it is not served.
+func (s *Server) MetricsURL() string {
+	if s.metrics == nil {
+		return ""
+	}
+	return s.metrics.URL
 }
 
 // JetStream returns the server's JetStream handle.
@@ -144,6 +185,7 @@ func (s *Server) JetStream() jetstream.JetStream { return s.js }
 // Run runs the retention job and the consumers until ctx ends. It returns
 // the first consumer set-up error.
 func (s *Server) Run(ctx context.Context) error {
+	s.cfg.Log.Info("ledger running", "region", s.cfg.Region, "stream", s.Topo.Stream(), "shards", s.cfg.OwnShards, "workers", s.cfg.Workers, "metrics", s.MetricsURL())
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -171,8 +213,14 @@ func (s *Server) Run(ctx context.Context) error {
 	return errors.Join(<-errs)
 }
 
-// Close releases the connections.
-func (s *Server) Close() {
+// Close stops /metrics and closes the NATS connection and the database
+// pool, in that order. It returns the metrics server's error.
+func (s *Server) Close() error {
+	var err error
+	if s.metrics != nil {
+		err = s.metrics.Close()
+	}
 	s.nc.Close()
 	s.pool.Close()
+	return err
 }

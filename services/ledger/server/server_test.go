@@ -2,6 +2,9 @@ package server_test
 
 import (
 	"context"
+	"io"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,7 +18,7 @@ import (
 
 // TestServerRuns opens a region ledger on an empty database (it migrates it
 // and creates its streams), runs it, and applies a funded transfer sent
-// through JetStream.
+// through JetStream. Its /metrics counts it.
 func TestServerRuns(t *testing.T) {
 	ns, _ := natsembed.MustStart(t)
 	_, url := pgtest.MustDatabase(t) // empty: the server migrates it
@@ -26,7 +29,8 @@ func TestServerRuns(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	srv, err := server.Open(ctx, server.Config{Region: "eu", Regions: ids, Node: 3, PostgresURL: url, NATSURL: ns.ClientURL(),
-		Workers: 2, BatchSize: 16, AckWait: 5 * time.Second, MaxDeliver: 3, WindowDays: 2, CacheSize: 100, Shards: 4})
+		Workers: 2, BatchSize: 16, AckWait: 5 * time.Second, MaxDeliver: 3, WindowDays: 2, CacheSize: 100, Shards: 4,
+		MetricsListen: "127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,6 +68,17 @@ func TestServerRuns(t *testing.T) {
 	rep, err := srv.Store.Verify(ctx)
 	if err != nil || !rep.OK() {
 		t.Fatalf("verify: %v\n%s", err, rep)
+	}
+	resp, err := http.Get(srv.MetricsURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`paymesh_transfers_applied_total{consumer="ledger",region="eu",stream="LEDGER_EU"} 2`, "paymesh_apply_batch_size_bucket"} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("metrics at %s: no %s in\n%s", srv.MetricsURL(), want, body)
+		}
 	}
 	cancel()
 	if err := <-done; err != nil {

@@ -171,7 +171,7 @@ func newApplyEnv(tb testing.TB, on bool, accounts int) *applyEnv {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	tb.Cleanup(srv.Close)
+	tb.Cleanup(func() { _ = srv.Close() })
 	if err := tel.metrics.ObserveLedger(region, srv.Topo.Stream(), srv.Stats); err != nil {
 		tb.Fatal(err)
 	}

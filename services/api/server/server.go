@@ -1,0 +1,213 @@
+// Package server wires one region's HTTP API: its database pool, its NATS
+// connection (forwarded calls and the submitting router), the HTTP listener,
+// the idempotency-key cleanup and its /metrics. cmd/paymesh and
+// internal/cluster run it.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+
+	"github.com/paymesh/paymesh/internal/natsconn"
+	"github.com/paymesh/paymesh/internal/pgdb"
+	"github.com/paymesh/paymesh/internal/telemetry"
+	"github.com/paymesh/paymesh/pkg/idgen"
+	"github.com/paymesh/paymesh/services/api"
+	"github.com/paymesh/paymesh/services/ledger"
+	"github.com/paymesh/paymesh/services/ledger/postgres"
+	"github.com/paymesh/paymesh/services/router"
+)
+
+// Config is everything a region's API needs.
+type Config struct {
+	Region       string
+	Regions      *idgen.Regions
+	Node         uint16 // node id in the region for the transfer IDs this process mints, unique per process
+	PostgresURL  string // the region's database
+	NATSURL      string // a server of the region
+	NATSUser     string // the API's user on that server (internal/natsauth); empty if it has none
+	NATSPassword string
+	Shards       int           // ledger subjects per region, as the ledgers
+	AckWait      time.Duration // the submitting router's publish timeout (see router.Config)
+	// DuplicateWindow is the route stream's Nats-Msg-Id window (default
+	// ljs.DefaultDuplicateWindow); the API makes sure the stream exists.
+	DuplicateWindow time.Duration
+	// Inject asks, per publish, for a duplicate (see router.Config).
+	Inject func() bool
+	// RouterStats, if set, counts the API's submissions (with the region
+	// router's, in one process).
+	RouterStats *router.Stats
+	// Wait, KeyTTL and Now configure the API (see api.Config).
+	Wait   time.Duration
+	KeyTTL time.Duration
+	Now    func() time.Time
+	// Bugs are deliberate bugs for the fault-injection suite's tests only
+	// (see ledger.Bugs).
+	Bugs ledger.Bugs
+	// Listen is the HTTP address (default 127.0.0.1:0, a free port).
+	Listen string
+	// MetricsListen is where /metrics is served ("" for nowhere,
+	// "127.0.0.1:0" for a free port).
+	MetricsListen string
+	// ConnectTimeout bounds how long Open waits for Postgres and NATS to
+	// answer (0: one attempt each).
+	ConnectTimeout time.Duration
+	Log            *slog.Logger
+}
+
+// defaultWait is api.Config's default Wait, from which the HTTP write
+// timeout is derived.
+const defaultWait = 2 * time.Second
+
+// Server is a running region API.
+type Server struct {
+	cfg     Config
+	pool    *pgxpool.Pool
+	nc      *nats.Conn
+	api     *api.Server
+	ln      net.Listener
+	http    *http.Server
+	metrics *telemetry.Served
+}
+
+// Open connects to the region's database and NATS server, waiting for each
+// up to cfg.ConnectTimeout, answers forwarded calls, binds cfg.Listen and
+// starts /metrics. It returns an error naming what could not be reached or
+// bound.
+func Open(ctx context.Context, cfg Config) (*Server, error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Wait <= 0 {
+		cfg.Wait = defaultWait
+	}
+	if cfg.Listen == "" {
+		cfg.Listen = "127.0.0.1:0"
+	}
+	s := &Server{cfg: cfg}
+	if err := s.open(ctx); err != nil {
+		return nil, errors.Join(fmt.Errorf("api %s: %w", cfg.Region, err), s.Close())
+	}
+	return s, nil
+}
+
+func (s *Server) open(ctx context.Context) error {
+	cfg := s.cfg
+	gen, err := idgen.NewGenerator(cfg.Regions, cfg.Region, cfg.Node)
+	if err != nil {
+		return err
+	}
+	if err := pgdb.Wait(ctx, cfg.PostgresURL, cfg.ConnectTimeout, cfg.Log); err != nil {
+		return err
+	}
+	if s.pool, err = postgres.Connect(ctx, cfg.PostgresURL, time.Minute, 0); err != nil {
+		return err
+	}
+	s.nc, err = natsconn.Connect(ctx, natsconn.Config{URL: cfg.NATSURL, User: cfg.NATSUser, Password: cfg.NATSPassword,
+		Name: "paymesh-api-" + cfg.Region, Timeout: cfg.ConnectTimeout, Log: cfg.Log})
+	if err != nil {
+		return err
+	}
+	js, err := router.NewJetStream(s.nc, cfg.AckWait)
+	if err != nil {
+		return err
+	}
+	if err := router.EnsureStream(ctx, js, cfg.Region, cfg.DuplicateWindow); err != nil {
+		return err
+	}
+	rt := router.New(js, router.Config{Region: cfg.Region, Regions: cfg.Regions, Shards: cfg.Shards, AckWait: cfg.AckWait,
+		Inject: cfg.Inject, Bugs: cfg.Bugs, Stats: cfg.RouterStats})
+	store := postgres.New(s.pool, postgres.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen, Bugs: cfg.Bugs})
+	s.api = api.New(api.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen, Store: store, Router: rt, NATS: s.nc,
+		Wait: cfg.Wait, KeyTTL: cfg.KeyTTL, Now: cfg.Now, Bugs: cfg.Bugs, Log: cfg.Log})
+	if err := s.api.Listen(); err != nil {
+		return err
+	}
+	if s.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	// A transfer may wait cfg.Wait for its final state before it is
+	// answered: the write timeout leaves room for that and the write.
+	s.http = &http.Server{Handler: otelhttp.NewHandler(s.api, "paymesh api"), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+		WriteTimeout: cfg.Wait + 15*time.Second, IdleTimeout: time.Minute}
+	if cfg.MetricsListen != "" {
+		s.metrics, err = telemetry.ServeNew(cfg.MetricsListen, cfg.Log, func(m *telemetry.Metrics) error {
+			return m.ObserveAPI(cfg.Region, &s.api.Stats)
+		})
+	}
+	return err
+}
+
+// API returns the region's API handler.
+func (s *Server) API() *api.Server { return s.api }
+
+// URL returns the API's base URL, http://host:port.
+func (s *Server) URL() string { return "http://" + s.ln.Addr().String() }
+
+// MetricsURL returns the address of /metrics, or "" when it is not served.
+func (s *Server) MetricsURL() string {
+	if s.metrics == nil {
+		return ""
+	}
+	return s.metrics.URL
+}
+
+// Run serves HTTP and removes expired idempotency keys until ctx ends, then
+// lets the requests in progress finish. It returns the HTTP server's error.
+func (s *Server) Run(ctx context.Context) error {
+	s.cfg.Log.Info("api listening", "region", s.cfg.Region, "url", s.URL(), "metrics", s.MetricsURL())
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { s.api.RunCleanup(ctx, time.Hour) })
+	wg.Go(func() {
+		<-ctx.Done()
+		shut, done := context.WithTimeout(context.Background(), s.cfg.Wait+5*time.Second)
+		defer done()
+		_ = s.http.Shutdown(shut)
+	})
+	err := s.http.Serve(s.ln)
+	cancel()
+	wg.Wait()
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// Close stops /metrics, the HTTP server and the answering of forwarded
+// calls, then closes the NATS connection and the database pool. It returns
+// the errors of the servers, joined.
+func (s *Server) Close() error {
+	var errs []error
+	if s.metrics != nil {
+		errs = append(errs, s.metrics.Close())
+	}
+	if s.http != nil {
+		errs = append(errs, s.http.Close())
+	}
+	if s.ln != nil {
+		if err := s.ln.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, err)
+		}
+	}
+	if s.api != nil {
+		s.api.Close()
+	}
+	if s.nc != nil {
+		s.nc.Close()
+	}
+	if s.pool != nil {
+		s.pool.Close()
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,115 @@
+package server_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/paymesh/paymesh/internal/natsembed"
+	"github.com/paymesh/paymesh/internal/pgtest"
+	"github.com/paymesh/paymesh/pkg/idgen"
+	"github.com/paymesh/paymesh/services/api"
+	"github.com/paymesh/paymesh/services/api/server"
+	"github.com/paymesh/paymesh/services/ledger/postgres"
+	ledgerserver "github.com/paymesh/paymesh/services/ledger/server"
+)
+
+// TestAPIServes opens a region's ledger (it migrates the database) and its
+// API, registers a client and opens an account over HTTP. /metrics is
+// served, Run ends with its context, and after Close a second API opens on
+// the same HTTP and metrics addresses.
+func TestAPIServes(t *testing.T) {
+	ns, _ := natsembed.MustStart(t)
+	_, url := pgtest.MustDatabase(t)
+	ids, err := idgen.NewRegions(map[string]uint8{"eu": 1, "us": 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	led, err := ledgerserver.Open(ctx, ledgerserver.Config{Region: "eu", Regions: ids, Node: 1, PostgresURL: url, NATSURL: ns.ClientURL(), Shards: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer led.Close()
+	const key = "pm_test_key_0123456789"
+	if err := led.Store.PutClient(ctx, postgres.Client{ID: "acme"}, key); err != nil {
+		t.Fatal(err)
+	}
+
+	cfg := server.Config{Region: "eu", Regions: ids, Node: 2, PostgresURL: url, NATSURL: ns.ClientURL(), Shards: 2,
+		MetricsListen: "127.0.0.1:0"}
+	srv, err := server.Open(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(runCtx) }()
+
+	c := &api.Client{BaseURL: srv.URL(), APIKey: key}
+	resp, err := c.CreateAccount(ctx, "EUR", "", 0)
+	if err != nil || resp.Status != http.StatusCreated || !strings.Contains(string(resp.Body), `"currency":"EUR"`) {
+		t.Fatalf("POST /v1/accounts at %s: got %d %s %v, want 201 with the account", srv.URL(), resp.Status, resp.Body, err)
+	}
+	if body := get(t, srv.MetricsURL()); !strings.Contains(body, `paymesh_idempotency_keys_total{outcome="replay",region="eu"}`) {
+		t.Fatalf("metrics at %s: no paymesh_idempotency_keys_total in\n%s", srv.MetricsURL(), body)
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	cfg.Listen = strings.TrimPrefix(srv.URL(), "http://")
+	cfg.MetricsListen = strings.TrimSuffix(strings.TrimPrefix(srv.MetricsURL(), "http://"), "/metrics")
+	if err := srv.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	again, err := server.Open(ctx, cfg)
+	if err != nil {
+		t.Fatalf("second open on %s and %s after Close: %v", cfg.Listen, cfg.MetricsListen, err)
+	}
+	if again.URL() != "http://"+cfg.Listen {
+		t.Errorf("second open: got URL %s, want http://%s", again.URL(), cfg.Listen)
+	}
+	if err := again.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestAPIOpenErrors: a taken listen address and an unknown region are
+// errors that say so, and release what Open had opened.
+func TestAPIOpenErrors(t *testing.T) {
+	ns, _ := natsembed.MustStart(t)
+	_, url := pgtest.MustDatabase(t)
+	ids, _ := idgen.NewRegions(map[string]uint8{"eu": 1})
+	ctx := context.Background()
+	if _, err := server.Open(ctx, server.Config{Region: "mars", Regions: ids, PostgresURL: url, NATSURL: ns.ClientURL()}); err == nil || !strings.Contains(err.Error(), "mars") {
+		t.Fatalf("unknown region: got %v, want an error naming it", err)
+	}
+	first, err := server.Open(ctx, server.Config{Region: "eu", Regions: ids, PostgresURL: url, NATSURL: ns.ClientURL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+	taken := strings.TrimPrefix(first.URL(), "http://")
+	if _, err := server.Open(ctx, server.Config{Region: "eu", Regions: ids, PostgresURL: url, NATSURL: ns.ClientURL(), Listen: taken}); err == nil || !strings.Contains(err.Error(), "listen") {
+		t.Fatalf("address in use: got %v, want a listen error", err)
+	}
+}
+
+func get(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
