@@ -66,6 +66,7 @@ type cli struct {
 	Verify    verifyCmd    `cmd:"" help:"Check a region's ledger invariants and print PASS/FAIL for each."`
 	Migrate   migrateCmd   `cmd:"" help:"Apply a region's database migrations and create its consume-log partitions."`
 	WAN       wanCmd       `cmd:"" name:"wan" help:"Run a region's WAN link to the hub: a TCP proxy with the table's latency, jitter, resets, cut and heal, and a control API."`
+	Sim       simCmd       `cmd:"" help:"Run docker-compose.yml's topology as processes on this machine, with load, a fault schedule, Prometheus and alerts, then a PASS/FAIL report."`
 }
 
 // regionDB names a region and its database.
@@ -510,17 +511,18 @@ func (c *transfersCmd) Run(ctx context.Context, k *kong.Context) error {
 }
 
 type loadCmd struct {
-	APIs        []string `name:"api" env:"PAYMESH_LOAD_APIS" default:"eu=http://127.0.0.1:8101,us=http://127.0.0.1:8102,ap=http://127.0.0.1:8103" help:"region=URL of each region's API."`
-	APIKey      string   `name:"api-key" env:"PAYMESH_API_KEY" required:"" help:"API key of a client allowed the overdraft."`
-	Accounts    int      `default:"5" help:"Accounts to open in each region."`
-	Overdraft   int64    `default:"1000000" help:"Overdraft of each account (minor units); the client must be allowed it."`
-	Transfers   int      `default:"2000" help:"Transfers to send."`
-	Concurrency int      `default:"16" help:"Requests in flight."`
-	Retry       float64  `default:"0.1" help:"Share of transfers sent again with the same key in another region."`
-	Cross       float64  `default:"0.5" help:"Share of transfers between accounts of two regions."`
-	History     string   `env:"PAYMESH_LOAD_HISTORY" help:"Write every acknowledged transfer request (key, client, region asked, status, transfer id) to this file as JSON lines." type:"path"`
-	Client      string   `env:"PAYMESH_LOAD_CLIENT" help:"The API key's client id, written to --history."`
-	Seed        uint64   `default:"1" help:"Seed of the random load."`
+	APIs        []string      `name:"api" env:"PAYMESH_LOAD_APIS" default:"eu=http://127.0.0.1:8101,us=http://127.0.0.1:8102,ap=http://127.0.0.1:8103" help:"region=URL of each region's API."`
+	APIKey      string        `name:"api-key" env:"PAYMESH_API_KEY" required:"" help:"API key of a client allowed the overdraft."`
+	Accounts    int           `default:"5" help:"Accounts to open in each region."`
+	Overdraft   int64         `default:"1000000" help:"Overdraft of each account (minor units); the client must be allowed it."`
+	Transfers   int           `default:"2000" help:"Transfers to send."`
+	Concurrency int           `default:"16" help:"Requests in flight."`
+	Retry       float64       `default:"0.1" help:"Share of transfers sent again with the same key in another region."`
+	Cross       float64       `default:"0.5" help:"Share of transfers between accounts of two regions."`
+	History     string        `env:"PAYMESH_LOAD_HISTORY" help:"Write every acknowledged transfer request (key, client, region asked, status, transfer id) to this file as JSON lines." type:"path"`
+	Client      string        `env:"PAYMESH_LOAD_CLIENT" help:"The API key's client id, written to --history."`
+	Duration    time.Duration `help:"Stop sending after this long, even before --transfers (0: no limit)."`
+	Seed        uint64        `default:"1" help:"Seed of the random load."`
 }
 
 func (c *loadCmd) Run(ctx context.Context) error {
@@ -536,7 +538,7 @@ func (c *loadCmd) Run(ctx context.Context) error {
 		return fmt.Errorf("--retry %v: a rate must be between 0 and 1", c.Retry)
 	}
 	cfg := loadgen.Config{APIs: apis, APIKey: c.APIKey, Accounts: c.Accounts, Overdraft: c.Overdraft,
-		Transfers: c.Transfers, Concurrency: c.Concurrency, Retry: c.Retry, Cross: c.Cross, Client: c.Client, Seed: c.Seed}
+		Transfers: c.Transfers, Concurrency: c.Concurrency, Retry: c.Retry, Cross: c.Cross, Client: c.Client, Duration: c.Duration, Seed: c.Seed}
 	if c.History != "" {
 		f, err := os.Create(c.History)
 		if err != nil {

@@ -44,7 +44,10 @@ type Config struct {
 	History io.Writer
 	// Client is the API key's client id, written to the history.
 	Client string
-	Seed   uint64
+	// Duration, if set, stops sending new transfers after this long, even
+	// if fewer than Transfers were sent.
+	Duration time.Duration
+	Seed     uint64
 }
 
 // HistoryEntry is one acknowledged transfer request.
@@ -231,9 +234,17 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Result, error) {
 			}
 		})
 	}
+	var stop <-chan time.Time
+	if cfg.Duration > 0 {
+		t := time.NewTimer(cfg.Duration)
+		defer t.Stop()
+		stop = t.C
+	}
 loop:
 	for i := range cfg.Transfers {
 		select {
+		case <-stop:
+			break loop
 		case jobs <- i:
 		case err := <-errs:
 			close(jobs)

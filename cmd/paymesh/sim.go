@@ -1,0 +1,76 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/paymesh/paymesh/internal/sim"
+)
+
+// simCmd runs the docker-compose topology as processes on this machine.
+type simCmd struct {
+	Quick        bool          `help:"A run of at most about 90 s: a 30 s load with every fault."`
+	Load         time.Duration `help:"How long the load runs (default 120s; 30s with --quick)."`
+	Faults       []string      `help:"Faults to fire, comma-separated (default: all): kill-ledger-eu, kill-router-ap, kill-api-us, kill-nats-ap, cut-eu, degrade-us."`
+	LoseCommands bool          `name:"lose-commands" help:"Purge us's route stream while eu's link is cut, losing commands already answered 202: the run must end in FAIL naming them."`
+	Report       string        `help:"Also write the report as JSON to this file." type:"path"`
+	Root         string        `help:"The repository (docker-compose.yml, deploy/, go.mod) (default: the current folder or the nearest one above it with docker-compose.yml and go.mod)." type:"existingdir"`
+	Seed         uint64        `default:"1" help:"Seed of the load."`
+}
+
+func (c *simCmd) Run(ctx context.Context) error {
+	root := c.Root
+	if root == "" {
+		var err error
+		if root, err = findRoot(); err != nil {
+			return err
+		}
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("the paymesh binary for the services: %w", err)
+	}
+	rep, err := sim.Run(ctx, sim.Config{Root: root, Binary: self, Load: c.Load, Quick: c.Quick, Faults: c.Faults,
+		LoseCommands: c.LoseCommands, Live: isTerminal(os.Stdout), Seed: c.Seed}, os.Stdout)
+	if errors.Is(err, context.Canceled) {
+		fmt.Println("\ninterrupted: every process the simulation started is stopped and its Postgres clusters removed")
+		return errFailed
+	}
+	if err != nil {
+		return err
+	}
+	rep.Print(os.Stdout)
+	if c.Report != "" {
+		if err := rep.WriteJSON(c.Report); err != nil {
+			return err
+		}
+		fmt.Printf("report written to %s\n", c.Report)
+	}
+	if !rep.OK() {
+		return errFailed
+	}
+	return nil
+}
+
+// findRoot returns the current folder or the nearest one above it that
+// holds docker-compose.yml and go.mod.
+func findRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for d := dir; ; d = filepath.Dir(d) {
+		_, e1 := os.Stat(filepath.Join(d, "docker-compose.yml"))
+		_, e2 := os.Stat(filepath.Join(d, "go.mod"))
+		if e1 == nil && e2 == nil {
+			return d, nil
+		}
+		if filepath.Dir(d) == d {
+			return "", fmt.Errorf("no docker-compose.yml and go.mod in %s or above it: run from the repository or give --root", dir)
+		}
+	}
+}

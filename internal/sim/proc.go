@@ -1,0 +1,213 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// procSpec is how to start one service's process.
+type procSpec struct {
+	Name string   // the compose service name; its log is logs/<Name>.log
+	Path string   // the binary
+	Args []string // its arguments
+	Env  map[string]string
+}
+
+// proc is one started process, in its own process group so that a kill
+// reaches whatever it started.
+type proc struct {
+	spec procSpec
+	log  string
+
+	mu      sync.Mutex
+	cmd     *exec.Cmd
+	done    chan struct{} // closed when cmd has exited
+	exitErr error
+	starts  int
+}
+
+// procs supervises the simulation's processes.
+type procs struct {
+	dir string // logs go to dir/logs
+
+	mu    sync.Mutex
+	order []*proc // in start order
+	byKey map[string]*proc
+}
+
+func newProcs(dir string) (*procs, error) {
+	if err := os.MkdirAll(filepath.Join(dir, "logs"), 0o755); err != nil {
+		return nil, fmt.Errorf("sim: log folder: %w", err)
+	}
+	return &procs{dir: dir, byKey: map[string]*proc{}}, nil
+}
+
+// start starts a process for spec, its stdout and stderr appended to
+// logs/<name>.log. It returns an error when the binary cannot start.
+func (ps *procs) start(spec procSpec) (*proc, error) {
+	p := &proc{spec: spec, log: filepath.Join(ps.dir, "logs", spec.Name+".log")}
+	if err := p.run(); err != nil {
+		return nil, err
+	}
+	ps.mu.Lock()
+	ps.order = append(ps.order, p)
+	ps.byKey[spec.Name] = p
+	ps.mu.Unlock()
+	return p, nil
+}
+
+// get returns the named process, or nil.
+func (ps *procs) get(name string) *proc {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	return ps.byKey[name]
+}
+
+// stopAll stops every process, the last started first. Each gets SIGTERM
+// for its whole group and grace to exit, then SIGKILL.
+func (ps *procs) stopAll(grace time.Duration) {
+	ps.mu.Lock()
+	order := append([]*proc(nil), ps.order...)
+	ps.mu.Unlock()
+	for i := len(order) - 1; i >= 0; i-- {
+		order[i].stop(grace)
+	}
+}
+
+// run starts the process once more.
+func (p *proc) run() error {
+	f, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("sim: %s: log: %w", p.spec.Name, err)
+	}
+	defer f.Close() // the child holds its own copy
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.starts++
+	fmt.Fprintf(f, "---- sim: start %d of %s: %s %s\n", p.starts, p.spec.Name, p.spec.Path, strings.Join(p.spec.Args, " "))
+	cmd := exec.Command(p.spec.Path, p.spec.Args...)
+	cmd.Env = environ(p.spec.Env)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("sim: start %s (%s): %w", p.spec.Name, p.spec.Path, err)
+	}
+	done := make(chan struct{})
+	p.cmd, p.done, p.exitErr = cmd, done, nil
+	go func() {
+		err := cmd.Wait()
+		p.mu.Lock()
+		p.exitErr = err
+		p.mu.Unlock()
+		close(done)
+	}()
+	return nil
+}
+
+// environ is the child's environment: PATH and HOME of this process (the
+// services need no more of it) and env, sorted.
+func environ(env map[string]string) []string {
+	var out []string
+	for _, k := range []string{"PATH", "HOME", "TMPDIR", "GOCOVERDIR"} {
+		if v, ok := os.LookupEnv(k); ok {
+			if _, set := env[k]; !set {
+				out = append(out, k+"="+v)
+			}
+		}
+	}
+	for k, v := range env {
+		out = append(out, k+"="+v)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// pid returns the running process's id (0 when it has exited).
+func (p *proc) pid() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.done:
+		return 0
+	default:
+		return p.cmd.Process.Pid
+	}
+}
+
+// wait waits for the process to exit and returns its exit error, or
+// ctx's error.
+func (p *proc) wait(ctx context.Context) error {
+	p.mu.Lock()
+	done := p.done
+	p.mu.Unlock()
+	select {
+	case <-done:
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.exitErr != nil {
+			return fmt.Errorf("%s exited: %w (see %s)", p.spec.Name, p.exitErr, p.log)
+		}
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// exited reports whether the process has exited, and how.
+func (p *proc) exited() (bool, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.done:
+		return true, p.exitErr
+	default:
+		return false, nil
+	}
+}
+
+// signal sends sig to the process's group.
+func (p *proc) signal(sig syscall.Signal) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.done:
+	default:
+		_ = syscall.Kill(-p.cmd.Process.Pid, sig)
+	}
+}
+
+// kill9 kills the process group with SIGKILL, as a crash would, and
+// waits for it to be gone.
+func (p *proc) kill9() {
+	p.signal(syscall.SIGKILL)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = p.wait(ctx)
+}
+
+// restart starts the process again after it exited.
+func (p *proc) restart() error {
+	if done, _ := p.exited(); !done {
+		return fmt.Errorf("sim: restart %s: still running", p.spec.Name)
+	}
+	return p.run()
+}
+
+// stop sends SIGTERM to the group, and SIGKILL after grace.
+func (p *proc) stop(grace time.Duration) {
+	p.signal(syscall.SIGTERM)
+	ctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	if err := p.wait(ctx); errors.Is(err, context.DeadlineExceeded) {
+		p.kill9()
+	}
+}

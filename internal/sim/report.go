@@ -1,0 +1,211 @@
+package sim
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/paymesh/paymesh/internal/loadgen"
+	"github.com/paymesh/paymesh/services/ledger/postgres"
+)
+
+// Report is what a run found.
+type Report struct {
+	RunDir   string
+	Elapsed  time.Duration // the whole run, start-up to report
+	LoadTime time.Duration // how long the load ran
+	// LoadSummary is the load's last lines; LoadError why it failed.
+	LoadSummary, LoadError string
+	// Acknowledged counts the keys answered 201 or 202; Completed,
+	// Refunded, Rejected and Unfinished their final states in their home
+	// regions.
+	Acknowledged, Completed, Refunded, Rejected, Unfinished int64
+	// Request-to-final-state percentiles in milliseconds, per kind.
+	SameP50, SameP99, CrossP50, CrossP99 float64
+	// Duplicates caught during the run, by region and layer (from
+	// Prometheus, counter resets of restarted services included).
+	Duplicates map[string]map[string]float64
+	// DuplicateRate is duplicates per delivery by region, before the
+	// degraded link and while it was degraded.
+	DuplicateRate map[string]map[string]float64
+	Scheduled     []string // the faults of the schedule
+	Fired         []string // the faults that fired
+	FaultErrors   []string
+	// Verify is the global invariant report (postgres.VerifyGlobal on each
+	// region's database, nothing in transit required); Tools says
+	// whether each verify-<region> process passed.
+	Verify postgres.Report
+	Tools  map[string]bool
+	// Lost are acknowledged keys their home region never recorded;
+	// Doubled those recorded more than once or under another transfer.
+	Lost, Doubled []string
+	// Alerts are the alerts seen during the run and whether each cleared.
+	Alerts []AlertSeen
+	// Panels are the dashboard's panel queries that returned no data
+	// (PanelsChecked how many ran).
+	PanelsEmpty   []string
+	PanelsChecked int
+	// WantAlert is the alert the degraded link must fire and clear ("":
+	// not checked, the degrade fault did not run).
+	WantAlert string
+	Checks    []Check
+
+	history []loadgen.HistoryEntry
+	client  string
+}
+
+// AlertSeen is one alert (name and labels) seen firing, and whether it
+// was no longer firing at the end.
+type AlertSeen struct {
+	Name    string
+	Labels  map[string]string
+	Fired   bool
+	Cleared bool
+}
+
+// Check is one PASS/FAIL line of the report.
+type Check struct {
+	Name   string
+	OK     bool
+	Detail string `json:",omitempty"`
+}
+
+// OK reports whether every check passed.
+func (r *Report) OK() bool {
+	for _, c := range r.Checks {
+		if !c.OK {
+			return false
+		}
+	}
+	return len(r.Checks) > 0
+}
+
+// judge fills in the checks.
+func (r *Report) judge() {
+	add := func(ok bool, name, detail string) {
+		r.Checks = append(r.Checks, Check{Name: name, OK: ok, Detail: detail})
+	}
+	add(r.LoadError == "", "the load ran to its end", r.LoadError)
+	missing := []string{}
+	for _, f := range r.Scheduled {
+		if !slices.Contains(r.Fired, f) {
+			missing = append(missing, f)
+		}
+	}
+	add(len(missing) == 0 && len(r.FaultErrors) == 0, fmt.Sprintf("every scheduled fault fired and was undone (%d of %d)", len(r.Fired), len(r.Scheduled)),
+		strings.Join(append(missing, r.FaultErrors...), "; "))
+	add(r.Acknowledged > 0, fmt.Sprintf("the load was acknowledged (%d keys)", r.Acknowledged), "")
+	add(len(r.Lost) == 0, fmt.Sprintf("every acknowledged key is in its home ledger (%d lost)", len(r.Lost)), strings.Join(r.Lost, "\n"))
+	add(len(r.Doubled) == 0, fmt.Sprintf("no acknowledged key applied twice (%d doubled)", len(r.Doubled)), strings.Join(r.Doubled, "\n"))
+	add(r.Unfinished == 0, fmt.Sprintf("every recorded transfer reached a final state (%d unfinished)", r.Unfinished), "")
+	add(r.Verify.OK() && len(r.Verify.Checks) > 0, "global invariants (verify --all --quiescent, in process)", "")
+	for _, name := range slices.Sorted(maps.Keys(r.Tools)) {
+		add(r.Tools[name], name+" (compose's per-region verify, as a process)", "")
+	}
+	if r.WantAlert != "" {
+		fired, cleared := false, false
+		for _, a := range r.Alerts {
+			if a.Name == r.WantAlert && a.Labels["region"] == "us" {
+				fired = fired || a.Fired
+				cleared = a.Fired && a.Cleared
+			}
+		}
+		add(fired, r.WantAlert+" fired for us while its link was degraded", "")
+		add(cleared, r.WantAlert+" for us cleared after the link was restored", "")
+	}
+	if r.PanelsChecked > 0 || len(r.PanelsEmpty) > 0 {
+		add(len(r.PanelsEmpty) == 0, fmt.Sprintf("every dashboard panel query returned data (%d queries)", r.PanelsChecked), strings.Join(r.PanelsEmpty, "\n"))
+	}
+}
+
+// Print writes the report.
+func (r *Report) Print(w io.Writer) {
+	fmt.Fprintf(w, "\n== paymesh sim report (%s; load %s) ==\n", r.Elapsed.Round(time.Second), r.LoadTime.Round(time.Second))
+	fmt.Fprintf(w, "run folder %s\n", r.RunDir)
+	if r.LoadSummary != "" {
+		fmt.Fprintf(w, "load: %s\n", strings.ReplaceAll(strings.TrimSpace(r.LoadSummary), "\n    ", "\n      "))
+	}
+	fmt.Fprintf(w, "acknowledged keys %d (%.0f/s): completed %d, refunded %d, rejected %d, unfinished %d\n",
+		r.Acknowledged, float64(r.Acknowledged)/max(r.LoadTime.Seconds(), 1e-3), r.Completed, r.Refunded, r.Rejected, r.Unfinished)
+	fmt.Fprintf(w, "request to final state: same-region p50 %.1f ms p99 %.1f ms; cross-region p50 %.1f ms p99 %.1f ms\n",
+		r.SameP50, r.SameP99, r.CrossP50, r.CrossP99)
+	printByRegion(w, "duplicates caught, by region and layer (Prometheus, increase over the run):", "%.0f", r.Duplicates)
+	printByRegion(w, "duplicate rate (duplicates per delivery), by region:", "%.4f", r.DuplicateRate)
+	fmt.Fprintf(w, "faults fired: %s\n", strings.Join(r.Fired, ", "))
+	if len(r.Alerts) > 0 {
+		fmt.Fprintln(w, "alerts seen:")
+		sort.Slice(r.Alerts, func(i, j int) bool {
+			return r.Alerts[i].Name+labels(r.Alerts[i].Labels) < r.Alerts[j].Name+labels(r.Alerts[j].Labels)
+		})
+		for _, a := range r.Alerts {
+			state := "fired, still firing"
+			if a.Cleared {
+				state = "fired, cleared"
+			}
+			fmt.Fprintf(w, "  %s%s: %s\n", a.Name, labels(a.Labels), state)
+		}
+	}
+	for _, c := range r.Checks {
+		v := "PASS"
+		if !c.OK {
+			v = "FAIL"
+		}
+		fmt.Fprintf(w, "%s  %s\n", v, c.Name)
+		if c.Detail != "" && !c.OK {
+			for _, line := range strings.Split(c.Detail, "\n") {
+				fmt.Fprintf(w, "        %s\n", line)
+			}
+		}
+	}
+	fmt.Fprint(w, r.Verify.String())
+	if r.OK() {
+		fmt.Fprintln(w, "PASS")
+	} else {
+		fmt.Fprintln(w, "FAIL")
+	}
+}
+
+// printByRegion writes a region -> name -> value table, one line per
+// region, under a title (nothing when it is empty).
+func printByRegion(w io.Writer, title, format string, t map[string]map[string]float64) {
+	if len(t) == 0 {
+		return
+	}
+	fmt.Fprintln(w, title)
+	for _, region := range slices.Sorted(maps.Keys(t)) {
+		var parts []string
+		for _, k := range slices.Sorted(maps.Keys(t[region])) {
+			parts = append(parts, fmt.Sprintf("%s "+format, k, t[region][k]))
+		}
+		fmt.Fprintf(w, "  %-4s %s\n", region, strings.Join(parts, ", "))
+	}
+}
+
+func labels(m map[string]string) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		if k == "alertname" {
+			continue
+		}
+		parts = append(parts, k+"="+m[k])
+	}
+	return "{" + strings.Join(parts, ",") + "}"
+}
+
+// WriteJSON writes the report to path as JSON.
+func (r *Report) WriteJSON(path string) error {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return fmt.Errorf("sim: report: %w", err)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		return fmt.Errorf("sim: report: %w", err)
+	}
+	return nil
+}
