@@ -152,14 +152,6 @@ func prepare(cfg Config, out io.Writer) (*sim, error) {
 	if cfg.LoseCommands && !slices.Contains(cfg.Faults, FaultCut) {
 		return nil, fmt.Errorf("sim: --lose-commands purges commands while a link is cut: it needs the %s fault", FaultCut)
 	}
-	table, err := regions.Load(filepath.Join(cfg.Root, "deploy", "regions", "regions.yaml"))
-	if err != nil {
-		return nil, err
-	}
-	ids, err := idgen.NewRegions(table.Codes())
-	if err != nil {
-		return nil, err
-	}
 	project, err := compose.Load(filepath.Join(cfg.Root, composeFile), compose.AllProfiles)
 	if err != nil {
 		return nil, err
@@ -168,7 +160,10 @@ func prepare(cfg Config, out io.Writer) (*sim, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &sim{cfg: cfg, out: out, table: table, ids: ids, plan: pl, pgs: map[string]*pgdb.Throwaway{}, stores: map[string]*postgres.Store{}}
+	s, err := newSim(cfg, out, pl)
+	if err != nil {
+		return nil, err
+	}
 	if s.mapper, err = project.Mapper(s.extraMappings()); err != nil {
 		return nil, err
 	}
@@ -176,6 +171,19 @@ func prepare(cfg Config, out io.Writer) (*sim, error) {
 		return nil, fmt.Errorf("sim: %w", err)
 	}
 	return s, nil
+}
+
+// newSim reads the region table of cfg.Root for a plan.
+func newSim(cfg Config, out io.Writer, pl *plan) (*sim, error) {
+	table, err := regions.Load(filepath.Join(cfg.Root, "deploy", "regions", "regions.yaml"))
+	if err != nil {
+		return nil, err
+	}
+	ids, err := idgen.NewRegions(table.Codes())
+	if err != nil {
+		return nil, err
+	}
+	return &sim{cfg: cfg, out: out, table: table, ids: ids, plan: pl, pgs: map[string]*pgdb.Throwaway{}, stores: map[string]*postgres.Store{}}, nil
 }
 
 // extraMappings places the ports compose does not publish: the hub's
