@@ -35,6 +35,16 @@ func loadCompose(t *testing.T) *compose.Project {
 	return p
 }
 
+// mustTable returns the region table of regions.yaml.
+func mustTable(t *testing.T) regions.Table {
+	t.Helper()
+	tab, err := regions.Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tab
+}
+
 // service returns a compose service, failing the test when there is none.
 func service(t *testing.T, p *compose.Project, name string) compose.Service {
 	t.Helper()
@@ -108,10 +118,7 @@ func ports(s compose.Service) []string {
 // region's server as its own user (internal/natsauth).
 func TestComposeMatchesRegions(t *testing.T) {
 	p := loadCompose(t)
-	tab, err := regions.Default()
-	if err != nil {
-		t.Fatal(err)
-	}
+	tab := mustTable(t)
 	hub := service(t, p, hubService)
 	if want := natsCommand("hub"); !slices.Equal(hub.Command, want) {
 		t.Errorf("%s: command %v, want %v", hubService, hub.Command, want)
@@ -224,10 +231,7 @@ func TestComposeMatchesRegions(t *testing.T) {
 // control APIs.
 func TestComposeWANLinks(t *testing.T) {
 	p := loadCompose(t)
-	tab, err := regions.Default()
-	if err != nil {
-		t.Fatal(err)
-	}
+	tab := mustTable(t)
 	load := service(t, p, "loadgen")
 	if i := slices.Index(load.Command, "--faults"); i < 0 || i+1 >= len(load.Command) || load.Command[i+1] != "default" {
 		t.Errorf("loadgen: command %v, want --faults default", load.Command)
@@ -272,10 +276,7 @@ func TestComposeWANLinks(t *testing.T) {
 // services outside the regions publish no port of the table.
 func TestComposePortsFromRegions(t *testing.T) {
 	p := loadCompose(t)
-	tab, err := regions.Default()
-	if err != nil {
-		t.Fatal(err)
-	}
+	tab := mustTable(t)
 	owner := map[int]string{tab.Hub.ClientPort: "hub", tab.Hub.MonitorPort: "hub", tab.Hub.LeafPort: "hub"}
 	for _, r := range tab.Regions {
 		for _, port := range []int{r.NATS.ClientPort, r.NATS.MonitorPort, r.Postgres.Port, r.APIPort, r.MetricsPort, r.RouterMetricsPort, r.APIMetricsPort, r.WANPort, r.WANControlPort} {
@@ -345,10 +346,7 @@ func TestComposeHealthchecks(t *testing.T) {
 // PAYMESH_REQUIRE_PROMETHEUS to fail instead of skipping without it).
 func TestComposeImagesMatchSimulation(t *testing.T) {
 	p := loadCompose(t)
-	tab, err := regions.Default()
-	if err != nil {
-		t.Fatal(err)
-	}
+	tab := mustTable(t)
 	natsImage := "nats:" + strings.TrimPrefix(goModVersion(t, "github.com/nats-io/nats-server/v2"), "v") + "-alpine"
 	pgImage := "postgres:" + localPostgresMajor(t)
 	images := map[string]string{hubService: natsImage}
@@ -380,8 +378,8 @@ func TestComposeImagesMatchSimulation(t *testing.T) {
 	}
 }
 
-// goModVersion returns the version go.mod requires of a module.
-func goModVersion(t *testing.T, module string) string {
+// goMod parses the repository's go.mod.
+func goMod(t *testing.T) *modfile.File {
 	t.Helper()
 	path := filepath.Join(repoRoot, "go.mod")
 	b, err := os.ReadFile(path)
@@ -392,7 +390,13 @@ func goModVersion(t *testing.T, module string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, r := range f.Require {
+	return f
+}
+
+// goModVersion returns the version go.mod requires of a module.
+func goModVersion(t *testing.T, module string) string {
+	t.Helper()
+	for _, r := range goMod(t).Require {
 		if r.Mod.Path == module {
 			return r.Mod.Version
 		}
@@ -430,4 +434,100 @@ func localPostgresMajor(t *testing.T) string {
 func pgDirVersion(bin string) int {
 	v, _ := strconv.Atoi(filepath.Base(filepath.Dir(filepath.Dir(bin))))
 	return v
+}
+
+// hostMappings are the ports that docker-compose.yml keeps inside its
+// network, on the host ports the process simulation gives them: the hub's
+// leaf port, and each region's WAN link on its wan_port.
+func hostMappings(tab regions.Table) map[string]string {
+	m := map[string]string{fmt.Sprintf("%s:%d", hubService, tab.Hub.LeafPort): fmt.Sprintf("127.0.0.1:%d", tab.Hub.LeafPort)}
+	for _, r := range tab.Regions {
+		m[fmt.Sprintf("wan-%s:%d", r.Name, tab.Hub.LeafPort)] = fmt.Sprintf("127.0.0.1:%d", r.WANPort)
+	}
+	return m
+}
+
+// TestComposeEnvironmentMapsToHost: the environment of every service maps
+// to the host (what the process simulation starts the services with):
+// every address it names is published or mapped, and a region's paymesh
+// services reach its Postgres and nats-server and listen on the table's
+// ports.
+func TestComposeEnvironmentMapsToHost(t *testing.T) {
+	p := loadCompose(t)
+	tab := mustTable(t)
+	m, err := p.Mapper(hostMappings(tab))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mapped := map[string]map[string]string{}
+	for _, name := range p.ServiceNames() {
+		env, err := m.ServiceEnv(p.Services[name])
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+		mapped[name] = env
+	}
+	for _, r := range tab.Regions {
+		want := map[string]map[string]string{
+			"ledger-" + r.Name: {"PAYMESH_METRICS_LISTEN": fmt.Sprintf("127.0.0.1:%d", r.MetricsPort)},
+			"router-" + r.Name: {"PAYMESH_ROUTER_METRICS_LISTEN": fmt.Sprintf("127.0.0.1:%d", r.RouterMetricsPort)},
+			"api-" + r.Name: {
+				"PAYMESH_API_LISTEN":         fmt.Sprintf("127.0.0.1:%d", r.APIPort),
+				"PAYMESH_API_METRICS_LISTEN": fmt.Sprintf("127.0.0.1:%d", r.APIMetricsPort),
+			},
+			"wan-" + r.Name: {
+				"PAYMESH_WAN_LISTEN":  fmt.Sprintf("127.0.0.1:%d", r.WANPort),
+				"PAYMESH_WAN_TARGET":  fmt.Sprintf("127.0.0.1:%d", tab.Hub.LeafPort),
+				"PAYMESH_WAN_CONTROL": fmt.Sprintf("127.0.0.1:%d", r.WANControlPort),
+			},
+		}
+		for _, kind := range []string{"ledger", "router", "api"} {
+			want[kind+"-"+r.Name]["PAYMESH_NATS_URL"] = fmt.Sprintf("nats://127.0.0.1:%d", r.NATS.ClientPort)
+			want[kind+"-"+r.Name]["PAYMESH_POSTGRES_URL"] = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", r.Postgres.Port)
+		}
+		for svc, vars := range want {
+			for k, v := range vars {
+				if got := mapped[svc][k]; got != v {
+					t.Errorf("%s: %s maps to %q, want %q", svc, k, got, v)
+				}
+			}
+		}
+	}
+}
+
+// TestDockerfileBuildsPaymesh: the image every paymesh service runs is the
+// paymesh binary of ./cmd/paymesh (so every command of docker-compose.yml,
+// wan included, is one of its subcommands), built statically with a Go that
+// satisfies go.mod's go line, and its entrypoint.
+func TestDockerfileBuildsPaymesh(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(repoRoot, "Dockerfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	df := string(b)
+	build := regexp.MustCompile(`(?m)^RUN CGO_ENABLED=0 go build .*-o (\S+) \./cmd/paymesh$`).FindStringSubmatch(df)
+	if build == nil {
+		t.Fatalf("Dockerfile: no static `go build -o <path> ./cmd/paymesh`:\n%s", df)
+	}
+	if want := "COPY --from=build " + build[1] + " /paymesh"; !strings.Contains(df, want) {
+		t.Errorf("Dockerfile: lacks %q, the binary built", want)
+	}
+	if !strings.Contains(df, `ENTRYPOINT ["/paymesh"]`) {
+		t.Error(`Dockerfile: entrypoint is not ["/paymesh"], which the services' commands are given to`)
+	}
+	from := regexp.MustCompile(`(?m)^FROM golang:(\d+)\.(\d+)\S* AS build$`).FindStringSubmatch(df)
+	f := goMod(t)
+	if f.Go == nil {
+		t.Fatal("go.mod: no go line")
+	}
+	goLine := strings.SplitN(f.Go.Version, ".", 3)
+	if from == nil || len(goLine) < 2 || from[1] != goLine[0] || from[2] != goLine[1] {
+		t.Errorf("Dockerfile: build stage %q, want FROM golang:%s... AS build (go.mod: go %s)", regexp.MustCompile(`(?m)^FROM .* AS build$`).FindString(df), strings.Join(goLine[:min(2, len(goLine))], "."), f.Go.Version)
+	}
+	p := loadCompose(t)
+	for _, name := range p.ServiceNames() {
+		if s := p.Services[name]; s.Build && len(s.Command) == 0 {
+			t.Errorf("%s: no command for the paymesh image", name)
+		}
+	}
 }

@@ -10,7 +10,6 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
-	"github.com/paymesh/paymesh/deploy/regions"
 	"github.com/paymesh/paymesh/internal/natsauth"
 	"github.com/paymesh/paymesh/internal/natsembed"
 )
@@ -52,10 +51,7 @@ func loadNATSConf(t *testing.T, name string) *server.Options {
 // with which each region joins); and there is no config for a region the
 // table does not know.
 func TestNATSConfigs(t *testing.T) {
-	tab, err := regions.Default()
-	if err != nil {
-		t.Fatal(err)
-	}
+	tab := mustTable(t)
 
 	hub := loadNATSConf(t, "hub")
 	if hub.ServerName != "hub" || hub.JetStream || hub.LeafNode.Port != tab.Hub.LeafPort || len(hub.LeafNode.Remotes) != 0 {

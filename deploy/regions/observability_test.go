@@ -120,10 +120,7 @@ func tracedServices(tab regions.Table) map[string]string {
 // the service's listen variable.
 func TestPrometheusScrapesEveryMetricsEndpoint(t *testing.T) {
 	p := loadCompose(t)
-	tab, err := regions.Default()
-	if err != nil {
-		t.Fatal(err)
-	}
+	tab := mustTable(t)
 	prom := service(t, p, prometheusService)
 	if !slices.Contains(prom.Command, "--enable-feature=exemplar-storage") {
 		t.Errorf("%s: command %v lacks --enable-feature=exemplar-storage", prometheusService, prom.Command)
@@ -252,10 +249,7 @@ func componentType(id string) string { t, _, _ := strings.Cut(id, "/"); return t
 // collector's traces pipeline receives OTLP/HTTP on.
 func TestServicesSendTracesToCollector(t *testing.T) {
 	p := loadCompose(t)
-	tab, err := regions.Default()
-	if err != nil {
-		t.Fatal(err)
-	}
+	tab := mustTable(t)
 	cfg := loadCollector(t, p)
 	httpPorts := map[int]bool{}
 	for _, id := range cfg.Service.Pipelines["traces"].Receivers {
@@ -360,10 +354,7 @@ type grafanaDatasource struct {
 // Jaeger's published UI and name services that send traces.
 func TestGrafanaProvisioning(t *testing.T) {
 	p := loadCompose(t)
-	tab, err := regions.Default()
-	if err != nil {
-		t.Fatal(err)
-	}
+	tab := mustTable(t)
 	g := service(t, p, grafanaService)
 	if g.Environment["GF_AUTH_ANONYMOUS_ENABLED"] != "true" || g.Environment["GF_AUTH_ANONYMOUS_ORG_ROLE"] != "Viewer" {
 		t.Errorf("%s: anonymous access %q role %q, want true Viewer", grafanaService, g.Environment["GF_AUTH_ANONYMOUS_ENABLED"], g.Environment["GF_AUTH_ANONYMOUS_ORG_ROLE"])
