@@ -447,11 +447,12 @@ func hostMappings(tab regions.Table) map[string]string {
 	return m
 }
 
-// TestComposeEnvironmentMapsToHost: the environment of every service maps
-// to the host (what the process simulation starts the services with):
-// every address it names is published or mapped, and a region's paymesh
-// services reach its Postgres and nats-server and listen on the table's
-// ports.
+// TestComposeEnvironmentMapsToHost: the environment of every service and
+// the nats-server configs map to the host (what the process simulation
+// starts the services with): every address they name is published or
+// mapped, a region's paymesh services reach its Postgres and nats-server
+// and listen on the table's ports, and its nats-server joins the hub
+// through its WAN link's host port.
 func TestComposeEnvironmentMapsToHost(t *testing.T) {
 	p := loadCompose(t)
 	tab := mustTable(t)
@@ -491,6 +492,17 @@ func TestComposeEnvironmentMapsToHost(t *testing.T) {
 					t.Errorf("%s: %s maps to %q, want %q", svc, k, got, v)
 				}
 			}
+		}
+		conf, err := os.ReadFile(filepath.Join(natsConfDir, r.Name+".conf"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		text, err := m.Text(string(conf))
+		if err != nil {
+			t.Errorf("%s.conf: %v", r.Name, err)
+		}
+		if link := fmt.Sprintf("@127.0.0.1:%d\"", r.WANPort); !strings.Contains(text, link) {
+			t.Errorf("%s.conf: mapped to the host, its leaf remote does not go to %s", r.Name, link)
 		}
 	}
 }

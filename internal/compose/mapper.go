@@ -115,25 +115,44 @@ func (m *Mapper) ServiceEnv(s Service) (map[string]string, error) {
 	return env, nil
 }
 
+// Text rewrites every service host:port and 0.0.0.0 listen address in s,
+// a value or a whole config file (a nats-server config's leafnode remote
+// "nats-leaf://...@wan-eu:7422", say), and leaves the rest as it is. It
+// returns an error when a service's port is neither published nor mapped.
+func (m *Mapper) Text(s string) (string, error) {
+	out, err := m.text("", s)
+	if err != nil {
+		return "", fmt.Errorf("compose: %w", err)
+	}
+	return out, nil
+}
+
 // env maps env for service self ("" for none).
 func (m *Mapper) env(self string, env map[string]string) (map[string]string, error) {
 	out := make(map[string]string, len(env))
 	for k, v := range env {
-		var err error
-		out[k] = m.addrRE.ReplaceAllStringFunc(v, func(match string) string {
-			sub := m.addrRE.FindStringSubmatch(match)
-			to, e := m.hostPort(self, sub[2], sub[3])
-			if e != nil {
-				err = e
-				return match
-			}
-			return sub[1] + to
-		})
+		mapped, err := m.text(self, v)
 		if err != nil {
 			return nil, fmt.Errorf("%s=%q: %w", k, v, err)
 		}
+		out[k] = mapped
 	}
 	return out, nil
+}
+
+// text maps s for service self ("" for none).
+func (m *Mapper) text(self, s string) (string, error) {
+	var err error
+	out := m.addrRE.ReplaceAllStringFunc(s, func(match string) string {
+		sub := m.addrRE.FindStringSubmatch(match)
+		to, e := m.hostPort(self, sub[2], sub[3])
+		if e != nil {
+			err = e
+			return match
+		}
+		return sub[1] + to
+	})
+	return out, err
 }
 
 // hostPort maps one host and port; a listen address on every interface is

@@ -123,3 +123,15 @@ func TestMapperServiceEnv(t *testing.T) {
 		t.Errorf("ServiceEnv with an unmapped port: %v, want an error naming the service and variable", err)
 	}
 }
+
+func TestMapperText(t *testing.T) {
+	m := goodMapper(t)
+	conf := "port: 4222\nleafnodes { remotes = [ { url: \"nats-leaf://u:p@hub:4222\" } ] }\n# db:5432 and mars:80\n"
+	want := "port: 4222\nleafnodes { remotes = [ { url: \"nats-leaf://u:p@127.0.0.1:4200\" } ] }\n# 127.0.0.1:5501 and mars:80\n"
+	if got, err := m.Text(conf); err != nil || got != want {
+		t.Errorf("Text:\n got %q, %v\nwant %q", got, err, want)
+	}
+	if _, err := m.Text("monitor hub:8222"); err == nil || !strings.Contains(err.Error(), "service hub publishes no port 8222") {
+		t.Errorf("Text with an unmapped port: %v", err)
+	}
+}
