@@ -52,12 +52,13 @@ func (p *Project) Mapper(extra map[string]string) (*Mapper, error) {
 		}
 		m.to[from] = to
 	}
-	// Longest names first, so that "nats-eu" does not stop at "nats".
+	// A name matches only when followed by ":port" and not preceded by a
+	// name character, so "nats" never matches inside "nats-eu" or "my-nats".
 	names := []string{regexp.QuoteMeta("0.0.0.0")}
 	for n := range m.services {
 		names = append(names, regexp.QuoteMeta(n))
 	}
-	sort.Slice(names, func(i, j int) bool { return len(names[i]) > len(names[j]) })
+	sort.Strings(names)
 	m.addrRE = regexp.MustCompile(`(^|[^A-Za-z0-9_.-])(` + strings.Join(names, "|") + `):([0-9]+)`)
 	return m, nil
 }
