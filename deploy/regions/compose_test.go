@@ -2,6 +2,8 @@ package regions_test
 
 import (
 	"fmt"
+	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
@@ -12,12 +14,15 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"golang.org/x/mod/modfile"
 
 	"github.com/paymesh/paymesh/deploy/regions"
 	"github.com/paymesh/paymesh/internal/compose"
 	"github.com/paymesh/paymesh/internal/natsauth"
+	"github.com/paymesh/paymesh/internal/pgtest"
 )
 
 // repoRoot is the directory of docker-compose.yml, from which its relative
@@ -406,31 +411,39 @@ func goModVersion(t *testing.T, module string) string {
 }
 
 // localPostgresMajor returns the major version of the local PostgreSQL
-// server binary: postgres on PATH, or the newest
-// /usr/lib/postgresql/<version>/bin/postgres (where the throwaway clusters
-// of internal/pgdb come from). It skips the test when there is none.
+// server binary. It skips the test when there is none.
 func localPostgresMajor(t *testing.T) string {
 	t.Helper()
-	bins, _ := filepath.Glob("/usr/lib/postgresql/*/bin/postgres")
-	sort.Slice(bins, func(i, j int) bool { return pgDirVersion(bins[i]) > pgDirVersion(bins[j]) })
-	if p, err := exec.LookPath("postgres"); err == nil {
-		bins = append([]string{p}, bins...)
-	}
-	if len(bins) == 0 {
-		t.Skip("no local PostgreSQL server binary (postgres on PATH or under /usr/lib/postgresql/*/bin) to compare the compose image with")
-	}
-	out, err := exec.Command(bins[0], "--version").Output()
+	bin := localPostgresBin(t, "postgres")
+	out, err := exec.Command(bin, "--version").Output()
 	if err != nil {
-		t.Fatalf("%s --version: %v", bins[0], err)
+		t.Fatalf("%s --version: %v", bin, err)
 	}
 	m := regexp.MustCompile(`\(PostgreSQL\) (\d+)`).FindStringSubmatch(string(out))
 	if m == nil {
-		t.Fatalf("%s --version: no version in %q", bins[0], out)
+		t.Fatalf("%s --version: no version in %q", bin, out)
 	}
 	return m[1]
 }
 
-// pgDirVersion is the version folder of /usr/lib/postgresql/<v>/bin/postgres.
+// localPostgresBin returns a local PostgreSQL program: on PATH, or the
+// newest /usr/lib/postgresql/<version>/bin/<name> (where the throwaway
+// clusters of internal/pgdb come from). It skips the test when there is
+// none.
+func localPostgresBin(t *testing.T, name string) string {
+	t.Helper()
+	if p, err := exec.LookPath(name); err == nil {
+		return p
+	}
+	bins, _ := filepath.Glob("/usr/lib/postgresql/*/bin/" + name)
+	if len(bins) == 0 {
+		t.Skipf("no local PostgreSQL program %s (on PATH or under /usr/lib/postgresql/*/bin)", name)
+	}
+	sort.Slice(bins, func(i, j int) bool { return pgDirVersion(bins[i]) > pgDirVersion(bins[j]) })
+	return bins[0]
+}
+
+// pgDirVersion is the version folder of /usr/lib/postgresql/<v>/bin/<program>.
 func pgDirVersion(bin string) int {
 	v, _ := strconv.Atoi(filepath.Base(filepath.Dir(filepath.Dir(bin))))
 	return v
@@ -540,6 +553,79 @@ func TestDockerfileBuildsPaymesh(t *testing.T) {
 	for _, name := range p.ServiceNames() {
 		if s := p.Services[name]; s.Build && len(s.Command) == 0 {
 			t.Errorf("%s: no command for the paymesh image", name)
+		}
+	}
+}
+
+// TestComposeHealthchecksAnswer runs the healthchecks against the real
+// servers: Postgres's pg_isready (as given, on the local server's port)
+// passes on the local server and fails where none listens; the
+// nats-servers' /healthz URL answers 200 on a nats-server of the version
+// go.mod pins (the image's), with JetStream as the regions run it.
+func TestComposeHealthchecksAnswer(t *testing.T) {
+	p := loadCompose(t)
+	tab := mustTable(t)
+	u, err := url.Parse(pgtest.AdminURL())
+	if err != nil || u.Hostname() != "127.0.0.1" && u.Hostname() != "localhost" {
+		t.Skipf("the test server %s is not local; the healthcheck runs on 127.0.0.1", pgtest.AdminURL())
+	}
+	pgPort := u.Port()
+	if pgPort == "" {
+		pgPort = "5432"
+	}
+	pgIsReady := localPostgresBin(t, "pg_isready")
+	free, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := strconv.Itoa(free.Addr().(*net.TCPAddr).Port)
+	free.Close()
+	for _, r := range tab.Regions {
+		name := "postgres-" + r.Name
+		hc := service(t, p, name).Healthcheck
+		if len(hc) < 2 || hc[0] != "CMD" || hc[1] != "pg_isready" {
+			t.Errorf("%s: healthcheck %q, want [CMD pg_isready ...]", name, hc)
+			continue
+		}
+		if out, err := exec.Command(pgIsReady, append(hc[2:], "-p", pgPort)...).CombinedOutput(); err != nil {
+			t.Errorf("%s: healthcheck %q on the local server: %v: %s", name, hc, err, out)
+		}
+		if out, err := exec.Command(pgIsReady, append(hc[2:], "-p", closed)...).CombinedOutput(); err == nil {
+			t.Errorf("%s: healthcheck %q passes where no server listens: %s", name, hc, out)
+		}
+	}
+
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, HTTPHost: "127.0.0.1", HTTPPort: -1,
+		JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Start()
+	t.Cleanup(srv.Shutdown)
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server did not start")
+	}
+	monitor := srv.MonitorAddr().String()
+	natsServices := []string{hubService}
+	for _, r := range tab.Regions {
+		natsServices = append(natsServices, "nats-"+r.Name)
+	}
+	for _, name := range natsServices {
+		hc := service(t, p, name).Healthcheck
+		i := slices.IndexFunc(hc, func(a string) bool { return strings.HasPrefix(a, "http://127.0.0.1:8222/") })
+		if i < 0 {
+			t.Errorf("%s: healthcheck %q has no URL on the monitor port 127.0.0.1:8222", name, hc)
+			continue
+		}
+		target := strings.Replace(hc[i], "127.0.0.1:8222", monitor, 1)
+		resp, err := http.Get(target)
+		if err != nil {
+			t.Errorf("%s: healthcheck URL %s: %v", name, target, err)
+			continue
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("%s: healthcheck URL %s: %s, want 200", name, target, resp.Status)
 		}
 	}
 }
