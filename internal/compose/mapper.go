@@ -28,9 +28,10 @@ type Mapper struct {
 
 // Mapper returns a Mapper for the project's published ports, plus extra
 // mappings for the ports of services that publish none (for example
-// "nats-hub:7422" to "127.0.0.1:7422"). It returns an error when an extra
-// key is not "service:port" of a service of the project, or its value is
-// not host:port.
+// "nats-hub:7422" to "127.0.0.1:7422"; an extra mapping wins over a
+// published port). It returns an error when an extra key is not
+// "service:port" of a service of the project, or its value is not
+// host:port.
 func (p *Project) Mapper(extra map[string]string) (*Mapper, error) {
 	m := &Mapper{project: p.Name, to: map[string]string{}, services: map[string]bool{}}
 	for name, s := range p.Services {
@@ -51,12 +52,13 @@ func (p *Project) Mapper(extra map[string]string) (*Mapper, error) {
 		}
 		m.to[from] = to
 	}
-	// Longest names first, so that "nats-eu" does not stop at "nats".
+	// A name matches only when followed by ":port" and not preceded by a
+	// name character, so "nats" never matches inside "nats-eu" or "my-nats".
 	names := []string{regexp.QuoteMeta("0.0.0.0")}
 	for n := range m.services {
 		names = append(names, regexp.QuoteMeta(n))
 	}
-	sort.Slice(names, func(i, j int) bool { return len(names[i]) > len(names[j]) })
+	sort.Strings(names)
 	m.addrRE = regexp.MustCompile(`(^|[^A-Za-z0-9_.-])(` + strings.Join(names, "|") + `):([0-9]+)`)
 	return m, nil
 }
@@ -81,7 +83,7 @@ func (m *Mapper) Addr(addr string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("compose: address %q: want host:port or a URL with one", addr)
 	}
-	to, err := m.hostPort(h, p)
+	to, err := m.hostPort("", h, p)
 	if err != nil {
 		return "", fmt.Errorf("compose: address %q: %w", addr, err)
 	}
@@ -94,28 +96,72 @@ func (m *Mapper) Addr(addr string) (string, error) {
 // are copied as they are. It returns an error naming the variable when a
 // service's port is neither published nor mapped.
 func (m *Mapper) Env(env map[string]string) (map[string]string, error) {
-	out := make(map[string]string, len(env))
-	for k, v := range env {
-		var err error
-		out[k] = m.addrRE.ReplaceAllStringFunc(v, func(match string) string {
-			sub := m.addrRE.FindStringSubmatch(match)
-			to, e := m.hostPort(sub[2], sub[3])
-			if e != nil {
-				err = e
-				return match
-			}
-			return sub[1] + to
-		})
-		if err != nil {
-			return nil, fmt.Errorf("compose: %s=%q: %w", k, v, err)
-		}
+	out, err := m.env("", env)
+	if err != nil {
+		return nil, fmt.Errorf("compose: %w", err)
 	}
 	return out, nil
 }
 
-// hostPort maps one host and port.
-func (m *Mapper) hostPort(host, port string) (string, error) {
+// ServiceEnv is Env for the environment of service s, in which a 0.0.0.0
+// listen address is s's own port: it maps to where that port of s is
+// published or mapped ("wan-eu:7422" mapped to "127.0.0.1:7401" makes
+// wan-eu's "0.0.0.0:7422" "127.0.0.1:7401"), and to 127.0.0.1 on the same
+// port when it is neither.
+func (m *Mapper) ServiceEnv(s Service) (map[string]string, error) {
+	env, err := m.env(s.Name, s.Environment)
+	if err != nil {
+		return nil, fmt.Errorf("compose: service %s: %w", s.Name, err)
+	}
+	return env, nil
+}
+
+// Text rewrites every service host:port and 0.0.0.0 listen address in s,
+// a value or a whole config file (a nats-server config's leafnode remote
+// "nats-leaf://...@wan-eu:7422", say), and leaves the rest as it is. It
+// returns an error when a service's port is neither published nor mapped.
+func (m *Mapper) Text(s string) (string, error) {
+	out, err := m.text("", s)
+	if err != nil {
+		return "", fmt.Errorf("compose: %w", err)
+	}
+	return out, nil
+}
+
+// env maps env for service self ("" for none).
+func (m *Mapper) env(self string, env map[string]string) (map[string]string, error) {
+	out := make(map[string]string, len(env))
+	for k, v := range env {
+		mapped, err := m.text(self, v)
+		if err != nil {
+			return nil, fmt.Errorf("%s=%q: %w", k, v, err)
+		}
+		out[k] = mapped
+	}
+	return out, nil
+}
+
+// text maps s for service self ("" for none).
+func (m *Mapper) text(self, s string) (string, error) {
+	var err error
+	out := m.addrRE.ReplaceAllStringFunc(s, func(match string) string {
+		sub := m.addrRE.FindStringSubmatch(match)
+		to, e := m.hostPort(self, sub[2], sub[3])
+		if e != nil {
+			err = e
+			return match
+		}
+		return sub[1] + to
+	})
+	return out, err
+}
+
+// hostPort maps one host and port; a listen address on every interface is
+// one of service self's ports, when self is not "".
+func (m *Mapper) hostPort(self, host, port string) (string, error) {
 	switch {
+	case (host == "" || host == "0.0.0.0" || host == "::") && m.to[self+":"+port] != "":
+		return m.to[self+":"+port], nil
 	case host == "" || host == "0.0.0.0" || host == "::":
 		return net.JoinHostPort(loopback, port), nil
 	case m.to[host+":"+port] != "":

@@ -92,3 +92,46 @@ func TestMapperExtraErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestMapperServiceEnv: a service's listen addresses go where its own
+// ports are published or mapped.
+func TestMapperServiceEnv(t *testing.T) {
+	p := mustLoad(t, "good.yml", map[string]string{"SITE": "home"})
+	m, err := p.Mapper(map[string]string{"app:8101": "127.0.0.1:18101", "hub:4222": "127.0.0.1:4200"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := p.Services["app"]
+	app.Environment["SHOP_METRICS"] = "0.0.0.0:9101"
+	app.Environment["SHOP_DEBUG"] = "0.0.0.0:6060"
+	got, err := m.ServiceEnv(app)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, want := range map[string]string{
+		"SHOP_LISTEN":  "127.0.0.1:18101", // mapped
+		"SHOP_METRICS": "127.0.0.1:9101",  // published
+		"SHOP_DEBUG":   "127.0.0.1:6060",  // neither
+		"SHOP_PEERS":   "a=http://127.0.0.1:18101,b=http://127.0.0.1:5501",
+	} {
+		if got[k] != want {
+			t.Errorf("%s = %q, want %q", k, got[k], want)
+		}
+	}
+	app.Environment["SHOP_BAD"] = "http://hub:8222"
+	if _, err := m.ServiceEnv(app); err == nil || !strings.Contains(err.Error(), "service app") || !strings.Contains(err.Error(), "SHOP_BAD") {
+		t.Errorf("ServiceEnv with an unmapped port: %v, want an error naming the service and variable", err)
+	}
+}
+
+func TestMapperText(t *testing.T) {
+	m := goodMapper(t)
+	conf := "port: 4222\nleafnodes { remotes = [ { url: \"nats-leaf://u:p@hub:4222\" } ] }\n# db:5432 and mars:80\n"
+	want := "port: 4222\nleafnodes { remotes = [ { url: \"nats-leaf://u:p@127.0.0.1:4200\" } ] }\n# 127.0.0.1:5501 and mars:80\n"
+	if got, err := m.Text(conf); err != nil || got != want {
+		t.Errorf("Text:\n got %q, %v\nwant %q", got, err, want)
+	}
+	if _, err := m.Text("monitor hub:8222"); err == nil || !strings.Contains(err.Error(), "service hub publishes no port 8222") {
+		t.Errorf("Text with an unmapped port: %v", err)
+	}
+}
