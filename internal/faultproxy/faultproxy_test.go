@@ -12,7 +12,6 @@ import (
 	"github.com/paymesh/paymesh/internal/faultproxy/faultproxytest"
 )
 
-
 func newProxy(t *testing.T, target string) *faultproxy.Proxy {
 	t.Helper()
 	p, err := faultproxy.New(target)
