@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/paymesh/paymesh/internal/faultproxy"
+	"github.com/paymesh/paymesh/internal/faultproxy/faultproxytest"
 )
 
 // buildPaymesh builds the paymesh binary into a temporary directory.
@@ -33,7 +34,7 @@ func buildPaymesh(t *testing.T) string {
 // Bad flags make it exit non-zero with a message naming the flag.
 func TestWANCommand(t *testing.T) {
 	bin := buildPaymesh(t)
-	target := echoListener(t)
+	target := faultproxytest.Echo(t)
 
 	cmd := exec.Command(bin, "wan", "--link", "us", "--listen", "127.0.0.1:0", "--target", target,
 		"--control", "127.0.0.1:0", "--latency", "30ms", "--jitter", "1ms")
@@ -118,27 +119,4 @@ func TestWANCommand(t *testing.T) {
 			}
 		})
 	}
-}
-
-// echoListener echoes every connection's bytes back until the test ends.
-func echoListener(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				io.Copy(c, c)
-			}()
-		}
-	}()
-	return ln.Addr().String()
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/paymesh/paymesh/deploy/regions"
 	"github.com/paymesh/paymesh/internal/cluster"
 	"github.com/paymesh/paymesh/internal/dashboard"
+	"github.com/paymesh/paymesh/internal/faultproxy"
 	"github.com/paymesh/paymesh/internal/natsembed"
 	"github.com/paymesh/paymesh/internal/pgdb"
 	"github.com/paymesh/paymesh/pkg/dedup"
@@ -66,6 +67,10 @@ type Config struct {
 	// Faults lists the faults to fire while the transfers are sent (see
 	// FaultNames); each fires once, at an even spread over the run.
 	Faults []string
+	// WAN puts the region table's network latency on every region's link
+	// to the hub (regions.Table.LinkDelay); without it the links are plain
+	// loopback and the demo runs fast.
+	WAN bool
 	// Stay keeps the regions running after the report until ctx ends.
 	Stay bool
 	Keep bool // keep the databases afterwards
@@ -162,7 +167,12 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 		return Report{}, err
 	}
 	defer os.RemoveAll(dir)
-	topo, err := natsembed.StartTopology(natsembed.TopologyOptions{Regions: names, Dir: dir})
+	topts := natsembed.TopologyOptions{Regions: names, Dir: dir}
+	if cfg.WAN {
+		topts.Links = wanLinks(table)
+		fmt.Fprintf(out, "WAN latency on the links to the hub (one way): %s\n", describeLinks(names, topts.Links))
+	}
+	topo, err := natsembed.StartTopology(topts)
 	if err != nil {
 		return Report{}, err
 	}
@@ -753,6 +763,24 @@ func (r Report) Print(w io.Writer) {
 	line(r.Unfinished == 0, "every transfer reached a final state (%d unfinished)", r.Unfinished)
 	line(r.DeadLettered == r.Poison, "every poison message dead-lettered (%d sent, %d dead-lettered)", r.Poison, r.DeadLettered)
 	fmt.Fprint(w, r.Verify.String())
+}
+
+// wanLinks returns the shape of each region's link to the hub: the one-way
+// delay the region table's round trips give it.
+func wanLinks(t regions.Table) map[string]faultproxy.Shape {
+	links := map[string]faultproxy.Shape{}
+	for _, r := range t.Regions {
+		links[r.Name] = faultproxy.Shape{Latency: t.LinkDelay(r.Name)}
+	}
+	return links
+}
+
+func describeLinks(names []string, links map[string]faultproxy.Shape) string {
+	parts := make([]string, len(names))
+	for i, n := range names {
+		parts[i] = n + " " + links[n].Latency.String()
+	}
+	return strings.Join(parts, ", ")
 }
 
 func sortedKeys(m map[string]int64) []string {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/paymesh/paymesh/internal/faultproxy"
+	"github.com/paymesh/paymesh/internal/faultproxy/faultproxytest"
 )
 
 func controlServer(t *testing.T, p *faultproxy.Proxy) *httptest.Server {
@@ -22,7 +23,7 @@ func controlServer(t *testing.T, p *faultproxy.Proxy) *httptest.Server {
 
 func TestControlAPI(t *testing.T) {
 	ctx := context.Background()
-	p := newProxy(t, echoServer(t))
+	p := newProxy(t, faultproxytest.Echo(t))
 	cl := faultproxy.NewClient(controlServer(t, p).URL)
 
 	c := dial(t, p.Addr())
@@ -58,7 +59,7 @@ func TestControlAPI(t *testing.T) {
 }
 
 func TestControlLatencyPartial(t *testing.T) {
-	p := newProxy(t, echoServer(t))
+	p := newProxy(t, faultproxytest.Echo(t))
 	srv := controlServer(t, p)
 	p.SetShape(faultproxy.Shape{Latency: time.Second, Jitter: time.Millisecond, ResetRate: 1})
 	code, body := post(t, srv.URL+"/latency", `{"jitter":"7ms"}`)
@@ -82,7 +83,7 @@ func TestControlLatencyPartial(t *testing.T) {
 }
 
 func TestControlRejects(t *testing.T) {
-	p := newProxy(t, echoServer(t))
+	p := newProxy(t, faultproxytest.Echo(t))
 	srv := controlServer(t, p)
 	before := faultproxy.Shape{Latency: 10 * time.Millisecond}
 	p.SetShape(before)
@@ -133,7 +134,7 @@ func TestControlRejects(t *testing.T) {
 }
 
 func TestClientReportsAPIError(t *testing.T) {
-	p := newProxy(t, echoServer(t))
+	p := newProxy(t, faultproxytest.Echo(t))
 	cl := faultproxy.NewClient(controlServer(t, p).URL)
 	err := cl.SetShape(context.Background(), faultproxy.Shape{Latency: -time.Second})
 	if err == nil || !strings.Contains(err.Error(), "400") || !strings.Contains(err.Error(), "negative") {

@@ -11,10 +11,11 @@ import (
 	"time"
 
 	"github.com/paymesh/paymesh/internal/faultproxy"
+	"github.com/paymesh/paymesh/internal/faultproxy/faultproxytest"
 )
 
 func TestLatencyRoundTrip(t *testing.T) {
-	p := newProxy(t, echoServer(t))
+	p := newProxy(t, faultproxytest.Echo(t))
 	const lat = 50 * time.Millisecond
 	p.SetShape(faultproxy.Shape{Latency: lat})
 	c := dial(t, p.Addr())
@@ -34,7 +35,7 @@ func TestLatencyRoundTrip(t *testing.T) {
 // link of 100 ms: a delay line answers them all about 200 ms after the last
 // one; a proxy that slept the latency per chunk would take 40 × 200 ms.
 func TestLatencyIsADelayLine(t *testing.T) {
-	p := newProxy(t, echoServer(t))
+	p := newProxy(t, faultproxytest.Echo(t))
 	p.SetShape(faultproxy.Shape{Latency: 100 * time.Millisecond})
 	c := dial(t, p.Addr())
 	const lines = 40
@@ -58,7 +59,7 @@ func TestLatencyIsADelayLine(t *testing.T) {
 }
 
 func TestJitterKeepsByteOrder(t *testing.T) {
-	p := newProxy(t, echoServer(t))
+	p := newProxy(t, faultproxytest.Echo(t))
 	p.SetShape(faultproxy.Shape{Latency: 5 * time.Millisecond, Jitter: 5 * time.Millisecond})
 	c := dial(t, p.Addr())
 	const n = 20000
@@ -83,7 +84,7 @@ func TestJitterKeepsByteOrder(t *testing.T) {
 }
 
 func TestResetRate(t *testing.T) {
-	p := newProxy(t, echoServer(t))
+	p := newProxy(t, faultproxytest.Echo(t))
 	var conns []net.Conn
 	for i := range 30 {
 		c := dial(t, p.Addr())
@@ -118,7 +119,7 @@ func TestResetRate(t *testing.T) {
 }
 
 func TestStatus(t *testing.T) {
-	target := echoServer(t)
+	target := faultproxytest.Echo(t)
 	p := newProxy(t, target)
 	shape := faultproxy.Shape{Latency: time.Millisecond, Jitter: time.Microsecond, ResetRate: 0.5}
 	p.SetShape(shape)
