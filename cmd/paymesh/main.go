@@ -11,20 +11,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"os"
 	"os/signal"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/alecthomas/kong"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"github.com/jackc/pgx/v5/pgconn"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/paymesh/paymesh/deploy/regions"
@@ -34,17 +29,17 @@ import (
 	"github.com/paymesh/paymesh/internal/demo"
 	"github.com/paymesh/paymesh/internal/faultproxy"
 	"github.com/paymesh/paymesh/internal/loadgen"
-	"github.com/paymesh/paymesh/internal/natsauth"
 	"github.com/paymesh/paymesh/internal/pgdb"
 	"github.com/paymesh/paymesh/internal/telemetry"
 	"github.com/paymesh/paymesh/pkg/dedup"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/api"
+	apiserver "github.com/paymesh/paymesh/services/api/server"
 	"github.com/paymesh/paymesh/services/ledger"
 	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 	"github.com/paymesh/paymesh/services/ledger/server"
-	"github.com/paymesh/paymesh/services/router"
+	routerserver "github.com/paymesh/paymesh/services/router/server"
 )
 
 // errFailed makes main exit 1 after a command already printed why.
@@ -60,7 +55,7 @@ type cli struct {
 	Ledger    ledgerCmd    `cmd:"" help:"Run a region's ledger: consume its JetStream stream and apply transfers exactly once."`
 	Router    routerCmd    `cmd:"" help:"Run a region's router: forward its route stream to the home regions and relay its ledger's outbox."`
 	API       apiCmd       `cmd:"" name:"api" help:"Serve a region's HTTP API."`
-	Client    clientCmd    `cmd:"" help:"Register an API client in every region and print its API key."`
+	Client    clientCmd    `cmd:"" help:"Register an API client in every region (or those of --region) and print its API key."`
 	Accounts  accountsCmd  `cmd:"" help:"Open and show accounts through the HTTP API."`
 	Load      loadCmd      `cmd:"" help:"Drive transfers through running regions' HTTP APIs (the demo's with --stay, or docker-compose)."`
 	Transfers transfersCmd `cmd:"" help:"Send and show transfers through the HTTP API."`
@@ -102,46 +97,35 @@ type natsLogin struct {
 	NATSPassword string `name:"nats-password" env:"PAYMESH_NATS_PASSWORD" help:"Password of --nats-user."`
 }
 
-// regionLinks are a service's connections to its region.
-type regionLinks struct {
-	reg  regions.Region
-	pool *pgxpool.Pool
-	nc   *nats.Conn
-	js   jetstream.JetStream
+// dependencyWait bounds how long a service waits at start for its Postgres
+// and nats-server (docker-compose starts them together).
+type dependencyWait struct {
+	ConnectTimeout time.Duration `name:"connect-timeout" env:"PAYMESH_CONNECT_TIMEOUT" default:"60s" help:"How long to wait at start for Postgres and NATS to answer."`
 }
 
-// connect opens the region's database and NATS connection for service, and
-// makes sure the region's route stream exists.
-func (r regionDB) connect(ctx context.Context, t regions.Table, natsURL string, login natsLogin, service string, ackWait time.Duration) (*regionLinks, error) {
-	reg, url, err := r.resolve(t)
-	if err != nil {
-		return nil, err
+// metricsListen returns where a service serves /metrics: flag, by default
+// 127.0.0.1:port, and nowhere ("") when flag is "off".
+func metricsListen(flag string, port int) string {
+	switch flag {
+	case "off":
+		return ""
+	case "":
+		return fmt.Sprintf("127.0.0.1:%d", port)
 	}
-	l := &regionLinks{reg: reg}
-	if l.pool, err = postgres.Connect(ctx, url, time.Minute, 0); err != nil {
-		return nil, err
-	}
-	opts := append(natsauth.ConnectOptions(login.NATSUser, login.NATSPassword), nats.Name("paymesh-"+service+"-"+reg.Name), nats.MaxReconnects(-1))
-	if l.nc, err = nats.Connect(natsURL, opts...); err != nil {
-		l.Close()
-		return nil, fmt.Errorf("nats %s: %w", natsURL, err)
-	}
-	if l.js, err = router.NewJetStream(l.nc, ackWait); err == nil {
-		err = router.EnsureStream(ctx, l.js, reg.Name, 0)
-	}
-	if err != nil {
-		l.Close()
-		return nil, err
-	}
-	return l, nil
+	return flag
 }
 
-// Close closes the connections.
-func (l *regionLinks) Close() {
-	if l.nc != nil {
-		l.nc.Close()
-	}
-	l.pool.Close()
+// app is a service's app type (services/*/server).
+type app interface {
+	Run(ctx context.Context) error
+	Close() error
+}
+
+// run runs a until ctx ends, then closes it. It returns Run's and Close's
+// errors, joined.
+func run(ctx context.Context, a app) error {
+	err := a.Run(ctx)
+	return errors.Join(err, a.Close())
 }
 
 type ledgerCmd struct {
@@ -159,6 +143,7 @@ type ledgerCmd struct {
 	Shards     int           `env:"PAYMESH_SHARDS" default:"16" help:"Ledger subjects per region."`
 	ShardSet   string        `name:"shard-set" env:"PAYMESH_SHARD_SET" default:"0/1" help:"i/n: this process applies the shards k with k mod n = i. Give each ledger replica of a region its own i."`
 	Metrics    string        `name:"metrics-listen" env:"PAYMESH_METRICS_LISTEN" help:"Address of /metrics (default: 127.0.0.1:<the region's metrics_port>; 'off' for none)."`
+	dependencyWait
 }
 
 // ownShards parses --shard-set.
@@ -186,76 +171,16 @@ func (c *ledgerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 	if err != nil {
 		return err
 	}
-	m, err := telemetry.New()
-	if err != nil {
-		return err
-	}
-	defer m.Shutdown(context.Background()) //nolint:errcheck // best effort at exit
-	observe, err := m.LedgerObserver(reg.Name, ljs.Topology{Region: reg.Name}.Stream())
-	if err != nil {
-		return err
-	}
-	srv, err := server.Open(ctx, server.Config{OwnShards: own, Observe: observe,
+	srv, err := server.Open(ctx, server.Config{OwnShards: own,
 		Region: reg.Name, Regions: ids, Node: c.Node, PostgresURL: url, NATSURL: c.NATSURL, NATSUser: c.NATSUser, NATSPassword: c.NATSPassword, Workers: c.Workers,
 		BatchSize: c.BatchSize, AckWait: c.AckWait, MaxDeliver: c.MaxDeliver, Lease: c.Lease,
-		WindowDays: c.WindowDays, CacheSize: c.CacheSize, Shards: c.Shards, Log: log, Respond: api.Respond,
+		WindowDays: c.WindowDays, CacheSize: c.CacheSize, Shards: c.Shards, Log: log.With("service", "ledger"), Respond: api.Respond,
+		MetricsListen: metricsListen(c.Metrics, reg.MetricsPort), ConnectTimeout: c.ConnectTimeout,
 	})
 	if err != nil {
 		return err
 	}
-	defer srv.Close()
-	err = m.ObserveLedger(reg.Name, srv.Topo.Stream(), srv.Stats)
-	if err == nil {
-		err = m.ObserveStore(reg.Name, srv.Store)
-	}
-	if err != nil {
-		return err
-	}
-	stopMetrics, err := serveMetrics(m, c.Metrics, reg.MetricsPort, log)
-	if err != nil {
-		return err
-	}
-	defer stopMetrics()
-	log.Info("ledger running", "region", reg.Name, "stream", srv.Topo.Stream(), "shards", own, "workers", c.Workers)
-	return srv.Run(ctx)
-}
-
-// serveMetrics serves m's /metrics on listen, by default on
-// 127.0.0.1:port, and not at all when listen is "off". The returned func
-// stops it.
-func serveMetrics(m *telemetry.Metrics, listen string, port int, log *slog.Logger) (func(), error) {
-	if listen == "off" {
-		return func() {}, nil
-	}
-	if listen == "" {
-		listen = fmt.Sprintf("127.0.0.1:%d", port)
-	}
-	e, err := m.Serve(listen, log)
-	if err != nil {
-		return nil, err
-	}
-	log.Info("metrics", "url", e.URL)
-	return func() { _ = e.Close() }, nil
-}
-
-// newMetrics returns a meter provider whose instruments observe registers,
-// served by serveMetrics; the returned func stops both.
-func newMetrics(listen string, port int, log *slog.Logger, observe func(*telemetry.Metrics) error) (func(), error) {
-	m, err := telemetry.New()
-	if err != nil {
-		return nil, err
-	}
-	stop := func() { _ = m.Shutdown(context.Background()) }
-	if err := observe(m); err != nil {
-		stop()
-		return nil, err
-	}
-	stopServer, err := serveMetrics(m, listen, port, log)
-	if err != nil {
-		stop()
-		return nil, err
-	}
-	return func() { stopServer(); stop() }, nil
+	return run(ctx, srv)
 }
 
 type verifyCmd struct {
@@ -323,53 +248,33 @@ type apiCmd struct {
 	Wait    time.Duration `env:"PAYMESH_API_WAIT" default:"2s" help:"How long POST /v1/transfers waits for a final state before answering 202."`
 	KeyTTL  time.Duration `name:"key-ttl" env:"PAYMESH_KEY_TTL" default:"24h" help:"How long idempotency keys are kept."`
 	Metrics string        `name:"metrics-listen" env:"PAYMESH_API_METRICS_LISTEN" help:"Address of /metrics (default: 127.0.0.1:<the region's api_metrics_port>; 'off' for none)."`
+	dependencyWait
 }
 
 func (c *apiCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, log *slog.Logger) error {
-	l, err := c.connect(ctx, t, c.NATSURL, c.natsLogin, "api", 0)
+	reg, url, err := c.resolve(t)
 	if err != nil {
 		return err
 	}
-	defer l.Close()
-	reg, pool, nc, js := l.reg, l.pool, l.nc, l.js
-	gen, err := idgen.NewGenerator(ids, reg.Name, c.Node)
+	listen := c.Listen
+	if listen == "" {
+		listen = fmt.Sprintf("127.0.0.1:%d", reg.APIPort)
+	}
+	srv, err := apiserver.Open(ctx, apiserver.Config{Region: reg.Name, Regions: ids, Node: c.Node, PostgresURL: url,
+		NATSURL: c.NATSURL, NATSUser: c.NATSUser, NATSPassword: c.NATSPassword, Shards: c.Shards, Wait: c.Wait, KeyTTL: c.KeyTTL,
+		Listen: listen, MetricsListen: metricsListen(c.Metrics, reg.APIMetricsPort), ConnectTimeout: c.ConnectTimeout,
+		Log: log.With("service", "api")})
 	if err != nil {
 		return err
 	}
-	store := postgres.New(pool, postgres.Config{Region: reg.Name, Regions: ids, IDs: gen})
-	srv := api.New(api.Config{Region: reg.Name, Regions: ids, IDs: gen, Store: store, NATS: nc, Wait: c.Wait, KeyTTL: c.KeyTTL,
-		Router: router.New(js, router.Config{Region: reg.Name, Regions: ids, Shards: c.Shards}), Log: log.With("service", "api")})
-	if err := srv.Listen(); err != nil {
-		return err
-	}
-	defer srv.Close()
-	stopMetrics, err := newMetrics(c.Metrics, reg.APIMetricsPort, log, func(m *telemetry.Metrics) error { return m.ObserveAPI(reg.Name, &srv.Stats) })
-	if err != nil {
-		return err
-	}
-	defer stopMetrics()
-	addr := c.Listen
-	if addr == "" {
-		addr = fmt.Sprintf("127.0.0.1:%d", reg.APIPort)
-	}
-	hs := &http.Server{Addr: addr, Handler: otelhttp.NewHandler(srv, "paymesh api"), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
-		WriteTimeout: c.Wait + 15*time.Second, IdleTimeout: time.Minute}
-	go srv.RunCleanup(ctx, time.Hour)
-	go func() {
-		<-ctx.Done()
-		_ = hs.Shutdown(context.Background())
-	}()
-	log.Info("api listening", "region", reg.Name, "addr", addr)
-	if err := hs.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
+	return run(ctx, srv)
 }
 
 type clientCmd struct {
 	PostgresURL string   `name:"postgres-url" env:"PAYMESH_POSTGRES_URL" help:"Postgres server of the regions' databases (default: ${default_pg})."`
 	DBPrefix    string   `name:"database-prefix" env:"PAYMESH_DATABASE_PREFIX" help:"Region databases are named <prefix><region> instead of the region table's."`
 	URLs        []string `name:"postgres-urls" env:"PAYMESH_POSTGRES_URLS" help:"region=URL of each region's Postgres server, when they differ (docker-compose)."`
+	Regions     []string `name:"region" help:"Register the client only in these regions, comma-separated (default: every region of the region table)."`
 	ID          string   `arg:"" help:"Client id (1-64 characters)."`
 	Name        string   `help:"Display name." default:""`
 	Rate        int      `help:"Requests per second allowed." default:"100"`
@@ -399,27 +304,54 @@ func (c *clientCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 		}
 		servers[region] = url
 	}
-	for _, r := range t.Regions {
-		db := r.Postgres.Database
+	names := c.Regions
+	if len(names) == 0 {
+		for _, r := range t.Regions {
+			names = append(names, r.Name)
+		}
+	}
+	// Open every region first: a missing database registers the client
+	// nowhere, and the error says which one and what to run.
+	stores := map[string]*postgres.Store{}
+	var missing, found []string
+	for _, name := range names {
+		one := regionDB{Region: name, PostgresURL: c.PostgresURL}
+		if u, ok := servers[name]; ok {
+			one.PostgresURL = u
+		}
 		if c.DBPrefix != "" {
-			db = c.DBPrefix + r.Name
+			one.Database = c.DBPrefix + name
 		}
-		server := c.PostgresURL
-		if u, ok := servers[r.Name]; ok {
-			server = u
-		}
-		_, url, err := (regionDB{Region: r.Name, PostgresURL: server, Database: db}).resolve(t)
+		reg, url, err := one.resolve(t)
 		if err != nil {
 			return err
 		}
 		pool, err := postgres.Connect(ctx, url, time.Minute, 0)
-		if err != nil {
-			return fmt.Errorf("region %s: %w", r.Name, err)
+		if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "3D000" { // invalid_catalog_name
+			db := one.Database
+			if db == "" {
+				db = reg.Postgres.Database
+			}
+			missing = append(missing, fmt.Sprintf("region %s: database %s does not exist; create it with `paymesh migrate --region %s --create`", name, db, name))
+			continue
 		}
-		err = postgres.New(pool, postgres.Config{Region: r.Name, Regions: ids}).PutClient(ctx, postgres.Client{ID: c.ID, Name: c.Name, RatePerSec: c.Rate, MaxOverdraft: c.Overdraft}, key)
-		pool.Close()
 		if err != nil {
-			return fmt.Errorf("region %s: %w", r.Name, err)
+			return fmt.Errorf("region %s: %w", name, err)
+		}
+		defer pool.Close()
+		stores[name] = postgres.New(pool, postgres.Config{Region: name, Regions: ids})
+		found = append(found, name)
+	}
+	if len(missing) > 0 {
+		hint := "or register the client only in the regions you run with --region"
+		if len(found) > 0 {
+			hint += " (--region " + strings.Join(found, ",") + ")"
+		}
+		return fmt.Errorf("%s;\n%s", strings.Join(missing, ";\n"), hint)
+	}
+	for _, name := range names {
+		if err := stores[name].PutClient(ctx, postgres.Client{ID: c.ID, Name: c.Name, RatePerSec: c.Rate, MaxOverdraft: c.Overdraft}, key); err != nil {
+			return fmt.Errorf("region %s: %w", name, err)
 		}
 	}
 	fmt.Println(key)
@@ -598,30 +530,21 @@ type routerCmd struct {
 	Shards  int           `env:"PAYMESH_SHARDS" default:"16" help:"Ledger subjects per region (as the ledgers)."`
 	AckWait time.Duration `name:"ack-wait" env:"PAYMESH_ROUTER_ACK_WAIT" default:"10s" help:"How long a forward may take before it is retried."`
 	Metrics string        `name:"metrics-listen" env:"PAYMESH_ROUTER_METRICS_LISTEN" help:"Address of /metrics (default: 127.0.0.1:<the region's router_metrics_port>; 'off' for none)."`
+	dependencyWait
 }
 
 func (c *routerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, log *slog.Logger) error {
-	l, err := c.connect(ctx, t, c.NATSURL, c.natsLogin, "router", c.AckWait)
+	reg, url, err := c.resolve(t)
 	if err != nil {
 		return err
 	}
-	defer l.Close()
-	reg, pool, js := l.reg, l.pool, l.js
-	rt := router.New(js, router.Config{Region: reg.Name, Regions: ids, Shards: c.Shards, AckWait: c.AckWait})
-	store := postgres.New(pool, postgres.Config{Region: reg.Name, Regions: ids})
-	stopMetrics, err := newMetrics(c.Metrics, reg.RouterMetricsPort, log, func(m *telemetry.Metrics) error { return m.ObserveRouter(reg.Name, rt.Stats()) })
+	srv, err := routerserver.Open(ctx, routerserver.Config{Region: reg.Name, Regions: ids, PostgresURL: url,
+		NATSURL: c.NATSURL, NATSUser: c.NATSUser, NATSPassword: c.NATSPassword, Shards: c.Shards, AckWait: c.AckWait,
+		MetricsListen: metricsListen(c.Metrics, reg.RouterMetricsPort), ConnectTimeout: c.ConnectTimeout, Log: log})
 	if err != nil {
 		return err
 	}
-	defer stopMetrics()
-	log.Info("router running", "region", reg.Name, "stream", router.Stream(reg.Name))
-	ctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Go(func() { rt.RunRelay(ctx, store, log.With("service", "relay")) })
-	err = rt.RunForwarder(ctx, log.With("service", "forwarder"))
-	cancel()
-	wg.Wait()
-	return err
+	return run(ctx, srv)
 }
 
 type migrateCmd struct {

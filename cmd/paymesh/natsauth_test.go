@@ -12,10 +12,12 @@ import (
 
 	"github.com/paymesh/paymesh/internal/natsauth"
 	"github.com/paymesh/paymesh/internal/natsembed"
+	apiserver "github.com/paymesh/paymesh/services/api/server"
 	"github.com/paymesh/paymesh/services/ledger/ledgertest"
+	routerserver "github.com/paymesh/paymesh/services/router/server"
 )
 
-// TestServicesConnectAsTheirNATSUsers: `paymesh router` and `paymesh api`
+// TestServicesConnectAsTheirNATSUsers: the router and the API
 // connect to a region's server with users (as in docker-compose) as the
 // user of --nats-user and make sure of the route stream with its
 // permissions; without a user they are refused, and the ledger's user may
@@ -25,7 +27,7 @@ func TestServicesConnectAsTheirNATSUsers(t *testing.T) {
 	f := ledgertest.New(t)
 	u, _ := url.Parse(f.URL)
 	db := regionDB{Region: "eu", PostgresURL: f.URL, Database: strings.TrimPrefix(u.Path, "/")}
-	tab, _ := defaultRegions(t)
+	tab, ids := defaultRegions(t)
 	login := func(service string) natsLogin {
 		u, err := natsauth.UserOf("eu", service)
 		if err != nil {
@@ -33,12 +35,25 @@ func TestServicesConnectAsTheirNATSUsers(t *testing.T) {
 		}
 		return natsLogin{NATSUser: u.Name, NATSPassword: u.Password}
 	}
+	_, url, err := db.resolve(tab)
+	if err != nil {
+		t.Fatal(err)
+	}
 	connect := func(l natsLogin, service string) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		links, err := db.connect(ctx, tab, topo.ClientURL("eu"), l, service, time.Second)
+		var a interface{ Close() error }
+		var err error
+		switch service {
+		case natsauth.Router:
+			a, err = routerserver.Open(ctx, routerserver.Config{Region: "eu", Regions: ids, PostgresURL: url, NATSURL: topo.ClientURL("eu"),
+				NATSUser: l.NATSUser, NATSPassword: l.NATSPassword, AckWait: time.Second})
+		default:
+			a, err = apiserver.Open(ctx, apiserver.Config{Region: "eu", Regions: ids, PostgresURL: url, NATSURL: topo.ClientURL("eu"),
+				NATSUser: l.NATSUser, NATSPassword: l.NATSPassword, AckWait: time.Second})
+		}
 		if err == nil {
-			links.Close()
+			err = a.Close()
 		}
 		return err
 	}

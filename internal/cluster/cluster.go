@@ -1,7 +1,8 @@
 // Package cluster runs several paymesh regions in one process: per region a
-// database, a ledger and a router (forwarder and outbox relay), on an
-// embedded multi-region NATS topology. The multi-region tests and the demo
-// use it.
+// database and the three services a deployment runs (services/ledger/server,
+// services/router/server, services/api/server, each with its own /metrics),
+// on an embedded multi-region NATS topology. The multi-region tests and the
+// demo use it.
 package cluster
 
 import (
@@ -9,27 +10,24 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 
 	"github.com/paymesh/paymesh/internal/natsauth"
 	"github.com/paymesh/paymesh/internal/natsembed"
 	"github.com/paymesh/paymesh/internal/pgdb"
-	"github.com/paymesh/paymesh/internal/telemetry"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/api"
+	apiserver "github.com/paymesh/paymesh/services/api/server"
 	"github.com/paymesh/paymesh/services/ledger"
 	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 	"github.com/paymesh/paymesh/services/ledger/server"
 	"github.com/paymesh/paymesh/services/router"
+	routerserver "github.com/paymesh/paymesh/services/router/server"
 )
 
 // Config describes the regions to run.
@@ -69,8 +67,21 @@ type Config struct {
 	// APIAddrs gives a region's API a fixed listen address; the default is
 	// a random port on 127.0.0.1.
 	APIAddrs map[string]string
-	Log      *slog.Logger
+	// MetricsAddrs gives a region's services fixed /metrics addresses; the
+	// default is a random port on 127.0.0.1 for each.
+	MetricsAddrs map[string]MetricsAddrs
+	Log          *slog.Logger
 }
+
+// MetricsAddrs are the /metrics listen addresses of a region's services
+// ("" for a random port on 127.0.0.1).
+type MetricsAddrs struct {
+	Ledger, Router, API string
+}
+
+// connectTimeout bounds the services' wait for Postgres and NATS at start,
+// as a region restarted during a NATS fault would wait.
+const connectTimeout = 10 * time.Second
 
 // Region is one running region.
 type Region struct {
@@ -81,19 +92,17 @@ type Region struct {
 	API    *api.Server
 	// APIURL is the base URL of the region's HTTP API.
 	APIURL string
-	// MetricsURL serves the region's metrics (Prometheus text format or
-	// OpenMetrics).
-	MetricsURL string
-	metrics    *telemetry.Metrics
-	mend       *telemetry.Endpoint
-	apiAddr    string // the address to listen on, kept across restarts
-	http       *http.Server
-	// The counters, kept across restarts.
+	// LedgerMetricsURL, RouterMetricsURL and APIMetricsURL serve each
+	// service's metrics (Prometheus text format or OpenMetrics), one
+	// endpoint per service as deployed.
+	LedgerMetricsURL, RouterMetricsURL, APIMetricsURL string
+	routerSrv                                         *routerserver.Server
+	apiSrv                                            *apiserver.Server
+	// The addresses and counters, kept across restarts.
+	apiAddr     string
+	metrics     MetricsAddrs
 	ledgerStats *ledger.Stats
 	routerStats *router.Stats
-	nc          *nats.Conn          // the router's
-	apiNC       *nats.Conn          // the API's
-	js          jetstream.JetStream // the router's
 	stop        context.CancelFunc
 	done        sync.WaitGroup
 }
@@ -126,7 +135,7 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 			c.Stop()
 			return nil, fmt.Errorf("region %s: %w", name, err)
 		}
-		r := &Region{Name: name, URL: url}
+		r := &Region{Name: name, URL: url, apiAddr: cfg.APIAddrs[name], metrics: cfg.MetricsAddrs[name]}
 		c.regions[name] = r
 		if err := c.startRegion(ctx, r); err != nil {
 			c.Stop()
@@ -157,7 +166,7 @@ func (c *Cluster) Names() []string {
 	return out
 }
 
-func (c *Cluster) startRegion(ctx context.Context, r *Region) error {
+func (c *Cluster) startRegion(ctx context.Context, r *Region) (err error) {
 	var afterCommit func([]jetstream.Msg) error
 	if c.cfg.DropAck != nil {
 		afterCommit = func(msgs []jetstream.Msg) error {
@@ -166,14 +175,6 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) error {
 			}
 			return nil
 		}
-	}
-	m, err := telemetry.New()
-	if err != nil {
-		return err
-	}
-	observe, err := m.LedgerObserver(r.Name, ljs.Topology{Region: r.Name}.Stream())
-	if err != nil {
-		return err
 	}
 	url := c.cfg.Topology.ClientURL(r.Name)
 	// Each service connects as its own user of the region's server
@@ -186,152 +187,107 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) error {
 		}
 		return u
 	}
-	connect := func(service string) (*nats.Conn, jetstream.JetStream, error) {
-		u := user(service)
-		opts := append(natsauth.ConnectOptions(u.Name, u.Password), nats.Name("paymesh-"+service+"-"+r.Name),
-			nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
-		nc, err := nats.Connect(url, opts...)
-		if err != nil {
-			return nil, nil, fmt.Errorf("nats as %s: %w", u.Name, err)
+	listen := func(addr string) string {
+		if addr == "" {
+			return "127.0.0.1:0"
 		}
-		js, err := router.NewJetStream(nc, c.cfg.AckWait)
-		if err != nil {
-			nc.Close()
-			return nil, nil, err
-		}
-		return nc, js, nil
+		return addr
 	}
+	log := c.cfg.Log.With("region", r.Name)
+	defer func() {
+		if err != nil {
+			r.closeApps()
+		}
+	}()
 	lu := user(natsauth.Ledger)
-	srv, err := server.Open(ctx, server.Config{Observe: observe,
+	if r.Ledger, err = server.Open(ctx, server.Config{
 		Region: r.Name, Regions: c.ids, Node: 1, PostgresURL: r.URL, NATSURL: url, NATSUser: lu.Name, NATSPassword: lu.Password, Workers: 2,
 		BatchSize: c.cfg.BatchSize, AckWait: c.cfg.AckWait, MaxDeliver: 1000, Shards: c.cfg.Shards, DuplicateWindow: c.cfg.DuplicateWindow,
-		CacheSize: 10_000, AfterCommit: afterCommit, BeforeCommit: c.cfg.BeforeCommit, Bugs: c.cfg.Bugs, Log: c.cfg.Log.With("region", r.Name, "service", "ledger"),
-		Respond: api.Respond, Stats: r.ledgerStats,
-	})
-	if err != nil {
+		CacheSize: 10_000, AfterCommit: afterCommit, BeforeCommit: c.cfg.BeforeCommit, Bugs: c.cfg.Bugs, Log: log.With("service", "ledger"),
+		Respond: api.Respond, Stats: r.ledgerStats, MetricsListen: listen(r.metrics.Ledger), ConnectTimeout: connectTimeout,
+	}); err != nil {
 		return err
 	}
-	nc, js, err := connect(natsauth.Router)
-	if err != nil {
-		srv.Close()
+	ru := user(natsauth.Router)
+	if r.routerSrv, err = routerserver.Open(ctx, routerserver.Config{
+		Region: r.Name, Regions: c.ids, PostgresURL: r.URL, NATSURL: url, NATSUser: ru.Name, NATSPassword: ru.Password,
+		Shards: c.cfg.Shards, AckWait: c.cfg.AckWait, DuplicateWindow: c.cfg.DuplicateWindow, Inject: c.cfg.Inject, Bugs: c.cfg.Bugs,
+		Stats: r.routerStats, MetricsListen: listen(r.metrics.Router), ConnectTimeout: connectTimeout, Log: log,
+	}); err != nil {
 		return err
 	}
-	apiNC, apiJS, err := connect(natsauth.API)
-	if err != nil {
-		srv.Close()
-		nc.Close()
+	r.Router = r.routerSrv.Router()
+	au := user(natsauth.API)
+	if r.apiSrv, err = apiserver.Open(ctx, apiserver.Config{
+		Region: r.Name, Regions: c.ids, Node: 2, PostgresURL: r.URL, NATSURL: url, NATSUser: au.Name, NATSPassword: au.Password,
+		Shards: c.cfg.Shards, AckWait: c.cfg.AckWait, DuplicateWindow: c.cfg.DuplicateWindow, Inject: c.cfg.Inject,
+		// The API submits through a router of its own connection,
+		// counted with the region's router.
+		RouterStats: r.Router.Stats(),
+		Wait:        c.cfg.APIWait, KeyTTL: c.cfg.KeyTTL, Now: c.cfg.Now, Bugs: c.cfg.Bugs,
+		Listen: listen(r.apiAddr), MetricsListen: listen(r.metrics.API), ConnectTimeout: connectTimeout, Log: log.With("service", "api"),
+	}); err != nil {
 		return err
 	}
-	closeNATS := func() {
-		nc.Close()
-		apiNC.Close()
-	}
-	if err := router.EnsureStream(ctx, js, r.Name, c.cfg.DuplicateWindow); err != nil {
-		srv.Close()
-		closeNATS()
-		return err
-	}
-	rtCfg := router.Config{Region: r.Name, Regions: c.ids, Shards: c.cfg.Shards, Inject: c.cfg.Inject, AckWait: c.cfg.AckWait,
-		Bugs: c.cfg.Bugs, Stats: r.routerStats}
-	rt := router.New(js, rtCfg)
-	// The API submits through a router of its own connection, counted
-	// with the region's router.
-	rtCfg.Stats = rt.Stats()
-	apiRouter := router.New(apiJS, rtCfg)
-	gen, err := idgen.NewGenerator(c.ids, r.Name, 2)
-	if err != nil {
-		srv.Close()
-		closeNATS()
-		return err
-	}
-	apiSrv := api.New(api.Config{Region: r.Name, Regions: c.ids, IDs: gen, Store: srv.Store, Router: apiRouter, NATS: apiNC,
-		Wait: c.cfg.APIWait, KeyTTL: c.cfg.KeyTTL, Now: c.cfg.Now, Bugs: c.cfg.Bugs, Log: c.cfg.Log.With("region", r.Name, "service", "api")})
-	if err := apiSrv.Listen(); err != nil {
-		srv.Close()
-		closeNATS()
-		return err
-	}
-	addr := r.apiAddr
-	if addr == "" {
-		addr = c.cfg.APIAddrs[r.Name]
-	}
-	if addr == "" {
-		addr = "127.0.0.1:0"
-	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		apiSrv.Close()
-		srv.Close()
-		closeNATS()
-		return err
-	}
-	err = m.ObserveLedger(r.Name, srv.Topo.Stream(), srv.Stats)
-	if err == nil {
-		err = m.ObserveRouter(r.Name, rt.Stats())
-	}
-	if err == nil {
-		err = m.ObserveStore(r.Name, srv.Store)
-	}
-	if err == nil {
-		err = m.ObserveAPI(r.Name, &apiSrv.Stats)
-	}
-	var mend *telemetry.Endpoint
-	if err == nil {
-		mend, err = m.Serve("127.0.0.1:0", c.cfg.Log)
-	}
-	if err != nil {
-		ln.Close()
-		apiSrv.Close()
-		srv.Close()
-		closeNATS()
-		return err
-	}
-	r.metrics, r.mend, r.MetricsURL = m, mend, mend.URL
-	r.http = &http.Server{Handler: otelhttp.NewHandler(apiSrv, "paymesh api"), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, IdleTimeout: time.Minute}
-	r.API, r.APIURL = apiSrv, "http://"+ln.Addr().String()
-	go func() { _ = r.http.Serve(ln) }()
+	r.API, r.APIURL = r.apiSrv.API(), r.apiSrv.URL()
+	r.LedgerMetricsURL, r.RouterMetricsURL, r.APIMetricsURL = r.Ledger.MetricsURL(), r.routerSrv.MetricsURL(), r.apiSrv.MetricsURL()
+	// A restart listens where this run did.
+	r.apiAddr = strings.TrimPrefix(r.APIURL, "http://")
+	r.metrics = MetricsAddrs{Ledger: hostPort(r.LedgerMetricsURL), Router: hostPort(r.RouterMetricsURL), API: hostPort(r.APIMetricsURL)}
+
 	runCtx, stop := context.WithCancel(context.Background())
-	r.Ledger, r.Router, r.nc, r.apiNC, r.js, r.stop = srv, rt, nc, apiNC, js, stop
-	log := c.cfg.Log.With("region", r.Name)
-	r.done.Go(func() {
-		if err := srv.Run(runCtx); err != nil {
-			log.Error("ledger stopped", "err", err)
-		}
-	})
-	r.done.Go(func() {
-		if err := rt.RunForwarder(runCtx, log.With("service", "forwarder")); err != nil {
-			log.Error("forwarder stopped", "err", err)
-		}
-	})
-	r.done.Go(func() { rt.RunRelay(runCtx, srv.Store, log.With("service", "relay")) })
-	r.done.Go(func() { apiSrv.RunCleanup(runCtx, time.Hour) })
+	r.stop = stop
+	for name, a := range map[string]interface{ Run(context.Context) error }{"ledger": r.Ledger, "router": r.routerSrv, "api": r.apiSrv} {
+		r.done.Go(func() {
+			if err := a.Run(runCtx); err != nil {
+				log.Error(name+" stopped", "err", err)
+			}
+		})
+	}
 	return nil
+}
+
+// hostPort returns the host:port of a /metrics URL.
+func hostPort(metricsURL string) string {
+	return strings.TrimSuffix(strings.TrimPrefix(metricsURL, "http://"), "/metrics")
+}
+
+// closeApps closes the services that were opened, the API first.
+func (r *Region) closeApps() {
+	if r.apiSrv != nil {
+		_ = r.apiSrv.Close()
+	}
+	if r.routerSrv != nil {
+		_ = r.routerSrv.Close()
+	}
+	if r.Ledger != nil {
+		_ = r.Ledger.Close()
+	}
 }
 
 func (r *Region) close() {
 	if r.stop == nil {
 		return
 	}
-	_ = r.http.Close()
-	_ = r.mend.Close()
-	_ = r.metrics.Shutdown(context.Background())
-	r.API.Close()
+	// The API's HTTP server closes at once, dropping requests in
+	// progress, as a crash would.
+	_ = r.apiSrv.Close()
 	r.stop()
 	r.done.Wait()
-	r.Ledger.Close()
-	r.nc.Close()
-	r.apiNC.Close()
+	_ = r.routerSrv.Close()
+	_ = r.Ledger.Close()
 	r.stop = nil
 }
 
 // RestartRegion stops a region's ledger, router and API as a crash would
-// and starts them again on the same database, NATS server and API address.
+// and starts them again on the same database, NATS server, API address and
+// /metrics addresses.
 // The restarted region is a new *Region: callers holding the old one see it
 // closed, callers asking Region(name) again get the new one.
 func (c *Cluster) RestartRegion(ctx context.Context, name string) error {
 	old := c.Region(name)
 	old.close()
-	r := &Region{Name: name, URL: old.URL, apiAddr: strings.TrimPrefix(old.APIURL, "http://"),
+	r := &Region{Name: name, URL: old.URL, apiAddr: old.apiAddr, metrics: old.metrics,
 		ledgerStats: old.Ledger.Stats, routerStats: old.Router.Stats()}
 	if err := c.startRegion(ctx, r); err != nil {
 		return err
@@ -345,7 +301,7 @@ func (c *Cluster) RestartRegion(ctx context.Context, name string) error {
 // RouterJetStream returns the JetStream handle of the region's router: a
 // connection with the router's permissions, the only one that may publish
 // to ledger subjects.
-func (r *Region) RouterJetStream() jetstream.JetStream { return r.js }
+func (r *Region) RouterJetStream() jetstream.JetStream { return r.routerSrv.JetStream() }
 
 // Submit hands a command to the router of region via.
 func (c *Cluster) Submit(ctx context.Context, via string, cmd ledger.Command) error {
@@ -374,7 +330,7 @@ func (c *Cluster) Backlog(ctx context.Context) (int64, error) {
 			return 0, err
 		}
 		n += int64(b)
-		route, err := r.js.Stream(ctx, router.Stream(name))
+		route, err := r.RouterJetStream().Stream(ctx, router.Stream(name))
 		if err != nil {
 			return 0, err
 		}

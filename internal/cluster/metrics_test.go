@@ -6,9 +6,11 @@ import (
 	"net/http"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/paymesh/paymesh/internal/cluster"
 	"github.com/paymesh/paymesh/services/ledger"
 )
 
@@ -73,7 +75,7 @@ func TestSagaStageMetrics(t *testing.T) {
 		traces[s.SpanContext().TraceID().String()] = true
 	}
 	for region, stages := range want {
-		body := openMetrics(t, h.c.Region(region).MetricsURL)
+		body := openMetrics(t, h.c.Region(region).LedgerMetricsURL)
 		for _, stage := range []string{ledger.StageCredit, ledger.StageSettle, ledger.StageRefund} {
 			count := regexp.MustCompile(`(?m)^paymesh_saga_stage_duration_seconds_count\{region="` + region + `",stage="` + stage + `"\} (\S+)$`).FindStringSubmatch(body)
 			var got int64
@@ -96,4 +98,40 @@ func TestSagaStageMetrics(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestMetricsPerService: each service of a region serves its own /metrics,
+// as deployed, and a restarted region serves them at the same addresses
+// with its counters kept.
+func TestMetricsPerService(t *testing.T) {
+	h := mustCluster(t, nil, nil)
+	h.open(t, 2, 100)
+	h.quiet(t, time.Minute)
+	submitted := `paymesh_router_submitted_total{region="eu"} 2`
+	check := func(r *cluster.Region) {
+		t.Helper()
+		for url, want := range map[string]string{
+			r.LedgerMetricsURL: `paymesh_transfers_applied_total{consumer="ledger",region="eu",stream="LEDGER_EU"}`,
+			r.RouterMetricsURL: submitted,
+			r.APIMetricsURL:    `paymesh_idempotency_keys_total{outcome="replay",region="eu"}`,
+		} {
+			if body := openMetrics(t, url); !strings.Contains(body, want) {
+				t.Errorf("%s: no %s in\n%s", url, want, body)
+			}
+		}
+		if r.LedgerMetricsURL == r.RouterMetricsURL || r.RouterMetricsURL == r.APIMetricsURL || r.LedgerMetricsURL == r.APIMetricsURL {
+			t.Errorf("services share a /metrics: ledger %s, router %s, api %s", r.LedgerMetricsURL, r.RouterMetricsURL, r.APIMetricsURL)
+		}
+	}
+	before := h.c.Region("eu")
+	check(before)
+	if err := h.c.RestartRegion(context.Background(), "eu"); err != nil {
+		t.Fatal(err)
+	}
+	after := h.c.Region("eu")
+	if after.LedgerMetricsURL != before.LedgerMetricsURL || after.RouterMetricsURL != before.RouterMetricsURL || after.APIMetricsURL != before.APIMetricsURL || after.APIURL != before.APIURL {
+		t.Errorf("restart moved the endpoints: before %+v, after %+v", []string{before.APIURL, before.LedgerMetricsURL, before.RouterMetricsURL, before.APIMetricsURL},
+			[]string{after.APIURL, after.LedgerMetricsURL, after.RouterMetricsURL, after.APIMetricsURL})
+	}
+	check(after)
 }

@@ -102,10 +102,10 @@ func TestMetricsCountInjectedDuplicates(t *testing.T) {
 	for _, r := range names {
 		reg := c.Region(r)
 		for _, layer := range []string{"recent_cache", "dedup_table"} {
-			ledgerDups += scrape(t, reg.MetricsURL, "paymesh_duplicates_total", map[string]string{"region": r, "layer": layer})
+			ledgerDups += scrape(t, reg.LedgerMetricsURL, "paymesh_duplicates_total", map[string]string{"region": r, "layer": layer})
 		}
-		routerDups += scrape(t, reg.MetricsURL, "paymesh_router_duplicates_total", map[string]string{"region": r, "layer": "msg_id"})
-		deliveries += scrape(t, reg.MetricsURL, "paymesh_deliveries_total", map[string]string{"region": r, "stream": reg.Ledger.Topo.Stream()})
+		routerDups += scrape(t, reg.RouterMetricsURL, "paymesh_router_duplicates_total", map[string]string{"region": r, "layer": "msg_id"})
+		deliveries += scrape(t, reg.LedgerMetricsURL, "paymesh_deliveries_total", map[string]string{"region": r, "stream": reg.Ledger.Topo.Stream()})
 		injected += reg.Router.Stats().Injected.Load()
 	}
 	if dropped.Load() == 0 || injected == 0 {

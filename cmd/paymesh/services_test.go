@@ -1,0 +1,147 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/paymesh/paymesh/internal/natsembed"
+	"github.com/paymesh/paymesh/internal/pgdb"
+	"github.com/paymesh/paymesh/internal/pgtest"
+	"github.com/paymesh/paymesh/services/ledger/postgres"
+)
+
+// TestClientOneRegion: with only eu's database, `paymesh client acme`
+// registers nowhere and names us's missing database and the command that
+// creates it; with --region eu it registers in eu.
+func TestClientOneRegion(t *testing.T) {
+	ctx := context.Background()
+	tab, ids := defaultRegions(t)
+	prefix := fmt.Sprintf("pmtest_client_%d_", os.Getpid())
+	db := prefix + "eu"
+	url, err := pgdb.Create(ctx, pgtest.AdminURL(), db, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pgdb.Drop(context.Background(), pgtest.AdminURL(), db) })
+	if err := (&migrateCmd{regionDB: regionDB{Region: "eu", PostgresURL: pgtest.AdminURL(), Database: db}, WindowDays: 7}).Run(ctx, tab); err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	eu := postgres.New(pool, postgres.Config{Region: "eu", Regions: ids})
+	registered := func() bool {
+		_, ok, err := eu.ClientByID(ctx, "acme")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+
+	all := &clientCmd{PostgresURL: pgtest.AdminURL(), DBPrefix: prefix, ID: "acme", Rate: 100}
+	err = all.Run(ctx, tab, ids)
+	for _, want := range []string{"region us: database " + prefix + "us does not exist", "paymesh migrate --region us --create",
+		"region ap: database " + prefix + "ap does not exist", "--region eu"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("every region, only eu's database: got %v, want an error with %q", err, want)
+		}
+	}
+	if registered() {
+		t.Fatal("a failed registration left the client in eu")
+	}
+	one := &clientCmd{PostgresURL: pgtest.AdminURL(), DBPrefix: prefix, ID: "acme", Rate: 100, Regions: []string{"eu"}}
+	if err := one.Run(ctx, tab, ids); err != nil {
+		t.Fatalf("--region eu: %v", err)
+	}
+	if !registered() {
+		t.Fatal("--region eu: the client is not in eu")
+	}
+	if err := (&clientCmd{PostgresURL: pgtest.AdminURL(), ID: "acme", Regions: []string{"mars"}}).Run(ctx, tab, ids); err == nil || !strings.Contains(err.Error(), "mars") {
+		t.Fatalf("--region mars: got %v, want an error naming it", err)
+	}
+}
+
+// syncBuffer is a log sink written by one goroutine and read by another.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestLedgerWaitsForNATS: `paymesh ledger` started before its nats-server
+// logs that it waits, then runs (serves /metrics) once the server is up,
+// instead of exiting.
+func TestLedgerWaitsForNATS(t *testing.T) {
+	_, pgURL := pgtest.MustDatabase(t)
+	u, _ := url.Parse(pgURL)
+	db := regionDB{Region: "eu", PostgresURL: pgURL, Database: strings.TrimPrefix(u.Path, "/")}
+	tab, ids := defaultRegions(t)
+	natsAddr, metricsAddr := freeAddr(t), freeAddr(t)
+	var logged syncBuffer
+	c := &ledgerCmd{regionDB: db, NATSURL: "nats://" + natsAddr, Workers: 1, BatchSize: 16, AckWait: 5 * time.Second, MaxDeliver: 3,
+		Lease: 30 * time.Second, WindowDays: 2, Shards: 2, ShardSet: "0/1", Metrics: metricsAddr, dependencyWait: dependencyWait{ConnectTimeout: 20 * time.Second}}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx, tab, ids, slog.New(slog.NewTextHandler(&logged, nil))) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(logged.String(), "waiting for nats at nats://"+natsAddr) && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("ledger exited while NATS was down: %v", err)
+	default:
+	}
+	_, port, _ := net.SplitHostPort(natsAddr)
+	p, _ := strconv.Atoi(port)
+	ns, err := natsembed.Start(natsembed.Options{Name: "late", Port: p, StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Shutdown()
+	var body string
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline) && !strings.Contains(body, "paymesh_deliveries_total"); time.Sleep(50 * time.Millisecond) {
+		if res, err := http.Get("http://" + metricsAddr + "/metrics"); err == nil {
+			b, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			body = string(b)
+		}
+	}
+	if !strings.Contains(body, "paymesh_deliveries_total") {
+		t.Fatalf("the ledger does not serve /metrics after NATS came up; log:\n%s", logged.String())
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("ledger: %v", err)
+	}
+	if n := strings.Count(logged.String(), "waiting for nats"); n != 1 {
+		t.Errorf("got %d waiting lines, want 1; log:\n%s", n, logged.String())
+	}
+}
