@@ -22,24 +22,14 @@ import (
 // scrape sums a metric's samples whose labels match every given pair.
 func scrape(tb testing.TB, url, name string, labels map[string]string) int64 {
 	tb.Helper()
-	res, err := http.Get(url)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer res.Body.Close()
-	b, _ := io.ReadAll(res.Body)
-	line := regexp.MustCompile(`(?m)^` + name + `\{([^}]*)\} (\S+)$`)
 	var sum int64
-	for _, m := range line.FindAllStringSubmatch(string(b), -1) {
+	for _, s := range samples(tb, url, name) {
 		ok := true
 		for k, v := range labels {
-			if !regexp.MustCompile(`(^|,)` + k + `="` + regexp.QuoteMeta(v) + `"`).MatchString(m[1]) {
-				ok = false
-			}
+			ok = ok && s.labels[k] == v
 		}
 		if ok {
-			f, _ := strconv.ParseFloat(m[2], 64)
-			sum += int64(f)
+			sum += int64(s.value)
 		}
 	}
 	return sum
