@@ -24,7 +24,9 @@ func promtool(ctx context.Context, args ...string) error {
 // CheckConfig runs `promtool check config` on a Prometheus config (which
 // also checks the rule files it names). It returns an error quoting
 // promtool when the config is invalid.
-func CheckConfig(ctx context.Context, path string) error { return promtool(ctx, "check", "config", path) }
+func CheckConfig(ctx context.Context, path string) error {
+	return promtool(ctx, "check", "config", path)
+}
 
 // CheckRules runs `promtool check rules` on rule files. It returns an
 // error quoting promtool when a rule is invalid.
