@@ -7,11 +7,19 @@ BENCHSTAT   ?= $(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-2
 BENCH_COUNT ?= 10
 BENCH_TIME  ?= 20000x
 
-.PHONY: demo bench chaos bench-telemetry test test-short build fuzz services browser prometheus clean compose-up compose-down compose-load
+.PHONY: demo sim bench chaos bench-telemetry test test-short build fuzz services browser prometheus clean compose-up compose-down compose-load
 
 ## demo: run the three-region demo on the local Postgres and an embedded NATS topology
 demo: services
 	$(GO) run ./cmd/paymesh demo $(ARGS)
+
+## sim: docker-compose.yml's topology as separate processes on this machine
+## (nats-servers, a throwaway Postgres per region, WAN links, the services,
+## load, a fault schedule, Prometheus and its alerts), then a PASS/FAIL report
+## (about 3 minutes; ARGS=--quick for about 90 s). It needs no local NATS, only
+## the local PostgreSQL binaries and Debian's prometheus.
+sim: prometheus build
+	bin/paymesh sim $(ARGS)
 
 ## bench: measure throughput and latency against same-run baselines (about
 ## 3.5 minutes; ARGS=--quick for about 1, ARGS="--json bench.json" for a file)
@@ -23,12 +31,14 @@ bench: services
 chaos: services
 	$(GO) run ./cmd/paymesh chaos --seeds 1,2,3 $(ARGS)
 
-## test: vet and run every test against real Postgres and real JetStream
+## test: vet and run every test against real Postgres and real JetStream, then
+## the quick process simulation (make sim ARGS=--quick)
 ## (the browser test's screenshot lands in artifacts/)
 test: services browser prometheus
 	$(GO) vet ./...
 	@mkdir -p artifacts
 	$(GO) test -count=1 -timeout 10m -artifacts -outputdir $(CURDIR)/artifacts ./...
+	$(MAKE) sim ARGS=--quick
 
 ## test-short: the suite without the long randomized runs
 test-short: services

@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/paymesh/paymesh/internal/faultproxy"
+	"github.com/paymesh/paymesh/internal/loadgen"
 	"github.com/paymesh/paymesh/internal/natsauth"
 	"github.com/paymesh/paymesh/services/router"
 )
@@ -26,12 +27,6 @@ const (
 // FaultNames are the faults of the schedule, in the order they fire.
 var FaultNames = []string{FaultKillLedger, FaultKillRouter, FaultKillAPI, FaultKillNATS, FaultCut, FaultDegrade}
 
-// The degraded link: latency on top of the table's, and connection resets.
-const (
-	degradeLatency   = 150 * time.Millisecond
-	degradeResetRate = 0.5 // resets per second
-)
-
 // fault is one scheduled fault: it fires at At after the load starts and
 // is undone For later.
 type fault struct {
@@ -47,14 +42,14 @@ type fault struct {
 // last third (long enough for the duplicate-rate alert to fire).
 func (s *sim) schedule(d time.Duration) []fault {
 	at := func(f float64) time.Duration { return time.Duration(f * float64(d)).Round(time.Second) }
-	cutFor := max(4*time.Second, at(0.12))
+	cutFor := max(4*time.Second, at(0.10))
 	all := []fault{
-		s.killFault(FaultKillLedger, "ledger-eu", at(0.08)),
-		s.killFault(FaultKillRouter, "router-ap", at(0.16)),
-		s.killFault(FaultKillAPI, "api-us", at(0.24)),
-		s.killFault(FaultKillNATS, "nats-ap", at(0.32)),
-		s.cutFault(at(0.40), cutFor),
-		s.degradeFault(at(0.58), at(0.34)),
+		s.killFault(FaultKillLedger, "ledger-eu", at(0.06)),
+		s.killFault(FaultKillRouter, "router-ap", at(0.12)),
+		s.killFault(FaultKillAPI, "api-us", at(0.18)),
+		s.killFault(FaultKillNATS, "nats-ap", at(0.24)),
+		s.cutFault(at(0.30), cutFor),
+		s.degradeFault(at(0.52), at(0.30)),
 	}
 	var out []fault
 	for _, f := range all {
@@ -179,7 +174,8 @@ func (s *sim) purgeRoute(ctx context.Context, region string) (uint64, error) {
 func (s *sim) degradeFault(at, d time.Duration) fault {
 	var before faultproxy.Shape
 	return fault{Name: FaultDegrade, At: at, For: d,
-		What: fmt.Sprintf("raise us's WAN link latency by %s and resets to %.1f/s for %s, then restore it", degradeLatency, degradeResetRate, d),
+		What: fmt.Sprintf("multiply us's WAN link latency by %d and reset %.1f connections/s for %s (as paymesh load --faults degrade-us), then restore it",
+			loadgen.DegradeLatencyFactor, loadgen.DegradeResetRate, d),
 		fire: func(ctx context.Context) error {
 			c, err := s.wanClient("us")
 			if err != nil {
@@ -190,13 +186,18 @@ func (s *sim) degradeFault(at, d time.Duration) fault {
 				return err
 			}
 			before = st.Shape
-			return c.SetShape(ctx, faultproxy.Shape{Latency: before.Latency + degradeLatency, Jitter: before.Jitter, ResetRate: degradeResetRate})
+			s.mu.Lock()
+			since := time.Since(s.loadStart)
+			s.mu.Unlock()
+			s.noteRate(ctx, "before degrade", since)
+			return c.SetShape(ctx, faultproxy.Shape{Latency: loadgen.DegradeLatencyFactor * before.Latency, Jitter: before.Jitter, ResetRate: loadgen.DegradeResetRate})
 		},
 		undo: func(ctx context.Context) error {
 			c, err := s.wanClient("us")
 			if err != nil {
 				return err
 			}
+			s.noteRate(ctx, "while degraded", d)
 			return c.SetShape(ctx, before)
 		},
 	}

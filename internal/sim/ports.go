@@ -33,6 +33,16 @@ func checkPorts(ports map[int]string) error {
 // portOwner describes the process listening on TCP port port, as
 // " by <name> (pid N)", or "" when it cannot tell.
 func portOwner(port int) string {
+	pid, name := portPID(port)
+	if pid == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" by %s (pid %d)", name, pid)
+}
+
+// portPID returns the id and command name of the process listening on TCP
+// port port on any address, or 0 when none is found in /proc.
+func portPID(port int) (int, string) {
 	inodes := map[string]bool{}
 	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
 		for _, ino := range listeningInodes(f, port) {
@@ -40,7 +50,7 @@ func portOwner(port int) string {
 		}
 	}
 	if len(inodes) == 0 {
-		return ""
+		return 0, ""
 	}
 	pids, _ := filepath.Glob("/proc/[0-9]*")
 	for _, dir := range pids {
@@ -52,11 +62,12 @@ func portOwner(port int) string {
 			}
 			if inodes[strings.TrimSuffix(strings.TrimPrefix(link, "socket:["), "]")] {
 				name, _ := os.ReadFile(dir + "/comm")
-				return fmt.Sprintf(" by %s (pid %s)", strings.TrimSpace(string(name)), filepath.Base(dir))
+				pid, _ := strconv.Atoi(filepath.Base(dir))
+				return pid, strings.TrimSpace(string(name))
 			}
 		}
 	}
-	return ""
+	return 0, ""
 }
 
 // listeningInodes returns the socket inodes listening on port in a

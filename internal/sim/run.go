@@ -56,8 +56,12 @@ func (s *sim) drive(ctx context.Context, fs []fault, rep *Report) error {
 		return err
 	}
 	history := filepath.Join(s.dir, "history.jsonl")
+	// After compose's command: the history to check, a load bounded by
+	// time, more requests in flight (each waits out WAN round trips), and
+	// no fault plan of the load's own: the simulation's schedule is the
+	// one that runs.
 	extra := []string{"--history", history, "--client", client, "--duration", s.cfg.Load.String(),
-		"--transfers", loadTransferLimit, "--seed", fmt.Sprint(s.cfg.Seed)}
+		"--transfers", loadTransferLimit, "--concurrency", loadConcurrency, "--faults=", "--seed", fmt.Sprint(s.cfg.Seed)}
 	s.setPhase("load")
 	load, err := s.startCommand(loads[0], extra)
 	if err != nil {
@@ -65,6 +69,9 @@ func (s *sim) drive(ctx context.Context, fs []fault, rep *Report) error {
 	}
 	s.logf("load: %s %s (log %s)", loads[0], strings.Join(load.spec.Args, " "), load.log)
 	start := time.Now()
+	s.mu.Lock()
+	s.loadStart = start
+	s.mu.Unlock()
 	faultsDone := make(chan []string, 1)
 	go func() { faultsDone <- s.runFaults(ctx, start, fs) }()
 	loadDone := make(chan error, 1)

@@ -33,6 +33,7 @@ import (
 	"github.com/paymesh/paymesh/deploy/regions"
 	"github.com/paymesh/paymesh/internal/compose"
 	"github.com/paymesh/paymesh/internal/pgdb"
+	"github.com/paymesh/paymesh/internal/promcheck"
 	"github.com/paymesh/paymesh/pkg/dedup"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
@@ -46,7 +47,7 @@ type Config struct {
 	Binary string
 	// BinDir caches nats-server builds (default Root/bin).
 	BinDir string
-	// Load is how long the load runs (default 120 s; 30 s with Quick).
+	// Load is how long the load runs (default 120 s; 50 s with Quick).
 	Load time.Duration
 	// Quick is a run of at most about 90 s in all.
 	Quick bool
@@ -74,13 +75,14 @@ const (
 	otelEndpointEnv   = "OTEL_EXPORTER_OTLP_ENDPOINT"
 	startTimeout      = 90 * time.Second
 	stopGrace         = 10 * time.Second
-	quickLoad         = 30 * time.Second
+	quickLoad         = 50 * time.Second
 	defaultLoad       = 120 * time.Second
 	restartDelay      = 2 * time.Second
 	statusEvery       = 3 * time.Second
 	liveStatusEvery   = 500 * time.Millisecond
 	drainTimeout      = 90 * time.Second
 	loadTransferLimit = "10000000" // the load is bounded by time (--duration)
+	loadConcurrency   = "64"
 )
 
 // sim is one run.
@@ -99,9 +101,14 @@ type sim struct {
 	stores map[string]*postgres.Store // by region
 	pools  []*pgxpool.Pool
 
-	mu    sync.Mutex
-	fired []string
-	phase string
+	prom   *promcheck.Server
+	alerts *alerts
+
+	mu        sync.Mutex
+	fired     []string
+	phase     string
+	loadStart time.Time
+	rates     map[string]map[string]float64 // duplicate rate by region and window
 }
 
 // anyAddr is a listen address on every interface inside a container.
@@ -183,7 +190,8 @@ func newSim(cfg Config, out io.Writer, pl *plan) (*sim, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &sim{cfg: cfg, out: out, table: table, ids: ids, plan: pl, pgs: map[string]*pgdb.Throwaway{}, stores: map[string]*postgres.Store{}}, nil
+	return &sim{cfg: cfg, out: out, table: table, ids: ids, plan: pl, pgs: map[string]*pgdb.Throwaway{}, stores: map[string]*postgres.Store{},
+		rates: map[string]map[string]float64{}}, nil
 }
 
 // extraMappings places the ports compose does not publish: the hub's
@@ -219,7 +227,7 @@ func (s *sim) listenPorts(name string) []int {
 		}
 	}
 	slices.Sort(out)
-	return out
+	return slices.Compact(out)
 }
 
 // ports returns every host port the run listens on, with its service.
@@ -262,6 +270,9 @@ func (s *sim) logf(format string, args ...any) {
 // cleanup stops every process and removes the throwaway clusters and the
 // JetStream stores; the logs stay.
 func (s *sim) cleanup() {
+	if s.prom != nil {
+		s.prom.Stop()
+	}
 	if s.procs != nil {
 		s.procs.stopAll(stopGrace)
 	}
@@ -327,7 +338,7 @@ func (s *sim) run(ctx context.Context) (*Report, error) {
 	if err := s.checkHistory(ctx, rep); err != nil {
 		return nil, err
 	}
-	if err := s.observe(ctx, rep, fs); err != nil {
+	if err := s.observe(ctx, rep, s.loadStart); err != nil {
 		return nil, err
 	}
 	s.runTools(ctx, rep)
@@ -452,32 +463,37 @@ func portList(ports []int) string {
 	return strings.Join(ss, ", ")
 }
 
-// waitReady waits until something accepts connections on every port, and
-// fails early when the process exits.
+// waitReady waits until the process itself listens on every port (a
+// listener of another program does not count), and fails early when the
+// process exits.
 func (s *sim) waitReady(ctx context.Context, p *proc, ports []int) error {
 	deadline := time.Now().Add(startTimeout)
 	for _, port := range ports {
-		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 		for {
-			c, err := net.DialTimeout("tcp", addr, time.Second)
-			if err == nil {
-				c.Close()
+			if pid, _ := portPID(port); pid != 0 && pid == p.pid() {
 				break
 			}
 			if done, exitErr := p.exited(); done {
-				return fmt.Errorf("sim: %s exited before listening on %s (%v): %s", p.spec.Name, addr, exitErr, tail(p.log, 8))
+				return fmt.Errorf("sim: %s exited before listening on port %d (%v): %s", p.spec.Name, port, exitErr, tail(p.log, 8))
 			}
 			if time.Now().After(deadline) {
-				return fmt.Errorf("sim: %s not listening on %s after %s: %s", p.spec.Name, addr, startTimeout, tail(p.log, 8))
+				return fmt.Errorf("sim: %s not listening on port %d after %s (the port is held%s): %s", p.spec.Name, port, startTimeout, or(portOwner(port), " by nobody"), tail(p.log, 8))
 			}
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
-			case <-time.After(100 * time.Millisecond):
+			case <-time.After(200 * time.Millisecond):
 			}
 		}
 	}
 	return nil
+}
+
+func or(s, otherwise string) string {
+	if s == "" {
+		return otherwise
+	}
+	return s
 }
 
 // tail returns the last n lines of a log file.
