@@ -21,7 +21,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -110,9 +109,6 @@ type sim struct {
 	loadStart time.Time
 	rates     map[string]map[string]float64 // duplicate rate by region and window
 }
-
-// anyAddr is a listen address on every interface inside a container.
-var anyAddr = regexp.MustCompile(`^0\.0\.0\.0:([0-9]+)$`)
 
 // Run runs the simulation, writing progress and the report to out. It
 // returns the report, and an error when the topology cannot start (a port
@@ -241,20 +237,18 @@ func (s *sim) ports() map[int]string {
 	return m
 }
 
-// env returns a service's compose environment mapped to loopback: a
-// listen address on every interface (0.0.0.0:port) becomes the host
-// address the service's port is reached on, every service address its
-// published or mapped port, and the OTLP endpoint goes (no collector
+// env returns a service's compose environment mapped to loopback
+// (compose.Mapper.ServiceEnv: its own 0.0.0.0 listen addresses become the
+// host address its port is reached on, every service address its
+// published or mapped port), without the OTLP endpoint (no collector
 // runs).
 func (s *sim) env(name string) (map[string]string, error) {
-	env := map[string]string{}
-	for k, v := range s.plan.project.Services[name].Environment {
-		if k == otelEndpointEnv {
-			continue
-		}
-		env[k] = anyAddr.ReplaceAllString(v, name+":$1")
+	env, err := s.mapper.ServiceEnv(s.plan.project.Services[name])
+	if err != nil {
+		return nil, err
 	}
-	return s.mapper.Env(env)
+	delete(env, otelEndpointEnv)
+	return env, nil
 }
 
 func (s *sim) setPhase(p string) {
