@@ -13,8 +13,8 @@ import (
 
 // simCmd runs the docker-compose topology as processes on this machine.
 type simCmd struct {
-	Quick        bool          `help:"A run of at most about 90 s: a 50 s load with every fault."`
-	Load         time.Duration `help:"How long the load runs (default 120s; 50s with --quick)."`
+	Quick        bool          `help:"A run of at most about 90 s: a 45 s load with every fault."`
+	Load         time.Duration `help:"How long the load runs (default 120s; 45s with --quick)."`
 	Faults       []string      `help:"Faults to fire, comma-separated (default: all): kill-ledger-eu, kill-router-ap, kill-api-us, kill-nats-ap, cut-eu, degrade-us."`
 	LoseCommands bool          `name:"lose-commands" help:"Purge us's route stream while eu's link is cut, losing commands already answered 202: the run must end in FAIL naming them."`
 	Report       string        `help:"Also write the report as JSON to this file." type:"path"`

@@ -27,6 +27,11 @@ const (
 // FaultNames are the faults of the schedule, in the order they fire.
 var FaultNames = []string{FaultKillLedger, FaultKillRouter, FaultKillAPI, FaultKillNATS, FaultCut, FaultDegrade}
 
+// degradeLatency is added to the degraded link's latency: long enough that
+// the resets (at the rate of paymesh load's degrade) catch PubAcks in
+// flight, whose publishes the routers then retry as duplicates.
+const degradeLatency = 150 * time.Millisecond
+
 // fault is one scheduled fault: it fires at At after the load starts and
 // is undone For later.
 type fault struct {
@@ -42,14 +47,14 @@ type fault struct {
 // last third (long enough for the duplicate-rate alert to fire).
 func (s *sim) schedule(d time.Duration) []fault {
 	at := func(f float64) time.Duration { return time.Duration(f * float64(d)).Round(time.Second) }
-	cutFor := max(4*time.Second, at(0.10))
+	cutFor := max(4*time.Second, at(0.08))
 	all := []fault{
-		s.killFault(FaultKillLedger, "ledger-eu", at(0.06)),
-		s.killFault(FaultKillRouter, "router-ap", at(0.12)),
-		s.killFault(FaultKillAPI, "api-us", at(0.18)),
-		s.killFault(FaultKillNATS, "nats-ap", at(0.24)),
-		s.cutFault(at(0.30), cutFor),
-		s.degradeFault(at(0.52), at(0.30)),
+		s.killFault(FaultKillLedger, "ledger-eu", at(0.04)),
+		s.killFault(FaultKillRouter, "router-ap", at(0.08)),
+		s.killFault(FaultKillAPI, "api-us", at(0.12)),
+		s.killFault(FaultKillNATS, "nats-ap", at(0.16)),
+		s.cutFault(at(0.22), cutFor),
+		s.degradeFault(at(0.42), at(0.36)),
 	}
 	var out []fault
 	for _, f := range all {
@@ -174,8 +179,7 @@ func (s *sim) purgeRoute(ctx context.Context, region string) (uint64, error) {
 func (s *sim) degradeFault(at, d time.Duration) fault {
 	var before faultproxy.Shape
 	return fault{Name: FaultDegrade, At: at, For: d,
-		What: fmt.Sprintf("multiply us's WAN link latency by %d and reset %.1f connections/s for %s (as paymesh load --faults degrade-us), then restore it",
-			loadgen.DegradeLatencyFactor, loadgen.DegradeResetRate, d),
+		What: fmt.Sprintf("raise us's WAN link latency by %s and reset %.1f connections/s for %s, then restore it", degradeLatency, loadgen.DegradeResetRate, d),
 		fire: func(ctx context.Context) error {
 			c, err := s.wanClient("us")
 			if err != nil {
@@ -187,17 +191,18 @@ func (s *sim) degradeFault(at, d time.Duration) fault {
 			}
 			before = st.Shape
 			s.mu.Lock()
-			since := time.Since(s.loadStart)
+			s.degraded[0] = time.Now()
 			s.mu.Unlock()
-			s.noteRate(ctx, "before degrade", since)
-			return c.SetShape(ctx, faultproxy.Shape{Latency: loadgen.DegradeLatencyFactor * before.Latency, Jitter: before.Jitter, ResetRate: loadgen.DegradeResetRate})
+			return c.SetShape(ctx, faultproxy.Shape{Latency: before.Latency + degradeLatency, Jitter: before.Jitter, ResetRate: loadgen.DegradeResetRate})
 		},
 		undo: func(ctx context.Context) error {
 			c, err := s.wanClient("us")
 			if err != nil {
 				return err
 			}
-			s.noteRate(ctx, "while degraded", d)
+			s.mu.Lock()
+			s.degraded[1] = time.Now()
+			s.mu.Unlock()
 			return c.SetShape(ctx, before)
 		},
 	}

@@ -22,6 +22,13 @@ const (
 	scrapeInterval   = time.Second
 	alertPoll        = 2 * time.Second
 	alertClearWait   = 75 * time.Second
+	// routerAckWait is how long the routers wait for a PubAck before they
+	// publish again (paymesh router --ack-wait's default): duplicates of
+	// a degraded link land up to this long after it.
+	routerAckWait = 10 * time.Second
+	// alertWindow is the duplicate-rate alert's rate window
+	// (deploy/prometheus/alerts.yml).
+	alertWindow = 30 * time.Second
 )
 
 // alerts records every alert seen firing, polled from Prometheus.
@@ -31,7 +38,7 @@ type alerts struct {
 	firing map[string]bool       // at the last poll
 	err    error                 // of the last poll
 	// panels are the dashboard queries without data the first time an
-	// alert fired (nil until then).
+	// alert was pending or firing (nil until then).
 	panels  map[promcheck.PanelQuery]bool
 	checked bool
 }
@@ -97,6 +104,10 @@ func (s *sim) pollAlertsOnce(ctx context.Context) {
 	if err != nil {
 		return
 	}
+	if len(as) > 0 && !s.alerts.checked {
+		s.alerts.checked = true
+		go s.checkPanelsNow(ctx)
+	}
 	now := map[string]bool{}
 	for _, a := range as {
 		if a.State != "firing" {
@@ -107,10 +118,6 @@ func (s *sim) pollAlertsOnce(ctx context.Context) {
 		if s.alerts.seen[k] == nil {
 			s.alerts.seen[k] = &AlertSeen{Name: a.Name, Labels: a.Labels, Fired: true}
 		}
-	}
-	if len(now) > 0 && !s.alerts.checked {
-		s.alerts.checked = true
-		go s.checkPanelsNow(ctx)
 	}
 	for k, a := range s.alerts.seen {
 		a.Cleared = !now[k]
@@ -140,35 +147,59 @@ func (s *sim) firingNow() string {
 	}), " ")
 }
 
-// waitAlertCleared waits, at most alertClearWait, until no alert named
-// name fires for region.
-func (s *sim) waitAlertCleared(ctx context.Context, name, region string) {
-	deadline := time.Now().Add(alertClearWait)
-	for time.Now().Before(deadline) {
+// waitAlert waits until an alert named name has fired for region (at
+// most until notAfter, when the duplicates of a degraded link have all
+// landed and left the alert's window), then until it no longer fires (at
+// most alertClearWait).
+func (s *sim) waitAlert(ctx context.Context, name, region string, notAfter time.Time) {
+	state := func() (fired, firing bool) {
 		s.pollAlertsOnce(ctx)
 		s.alerts.mu.Lock()
-		firing := false
-		for k := range s.alerts.firing {
-			a := s.alerts.seen[k]
-			firing = firing || (a.Name == name && a.Labels["region"] == region)
+		defer s.alerts.mu.Unlock()
+		for k, a := range s.alerts.seen {
+			if a.Name == name && a.Labels["region"] == region {
+				fired = true
+				firing = firing || s.alerts.firing[k]
+			}
 		}
-		s.alerts.mu.Unlock()
-		if !firing {
-			return
-		}
+		return fired, firing
+	}
+	wait := func() bool {
 		select {
 		case <-ctx.Done():
-			return
+			return false
 		case <-time.After(alertPoll):
+			return true
+		}
+	}
+	for fired, _ := state(); !fired && time.Now().Before(notAfter); fired, _ = state() {
+		if !wait() {
+			return
+		}
+	}
+	deadline := time.Now().Add(alertClearWait)
+	for _, firing := state(); firing && time.Now().Before(deadline); _, firing = state() {
+		if !wait() {
+			return
 		}
 	}
 }
 
-// sumByRegion sums the increase of each metric over window by region.
-func (s *sim) sumByRegion(ctx context.Context, window time.Duration, metrics ...string) (map[string]float64, error) {
+// sumByRegion sums the increase of each metric by region over the span
+// [from, to], read now.
+func (s *sim) sumByRegion(ctx context.Context, from, to time.Time, metrics ...string) (map[string]float64, error) {
+	window := int(math.Ceil(to.Sub(from).Seconds()))
+	offset := int(time.Since(to).Seconds())
 	out := map[string]float64{}
+	if window <= 0 {
+		return out, nil
+	}
 	for _, m := range metrics {
-		res, err := s.prom.Query(ctx, fmt.Sprintf("sum by (region) (increase(%s[%ds]))", m, int(math.Ceil(window.Seconds()))))
+		expr := fmt.Sprintf("sum by (region) (increase(%s[%ds]))", m, window)
+		if offset > 0 {
+			expr = fmt.Sprintf("sum by (region) (increase(%s[%ds] offset %ds))", m, window, offset)
+		}
+		res, err := s.prom.Query(ctx, expr)
 		if err != nil {
 			return nil, err
 		}
@@ -179,14 +210,15 @@ func (s *sim) sumByRegion(ctx context.Context, window time.Duration, metrics ...
 	return out, nil
 }
 
-// duplicateRate returns duplicates per delivery by region over the last
-// window: the ledgers' and the routers' (the alert rules' definition).
-func (s *sim) duplicateRate(ctx context.Context, window time.Duration) (map[string]float64, error) {
-	dups, err := s.sumByRegion(ctx, window, "paymesh_duplicates_total", "paymesh_router_duplicates_total")
+// duplicateRate returns duplicates per delivery by region over the span
+// [from, to]: the ledgers' and the routers' (as the alert rules count
+// them).
+func (s *sim) duplicateRate(ctx context.Context, from, to time.Time) (map[string]float64, error) {
+	dups, err := s.sumByRegion(ctx, from, to, "paymesh_duplicates_total", "paymesh_router_duplicates_total")
 	if err != nil {
 		return nil, err
 	}
-	dels, err := s.sumByRegion(ctx, window, "paymesh_deliveries_total", "paymesh_router_submitted_total", "paymesh_router_forwarded_total", "paymesh_router_relayed_total")
+	dels, err := s.sumByRegion(ctx, from, to, "paymesh_deliveries_total", "paymesh_router_submitted_total", "paymesh_router_forwarded_total", "paymesh_router_relayed_total")
 	if err != nil {
 		return nil, err
 	}
@@ -199,36 +231,50 @@ func (s *sim) duplicateRate(ctx context.Context, window time.Duration) (map[stri
 	return out, nil
 }
 
-// noteRate stores the duplicate rate over the last window under label.
-func (s *sim) noteRate(ctx context.Context, label string, window time.Duration) {
-	rates, err := s.duplicateRate(ctx, window)
-	if err != nil {
-		s.logf("duplicate rate %s: %v", label, err)
-		return
+// rates returns the duplicate rate by region before the degraded link,
+// while it was degraded (and for the routers' ack wait after, when their
+// retries land), and after; only the whole run when it did not run.
+func (s *sim) rates(ctx context.Context, loadStart time.Time, degraded [2]time.Time) (map[string]map[string]float64, error) {
+	now := time.Now()
+	spans := map[string][2]time.Time{"whole run": {loadStart, now}}
+	if !degraded[1].IsZero() {
+		settle := degraded[1].Add(routerAckWait)
+		spans = map[string][2]time.Time{"1 before degrade": {loadStart, degraded[0]}, "2 while degraded": {degraded[0], settle}, "3 after": {settle, now}}
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for r, v := range rates {
-		if s.rates[r] == nil {
-			s.rates[r] = map[string]float64{}
+	out := map[string]map[string]float64{}
+	for label, span := range spans {
+		rates, err := s.duplicateRate(ctx, span[0], span[1])
+		if err != nil {
+			return nil, err
 		}
-		s.rates[r][label] = v
+		for r, v := range rates {
+			if out[r] == nil {
+				out[r] = map[string]float64{}
+			}
+			out[r][label] = v
+		}
 	}
+	return out, nil
 }
 
 // observe reads the duplicates by region and layer over the run, waits
 // for the duplicate-rate alert to clear when the degraded link ran, and
 // checks every dashboard panel query.
 func (s *sim) observe(ctx context.Context, rep *Report, since time.Time) error {
-	if slices.Contains(rep.Fired, FaultDegrade) {
+	if slices.Contains(rep.Fired, FaultDegrade) && !s.cfg.Quick {
 		rep.WantAlert = duplicateAlert
-		s.waitAlertCleared(ctx, duplicateAlert, "us")
+		s.mu.Lock()
+		settled := s.degraded[1].Add(routerAckWait + alertWindow)
+		s.mu.Unlock()
+		s.waitAlert(ctx, duplicateAlert, "us", settled)
 	}
 	s.pollAlertsOnce(ctx)
 	window := fmt.Sprintf("%ds", int(math.Ceil(time.Since(since).Seconds())))
 	rep.Duplicates = map[string]map[string]float64{}
+	var err error
 	for _, m := range []string{"paymesh_duplicates_total", "paymesh_router_duplicates_total"} {
-		res, err := s.prom.Query(ctx, fmt.Sprintf("sum by (region, layer) (increase(%s[%s]))", m, window))
+		var res []promcheck.Sample
+		res, err = s.prom.Query(ctx, fmt.Sprintf("sum by (region, layer) (increase(%s[%s]))", m, window))
 		if err != nil {
 			return fmt.Errorf("sim: %w", err)
 		}
@@ -240,8 +286,11 @@ func (s *sim) observe(ctx context.Context, rep *Report, since time.Time) error {
 		}
 	}
 	s.mu.Lock()
-	rep.DuplicateRate = s.rates
+	degraded := s.degraded
 	s.mu.Unlock()
+	if rep.DuplicateRate, err = s.rates(ctx, since, degraded); err != nil {
+		return fmt.Errorf("sim: %w", err)
+	}
 	s.alerts.mu.Lock()
 	for _, a := range s.alerts.seen {
 		rep.Alerts = append(rep.Alerts, *a)
@@ -257,12 +306,16 @@ func (s *sim) observe(ctx context.Context, rep *Report, since time.Time) error {
 		return fmt.Errorf("sim: %w", err)
 	}
 	// A panel passes if its query returned data at the end or while an
-	// alert fired (the alert panels show data only then).
+	// alert was active (the alert panels show data only then).
 	s.alerts.mu.Lock()
 	during := s.alerts.panels
 	s.alerts.mu.Unlock()
 	for _, f := range fails {
-		if during == nil || during[f.Query] {
+		switch {
+		case during == nil && strings.Contains(f.Query.Expr, "ALERTS"):
+			// ALERTS has series only while an alert is pending or firing.
+			rep.PanelsUnchecked = append(rep.PanelsUnchecked, f.Query.Panel+" (no alert was pending or firing during the run)")
+		case during == nil || during[f.Query]:
 			rep.PanelsEmpty = append(rep.PanelsEmpty, f.Error())
 		}
 	}
@@ -270,7 +323,7 @@ func (s *sim) observe(ctx context.Context, rep *Report, since time.Time) error {
 }
 
 // checkPanelsNow runs the dashboard's panel queries once while an alert
-// fires, keeping the ones that returned no data.
+// is pending or firing, keeping the ones that returned no data.
 func (s *sim) checkPanelsNow(ctx context.Context) {
 	fails, err := s.prom.CheckPanels(ctx, filepath.Join(s.cfg.Root, dashboardFile))
 	if err != nil {

@@ -46,7 +46,7 @@ type Config struct {
 	Binary string
 	// BinDir caches nats-server builds (default Root/bin).
 	BinDir string
-	// Load is how long the load runs (default 120 s; 50 s with Quick).
+	// Load is how long the load runs (default 120 s; 45 s with Quick).
 	Load time.Duration
 	// Quick is a run of at most about 90 s in all.
 	Quick bool
@@ -74,7 +74,7 @@ const (
 	otelEndpointEnv   = "OTEL_EXPORTER_OTLP_ENDPOINT"
 	startTimeout      = 90 * time.Second
 	stopGrace         = 10 * time.Second
-	quickLoad         = 50 * time.Second
+	quickLoad         = 45 * time.Second
 	defaultLoad       = 120 * time.Second
 	restartDelay      = 2 * time.Second
 	statusEvery       = 3 * time.Second
@@ -107,7 +107,7 @@ type sim struct {
 	fired     []string
 	phase     string
 	loadStart time.Time
-	rates     map[string]map[string]float64 // duplicate rate by region and window
+	degraded  [2]time.Time // when the degraded link began and ended
 }
 
 // Run runs the simulation, writing progress and the report to out. It
@@ -186,8 +186,7 @@ func newSim(cfg Config, out io.Writer, pl *plan) (*sim, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &sim{cfg: cfg, out: out, table: table, ids: ids, plan: pl, pgs: map[string]*pgdb.Throwaway{}, stores: map[string]*postgres.Store{},
-		rates: map[string]map[string]float64{}}, nil
+	return &sim{cfg: cfg, out: out, table: table, ids: ids, plan: pl, pgs: map[string]*pgdb.Throwaway{}, stores: map[string]*postgres.Store{}}, nil
 }
 
 // extraMappings places the ports compose does not publish: the hub's
@@ -315,7 +314,7 @@ func (s *sim) run(ctx context.Context) (*Report, error) {
 		return nil, err
 	}
 	fs := s.schedule(s.cfg.Load)
-	rep := &Report{RunDir: s.dir}
+	rep := &Report{RunDir: s.dir, Quick: s.cfg.Quick}
 	for _, f := range fs {
 		rep.Scheduled = append(rep.Scheduled, f.Name)
 	}
