@@ -491,9 +491,6 @@ func (c *loadCmd) Run(ctx context.Context) error {
 		plan.Print(os.Stdout)
 		runPlan = func(ctx context.Context) error { return loadgen.RunPlan(ctx, plan, links, os.Stdout) }
 	}
-	pctx, stopPlan := context.WithCancel(ctx)
-	planErr := make(chan error, 1)
-	go func() { planErr <- runPlan(pctx) }()
 	cfg := loadgen.Config{APIs: apis, APIKey: c.APIKey, Accounts: c.Accounts, Overdraft: c.Overdraft,
 		Transfers: c.Transfers, Concurrency: c.Concurrency, Retry: c.Retry, Cross: c.Cross, Client: c.Client, Duration: c.Duration, Seed: c.Seed}
 	if c.History != "" {
@@ -504,6 +501,9 @@ func (c *loadCmd) Run(ctx context.Context) error {
 		defer f.Close()
 		cfg.History = f
 	}
+	pctx, stopPlan := context.WithCancel(ctx)
+	planErr := make(chan error, 1)
+	go func() { planErr <- runPlan(pctx) }()
 	res, err := loadgen.Run(ctx, cfg, os.Stdout)
 	stopPlan() // heals the faults in force, skips those not yet due
 	res.Print(os.Stdout)

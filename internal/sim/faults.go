@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"fmt"
+	"sort"
 	"strings"
 	"time"
 
@@ -22,6 +23,9 @@ const (
 	FaultKillNATS   = "kill-nats-ap"
 	FaultCut        = "cut-eu"
 	FaultDegrade    = "degrade-us"
+	// FaultLose loses commands on purpose (Config.LoseCommands); it is
+	// not part of the default schedule.
+	FaultLose = "lose-commands-eu"
 )
 
 // FaultNames are the faults of the schedule, in the order they fire.
@@ -64,6 +68,10 @@ func (s *sim) schedule(d time.Duration) []fault {
 			}
 		}
 	}
+	if s.cfg.LoseCommands {
+		out = append(out, s.loseFault(at(0.65), max(6*time.Second, at(0.10))))
+		sort.SliceStable(out, func(i, j int) bool { return out[i].At < out[j].At })
+	}
 	return out
 }
 
@@ -96,27 +104,15 @@ func (s *sim) wanClient(region string) (*faultproxy.Client, error) {
 	return faultproxy.NewClient(fmt.Sprintf("http://127.0.0.1:%d", r.WANControlPort)), nil
 }
 
-// cutFault cuts eu's WAN link and heals it. With LoseCommands it also
-// purges us's route stream while eu is cut, so the commands for eu that
-// us answered 202 are gone.
+// cutFault cuts eu's WAN link and heals it.
 func (s *sim) cutFault(at, d time.Duration) fault {
-	what := fmt.Sprintf("cut eu's WAN link for %s", d)
-	if s.cfg.LoseCommands {
-		what += ", and purge us's route stream while it is cut (commands lost on purpose)"
-	}
-	return fault{Name: FaultCut, At: at, For: d, What: what,
+	return fault{Name: FaultCut, At: at, For: d, What: fmt.Sprintf("cut eu's WAN link for %s", d),
 		fire: func(ctx context.Context) error {
 			c, err := s.wanClient("eu")
 			if err != nil {
 				return err
 			}
-			if err := c.Cut(ctx); err != nil {
-				return err
-			}
-			if s.cfg.LoseCommands {
-				go s.purgeLater(ctx, "us", d/2)
-			}
-			return nil
+			return c.Cut(ctx)
 		},
 		undo: func(ctx context.Context) error {
 			c, err := s.wanClient("eu")
@@ -125,6 +121,28 @@ func (s *sim) cutFault(at, d time.Duration) fault {
 			}
 			return c.Heal(ctx)
 		},
+	}
+}
+
+// loseFault loses commands on purpose: it kills eu's router, so that
+// the commands eu's API stores in its route stream (and answers 202 once
+// its wait is over) stay there, purges that stream as the router's user
+// halfway through, and starts the router again. The run must end in FAIL
+// and name the lost keys.
+func (s *sim) loseFault(at, d time.Duration) fault {
+	const service = "router-eu"
+	return fault{Name: FaultLose, At: at, For: d,
+		What: fmt.Sprintf("kill -9 %s, purge eu's route stream %s later (commands lost on purpose), restart it %s later", service, d/2, d),
+		fire: func(ctx context.Context) error {
+			p := s.procs.get(service)
+			if p == nil {
+				return fmt.Errorf("no process %s", service)
+			}
+			p.kill9()
+			go s.purgeLater(ctx, "eu", d/2)
+			return nil
+		},
+		undo: func(context.Context) error { return s.procs.get(service).restart() },
 	}
 }
 
@@ -141,7 +159,7 @@ func (s *sim) purgeLater(ctx context.Context, region string, after time.Duration
 		s.logf("fault: purge of %s's route stream failed: %v", region, err)
 		return
 	}
-	s.logf("fault: purged %s's route stream: %d commands waiting for their home region are gone", region, n)
+	s.logf("fault %s: purged %s's route stream: %d commands its router had not forwarded are gone", FaultLose, region, n)
 }
 
 // purgeRoute purges a region's route stream with the credentials of its

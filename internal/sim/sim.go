@@ -52,9 +52,10 @@ type Config struct {
 	Quick bool
 	// Faults are the faults to fire (default: all of FaultNames).
 	Faults []string
-	// LoseCommands purges the route stream of the region that forwards to
-	// a cut link's region while it is cut: commands already answered 202
-	// are lost, and the run must end in FAIL naming them.
+	// LoseCommands adds a fault that loses commands on purpose (FaultLose:
+	// eu's route stream purged while its router is down, so commands its
+	// API already answered 202 are gone); the run must end in FAIL naming
+	// them.
 	LoseCommands bool
 	// Live redraws one status line (a terminal) instead of printing a line
 	// every few seconds.
@@ -151,9 +152,6 @@ func prepare(cfg Config, out io.Writer) (*sim, error) {
 		if !slices.Contains(FaultNames, f) {
 			return nil, fmt.Errorf("sim: unknown fault %q (known: %s)", f, strings.Join(FaultNames, ", "))
 		}
-	}
-	if cfg.LoseCommands && !slices.Contains(cfg.Faults, FaultCut) {
-		return nil, fmt.Errorf("sim: --lose-commands purges commands while a link is cut: it needs the %s fault", FaultCut)
 	}
 	project, err := compose.Load(filepath.Join(cfg.Root, composeFile), compose.AllProfiles)
 	if err != nil {

@@ -136,12 +136,12 @@ func TestCancelFreesEverything(t *testing.T) {
 	}
 }
 
-// TestLoseCommandsFails: a run that purges us's route stream while eu's
-// link is cut loses commands already answered 202; it must end in FAIL
+// TestLoseCommandsFails: a run that purges eu's route stream while its
+// router is down loses commands already answered 202; it must end in FAIL
 // and name the lost keys.
 func TestLoseCommandsFails(t *testing.T) {
 	cfg := needSim(t)
-	cfg.Load, cfg.Faults, cfg.LoseCommands = 16*time.Second, []string{FaultCut}, true
+	cfg.Load, cfg.Faults, cfg.LoseCommands = 16*time.Second, []string{FaultKillAPI}, true
 	out := &lineWriter{}
 	rep, err := Run(context.Background(), cfg, out)
 	if err != nil {
