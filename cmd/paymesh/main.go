@@ -332,7 +332,11 @@ func (c *clientCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 			if db == "" {
 				db = reg.Postgres.Database
 			}
-			missing = append(missing, fmt.Sprintf("region %s: database %s does not exist; create it with `paymesh migrate --region %s --create`", name, db, name))
+			migrate := "paymesh migrate --region " + name
+			if one.Database != "" {
+				migrate += " --database " + one.Database
+			}
+			missing = append(missing, fmt.Sprintf("region %s: database %s does not exist; create it with `%s --create`", name, db, migrate))
 			continue
 		}
 		if err != nil {

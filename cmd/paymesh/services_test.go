@@ -55,7 +55,7 @@ func TestClientOneRegion(t *testing.T) {
 
 	all := &clientCmd{PostgresURL: pgtest.AdminURL(), DBPrefix: prefix, ID: "acme", Rate: 100}
 	err = all.Run(ctx, tab, ids)
-	for _, want := range []string{"region us: database " + prefix + "us does not exist", "paymesh migrate --region us --create",
+	for _, want := range []string{"region us: database " + prefix + "us does not exist", "paymesh migrate --region us --database " + prefix + "us --create",
 		"region ap: database " + prefix + "ap does not exist", "--region eu"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("every region, only eu's database: got %v, want an error with %q", err, want)

@@ -61,8 +61,10 @@ type Config struct {
 	CrossShare float64
 	// Rate caps the transfers sent per second (0: as fast as they go).
 	Rate float64
-	// FixedPorts serves each region's API on its api_port from the region
-	// table (for the walkthrough); otherwise on random ports.
+	// FixedPorts serves each region's API on its api_port and its
+	// services' /metrics on metrics_port, router_metrics_port and
+	// api_metrics_port from the region table (for the walkthrough and a
+	// Prometheus); otherwise on random ports.
 	FixedPorts bool
 	// Faults lists the faults to fire while the transfers are sent (see
 	// FaultNames); each fires once, at an even spread over the run.
@@ -137,10 +139,13 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 	}
 	var names []string
 	addrs := map[string]string{}
+	metricsAddrs := map[string]cluster.MetricsAddrs{}
 	for _, r := range table.Regions {
 		names = append(names, r.Name)
 		if cfg.FixedPorts {
 			addrs[r.Name] = fmt.Sprintf("127.0.0.1:%d", r.APIPort)
+			metricsAddrs[r.Name] = cluster.MetricsAddrs{Ledger: fmt.Sprintf("127.0.0.1:%d", r.MetricsPort),
+				Router: fmt.Sprintf("127.0.0.1:%d", r.RouterMetricsPort), API: fmt.Sprintf("127.0.0.1:%d", r.APIMetricsPort)}
 		}
 	}
 	pgWhere := cfg.PostgresURL
@@ -191,7 +196,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 	dropAck := coin(cfg.DropAck)
 	c, err := cluster.Start(ctx, cluster.Config{
 		Regions: table.Codes(), Topology: topo, PostgresURL: cfg.PostgresURL, DatabasePrefix: cfg.DatabasePrefix,
-		Shards: 8, BatchSize: 128, AckWait: 2 * time.Second, APIWait: 2 * time.Second, APIAddrs: addrs,
+		Shards: 8, BatchSize: 128, AckWait: 2 * time.Second, APIWait: 2 * time.Second, APIAddrs: addrs, MetricsAddrs: metricsAddrs,
 		Inject: coin(cfg.ProducerRetry),
 		DropAck: func(msgs int) bool {
 			if dropAck() {
@@ -218,7 +223,9 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 	fmt.Fprintf(out, "paymesh demo: regions %s on one embedded NATS topology (hub + leafnodes), databases %s<region>\n",
 		strings.Join(names, ", "), cfg.DatabasePrefix)
 	for _, n := range names {
-		fmt.Fprintf(out, "  %s: API %s\n", n, c.Region(n).APIURL)
+		r := c.Region(n)
+		fmt.Fprintf(out, "  %s: API %s\n", n, r.APIURL)
+		fmt.Fprintf(out, "  %s: /metrics ledger %s router %s api %s\n", n, r.LedgerMetricsURL, r.RouterMetricsURL, r.APIMetricsURL)
 	}
 	fmt.Fprintf(out, "  API key of client %q: %s\n", demoClient, apiKey)
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -59,6 +60,11 @@ func TestDemoPasses(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
 		}
+	}
+	// Each region's three /metrics, for a Prometheus to scrape.
+	metrics := regexp.MustCompile(`(?m)^  (eu|us|ap): /metrics ledger http://127\.0\.0\.1:\d+/metrics router http://127\.0\.0\.1:\d+/metrics api http://127\.0\.0\.1:\d+/metrics$`)
+	if got := metrics.FindAllString(out.String(), -1); len(got) != 3 {
+		t.Errorf("got %d lines of /metrics URLs, want one per region:\n%s", len(got), out.String())
 	}
 }
 

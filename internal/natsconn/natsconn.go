@@ -50,8 +50,11 @@ func Connect(ctx context.Context, cfg Config) (*nats.Conn, error) {
 		if err == nil {
 			return nc, nil
 		}
-		if errors.Is(err, nats.ErrAuthorization) || time.Now().Add(retryEvery).After(deadline) {
+		if errors.Is(err, nats.ErrAuthorization) || cfg.Timeout <= 0 {
 			return nil, fmt.Errorf("nats %s: %w", cfg.URL, err)
+		}
+		if time.Now().Add(retryEvery).After(deadline) {
+			return nil, fmt.Errorf("nats %s: not reachable within %s: %w", cfg.URL, cfg.Timeout, err)
 		}
 		if !logged && cfg.Log != nil {
 			cfg.Log.Warn("waiting for nats at "+cfg.URL, "timeout", cfg.Timeout, "err", err)
