@@ -131,7 +131,7 @@ func TestStatus(t *testing.T) {
 	}
 	c.Close()
 	p.Cut()
-	waitFor(t, func() bool { return p.Status().Conns == 0 })
+	faultproxytest.WaitFor(t, func() bool { return p.Status().Conns == 0 })
 	if got := p.Status(); !got.Cut || got.Accepted != 1 {
 		t.Fatalf("after cut: got %+v, want cut with 1 accepted", got)
 	}
@@ -145,16 +145,5 @@ func TestShapeValidate(t *testing.T) {
 	}
 	if err := (faultproxy.Shape{Latency: time.Second, Jitter: time.Millisecond, ResetRate: 3}).Validate(); err != nil {
 		t.Errorf("valid shape: %v", err)
-	}
-}
-
-// waitFor polls cond for up to 5 seconds.
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); !cond(); {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met after 5s")
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
