@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -36,22 +37,8 @@ func TestWANCommand(t *testing.T) {
 	bin := buildPaymesh(t)
 	target := faultproxytest.Echo(t)
 
-	cmd := exec.Command(bin, "wan", "--link", "us", "--listen", "127.0.0.1:0", "--target", target,
+	cmd, start := startWAN(t, bin, nil, "--link", "us", "--listen", "127.0.0.1:0", "--target", target,
 		"--control", "127.0.0.1:0", "--latency", "30ms", "--jitter", "1ms")
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	lines := bufio.NewScanner(stderr)
-	var start string
-	if lines.Scan() {
-		start = lines.Text()
-	}
-	go io.Copy(io.Discard, stderr)
 	m := regexp.MustCompile(`listen=(\S+) target=(\S+) control=(\S+) shape="latency 30ms jitter 1ms reset_rate 0/s"`).FindStringSubmatch(start)
 	if m == nil || m[2] != target {
 		t.Fatalf("start line: got %q, want listen, target %s, control and shape", start, target)
@@ -97,6 +84,13 @@ func TestWANCommand(t *testing.T) {
 		t.Fatal("still running 5s after SIGTERM")
 	}
 
+	// Without --latency the link plays the table's one-way delay of the
+	// region's link; the environment sets the flags as well.
+	_, start = startWAN(t, bin, []string{"PAYMESH_WAN_LINK=eu", "PAYMESH_WAN_LISTEN=127.0.0.1:0", "PAYMESH_WAN_CONTROL=off", "PAYMESH_WAN_RESET_RATE=0.5"})
+	if want := `link=eu listen=127.0.0.1:`; !strings.Contains(start, want) || !strings.Contains(start, `control=off shape="latency 37.5ms jitter 0s reset_rate 0.5/s"`) {
+		t.Fatalf("start line from the environment: got %q, want eu's link with the table's 37.5ms and reset rate 0.5", start)
+	}
+
 	for name, tt := range map[string]struct {
 		args []string
 		want string
@@ -112,11 +106,37 @@ func TestWANCommand(t *testing.T) {
 			if name == "NoListen" {
 				args = []string{"wan"}
 			}
-			out, err := exec.Command(bin, args...).CombinedOutput()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			out, err := exec.CommandContext(ctx, bin, args...).CombinedOutput()
 			var ee *exec.ExitError
 			if !errors.As(err, &ee) || ee.ExitCode() == 0 || !strings.Contains(string(out), tt.want) {
 				t.Fatalf("got %v:\n%s\nwant a non-zero exit and %q", err, out, tt.want)
 			}
 		})
 	}
+}
+
+// startWAN starts `paymesh wan` with args and extra environment, and
+// returns the process and its first log line. The process is killed at
+// cleanup.
+func startWAN(t *testing.T, bin string, env []string, args ...string) (*exec.Cmd, string) {
+	t.Helper()
+	cmd := exec.Command(bin, append([]string{"wan"}, args...)...)
+	cmd.Env = append(os.Environ(), env...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	lines := bufio.NewScanner(stderr)
+	var start string
+	if lines.Scan() {
+		start = lines.Text()
+	}
+	go io.Copy(io.Discard, stderr)
+	return cmd, start
 }

@@ -172,7 +172,8 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 		return Report{}, err
 	}
 	defer os.RemoveAll(dir)
-	topts := natsembed.TopologyOptions{Regions: names, Dir: dir}
+	// With Stay the links serve their control API, for paymesh load --faults.
+	topts := natsembed.TopologyOptions{Regions: names, Dir: dir, LinkControl: cfg.Stay}
 	if cfg.WAN {
 		topts.Links = wanLinks(table)
 		fmt.Fprintf(out, "WAN latency on the links to the hub (one way): %s\n", describeLinks(names, topts.Links))
@@ -282,12 +283,21 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 	if cfg.Stay {
 		rep.Print(out)
 		fmt.Fprintf(out, "\nThe regions keep running (Ctrl-C to stop). Try:\n  export PAYMESH_API_KEY=%s\n  go run ./cmd/paymesh accounts create --currency EUR\n", apiKey)
+		links := make([]string, len(names))
+		for i, n := range names {
+			links[i] = n + "=" + topo.LinkControlURL(n)
+		}
+		fmt.Fprintf(out, "  go run ./cmd/paymesh load --overdraft %d --faults default --wan %s   # load with WAN link faults\n", demoOverdraft, strings.Join(links, ","))
 		<-ctx.Done()
 	}
 	return rep, nil
 }
 
 const demoClient = "demo"
+
+// demoOverdraft is the largest overdraft the demo's client may give an
+// account.
+const demoOverdraft = 100_000
 
 // httpAttempts is how many times the demo's clients send a request that
 // gets 409, 429 or 5xx (with the server's Retry-After, about 20 s in all).
@@ -301,7 +311,7 @@ func registerClient(ctx context.Context, c *cluster.Cluster) (string, error) {
 	}
 	key := "pm_demo_" + hex.EncodeToString(b)
 	for _, s := range c.Stores() {
-		if err := s.PutClient(ctx, postgres.Client{ID: demoClient, Name: "demo", RatePerSec: 100_000, MaxOverdraft: 100_000}, key); err != nil {
+		if err := s.PutClient(ctx, postgres.Client{ID: demoClient, Name: "demo", RatePerSec: 100_000, MaxOverdraft: demoOverdraft}, key); err != nil {
 			return "", err
 		}
 	}

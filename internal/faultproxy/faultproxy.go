@@ -254,11 +254,11 @@ func (p *Proxy) relay(l *link, from, to net.Conn, upstream bool) {
 	go p.deliver(l, from, to, q, writerDone)
 	defer close(q)
 	var last time.Time
+	buf := make([]byte, chunkSize)
 	for {
-		buf := make([]byte, chunkSize)
 		n, err := from.Read(buf)
 		if n > 0 {
-			c := chunk{data: buf[:n]}
+			c := chunk{data: bytes.Clone(buf[:n])} // buf is read into again while c waits
 			if upstream {
 				c.after = p.check(c.data)
 			}

@@ -47,7 +47,7 @@ func wantClosed(t *testing.T, c net.Conn) {
 	}
 }
 
-func dial(t *testing.T, addr string) net.Conn {
+func dial(t testing.TB, addr string) net.Conn {
 	t.Helper()
 	c, err := net.Dial("tcp", addr)
 	if err != nil {

@@ -2,8 +2,10 @@ package faultproxy_test
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strconv"
 	"syscall"
@@ -31,30 +33,26 @@ func TestLatencyRoundTrip(t *testing.T) {
 	}
 }
 
-// TestLatencyIsADelayLine sends a line every 10 ms for 400 ms through a
-// link of 100 ms: a delay line answers them all about 200 ms after the last
-// one; a proxy that slept the latency per chunk would take 40 × 200 ms.
+// TestLatencyIsADelayLine sends 4 MiB each way through a link of 50 ms: a
+// delay line carries it in about the latency plus the copying; a proxy that
+// slept the latency per chunk read (32 KiB) would take 128 × 2 × 50 ms.
 func TestLatencyIsADelayLine(t *testing.T) {
 	p := newProxy(t, faultproxytest.Echo(t))
-	p.SetShape(faultproxy.Shape{Latency: 100 * time.Millisecond})
+	p.SetShape(faultproxy.Shape{Latency: 50 * time.Millisecond})
 	c := dial(t, p.Addr())
-	const lines = 40
+	data := bytes.Repeat([]byte("0123456789abcdef"), 4<<20/16)
 	start := time.Now()
-	go func() {
-		for i := range lines {
-			fmt.Fprintf(c, "%d\n", i)
-			time.Sleep(10 * time.Millisecond)
-		}
-	}()
-	c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	r := bufio.NewReader(c)
-	for i := range lines {
-		if _, err := r.ReadString('\n'); err != nil {
-			t.Fatalf("line %d: %v", i, err)
-		}
+	go c.Write(data)
+	c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	got := make([]byte, len(data))
+	if _, err := io.ReadFull(c, got); err != nil {
+		t.Fatal(err)
 	}
-	if took := time.Since(start); took > 2*time.Second {
-		t.Fatalf("%d lines 10 ms apart took %s through a 100 ms link, want well under 2s", lines, took)
+	if !bytes.Equal(got, data) {
+		t.Fatal("echoed bytes differ")
+	}
+	if took := time.Since(start); took > 3*time.Second {
+		t.Fatalf("4 MiB through a 50 ms link took %s, want well under 3s: the latency must not cap throughput", took)
 	}
 }
 
@@ -133,7 +131,7 @@ func TestStatus(t *testing.T) {
 	}
 	c.Close()
 	p.Cut()
-	waitFor(t, func() bool { return p.Status().Conns == 0 })
+	faultproxytest.WaitFor(t, func() bool { return p.Status().Conns == 0 })
 	if got := p.Status(); !got.Cut || got.Accepted != 1 {
 		t.Fatalf("after cut: got %+v, want cut with 1 accepted", got)
 	}
@@ -147,16 +145,5 @@ func TestShapeValidate(t *testing.T) {
 	}
 	if err := (faultproxy.Shape{Latency: time.Second, Jitter: time.Millisecond, ResetRate: 3}).Validate(); err != nil {
 		t.Errorf("valid shape: %v", err)
-	}
-}
-
-// waitFor polls cond for up to 5 seconds.
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); !cond(); {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met after 5s")
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -104,9 +104,9 @@ func TestRunPlan(t *testing.T) {
 	go func() {
 		done <- loadgen.RunPlan(context.Background(), plan, map[string]*faultproxy.Client{"eu": euCtl, "us": usCtl}, &out)
 	}()
-	waitFor(t, func() bool { return eu.Status().Cut })
+	faultproxytest.WaitFor(t, func() bool { return eu.Status().Cut })
 	degraded := faultproxy.Shape{Latency: 20 * time.Millisecond, Jitter: time.Millisecond, ResetRate: 2}
-	waitFor(t, func() bool { return us.Shape() == degraded })
+	faultproxytest.WaitFor(t, func() bool { return us.Shape() == degraded })
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +132,7 @@ func TestRunPlan(t *testing.T) {
 	go func() {
 		done <- loadgen.RunPlan(ctx, plan, map[string]*faultproxy.Client{"eu": euCtl, "us": usCtl}, &out)
 	}()
-	waitFor(t, func() bool { return eu.Status().Cut })
+	faultproxytest.WaitFor(t, func() bool { return eu.Status().Cut })
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -151,15 +151,5 @@ func TestRunPlan(t *testing.T) {
 		map[string]*faultproxy.Client{"eu": faultproxy.NewClient("http://127.0.0.1:1")}, &out)
 	if err == nil || !strings.Contains(err.Error(), "fault cut-eu@0s+1ms: fire") {
 		t.Fatalf("unreachable control API: got %v", err)
-	}
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); !cond(); {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met after 5s")
-		}
-		time.Sleep(2 * time.Millisecond)
 	}
 }

@@ -1,11 +1,12 @@
 // Package faultproxytest holds what tests of links need next to a
-// faultproxy: an echo server to relay to.
+// faultproxy: an echo server to relay to, and a wait for a condition.
 package faultproxytest
 
 import (
 	"io"
 	"net"
 	"testing"
+	"time"
 )
 
 // Echo listens on a random loopback port and echoes every connection's
@@ -31,4 +32,16 @@ func Echo(tb testing.TB) string {
 		}
 	}()
 	return ln.Addr().String()
+}
+
+// WaitFor polls cond until it holds, and fails tb if it still does not
+// after 5 seconds.
+func WaitFor(tb testing.TB, cond func() bool) {
+	tb.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !cond(); {
+		if time.Now().After(deadline) {
+			tb.Fatal("condition not met after 5s")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
 }
