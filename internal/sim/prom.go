@@ -116,11 +116,16 @@ func (s *sim) pollAlertsOnce(ctx context.Context) {
 		k := alertKey(a)
 		now[k] = true
 		if s.alerts.seen[k] == nil {
-			s.alerts.seen[k] = &AlertSeen{Name: a.Name, Labels: a.Labels, Fired: true}
+			s.alerts.seen[k] = &AlertSeen{Name: a.Name, Labels: a.Labels, Fired: true, FiredAt: time.Now()}
 		}
 	}
 	for k, a := range s.alerts.seen {
-		a.Cleared = !now[k]
+		switch {
+		case now[k]:
+			a.Cleared, a.ClearedAt = false, time.Time{}
+		case !a.Cleared:
+			a.Cleared, a.ClearedAt = true, time.Now()
+		}
 	}
 	s.alerts.firing = now
 }
@@ -261,7 +266,7 @@ func (s *sim) rates(ctx context.Context, loadStart time.Time, degraded [2]time.T
 // for the duplicate-rate alert to clear when the degraded link ran, and
 // checks every dashboard panel query.
 func (s *sim) observe(ctx context.Context, rep *Report, since time.Time) error {
-	if slices.Contains(rep.Fired, FaultDegrade) && !s.cfg.Quick {
+	if slices.Contains(rep.Fired, FaultDegrade) {
 		rep.WantAlert = duplicateAlert
 		s.mu.Lock()
 		settled := s.degraded[1].Add(routerAckWait + alertWindow)
@@ -288,6 +293,7 @@ func (s *sim) observe(ctx context.Context, rep *Report, since time.Time) error {
 	s.mu.Lock()
 	degraded := s.degraded
 	s.mu.Unlock()
+	rep.DegradedFrom, rep.DegradedTo = degraded[0], degraded[1]
 	if rep.DuplicateRate, err = s.rates(ctx, since, degraded); err != nil {
 		return fmt.Errorf("sim: %w", err)
 	}

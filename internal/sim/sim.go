@@ -312,7 +312,7 @@ func (s *sim) run(ctx context.Context) (*Report, error) {
 		return nil, err
 	}
 	fs := s.schedule(s.cfg.Load)
-	rep := &Report{RunDir: s.dir, Quick: s.cfg.Quick}
+	rep := &Report{RunDir: s.dir}
 	for _, f := range fs {
 		rep.Scheduled = append(rep.Scheduled, f.Name)
 	}
