@@ -1,4 +1,6 @@
-# One image for every paymesh service: `paymesh ledger`, `paymesh verify`, ...
+# One image for every paymesh service of docker-compose.yml: `paymesh ledger`,
+# `router`, `api`, `wan`, `verify`, `client`, `load` (deploy/regions/compose_test.go
+# checks that it builds ./cmd/paymesh with the Go of go.mod).
 FROM golang:1.26-bookworm AS build
 WORKDIR /src
 COPY go.mod go.sum ./

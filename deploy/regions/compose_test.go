@@ -2,180 +2,86 @@ package regions_test
 
 import (
 	"fmt"
+	"net"
+	"net/http"
 	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
 	"slices"
+	"sort"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
-	"go.yaml.in/yaml/v3"
+	"github.com/nats-io/nats-server/v2/server"
+	"golang.org/x/mod/modfile"
 
 	"github.com/paymesh/paymesh/deploy/regions"
+	"github.com/paymesh/paymesh/internal/compose"
 	"github.com/paymesh/paymesh/internal/natsauth"
+	"github.com/paymesh/paymesh/internal/pgtest"
 )
 
-type composeService struct {
-	Image       string            `yaml:"image"`
-	Command     []string          `yaml:"command"`
-	Volumes     []string          `yaml:"volumes"`
-	Ports       []string          `yaml:"ports"`
-	Environment map[string]string `yaml:"environment"`
-	DependsOn   dependsOn         `yaml:"depends_on"`
-}
+// repoRoot is the directory of docker-compose.yml, from which its relative
+// paths start.
+const repoRoot = "../.."
 
-// dependsOn reads depends_on in its list or its map form.
-type dependsOn []string
-
-func (d *dependsOn) UnmarshalYAML(n *yaml.Node) error {
-	if n.Kind == yaml.MappingNode {
-		for i := 0; i < len(n.Content); i += 2 {
-			*d = append(*d, n.Content[i].Value)
-		}
-		return nil
+// loadCompose loads docker-compose.yml with the compose specification's
+// loader, every profile enabled.
+func loadCompose(t *testing.T) *compose.Project {
+	t.Helper()
+	p, err := compose.Load(filepath.Join(repoRoot, "docker-compose.yml"), compose.AllProfiles)
+	if err != nil {
+		t.Fatal(err)
 	}
-	var l []string
-	err := n.Decode(&l)
-	*d = l
-	return err
+	return p
 }
 
-// TestComposeMatchesRegions checks docker-compose.yml against the region
-// table: every region has its nats, postgres, ledger, router and verify services,
-// with the table's ports, database and names (the ledger, router and API
-// each publish /metrics on their port of the table), and no service belongs to a
-// region the table does not know. The services outside the regions are the
-// load profile's, the observability stack (observability_test.go) and the
-// leafnode hub nats-hub; every region's nats service runs from its config in
-// deploy/regions/nats and depends on the hub; every ledger, router and API
-// logs in to its region's server as its own user (internal/natsauth).
-func TestComposeMatchesRegions(t *testing.T) {
-	compose := loadCompose(t)
+// mustTable returns the region table of regions.yaml.
+func mustTable(t *testing.T) regions.Table {
+	t.Helper()
 	tab, err := regions.Default()
 	if err != nil {
 		t.Fatal(err)
 	}
-	hub, ok := compose.Services[hubService]
-	if !ok {
-		t.Errorf("no service %s", hubService)
-	}
-	if want := natsCommand("hub"); !slices.Equal(hub.Command, want) {
-		t.Errorf("%s: command %v, want %v", hubService, hub.Command, want)
-	}
-	if want := natsVolume("hub"); !slices.Contains(hub.Volumes, want) {
-		t.Errorf("%s: volumes %v, want %s", hubService, hub.Volumes, want)
-	}
-	for name := range compose.Services {
-		if name == hubService || name == "setup" || name == "loadgen" || slices.Contains(observabilityServices, name) {
-			continue
-		}
-		i := strings.LastIndex(name, "-")
-		if _, ok := tab.Get(name[i+1:]); i < 0 || !ok {
-			t.Errorf("service %s does not belong to a region of regions.yaml", name)
-		}
-	}
-	// The load profile reaches every region: setup writes the client to each
-	// region's Postgres, loadgen calls each region's API.
-	setup, load := compose.Services["setup"], compose.Services["loadgen"]
-	for _, r := range tab.Regions {
-		pg := fmt.Sprintf("%s=postgres://postgres@postgres-%s:5432/", r.Name, r.Name)
-		if !strings.Contains(setup.Environment["PAYMESH_POSTGRES_URLS"], pg) {
-			t.Errorf("setup: PAYMESH_POSTGRES_URLS %q lacks %s", setup.Environment["PAYMESH_POSTGRES_URLS"], pg)
-		}
-		apiURL := fmt.Sprintf("%s=http://api-%s:%d", r.Name, r.Name, r.APIPort)
-		if !slices.Contains(strings.Split(load.Environment["PAYMESH_LOAD_APIS"], ","), apiURL) {
-			t.Errorf("loadgen: PAYMESH_LOAD_APIS %q lacks %s", load.Environment["PAYMESH_LOAD_APIS"], apiURL)
-		}
-	}
-	if setup.Environment["PAYMESH_CLIENT_KEY"] == "" || setup.Environment["PAYMESH_CLIENT_KEY"] != load.Environment["PAYMESH_API_KEY"] {
-		t.Errorf("setup registers key %q, loadgen uses %q", setup.Environment["PAYMESH_CLIENT_KEY"], load.Environment["PAYMESH_API_KEY"])
-	}
-	for _, r := range tab.Regions {
-		svc := func(kind string) composeService {
-			s, ok := compose.Services[kind+"-"+r.Name]
-			if !ok {
-				t.Errorf("region %s: no service %s-%s", r.Name, kind, r.Name)
-			}
-			return s
-		}
-		natsSvc, pg, ledger, verify, rt, apiSvc := svc("nats"), svc("postgres"), svc("ledger"), svc("verify"), svc("router"), svc("api")
+	return tab
+}
 
-		for _, p := range []string{fmt.Sprintf("%d:4222", r.NATS.ClientPort), fmt.Sprintf("%d:8222", r.NATS.MonitorPort)} {
-			if !slices.Contains(natsSvc.Ports, p) {
-				t.Errorf("nats-%s: ports %v, want %s", r.Name, natsSvc.Ports, p)
-			}
-		}
-		if got := pg.Environment["POSTGRES_DB"]; got != r.Postgres.Database {
-			t.Errorf("postgres-%s: POSTGRES_DB %q, want %q", r.Name, got, r.Postgres.Database)
-		}
-		if p := fmt.Sprintf("%d:5432", r.Postgres.Port); !slices.Contains(pg.Ports, p) {
-			t.Errorf("postgres-%s: ports %v, want %s", r.Name, pg.Ports, p)
-		}
-		for name, s := range map[string]composeService{"ledger": ledger, "verify": verify, "router": rt, "api": apiSvc} {
-			env := s.Environment
-			if env["PAYMESH_REGION"] != r.Name || env["PAYMESH_DATABASE"] != r.Postgres.Database {
-				t.Errorf("%s-%s: region %q database %q, want %q %q", name, r.Name, env["PAYMESH_REGION"], env["PAYMESH_DATABASE"], r.Name, r.Postgres.Database)
-			}
-			u, err := url.Parse(env["PAYMESH_POSTGRES_URL"])
-			if err != nil || u.Hostname() != "postgres-"+r.Name {
-				t.Errorf("%s-%s: PAYMESH_POSTGRES_URL %q, want host postgres-%s", name, r.Name, env["PAYMESH_POSTGRES_URL"], r.Name)
-			}
-			if !slices.Contains(s.DependsOn, "postgres-"+r.Name) {
-				t.Errorf("%s-%s: depends_on %v, want postgres-%s", name, r.Name, s.DependsOn, r.Name)
-			}
-		}
-		for name, s := range map[string]composeService{natsauth.Ledger: ledger, natsauth.Router: rt, natsauth.API: apiSvc} {
-			if got, want := s.Environment["PAYMESH_NATS_URL"], "nats://nats-"+r.Name+":4222"; got != want {
-				t.Errorf("%s-%s: PAYMESH_NATS_URL %q, want %q", name, r.Name, got, want)
-			}
-			// Each service logs in as its own user of deploy/regions/nats.
-			u, err := natsauth.UserOf(r.Name, name)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got := s.Environment["PAYMESH_NATS_USER"]; got != u.Name || s.Environment["PAYMESH_NATS_PASSWORD"] != u.Password {
-				t.Errorf("%s-%s: PAYMESH_NATS_USER %q with PAYMESH_NATS_PASSWORD %q, want %s with its password",
-					name, r.Name, got, s.Environment["PAYMESH_NATS_PASSWORD"], u.Name)
-			}
-		}
-		if p := fmt.Sprintf("%d:%d", r.APIPort, r.APIPort); !slices.Contains(apiSvc.Ports, p) || apiSvc.Environment["PAYMESH_API_LISTEN"] != fmt.Sprintf("0.0.0.0:%d", r.APIPort) {
-			t.Errorf("api-%s: ports %v listen %q, want %s", r.Name, apiSvc.Ports, apiSvc.Environment["PAYMESH_API_LISTEN"], p)
-		}
-		for _, e := range metricsEndpoints(r) {
-			s := compose.Services[e.Service]
-			if p := fmt.Sprintf("%d:%d", e.Port, e.Port); !slices.Contains(s.Ports, p) || s.Environment[e.Env] != fmt.Sprintf("0.0.0.0:%d", e.Port) {
-				t.Errorf("%s: ports %v %s %q, want %s", e.Service, s.Ports, e.Env, s.Environment[e.Env], p)
-			}
-		}
-		if !slices.Equal(rt.Command, []string{"router"}) {
-			t.Errorf("router-%s: command %v, want [router]", r.Name, rt.Command)
-		}
-		if want := natsCommand(r.Name); !slices.Equal(natsSvc.Command, want) {
-			t.Errorf("nats-%s: command %v, want %v", r.Name, natsSvc.Command, want)
-		}
-		if want := natsVolume(r.Name); !slices.Contains(natsSvc.Volumes, want) {
-			t.Errorf("nats-%s: volumes %v, want %s", r.Name, natsSvc.Volumes, want)
-		}
-		if !slices.Contains(natsSvc.DependsOn, hubService) {
-			t.Errorf("nats-%s: depends_on %v, want %s", r.Name, natsSvc.DependsOn, hubService)
-		}
-		if natsSvc.Image != hub.Image {
-			t.Errorf("nats-%s: image %q, want the hub's %q", r.Name, natsSvc.Image, hub.Image)
-		}
-		if !slices.Equal(ledger.Command, []string{"ledger"}) || !slices.Equal(verify.Command, []string{"verify"}) {
-			t.Errorf("region %s: ledger command %v, verify command %v", r.Name, ledger.Command, verify.Command)
-		}
+// service returns a compose service, failing the test when there is none.
+func service(t *testing.T, p *compose.Project, name string) compose.Service {
+	t.Helper()
+	s, err := p.Service(name)
+	if err != nil {
+		t.Fatal(err)
 	}
+	return s
 }
 
 // hubService is the compose service of the leafnode hub.
 const hubService = "nats-hub"
 
+// The services outside the regions besides the hub and the observability
+// stack (observability_test.go): the load profile's.
+var loadServices = []string{"setup", "loadgen"}
+
 // natsCommand is the command of the nats service that runs config name
 // (a region or "hub").
-func natsCommand(name string) []string { return []string{"-c", "/etc/nats/" + name + ".conf"} }
+func natsCommand(name string) []string { return []string{"-c", natsConfTarget(name)} }
 
-// natsVolume mounts config name read-only where natsCommand expects it.
-func natsVolume(name string) string {
-	return "./deploy/regions/nats/" + name + ".conf:/etc/nats/" + name + ".conf:ro"
+// natsConfTarget is where a nats service finds config name.
+func natsConfTarget(name string) string { return "/etc/nats/" + name + ".conf" }
+
+// checkNATSMount: the nats service mounts deploy/regions/nats/<name>.conf
+// read-only where natsCommand expects it.
+func checkNATSMount(t *testing.T, p *compose.Project, svc, name string) {
+	t.Helper()
+	want := "deploy/regions/nats/" + name + ".conf"
+	if got, ro := mountedFile(t, p, svc, natsConfTarget(name)); got != want || !ro {
+		t.Errorf("%s: mounts %s (read-only %v) at %s, want %s read-only", svc, got, ro, natsConfTarget(name), want)
+	}
 }
 
 // metricsEndpoint is where one paymesh service of a region serves /metrics:
@@ -192,5 +98,534 @@ func metricsEndpoints(r regions.Region) []metricsEndpoint {
 		{"ledger-" + r.Name, "PAYMESH_METRICS_LISTEN", r.MetricsPort},
 		{"router-" + r.Name, "PAYMESH_ROUTER_METRICS_LISTEN", r.RouterMetricsPort},
 		{"api-" + r.Name, "PAYMESH_API_METRICS_LISTEN", r.APIMetricsPort},
+	}
+}
+
+// ports returns a service's published ports as "host:container", sorted.
+func ports(s compose.Service) []string {
+	out := []string{}
+	for _, p := range s.Ports {
+		out = append(out, p.String())
+	}
+	sort.Strings(out)
+	return out
+}
+
+// TestComposeMatchesRegions checks docker-compose.yml against the region
+// table: every region has its nats, wan, postgres, ledger, router, api and
+// verify services, with the table's ports, database and names (the ledger,
+// router and API each publish /metrics on their port of the table), and no
+// service belongs to a region the table does not know. The services outside
+// the regions are the load profile's, the observability stack
+// (observability_test.go) and the leafnode hub nats-hub; every region's
+// nats service runs from its config in deploy/regions/nats and depends on
+// its WAN link to the hub; every ledger, router and API logs in to its
+// region's server as its own user (internal/natsauth).
+func TestComposeMatchesRegions(t *testing.T) {
+	p := loadCompose(t)
+	tab := mustTable(t)
+	hub := service(t, p, hubService)
+	if want := natsCommand("hub"); !slices.Equal(hub.Command, want) {
+		t.Errorf("%s: command %v, want %v", hubService, hub.Command, want)
+	}
+	checkNATSMount(t, p, hubService, "hub")
+	for name := range p.Services {
+		if name == hubService || slices.Contains(loadServices, name) || slices.Contains(observabilityServices, name) {
+			continue
+		}
+		i := strings.LastIndex(name, "-")
+		if _, ok := tab.Get(name[i+1:]); i < 0 || !ok {
+			t.Errorf("service %s does not belong to a region of regions.yaml", name)
+		}
+	}
+	// The load profile reaches every region: setup writes the client to each
+	// region's Postgres, loadgen calls each region's API.
+	setup, load := service(t, p, "setup"), service(t, p, "loadgen")
+	for _, r := range tab.Regions {
+		pg := fmt.Sprintf("%s=postgres://postgres@postgres-%s:5432/", r.Name, r.Name)
+		if !strings.Contains(setup.Environment["PAYMESH_POSTGRES_URLS"], pg) {
+			t.Errorf("setup: PAYMESH_POSTGRES_URLS %q lacks %s", setup.Environment["PAYMESH_POSTGRES_URLS"], pg)
+		}
+		apiURL := fmt.Sprintf("%s=http://api-%s:%d", r.Name, r.Name, r.APIPort)
+		if !slices.Contains(strings.Split(load.Environment["PAYMESH_LOAD_APIS"], ","), apiURL) {
+			t.Errorf("loadgen: PAYMESH_LOAD_APIS %q lacks %s", load.Environment["PAYMESH_LOAD_APIS"], apiURL)
+		}
+	}
+	if setup.Environment["PAYMESH_CLIENT_KEY"] == "" || setup.Environment["PAYMESH_CLIENT_KEY"] != load.Environment["PAYMESH_API_KEY"] {
+		t.Errorf("setup registers key %q, loadgen uses %q", setup.Environment["PAYMESH_CLIENT_KEY"], load.Environment["PAYMESH_API_KEY"])
+	}
+	for _, r := range tab.Regions {
+		svc := func(kind string) compose.Service { return service(t, p, kind+"-"+r.Name) }
+		natsSvc, pg, ledger, verify, rt, apiSvc := svc("nats"), svc("postgres"), svc("ledger"), svc("verify"), svc("router"), svc("api")
+
+		if c, m := natsSvc.Ports, []compose.Port{{Host: r.NATS.ClientPort, Container: 4222, Protocol: "tcp"}, {Host: r.NATS.MonitorPort, Container: 8222, Protocol: "tcp"}}; !slices.Equal(c, m) {
+			t.Errorf("nats-%s: ports %v, want %v", r.Name, c, m)
+		}
+		if got := pg.Environment["POSTGRES_DB"]; got != r.Postgres.Database {
+			t.Errorf("postgres-%s: POSTGRES_DB %q, want %q", r.Name, got, r.Postgres.Database)
+		}
+		if got, want := ports(pg), []string{fmt.Sprintf("%d:5432", r.Postgres.Port)}; !slices.Equal(got, want) {
+			t.Errorf("postgres-%s: ports %v, want %v", r.Name, got, want)
+		}
+		for name, s := range map[string]compose.Service{"ledger": ledger, "verify": verify, "router": rt, "api": apiSvc} {
+			env := s.Environment
+			if env["PAYMESH_REGION"] != r.Name || env["PAYMESH_DATABASE"] != r.Postgres.Database {
+				t.Errorf("%s-%s: region %q database %q, want %q %q", name, r.Name, env["PAYMESH_REGION"], env["PAYMESH_DATABASE"], r.Name, r.Postgres.Database)
+			}
+			u, err := url.Parse(env["PAYMESH_POSTGRES_URL"])
+			if err != nil || u.Hostname() != "postgres-"+r.Name {
+				t.Errorf("%s-%s: PAYMESH_POSTGRES_URL %q, want host postgres-%s", name, r.Name, env["PAYMESH_POSTGRES_URL"], r.Name)
+			}
+			if _, ok := s.DependsOn["postgres-"+r.Name]; !ok {
+				t.Errorf("%s-%s: depends_on %v, want postgres-%s", name, r.Name, s.DependsOn, r.Name)
+			}
+			if !s.Build {
+				t.Errorf("%s-%s: image %q, want the paymesh image built from the Dockerfile", name, r.Name, s.Image)
+			}
+		}
+		for name, s := range map[string]compose.Service{natsauth.Ledger: ledger, natsauth.Router: rt, natsauth.API: apiSvc} {
+			if got, want := s.Environment["PAYMESH_NATS_URL"], "nats://nats-"+r.Name+":4222"; got != want {
+				t.Errorf("%s-%s: PAYMESH_NATS_URL %q, want %q", name, r.Name, got, want)
+			}
+			// Each service logs in as its own user of deploy/regions/nats.
+			u, err := natsauth.UserOf(r.Name, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := s.Environment["PAYMESH_NATS_USER"]; got != u.Name || s.Environment["PAYMESH_NATS_PASSWORD"] != u.Password {
+				t.Errorf("%s-%s: PAYMESH_NATS_USER %q with PAYMESH_NATS_PASSWORD %q, want %s with its password",
+					name, r.Name, got, s.Environment["PAYMESH_NATS_PASSWORD"], u.Name)
+			}
+		}
+		if hp, ok := apiSvc.Published(r.APIPort); !ok || hp != r.APIPort || apiSvc.Environment["PAYMESH_API_LISTEN"] != fmt.Sprintf("0.0.0.0:%d", r.APIPort) {
+			t.Errorf("api-%s: ports %v listen %q, want %d:%d", r.Name, ports(apiSvc), apiSvc.Environment["PAYMESH_API_LISTEN"], r.APIPort, r.APIPort)
+		}
+		for _, e := range metricsEndpoints(r) {
+			s := service(t, p, e.Service)
+			if hp, ok := s.Published(e.Port); !ok || hp != e.Port || s.Environment[e.Env] != fmt.Sprintf("0.0.0.0:%d", e.Port) {
+				t.Errorf("%s: ports %v %s %q, want %d:%d", e.Service, ports(s), e.Env, s.Environment[e.Env], e.Port, e.Port)
+			}
+		}
+		if !slices.Equal(rt.Command, []string{"router"}) || !slices.Equal(apiSvc.Command, []string{"api"}) {
+			t.Errorf("region %s: router command %v, api command %v", r.Name, rt.Command, apiSvc.Command)
+		}
+		if want := natsCommand(r.Name); !slices.Equal(natsSvc.Command, want) {
+			t.Errorf("nats-%s: command %v, want %v", r.Name, natsSvc.Command, want)
+		}
+		checkNATSMount(t, p, "nats-"+r.Name, r.Name)
+		if _, ok := natsSvc.DependsOn["wan-"+r.Name]; !ok {
+			t.Errorf("nats-%s: depends_on %v, want its WAN link wan-%s", r.Name, natsSvc.DependsOn, r.Name)
+		}
+		if natsSvc.Image != hub.Image {
+			t.Errorf("nats-%s: image %q, want the hub's %q", r.Name, natsSvc.Image, hub.Image)
+		}
+		if pg.Image != service(t, p, "postgres-"+tab.Regions[0].Name).Image {
+			t.Errorf("postgres-%s: image %q, want the same as every region's", r.Name, pg.Image)
+		}
+		if !slices.Equal(ledger.Command, []string{"ledger"}) || !slices.Equal(verify.Command, []string{"verify"}) {
+			t.Errorf("region %s: ledger command %v, verify command %v", r.Name, ledger.Command, verify.Command)
+		}
+	}
+}
+
+// TestComposeWANLinks: every region's nats-server joins the hub through
+// its WAN link wan-<region>, a `paymesh wan` of the paymesh image that
+// listens on the hub's leaf port, forwards to nats-hub, takes its default
+// latency from the region's link, and publishes its control API on the
+// region's wan_control_port; loadgen applies its fault plan through those
+// control APIs.
+func TestComposeWANLinks(t *testing.T) {
+	p := loadCompose(t)
+	tab := mustTable(t)
+	load := service(t, p, "loadgen")
+	if i := slices.Index(load.Command, "--faults"); i < 0 || i+1 >= len(load.Command) || load.Command[i+1] != "default" {
+		t.Errorf("loadgen: command %v, want --faults default", load.Command)
+	}
+	for _, r := range tab.Regions {
+		name := "wan-" + r.Name
+		w := service(t, p, name)
+		if !w.Build || !slices.Equal(w.Command, []string{"wan"}) {
+			t.Errorf("%s: built %v, command %v; want the paymesh image running [wan]", name, w.Build, w.Command)
+		}
+		want := map[string]string{
+			"PAYMESH_WAN_LINK":    r.Name,
+			"PAYMESH_WAN_LISTEN":  fmt.Sprintf("0.0.0.0:%d", tab.Hub.LeafPort),
+			"PAYMESH_WAN_TARGET":  fmt.Sprintf("%s:%d", hubService, tab.Hub.LeafPort),
+			"PAYMESH_WAN_CONTROL": fmt.Sprintf("0.0.0.0:%d", r.WANControlPort),
+		}
+		for k, v := range want {
+			if w.Environment[k] != v {
+				t.Errorf("%s: %s %q, want %q", name, k, w.Environment[k], v)
+			}
+		}
+		if got, want := ports(w), []string{fmt.Sprintf("%d:%d", r.WANControlPort, r.WANControlPort)}; !slices.Equal(got, want) {
+			t.Errorf("%s: ports %v, want exactly %v (regions.yaml's wan_control_port)", name, got, want)
+		}
+		if _, ok := w.DependsOn[hubService]; !ok {
+			t.Errorf("%s: depends_on %v, want %s", name, w.DependsOn, hubService)
+		}
+		ctl := fmt.Sprintf("%s=http://%s:%d", r.Name, name, r.WANControlPort)
+		if !slices.Contains(strings.Split(load.Environment["PAYMESH_LOAD_WAN"], ","), ctl) {
+			t.Errorf("loadgen: PAYMESH_LOAD_WAN %q lacks %s", load.Environment["PAYMESH_LOAD_WAN"], ctl)
+		}
+		if _, ok := load.DependsOn[name]; !ok {
+			t.Errorf("loadgen: depends_on %v, want %s", load.DependsOn, name)
+		}
+	}
+}
+
+// TestComposePortsFromRegions: every service of a region publishes only
+// ports of that region in regions.yaml, on the same port inside the
+// container when the service is paymesh's (its listen address); the hub
+// publishes only its own (its monitor port as hub.monitor_port); the
+// services outside the regions publish no port of the table.
+func TestComposePortsFromRegions(t *testing.T) {
+	p := loadCompose(t)
+	tab := mustTable(t)
+	owner := map[int]string{tab.Hub.ClientPort: "hub", tab.Hub.MonitorPort: "hub", tab.Hub.LeafPort: "hub"}
+	for _, r := range tab.Regions {
+		for _, port := range []int{r.NATS.ClientPort, r.NATS.MonitorPort, r.Postgres.Port, r.APIPort, r.MetricsPort, r.RouterMetricsPort, r.APIMetricsPort, r.WANPort, r.WANControlPort} {
+			owner[port] = r.Name
+		}
+	}
+	if got, want := ports(service(t, p, hubService)), []string{fmt.Sprintf("%d:8222", tab.Hub.MonitorPort)}; !slices.Equal(got, want) {
+		t.Errorf("%s: ports %v, want %v (hub.monitor_port)", hubService, got, want)
+	}
+	for _, name := range p.ServiceNames() {
+		s := p.Services[name]
+		region := ""
+		if i := strings.LastIndex(name, "-"); i >= 0 {
+			if _, ok := tab.Get(name[i+1:]); ok {
+				region = name[i+1:]
+			}
+		}
+		for _, port := range s.Ports {
+			switch {
+			case name == hubService:
+			case region == "" && owner[port.Host] != "":
+				t.Errorf("%s: publishes %s, a port of %s in regions.yaml", name, port, owner[port.Host])
+			case region != "" && owner[port.Host] != region:
+				t.Errorf("%s: publishes %s, not a port of region %s in regions.yaml", name, port, region)
+			case region != "" && s.Build && port.Host != port.Container:
+				t.Errorf("%s: publishes %s; a paymesh service listens on its table port", name, port)
+			}
+		}
+	}
+}
+
+// isInfra reports whether a service runs Postgres or NATS, which the
+// paymesh services wait for.
+func isInfra(s compose.Service) bool {
+	return strings.HasPrefix(s.Image, "postgres:") || strings.HasPrefix(s.Image, "nats:")
+}
+
+// TestComposeHealthchecks: Postgres and NATS have healthchecks (pg_isready
+// over TCP; the monitor port's /healthz), every dependency on them waits
+// for service_healthy, and every service_healthy dependency has a
+// healthcheck to wait for.
+func TestComposeHealthchecks(t *testing.T) {
+	p := loadCompose(t)
+	for _, name := range p.ServiceNames() {
+		s := p.Services[name]
+		if strings.HasPrefix(s.Image, "postgres:") && !(slices.Contains(s.Healthcheck, "pg_isready") && slices.Contains(s.Healthcheck, "127.0.0.1")) {
+			t.Errorf("%s: healthcheck %q, want pg_isready -h 127.0.0.1 (TCP: the image's init server listens on the socket only)", name, s.Healthcheck)
+		}
+		if strings.HasPrefix(s.Image, "nats:") && !slices.ContainsFunc(s.Healthcheck, func(a string) bool { return strings.HasSuffix(a, ":8222/healthz") }) {
+			t.Errorf("%s: healthcheck %q, want the monitor port's /healthz", name, s.Healthcheck)
+		}
+		for dep, cond := range s.DependsOn {
+			d := service(t, p, dep)
+			if isInfra(d) && cond != compose.ServiceHealthy {
+				t.Errorf("%s: depends on %s with condition %s, want %s", name, dep, cond, compose.ServiceHealthy)
+			}
+			if cond == compose.ServiceHealthy && d.Healthcheck == nil {
+				t.Errorf("%s: waits for %s to be healthy, which has no healthcheck", name, dep)
+			}
+		}
+	}
+}
+
+// TestComposeImagesMatchSimulation: compose runs what the process
+// simulation runs: the nats-server version go.mod pins, this machine's
+// PostgreSQL major version, and Debian's Prometheus (when installed; set
+// PAYMESH_REQUIRE_PROMETHEUS to fail instead of skipping without it).
+func TestComposeImagesMatchSimulation(t *testing.T) {
+	p := loadCompose(t)
+	tab := mustTable(t)
+	natsImage := "nats:" + strings.TrimPrefix(goModVersion(t, "github.com/nats-io/nats-server/v2"), "v") + "-alpine"
+	pgImage := "postgres:" + localPostgresMajor(t)
+	images := map[string]string{hubService: natsImage}
+	for _, r := range tab.Regions {
+		images["nats-"+r.Name] = natsImage
+		images["postgres-"+r.Name] = pgImage
+	}
+	for name, want := range images {
+		if got := service(t, p, name).Image; got != want {
+			t.Errorf("%s: image %q, want %q", name, got, want)
+		}
+	}
+
+	prom := service(t, p, prometheusService).Image
+	out, err := exec.Command("prometheus", "--version").CombinedOutput()
+	if err != nil {
+		msg := fmt.Sprintf("no prometheus binary to compare %s with (%v); scripts/prometheus installs it", prom, err)
+		if os.Getenv("PAYMESH_REQUIRE_PROMETHEUS") != "" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	m := regexp.MustCompile(`prometheus, version (\d+\.\d+\.\d+)`).FindStringSubmatch(string(out))
+	if m == nil {
+		t.Fatalf("prometheus --version: no version in %q", out)
+	}
+	if want := "prom/prometheus:v" + m[1]; prom != want {
+		t.Errorf("%s: image %q, want %q (the local prometheus the simulation runs)", prometheusService, prom, want)
+	}
+}
+
+// goMod parses the repository's go.mod.
+func goMod(t *testing.T) *modfile.File {
+	t.Helper()
+	path := filepath.Join(repoRoot, "go.mod")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := modfile.ParseLax(path, b, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// goModVersion returns the version go.mod requires of a module.
+func goModVersion(t *testing.T, module string) string {
+	t.Helper()
+	for _, r := range goMod(t).Require {
+		if r.Mod.Path == module {
+			return r.Mod.Version
+		}
+	}
+	t.Fatalf("go.mod requires no %s", module)
+	return ""
+}
+
+// localPostgresMajor returns the major version of the local PostgreSQL
+// server binary. It skips the test when there is none.
+func localPostgresMajor(t *testing.T) string {
+	t.Helper()
+	bin := localPostgresBin(t, "postgres")
+	out, err := exec.Command(bin, "--version").Output()
+	if err != nil {
+		t.Fatalf("%s --version: %v", bin, err)
+	}
+	m := regexp.MustCompile(`\(PostgreSQL\) (\d+)`).FindStringSubmatch(string(out))
+	if m == nil {
+		t.Fatalf("%s --version: no version in %q", bin, out)
+	}
+	return m[1]
+}
+
+// localPostgresBin returns a local PostgreSQL program: on PATH, or the
+// newest /usr/lib/postgresql/<version>/bin/<name> (where the throwaway
+// clusters of internal/pgdb come from). It skips the test when there is
+// none.
+func localPostgresBin(t *testing.T, name string) string {
+	t.Helper()
+	if p, err := exec.LookPath(name); err == nil {
+		return p
+	}
+	bins, _ := filepath.Glob("/usr/lib/postgresql/*/bin/" + name)
+	if len(bins) == 0 {
+		t.Skipf("no local PostgreSQL program %s (on PATH or under /usr/lib/postgresql/*/bin)", name)
+	}
+	sort.Slice(bins, func(i, j int) bool { return pgDirVersion(bins[i]) > pgDirVersion(bins[j]) })
+	return bins[0]
+}
+
+// pgDirVersion is the version folder of /usr/lib/postgresql/<v>/bin/<program>.
+func pgDirVersion(bin string) int {
+	v, _ := strconv.Atoi(filepath.Base(filepath.Dir(filepath.Dir(bin))))
+	return v
+}
+
+// hostMappings are the ports that docker-compose.yml keeps inside its
+// network, on the host ports the process simulation gives them: the hub's
+// leaf port, and each region's WAN link on its wan_port.
+func hostMappings(tab regions.Table) map[string]string {
+	m := map[string]string{fmt.Sprintf("%s:%d", hubService, tab.Hub.LeafPort): fmt.Sprintf("127.0.0.1:%d", tab.Hub.LeafPort)}
+	for _, r := range tab.Regions {
+		m[fmt.Sprintf("wan-%s:%d", r.Name, tab.Hub.LeafPort)] = fmt.Sprintf("127.0.0.1:%d", r.WANPort)
+	}
+	return m
+}
+
+// TestComposeEnvironmentMapsToHost: the environment of every service and
+// the nats-server configs map to the host (what the process simulation
+// starts the services with): every address they name is published or
+// mapped, a region's paymesh services reach its Postgres and nats-server
+// and listen on the table's ports, and its nats-server joins the hub
+// through its WAN link's host port.
+func TestComposeEnvironmentMapsToHost(t *testing.T) {
+	p := loadCompose(t)
+	tab := mustTable(t)
+	m, err := p.Mapper(hostMappings(tab))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mapped := map[string]map[string]string{}
+	for _, name := range p.ServiceNames() {
+		env, err := m.ServiceEnv(p.Services[name])
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+		mapped[name] = env
+	}
+	for _, r := range tab.Regions {
+		want := map[string]map[string]string{
+			"ledger-" + r.Name: {"PAYMESH_METRICS_LISTEN": fmt.Sprintf("127.0.0.1:%d", r.MetricsPort)},
+			"router-" + r.Name: {"PAYMESH_ROUTER_METRICS_LISTEN": fmt.Sprintf("127.0.0.1:%d", r.RouterMetricsPort)},
+			"api-" + r.Name: {
+				"PAYMESH_API_LISTEN":         fmt.Sprintf("127.0.0.1:%d", r.APIPort),
+				"PAYMESH_API_METRICS_LISTEN": fmt.Sprintf("127.0.0.1:%d", r.APIMetricsPort),
+			},
+			"wan-" + r.Name: {
+				"PAYMESH_WAN_LISTEN":  fmt.Sprintf("127.0.0.1:%d", r.WANPort),
+				"PAYMESH_WAN_TARGET":  fmt.Sprintf("127.0.0.1:%d", tab.Hub.LeafPort),
+				"PAYMESH_WAN_CONTROL": fmt.Sprintf("127.0.0.1:%d", r.WANControlPort),
+			},
+		}
+		for _, kind := range []string{"ledger", "router", "api"} {
+			want[kind+"-"+r.Name]["PAYMESH_NATS_URL"] = fmt.Sprintf("nats://127.0.0.1:%d", r.NATS.ClientPort)
+			want[kind+"-"+r.Name]["PAYMESH_POSTGRES_URL"] = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", r.Postgres.Port)
+		}
+		for svc, vars := range want {
+			for k, v := range vars {
+				if got := mapped[svc][k]; got != v {
+					t.Errorf("%s: %s maps to %q, want %q", svc, k, got, v)
+				}
+			}
+		}
+		conf, err := os.ReadFile(filepath.Join(natsConfDir, r.Name+".conf"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		text, err := m.Text(string(conf))
+		if err != nil {
+			t.Errorf("%s.conf: %v", r.Name, err)
+		}
+		if link := fmt.Sprintf("@127.0.0.1:%d\"", r.WANPort); !strings.Contains(text, link) {
+			t.Errorf("%s.conf: mapped to the host, its leaf remote does not go to %s", r.Name, link)
+		}
+	}
+}
+
+// TestDockerfileBuildsPaymesh: the image every paymesh service runs is the
+// paymesh binary of ./cmd/paymesh (so every command of docker-compose.yml,
+// wan included, is one of its subcommands), built statically with a Go that
+// satisfies go.mod's go line, and its entrypoint.
+func TestDockerfileBuildsPaymesh(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(repoRoot, "Dockerfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	df := string(b)
+	build := regexp.MustCompile(`(?m)^RUN CGO_ENABLED=0 go build .*-o (\S+) \./cmd/paymesh$`).FindStringSubmatch(df)
+	if build == nil {
+		t.Fatalf("Dockerfile: no static `go build -o <path> ./cmd/paymesh`:\n%s", df)
+	}
+	if want := "COPY --from=build " + build[1] + " /paymesh"; !strings.Contains(df, want) {
+		t.Errorf("Dockerfile: lacks %q, the binary built", want)
+	}
+	if !strings.Contains(df, `ENTRYPOINT ["/paymesh"]`) {
+		t.Error(`Dockerfile: entrypoint is not ["/paymesh"], which the services' commands are given to`)
+	}
+	from := regexp.MustCompile(`(?m)^FROM golang:(\d+)\.(\d+)\S* AS build$`).FindStringSubmatch(df)
+	f := goMod(t)
+	if f.Go == nil {
+		t.Fatal("go.mod: no go line")
+	}
+	goLine := strings.SplitN(f.Go.Version, ".", 3)
+	if from == nil || len(goLine) < 2 || from[1] != goLine[0] || from[2] != goLine[1] {
+		t.Errorf("Dockerfile: build stage %q, want FROM golang:%s... AS build (go.mod: go %s)", regexp.MustCompile(`(?m)^FROM .* AS build$`).FindString(df), strings.Join(goLine[:min(2, len(goLine))], "."), f.Go.Version)
+	}
+	p := loadCompose(t)
+	for _, name := range p.ServiceNames() {
+		if s := p.Services[name]; s.Build && len(s.Command) == 0 {
+			t.Errorf("%s: no command for the paymesh image", name)
+		}
+	}
+}
+
+// TestComposeHealthchecksAnswer runs the healthchecks against the real
+// servers: Postgres's pg_isready (as given, on the local server's port)
+// passes on the local server and fails where none listens; the
+// nats-servers' /healthz URL answers 200 on a nats-server of the version
+// go.mod pins (the image's), with JetStream as the regions run it.
+func TestComposeHealthchecksAnswer(t *testing.T) {
+	p := loadCompose(t)
+	tab := mustTable(t)
+	u, err := url.Parse(pgtest.AdminURL())
+	if err != nil || u.Hostname() != "127.0.0.1" && u.Hostname() != "localhost" {
+		t.Skipf("the test server %s is not local; the healthcheck runs on 127.0.0.1", pgtest.AdminURL())
+	}
+	pgPort := u.Port()
+	if pgPort == "" {
+		pgPort = "5432"
+	}
+	pgIsReady := localPostgresBin(t, "pg_isready")
+	free, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := strconv.Itoa(free.Addr().(*net.TCPAddr).Port)
+	free.Close()
+	for _, r := range tab.Regions {
+		name := "postgres-" + r.Name
+		hc := service(t, p, name).Healthcheck
+		if len(hc) < 2 || hc[0] != "CMD" || hc[1] != "pg_isready" {
+			t.Errorf("%s: healthcheck %q, want [CMD pg_isready ...]", name, hc)
+			continue
+		}
+		if out, err := exec.Command(pgIsReady, append(hc[2:], "-p", pgPort)...).CombinedOutput(); err != nil {
+			t.Errorf("%s: healthcheck %q on the local server: %v: %s", name, hc, err, out)
+		}
+		if out, err := exec.Command(pgIsReady, append(hc[2:], "-p", closed)...).CombinedOutput(); err == nil {
+			t.Errorf("%s: healthcheck %q passes where no server listens: %s", name, hc, out)
+		}
+	}
+
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, HTTPHost: "127.0.0.1", HTTPPort: -1,
+		JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Start()
+	t.Cleanup(srv.Shutdown)
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server did not start")
+	}
+	monitor := srv.MonitorAddr().String()
+	natsServices := []string{hubService}
+	for _, r := range tab.Regions {
+		natsServices = append(natsServices, "nats-"+r.Name)
+	}
+	for _, name := range natsServices {
+		hc := service(t, p, name).Healthcheck
+		i := slices.IndexFunc(hc, func(a string) bool { return strings.HasPrefix(a, "http://127.0.0.1:8222/") })
+		if i < 0 {
+			t.Errorf("%s: healthcheck %q has no URL on the monitor port 127.0.0.1:8222", name, hc)
+			continue
+		}
+		target := strings.Replace(hc[i], "127.0.0.1:8222", monitor, 1)
+		resp, err := http.Get(target)
+		if err != nil {
+			t.Errorf("%s: healthcheck URL %s: %v", name, target, err)
+			continue
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("%s: healthcheck URL %s: %s, want 200", name, target, resp.Status)
+		}
 	}
 }

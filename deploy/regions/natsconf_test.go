@@ -1,6 +1,7 @@
 package regions_test
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -9,7 +10,6 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
-	"github.com/paymesh/paymesh/deploy/regions"
 	"github.com/paymesh/paymesh/internal/natsauth"
 	"github.com/paymesh/paymesh/internal/natsembed"
 )
@@ -43,24 +43,23 @@ func loadNATSConf(t *testing.T, name string) *server.Options {
 // hub listens for leafnodes on 7422 without JetStream and without advertising
 // its address, every region's server
 // is named after the region, runs JetStream in the region's domain on the
-// ports docker-compose publishes, and has exactly one leaf remote, the hub;
+// ports docker-compose publishes, and has exactly one leaf remote, the hub
+// reached through the region's WAN link (compose service wan-<region>, which
+// listens on the hub's leaf port);
 // every server has the users and permissions of internal/natsauth (the
 // hub: a client user that may do nothing and one leafnode user per region,
 // with which each region joins); and there is no config for a region the
 // table does not know.
 func TestNATSConfigs(t *testing.T) {
-	tab, err := regions.Default()
-	if err != nil {
-		t.Fatal(err)
-	}
+	tab := mustTable(t)
 
 	hub := loadNATSConf(t, "hub")
-	if hub.ServerName != "hub" || hub.JetStream || hub.LeafNode.Port != 7422 || len(hub.LeafNode.Remotes) != 0 {
-		t.Errorf("hub.conf: server_name %q, jetstream %v, leafnode port %d, %d remotes; want hub, no JetStream, 7422, none",
-			hub.ServerName, hub.JetStream, hub.LeafNode.Port, len(hub.LeafNode.Remotes))
+	if hub.ServerName != "hub" || hub.JetStream || hub.LeafNode.Port != tab.Hub.LeafPort || len(hub.LeafNode.Remotes) != 0 {
+		t.Errorf("hub.conf: server_name %q, jetstream %v, leafnode port %d, %d remotes; want hub, no JetStream, %d (regions.yaml's hub.leaf_port), none",
+			hub.ServerName, hub.JetStream, hub.LeafNode.Port, len(hub.LeafNode.Remotes), tab.Hub.LeafPort)
 	}
 	if !hub.LeafNode.NoAdvertise {
-		t.Error("hub.conf: leafnodes no_advertise is off; regions must reconnect by the name nats-hub, not an advertised address")
+		t.Error("hub.conf: leafnodes no_advertise is off; regions must reconnect through their WAN links, not to an advertised address")
 	}
 
 	for _, r := range tab.Regions {
@@ -86,9 +85,10 @@ func TestNATSConfigs(t *testing.T) {
 			}
 		}
 		leaf := natsauth.LeafUserName(r.Name)
-		wantURL := "nats-leaf://" + leaf + ":" + natsauth.DevPassword(leaf) + "@nats-hub:7422"
+		link := fmt.Sprintf("wan-%s:%d", r.Name, tab.Hub.LeafPort)
+		wantURL := "nats-leaf://" + leaf + ":" + natsauth.DevPassword(leaf) + "@" + link
 		if len(urls) != 1 || urls[0] != wantURL {
-			t.Errorf("%s.conf: leaf remotes %v, want exactly nats-leaf://nats-hub:7422 as %s", r.Name, urls, leaf)
+			t.Errorf("%s.conf: leaf remotes %v, want exactly nats-leaf://%s (the region's WAN link to the hub) as %s", r.Name, urls, link, leaf)
 		}
 		checkUsers(t, r.Name+".conf users", o.Users, natsauth.Users(r.Name))
 	}

@@ -17,6 +17,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/paymesh/paymesh/deploy/regions"
+	"github.com/paymesh/paymesh/internal/compose"
 )
 
 // The observability services of docker-compose.yml, one for all regions.
@@ -28,20 +29,6 @@ const (
 )
 
 var observabilityServices = []string{collectorService, jaegerService, prometheusService, grafanaService}
-
-// repoRoot is the directory docker-compose.yml's relative paths start from.
-const repoRoot = "../.."
-
-type composeFile struct {
-	Services map[string]composeService `yaml:"services"`
-}
-
-func loadCompose(t *testing.T) composeFile {
-	t.Helper()
-	var c composeFile
-	loadYAML(t, "docker-compose.yml", &c)
-	return c
-}
 
 // loadYAML decodes the file at rel (from the repository root) into v.
 func loadYAML(t *testing.T, rel string, v any) {
@@ -55,33 +42,31 @@ func loadYAML(t *testing.T, rel string, v any) {
 	}
 }
 
-// service returns a compose service, failing the test when there is none.
-func (c composeFile) service(t *testing.T, name string) composeService {
+// mountedFile returns the repository file (relative to the repository
+// root) that service name mounts at target, and whether read-only,
+// checking that it is a regular file.
+func mountedFile(t *testing.T, p *compose.Project, name, target string) (string, bool) {
 	t.Helper()
-	s, ok := c.Services[name]
+	v, ok := service(t, p, name).Mount(target)
 	if !ok {
-		t.Fatalf("docker-compose.yml: no service %s", name)
+		t.Fatalf("%s: nothing mounted at %s (volumes %+v)", name, target, service(t, p, name).Volumes)
 	}
-	return s
+	src := repoPath(t, p, name, v)
+	if fi, err := os.Stat(filepath.Join(repoRoot, src)); err != nil || !fi.Mode().IsRegular() {
+		t.Fatalf("%s: mount at %s: source %s is not a file of the repository (%v)", name, target, v.Source, err)
+	}
+	return src, v.ReadOnly
 }
 
-// mountedFile returns the repository file that service name mounts at
-// target, checking that it is a regular file.
-func mountedFile(t *testing.T, name string, s composeService, target string) string {
+// repoPath returns a bind mount's source relative to the repository root,
+// failing the test when it is not a bind of a path inside the repository.
+func repoPath(t *testing.T, p *compose.Project, name string, v compose.Volume) string {
 	t.Helper()
-	for _, v := range s.Volumes {
-		parts := strings.Split(v, ":")
-		if len(parts) < 2 || parts[1] != target {
-			continue
-		}
-		src := path.Clean(parts[0])
-		if fi, err := os.Stat(filepath.Join(repoRoot, src)); err != nil || !fi.Mode().IsRegular() {
-			t.Fatalf("%s: mount %s: source %s is not a file of the repository (%v)", name, v, parts[0], err)
-		}
-		return src
+	rel, err := filepath.Rel(p.Dir, v.Source)
+	if v.Type != "bind" || err != nil || !filepath.IsLocal(rel) {
+		t.Fatalf("%s: mount at %s: %s %s is not a bind of a path of the repository", name, v.Target, v.Type, v.Source)
 	}
-	t.Fatalf("%s: nothing mounted at %s (volumes %v)", name, target, s.Volumes)
-	return ""
+	return filepath.ToSlash(rel)
 }
 
 // flag returns the value of --name=value in a command, or "".
@@ -134,16 +119,13 @@ func tracedServices(tab regions.Table) map[string]string {
 // every region's ledger, router and API, by service name and the port of
 // the service's listen variable.
 func TestPrometheusScrapesEveryMetricsEndpoint(t *testing.T) {
-	compose := loadCompose(t)
-	tab, err := regions.Default()
-	if err != nil {
-		t.Fatal(err)
-	}
-	prom := compose.service(t, prometheusService)
+	p := loadCompose(t)
+	tab := mustTable(t)
+	prom := service(t, p, prometheusService)
 	if !slices.Contains(prom.Command, "--enable-feature=exemplar-storage") {
 		t.Errorf("%s: command %v lacks --enable-feature=exemplar-storage", prometheusService, prom.Command)
 	}
-	cfgFile := mountedFile(t, prometheusService, prom, flag(prom.Command, "config.file"))
+	cfgFile, _ := mountedFile(t, p, prometheusService, flag(prom.Command, "config.file"))
 	if cfgFile != "deploy/prometheus/prometheus.yml" {
 		t.Errorf("%s: runs from %s, want deploy/prometheus/prometheus.yml", prometheusService, cfgFile)
 	}
@@ -168,7 +150,7 @@ func TestPrometheusScrapesEveryMetricsEndpoint(t *testing.T) {
 	}
 	for _, r := range tab.Regions {
 		for _, e := range metricsEndpoints(r) {
-			listen := compose.Services[e.Service].Environment[e.Env]
+			listen := service(t, p, e.Service).Environment[e.Env]
 			want = append(want, fmt.Sprintf("%s:%d", e.Service, port(listen)))
 		}
 	}
@@ -176,6 +158,52 @@ func TestPrometheusScrapesEveryMetricsEndpoint(t *testing.T) {
 	slices.Sort(want)
 	if !slices.Equal(got, want) {
 		t.Errorf("%s: scrape targets %v, want exactly the metrics endpoints %v", cfgFile, got, want)
+	}
+}
+
+// Prometheus's alert rules: the repository file and where the prometheus
+// service mounts it.
+const (
+	alertsFile   = "deploy/prometheus/alerts.yml"
+	alertsTarget = "/etc/prometheus/alerts.yml"
+)
+
+// TestPrometheusLoadsAlertRules: the prometheus service mounts
+// deploy/prometheus/alerts.yml read-only at /etc/prometheus/alerts.yml;
+// every rule_files pattern of its config matches files it mounts, each a
+// file of the repository; and once the rules file exists, the config loads
+// it.
+func TestPrometheusLoadsAlertRules(t *testing.T) {
+	p := loadCompose(t)
+	prom := service(t, p, prometheusService)
+	v, ok := prom.Mount(alertsTarget)
+	if !ok || repoPath(t, p, prometheusService, v) != alertsFile || !v.ReadOnly {
+		t.Errorf("%s: mount at %s %+v (found %v), want %s read-only", prometheusService, alertsTarget, v, ok, alertsFile)
+	}
+	cfgTarget := flag(prom.Command, "config.file")
+	cfgFile, _ := mountedFile(t, p, prometheusService, cfgTarget)
+	var cfg struct {
+		RuleFiles []string `yaml:"rule_files"`
+	}
+	loadYAML(t, cfgFile, &cfg)
+	var loaded []string
+	for _, pattern := range cfg.RuleFiles {
+		if !path.IsAbs(pattern) {
+			pattern = path.Join(path.Dir(cfgTarget), pattern) // relative to the config file
+		}
+		var matched bool
+		for _, m := range prom.Volumes {
+			if ok, _ := path.Match(pattern, m.Target); ok {
+				mountedFile(t, p, prometheusService, m.Target)
+				loaded, matched = append(loaded, m.Target), true
+			}
+		}
+		if !matched {
+			t.Errorf("%s: rule_files %s matches nothing %s mounts", cfgFile, pattern, prometheusService)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(repoRoot, alertsFile)); err == nil && !slices.Contains(loaded, alertsTarget) {
+		t.Errorf("%s: rule_files %v do not load %s (%s)", cfgFile, cfg.RuleFiles, alertsTarget, alertsFile)
 	}
 }
 
@@ -200,10 +228,10 @@ type collectorConfig struct {
 }
 
 // loadCollector reads the config the collector service runs from.
-func loadCollector(t *testing.T, compose composeFile) collectorConfig {
+func loadCollector(t *testing.T, p *compose.Project) collectorConfig {
 	t.Helper()
-	svc := compose.service(t, collectorService)
-	cfgFile := mountedFile(t, collectorService, svc, flag(svc.Command, "config"))
+	svc := service(t, p, collectorService)
+	cfgFile, _ := mountedFile(t, p, collectorService, flag(svc.Command, "config"))
 	if cfgFile != "deploy/otel-collector/config.yaml" {
 		t.Errorf("%s: runs from %s, want deploy/otel-collector/config.yaml", collectorService, cfgFile)
 	}
@@ -220,12 +248,9 @@ func componentType(id string) string { t, _, _ := strings.Cut(id, "/"); return t
 // of the tracing set-up) to the collector service, on the port the
 // collector's traces pipeline receives OTLP/HTTP on.
 func TestServicesSendTracesToCollector(t *testing.T) {
-	compose := loadCompose(t)
-	tab, err := regions.Default()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := loadCollector(t, compose)
+	p := loadCompose(t)
+	tab := mustTable(t)
+	cfg := loadCollector(t, p)
 	httpPorts := map[int]bool{}
 	for _, id := range cfg.Service.Pipelines["traces"].Receivers {
 		if componentType(id) == "otlp" {
@@ -238,7 +263,7 @@ func TestServicesSendTracesToCollector(t *testing.T) {
 		t.Fatal("collector: no OTLP/HTTP receiver in the traces pipeline")
 	}
 	for svcName, otelName := range tracedServices(tab) {
-		env := compose.service(t, svcName).Environment
+		env := service(t, p, svcName).Environment
 		u, err := url.Parse(env["OTEL_EXPORTER_OTLP_ENDPOINT"])
 		if err != nil || u.Scheme != "http" || u.Hostname() != collectorService || !httpPorts[port(u.Host)] {
 			t.Errorf("%s: OTEL_EXPORTER_OTLP_ENDPOINT %q, want http://%s:<an OTLP/HTTP receiver port %v>",
@@ -254,9 +279,9 @@ func TestServicesSendTracesToCollector(t *testing.T) {
 // OTLP, batches, and exports over OTLP to the jaeger service, on the port
 // Jaeger serves OTLP on for that protocol (gRPC or HTTP).
 func TestCollectorExportsToJaeger(t *testing.T) {
-	compose := loadCompose(t)
-	cfg := loadCollector(t, compose)
-	jaeger := compose.service(t, jaegerService)
+	p := loadCompose(t)
+	cfg := loadCollector(t, p)
+	jaeger := service(t, p, jaegerService)
 	if jaeger.Environment["COLLECTOR_OTLP_ENABLED"] != "true" {
 		t.Errorf("%s: COLLECTOR_OTLP_ENABLED %q, want true", jaegerService, jaeger.Environment["COLLECTOR_OTLP_ENABLED"])
 	}
@@ -301,7 +326,7 @@ func TestCollectorExportsToJaeger(t *testing.T) {
 	if toJaeger == 0 {
 		t.Errorf("collector: no exporter of the traces pipeline %v sends OTLP to %s", pipe.Exporters, jaegerService)
 	}
-	if !slices.Contains(compose.service(t, collectorService).DependsOn, jaegerService) {
+	if _, ok := service(t, p, collectorService).DependsOn[jaegerService]; !ok {
 		t.Errorf("%s: does not depend on %s", collectorService, jaegerService)
 	}
 }
@@ -328,21 +353,17 @@ type grafanaDatasource struct {
 // else; anonymous users can view; and the dashboard's Jaeger links point at
 // Jaeger's published UI and name services that send traces.
 func TestGrafanaProvisioning(t *testing.T) {
-	compose := loadCompose(t)
-	tab, err := regions.Default()
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := compose.service(t, grafanaService)
+	p := loadCompose(t)
+	tab := mustTable(t)
+	g := service(t, p, grafanaService)
 	if g.Environment["GF_AUTH_ANONYMOUS_ENABLED"] != "true" || g.Environment["GF_AUTH_ANONYMOUS_ORG_ROLE"] != "Viewer" {
 		t.Errorf("%s: anonymous access %q role %q, want true Viewer", grafanaService, g.Environment["GF_AUTH_ANONYMOUS_ENABLED"], g.Environment["GF_AUTH_ANONYMOUS_ORG_ROLE"])
 	}
 	var datasources []grafanaDatasource
 	var providerPaths []string
 	for _, v := range g.Volumes {
-		target := strings.Split(v, ":")[1]
-		src := mountedFile(t, grafanaService, g, target)
-		switch path.Dir(target) {
+		src, _ := mountedFile(t, p, grafanaService, v.Target)
+		switch path.Dir(v.Target) {
 		case "/etc/grafana/provisioning/datasources":
 			var f struct {
 				Datasources []grafanaDatasource `yaml:"datasources"`
@@ -359,9 +380,9 @@ func TestGrafanaProvisioning(t *testing.T) {
 				} `yaml:"providers"`
 			}
 			loadYAML(t, src, &f)
-			for _, p := range f.Providers {
-				if p.Type == "file" {
-					providerPaths = append(providerPaths, path.Clean(p.Options.Path))
+			for _, prov := range f.Providers {
+				if prov.Type == "file" {
+					providerPaths = append(providerPaths, path.Clean(prov.Options.Path))
 				}
 			}
 		}
@@ -370,10 +391,9 @@ func TestGrafanaProvisioning(t *testing.T) {
 	// The dashboards the providers load are the files mounted below their paths.
 	var loaded []string
 	for _, v := range g.Volumes {
-		parts := strings.Split(v, ":")
-		for _, p := range providerPaths {
-			if strings.HasPrefix(parts[1], p+"/") {
-				loaded = append(loaded, path.Clean(parts[0]))
+		for _, dir := range providerPaths {
+			if strings.HasPrefix(v.Target, dir+"/") {
+				loaded = append(loaded, repoPath(t, p, grafanaService, v))
 			}
 		}
 	}
@@ -401,7 +421,7 @@ func TestGrafanaProvisioning(t *testing.T) {
 		if host(ds.URL) != want.service || port(ds.URL) != want.port {
 			t.Errorf("data source %q: url %q, want http://%s:%d", ds.Name, ds.URL, want.service, want.port)
 		}
-		if _, ok := compose.Services[want.service]; !ok {
+		if _, ok := p.Services[want.service]; !ok {
 			t.Errorf("data source %q: no compose service %s", ds.Name, want.service)
 		}
 		if ds.Type != "prometheus" {
@@ -415,7 +435,7 @@ func TestGrafanaProvisioning(t *testing.T) {
 			t.Errorf("data source %q: exemplarTraceIdDestinations %+v, want trace_id to a Jaeger data source", ds.Name, ds.JSONData.ExemplarTraceIDDestinations)
 		}
 	}
-	if prom := compose.service(t, prometheusService); flag(prom.Command, "web.listen-address") != "" && port(flag(prom.Command, "web.listen-address")) != 9090 {
+	if prom := service(t, p, prometheusService); flag(prom.Command, "web.listen-address") != "" && port(flag(prom.Command, "web.listen-address")) != 9090 {
 		t.Errorf("%s: listens on %s, the data source expects 9090", prometheusService, flag(prom.Command, "web.listen-address"))
 	}
 
@@ -458,13 +478,13 @@ func TestGrafanaProvisioning(t *testing.T) {
 			urls = append(urls, l.URL)
 		}
 	}
-	checkJaegerLinks(t, compose, tab, urls)
+	checkJaegerLinks(t, p, tab, urls)
 }
 
 // checkJaegerLinks: every link of the dashboard that opens Jaeger's UI
 // goes to the host port where the jaeger service publishes it, and the
 // service it searches sends traces under that name, in every region.
-func checkJaegerLinks(t *testing.T, compose composeFile, tab regions.Table, urls []string) {
+func checkJaegerLinks(t *testing.T, p *compose.Project, tab regions.Table, urls []string) {
 	t.Helper()
 	names := map[string]bool{}
 	for _, n := range tracedServices(tab) {
@@ -477,8 +497,9 @@ func checkJaegerLinks(t *testing.T, compose composeFile, tab regions.Table, urls
 			continue
 		}
 		links++
-		if p := fmt.Sprintf("%s:16686", u.Port()); !slices.Contains(compose.Services[jaegerService].Ports, p) {
-			t.Errorf("link %s: %s does not publish Jaeger's UI on port %s (ports %v)", raw, jaegerService, u.Port(), compose.Services[jaegerService].Ports)
+		jaeger := service(t, p, jaegerService)
+		if hp, ok := jaeger.Published(16686); !ok || strconv.Itoa(hp) != u.Port() {
+			t.Errorf("link %s: %s does not publish Jaeger's UI on port %s (ports %v)", raw, jaegerService, u.Port(), ports(jaeger))
 		}
 		svc := regexp.MustCompile(`[$][{]__field[.]labels[.]region[}]`).ReplaceAllString(queryParam(raw, "service"), "%s")
 		if svc == "" {
