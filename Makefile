@@ -7,7 +7,7 @@ BENCHSTAT   ?= $(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-2
 BENCH_COUNT ?= 10
 BENCH_TIME  ?= 20000x
 
-.PHONY: demo bench chaos bench-telemetry test test-short build fuzz services browser clean compose-up compose-down compose-load
+.PHONY: demo bench chaos bench-telemetry test test-short build fuzz services browser prometheus clean compose-up compose-down compose-load
 
 ## demo: run the three-region demo on the local Postgres and an embedded NATS topology
 demo: services
@@ -25,7 +25,7 @@ chaos: services
 
 ## test: vet and run every test against real Postgres and real JetStream
 ## (the browser test's screenshot lands in artifacts/)
-test: services browser
+test: services browser prometheus
 	$(GO) vet ./...
 	@mkdir -p artifacts
 	$(GO) test -count=1 -timeout 10m -artifacts -outputdir $(CURDIR)/artifacts ./...
@@ -45,6 +45,11 @@ fuzz:
 ## browser: make sure Debian's Chromium is there for the browser test (see scripts/browser)
 browser:
 	@./scripts/browser
+
+## prometheus: make sure Debian's Prometheus and promtool are there for the
+## Prometheus tests (see scripts/prometheus)
+prometheus:
+	@./scripts/prometheus
 
 ## bench-telemetry: what tracing and metrics cost the ledger apply path: BENCH_COUNT
 ## rounds of BenchmarkApplyPath (telemetry=off, then on, BENCH_TIME transfers each),

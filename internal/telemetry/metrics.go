@@ -124,16 +124,26 @@ func (m *Metrics) observe(scope string, cs []counter) error {
 	return nil
 }
 
-// ObserveLedger exports a region ledger's counters. The duplicate rate of a
-// region and stream is paymesh_duplicates_total / paymesh_deliveries_total.
+// ObserveLedger exports a region ledger's counters. Deliveries and
+// duplicates carry a topic label (ledger.Topic: the command kind a message
+// carried), so the duplicate rate of a region and topic is
+// paymesh_duplicates_total / paymesh_deliveries_total summed by region and
+// topic.
 func (m *Metrics) ObserveLedger(region, stream string, st *ledger.Stats) error {
 	base := []attribute.KeyValue{attribute.String("region", region), attribute.String("stream", stream), attribute.String("consumer", "ledger")}
 	set := metric.WithAttributes(base...)
 	simple := func(name, help string, v func() int64) counter {
 		return counter{name, help, func(o metric.Observer, c metric.Int64ObservableCounter) { o.ObserveInt64(c, v(), set) }}
 	}
+	with := func(kv ...attribute.KeyValue) metric.MeasurementOption {
+		return metric.WithAttributes(append(append(make([]attribute.KeyValue, 0, len(base)+len(kv)), base...), kv...)...)
+	}
 	return m.observe("paymesh/ledger", []counter{
-		simple("paymesh.deliveries", "Messages delivered to the ledger, redeliveries included.", st.Deliveries.Load),
+		{"paymesh.deliveries", "Messages delivered to the ledger, redeliveries included, by topic.", func(o metric.Observer, c metric.Int64ObservableCounter) {
+			for t, n := range st.DeliveriesByTopic() {
+				o.ObserveInt64(c, n, with(attribute.String("topic", t.String())))
+			}
+		}},
 		simple("paymesh.redeliveries", "Deliveries after the first of the same message.", st.Redeliveries.Load),
 		simple("paymesh.transfers.applied", "Commands applied (transfers, funds, saga steps).", st.Applied.Load),
 		simple("paymesh.transfers.rejected", "Transfers recorded as refused.", st.Rejected.Load),
@@ -145,40 +155,63 @@ func (m *Metrics) ObserveLedger(region, stream string, st *ledger.Stats) error {
 		simple("paymesh.saga.parked", "Saga steps that arrived before the state they need.", st.Parked.Load),
 		simple("paymesh.state.illegal.transitions", "State machine steps refused as illegal.", st.IllegalTransitions.Load),
 		simple("paymesh.state.stale.versions", "Compare-and-set refused on a stale version.", st.StaleVersions.Load),
-		{"paymesh.duplicates", "Duplicates caught, by the layer that caught them.", func(o metric.Observer, c metric.Int64ObservableCounter) {
-			dups := st.Duplicates()
+		{"paymesh.duplicates", "Duplicates caught, by the layer that caught them and the topic they arrived on.", func(o metric.Observer, c metric.Int64ObservableCounter) {
+			dups := st.DuplicatesByTopic()
 			for _, l := range dedup.Layers {
-				o.ObserveInt64(c, dups[string(l)], metric.WithAttributes(append(base, attribute.String("layer", string(l)))...))
+				for _, t := range ledger.Topics {
+					if t == ledger.TopicUnknown {
+						continue // a message that does not decode is dead-lettered, never a duplicate
+					}
+					o.ObserveInt64(c, dups[ledger.LayerTopic{Layer: string(l), Topic: t}],
+						with(attribute.String("layer", string(l)), attribute.String("topic", t.String())))
+				}
 			}
 		}},
 	})
 }
 
+// The router's topics: the stream or hop its messages travel on. Route is
+// the region's route stream (a submit), forward the hop of a command to its
+// home region's ledger stream, relay the hop of a saga step from the
+// outbox to the region that applies it.
+const (
+	TopicRoute   = "route"
+	TopicForward = "forward"
+	TopicRelay   = "relay"
+)
+
 // ObserveRouter exports a region router's counters; its duplicates are the
-// ones JetStream's Nats-Msg-Id window caught, by stage.
+// ones JetStream's Nats-Msg-Id window caught, by stage and topic. The
+// duplicate rate of a router topic is paymesh_router_duplicates_total over
+// the topic's publishes acked (paymesh_router_submitted_total,
+// _forwarded_total, _relayed_total, each labelled with its topic).
 func (m *Metrics) ObserveRouter(region string, st *router.Stats) error {
-	at := func(stage string) metric.MeasurementOption {
-		return metric.WithAttributes(attribute.String("region", region), attribute.String("stage", stage), attribute.String("layer", string(dedup.LayerMsgID)))
+	at := func(stage, topic string, kv ...attribute.KeyValue) metric.MeasurementOption {
+		return metric.WithAttributes(append([]attribute.KeyValue{attribute.String("region", region), attribute.String("stage", stage),
+			attribute.String("topic", topic)}, kv...)...)
 	}
-	plain := metric.WithAttributes(attribute.String("region", region))
+	msgID := attribute.String("layer", string(dedup.LayerMsgID))
+	topic := func(t string) metric.MeasurementOption {
+		return metric.WithAttributes(attribute.String("region", region), attribute.String("topic", t))
+	}
 	return m.observe("paymesh/router", []counter{
-		{"paymesh.router.submitted", "Commands stored in the local route stream.", func(o metric.Observer, c metric.Int64ObservableCounter) {
-			o.ObserveInt64(c, st.Submitted.Load(), plain)
+		{"paymesh.router.submitted", "Commands stored in the local route stream, duplicates included.", func(o metric.Observer, c metric.Int64ObservableCounter) {
+			o.ObserveInt64(c, st.Submitted.Load(), topic(TopicRoute))
 		}},
 		{"paymesh.router.forwarded", "Commands acked by their home region.", func(o metric.Observer, c metric.Int64ObservableCounter) {
-			o.ObserveInt64(c, st.Forwarded.Load(), plain)
+			o.ObserveInt64(c, st.Forwarded.Load(), topic(TopicForward))
 		}},
 		{"paymesh.router.retries", "Forwards and relays that failed and will be retried.", func(o metric.Observer, c metric.Int64ObservableCounter) {
-			o.ObserveInt64(c, st.ForwardRetries.Load(), metric.WithAttributes(attribute.String("region", region), attribute.String("stage", "forward")))
-			o.ObserveInt64(c, st.RelayRetries.Load(), metric.WithAttributes(attribute.String("region", region), attribute.String("stage", "relay")))
+			o.ObserveInt64(c, st.ForwardRetries.Load(), at("forward", TopicForward))
+			o.ObserveInt64(c, st.RelayRetries.Load(), at("relay", TopicRelay))
 		}},
 		{"paymesh.router.relayed", "Saga steps acked by the region that applies them.", func(o metric.Observer, c metric.Int64ObservableCounter) {
-			o.ObserveInt64(c, st.Relayed.Load(), plain)
+			o.ObserveInt64(c, st.Relayed.Load(), topic(TopicRelay))
 		}},
-		{"paymesh.router.duplicates", "Duplicates JetStream's Nats-Msg-Id window caught, by stage.", func(o metric.Observer, c metric.Int64ObservableCounter) {
-			o.ObserveInt64(c, st.DuplicateSubmits.Load(), at("submit"))
-			o.ObserveInt64(c, st.ForwardDuplicates.Load(), at("forward"))
-			o.ObserveInt64(c, st.RelayDuplicates.Load(), at("relay"))
+		{"paymesh.router.duplicates", "Duplicates JetStream's Nats-Msg-Id window caught, by stage and topic.", func(o metric.Observer, c metric.Int64ObservableCounter) {
+			o.ObserveInt64(c, st.DuplicateSubmits.Load(), at("submit", TopicRoute, msgID))
+			o.ObserveInt64(c, st.ForwardDuplicates.Load(), at("forward", TopicForward, msgID))
+			o.ObserveInt64(c, st.RelayDuplicates.Load(), at("relay", TopicRelay, msgID))
 		}},
 	})
 }
@@ -217,8 +250,9 @@ func (m *Metrics) LedgerObserver(region, stream string) (ljs.Observer, error) {
 	}, nil
 }
 
-// ObserveStore exports, at each scrape, the region's money in transit and
-// its outbox lag (two indexed counts on the region's database).
+// ObserveStore exports, at each scrape, the region's money in transit (how
+// many transfers, their amount and the age of the oldest) and its outbox
+// lag: three small queries on the region's database.
 func (m *Metrics) ObserveStore(region string, store *postgres.Store) error {
 	meter := m.provider.Meter("paymesh/saga")
 	set := metric.WithAttributes(attribute.String("region", region))
@@ -238,27 +272,38 @@ func (m *Metrics) ObserveStore(region string, store *postgres.Store) error {
 	if err != nil {
 		return fmt.Errorf("telemetry: %w", err)
 	}
+	oldest, err := meter.Float64ObservableGauge("paymesh.saga.in.transit.oldest.seconds",
+		metric.WithDescription("Age, since its creation, of the oldest cross-region transfer debited here and not settled yet (0: none)."))
+	if err != nil {
+		return fmt.Errorf("telemetry: %w", err)
+	}
 	_, err = meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
 		if n, a, err := store.InTransit(ctx); err == nil {
 			o.ObserveInt64(transfers, n, set)
 			o.ObserveInt64(amount, a, set)
 		}
-		if n, oldest, err := store.OutboxLag(ctx); err == nil {
+		if a, err := store.InTransitOldest(ctx); err == nil {
+			o.ObserveFloat64(oldest, a.Seconds(), set)
+		}
+		if n, lag, err := store.OutboxLag(ctx); err == nil {
 			o.ObserveInt64(unsent, n, set)
-			o.ObserveFloat64(age, oldest.Seconds(), set)
+			o.ObserveFloat64(age, lag.Seconds(), set)
 		}
 		return nil
-	}, transfers, amount, unsent, age)
+	}, transfers, amount, oldest, unsent, age)
 	if err != nil {
 		return fmt.Errorf("telemetry: %w", err)
 	}
 	return nil
 }
 
-// ObserveAPI exports the API's idempotency outcomes.
+// ObserveAPI exports the API's idempotency outcomes: the duplicates the
+// HTTP layer (dedup.LayerIdempotencyKey) caught, all of the transfer
+// topic, the only request that takes an Idempotency-Key.
 func (m *Metrics) ObserveAPI(region string, st *api.Stats) error {
 	at := func(outcome string) metric.MeasurementOption {
-		return metric.WithAttributes(attribute.String("region", region), attribute.String("outcome", outcome))
+		return metric.WithAttributes(attribute.String("region", region), attribute.String("outcome", outcome),
+			attribute.String("layer", string(dedup.LayerIdempotencyKey)), attribute.String("topic", ledger.TopicTransfer.String()))
 	}
 	return m.observe("paymesh/api", []counter{
 		{"paymesh.idempotency.keys", "Repeated Idempotency-Keys: replays, reuse with another body (422), repeats in flight (409).", func(o metric.Observer, c metric.Int64ObservableCounter) {

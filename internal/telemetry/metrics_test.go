@@ -22,6 +22,28 @@ import (
 // scrape sums a metric's samples whose labels match every given pair.
 func scrape(tb testing.TB, url, name string, labels map[string]string) int64 {
 	tb.Helper()
+	var sum int64
+	for _, s := range samples(tb, url, name) {
+		ok := true
+		for k, v := range labels {
+			ok = ok && s.labels[k] == v
+		}
+		if ok {
+			sum += int64(s.value)
+		}
+	}
+	return sum
+}
+
+// sample is one sample of a scraped metric.
+type sample struct {
+	labels map[string]string
+	value  float64
+}
+
+// samples returns every sample of a metric at url.
+func samples(tb testing.TB, url, name string) []sample {
+	tb.Helper()
 	res, err := http.Get(url)
 	if err != nil {
 		tb.Fatal(err)
@@ -29,26 +51,25 @@ func scrape(tb testing.TB, url, name string, labels map[string]string) int64 {
 	defer res.Body.Close()
 	b, _ := io.ReadAll(res.Body)
 	line := regexp.MustCompile(`(?m)^` + name + `\{([^}]*)\} (\S+)$`)
-	var sum int64
+	label := regexp.MustCompile(`(\w+)="([^"]*)"`)
+	var out []sample
 	for _, m := range line.FindAllStringSubmatch(string(b), -1) {
-		ok := true
-		for k, v := range labels {
-			if !regexp.MustCompile(`(^|,)` + k + `="` + regexp.QuoteMeta(v) + `"`).MatchString(m[1]) {
-				ok = false
-			}
+		s := sample{labels: map[string]string{}}
+		for _, l := range label.FindAllStringSubmatch(m[1], -1) {
+			s.labels[l[1]] = l[2]
 		}
-		if ok {
-			f, _ := strconv.ParseFloat(m[2], 64)
-			sum += int64(f)
-		}
+		s.value, _ = strconv.ParseFloat(m[2], 64)
+		out = append(out, s)
 	}
-	return sum
+	return out
 }
 
 // TestMetricsCountInjectedDuplicates runs transfers across three regions
 // with a known number of forced redeliveries (dropped acks) and router
 // re-publishes, then scrapes every region's /metrics: the duplicate
-// counters per layer add up to what was injected.
+// counters per layer add up to what was injected, every duplicate carries
+// a topic of the closed set, and each (region, topic) with duplicates has
+// deliveries to divide them by.
 func TestMetricsCountInjectedDuplicates(t *testing.T) {
 	topo := natsembed.MustStartTopology(t, "eu", "us", "ap")
 	ctx := context.Background()
@@ -119,5 +140,61 @@ func TestMetricsCountInjectedDuplicates(t *testing.T) {
 	}
 	if deliveries < 150 {
 		t.Errorf("deliveries in /metrics: %d", deliveries)
+	}
+	checkTopics(t, c, names)
+}
+
+// checkTopics checks the topic labels of the duplicate and delivery
+// counters of every region.
+func checkTopics(t *testing.T, c *cluster.Cluster, names []string) {
+	t.Helper()
+	ledgerTopics := map[string]bool{"transfer": true, "fund": true, "credit": true, "confirm": true, "refund": true}
+	routerTopics := map[string]bool{"route": true, "forward": true, "relay": true}
+	for _, r := range names {
+		url := c.Region(r).MetricsURL
+		delivered := map[string]float64{}
+		for _, s := range samples(t, url, "paymesh_deliveries_total") {
+			delivered[s.labels["topic"]] += s.value
+		}
+		// Every region funded an account, sent transfers out (settled by a
+		// confirm) and received credits.
+		for _, topic := range []string{"transfer", "fund", "credit", "confirm"} {
+			if delivered[topic] == 0 {
+				t.Errorf("%s: no deliveries of topic %s: %v", r, topic, delivered)
+			}
+		}
+		dups := map[string]float64{}
+		for _, s := range samples(t, url, "paymesh_duplicates_total") {
+			if !ledgerTopics[s.labels["topic"]] {
+				t.Errorf("%s: paymesh_duplicates_total%v: topic not in %v", r, s.labels, ledgerTopics)
+			}
+			dups[s.labels["topic"]] += s.value
+		}
+		for topic, n := range dups {
+			if n > 0 && delivered[topic] < n {
+				t.Errorf("%s: %v duplicates of topic %s over %v deliveries", r, n, topic, delivered[topic])
+			}
+		}
+		var routerDups float64
+		for _, s := range samples(t, url, "paymesh_router_duplicates_total") {
+			if !routerTopics[s.labels["topic"]] {
+				t.Errorf("%s: paymesh_router_duplicates_total%v: topic not in %v", r, s.labels, routerTopics)
+			}
+			routerDups += s.value
+		}
+		published := map[string]float64{}
+		for _, name := range []string{"paymesh_router_submitted_total", "paymesh_router_forwarded_total", "paymesh_router_relayed_total"} {
+			for _, s := range samples(t, url, name) {
+				published[s.labels["topic"]] += s.value
+			}
+		}
+		for topic := range routerTopics {
+			if published[topic] == 0 {
+				t.Errorf("%s: no router publishes of topic %s: %v", r, topic, published)
+			}
+		}
+		if routerDups == 0 {
+			t.Errorf("%s: no router duplicates by topic", r)
+		}
 	}
 }

@@ -228,7 +228,6 @@ func (c *Consumer) process(ctx context.Context, msgs []jetstream.Msg) {
 		valid []jetstream.Msg
 		spans []trace.Span
 	)
-	c.cfg.Stats.Deliveries.Add(int64(len(msgs)))
 	for _, m := range msgs {
 		md, err := m.Metadata()
 		if err != nil {
@@ -239,6 +238,7 @@ func (c *Consumer) process(ctx context.Context, msgs []jetstream.Msg) {
 			c.cfg.Stats.Redeliveries.Add(1)
 		}
 		cmd, err := ledger.DecodeCommand(m.Data())
+		c.cfg.Stats.Delivered(cmd.Topic()) // the decoded type: TopicUnknown when it did not decode
 		if err == nil {
 			err = cmd.Validate(c.cfg.Topology.Region, c.cfg.Regions, time.Now())
 		}
@@ -354,7 +354,7 @@ func (c *Consumer) apply(ctx context.Context, cmds []ledger.Command, valid []jet
 	}
 	now := time.Now()
 	for i, r := range results {
-		c.cfg.Stats.Record(r)
+		c.cfg.Stats.Record(cmds[i].Topic(), r)
 		if stage := ledger.SagaStage(cmds[i], r); stage != "" && c.cfg.Observe.Stage != nil {
 			c.cfg.Observe.Stage(trace.ContextWithSpan(ctx, spans[i]), stage, now.Sub(cmds[i].CreatedAt))
 		}

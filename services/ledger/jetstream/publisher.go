@@ -47,7 +47,7 @@ func (p *Publisher) Publish(ctx context.Context, cmd ledger.Command) (duplicate 
 	if err != nil {
 		return false, fmt.Errorf("publish %s: %w", cmd.MsgKey(), err)
 	}
-	p.count(ack)
+	p.count(ack, cmd.Topic())
 	return ack.Duplicate, nil
 }
 
@@ -57,8 +57,8 @@ func (p *Publisher) PublishAsync(m *nats.Msg) (jetstream.PubAckFuture, error) {
 	return p.js.PublishMsgAsync(m, jetstream.WithExpectStream(p.topo.Stream()))
 }
 
-func (p *Publisher) count(ack *jetstream.PubAck) {
+func (p *Publisher) count(ack *jetstream.PubAck, t ledger.Topic) {
 	if ack != nil && ack.Duplicate && p.stats != nil {
-		p.stats.Duplicate(string(dedup.LayerMsgID))
+		p.stats.Duplicate(string(dedup.LayerMsgID), t)
 	}
 }

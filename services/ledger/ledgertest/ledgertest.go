@@ -121,8 +121,8 @@ func (f *Fixture) Apply(tb testing.TB, cmds ...ledger.Command) []ledger.Result {
 	if err != nil {
 		tb.Fatalf("apply: %v", err)
 	}
-	for _, r := range rs {
-		f.Stats.Record(r)
+	for i, r := range rs {
+		f.Stats.Record(cmds[i].Topic(), r)
 	}
 	return rs
 }

@@ -89,3 +89,17 @@ func (s *Store) InTransit(ctx context.Context) (count, amount int64, err error) 
 	}
 	return count, amount, nil
 }
+
+// InTransitOldest returns the age of the oldest transfer sourced here that
+// is still DEBITED (since its creation), 0 when none is; it returns an
+// error when the query fails.
+func (s *Store) InTransitOldest(ctx context.Context) (time.Duration, error) {
+	var age *time.Duration
+	if err := s.pool.QueryRow(ctx, `SELECT max(now() - created_at) FROM transfers WHERE status = 'DEBITED'`).Scan(&age); err != nil {
+		return 0, fmt.Errorf("in transit oldest: %w", err)
+	}
+	if age == nil || *age < 0 {
+		return 0, nil
+	}
+	return *age, nil
+}
