@@ -27,6 +27,7 @@ import (
 	"github.com/paymesh/paymesh/internal/chaos"
 	"github.com/paymesh/paymesh/internal/dashboard"
 	"github.com/paymesh/paymesh/internal/demo"
+	"github.com/paymesh/paymesh/internal/faultproxy"
 	"github.com/paymesh/paymesh/internal/loadgen"
 	"github.com/paymesh/paymesh/internal/pgdb"
 	"github.com/paymesh/paymesh/internal/telemetry"
@@ -60,6 +61,7 @@ type cli struct {
 	Transfers transfersCmd `cmd:"" help:"Send and show transfers through the HTTP API."`
 	Verify    verifyCmd    `cmd:"" help:"Check a region's ledger invariants and print PASS/FAIL for each."`
 	Migrate   migrateCmd   `cmd:"" help:"Apply a region's database migrations and create its consume-log partitions."`
+	WAN       wanCmd       `cmd:"" name:"wan" help:"Run a region's WAN link to the hub: a TCP proxy with the table's latency, jitter, resets, cut and heal, and a control API."`
 }
 
 // regionDB names a region and its database.
@@ -453,24 +455,62 @@ type loadCmd struct {
 	Concurrency int      `default:"16" help:"Requests in flight."`
 	Retry       float64  `default:"0.1" help:"Share of transfers sent again with the same key in another region."`
 	Seed        uint64   `default:"1" help:"Seed of the random load."`
+	Faults      string   `help:"Fault plan to apply to the WAN links while the load runs: 'default', or items <cut|degrade>-<region>@<start>+<duration> such as cut-us@10s+5s,degrade-us@20s+15s."`
+	WAN         []string `name:"wan" env:"PAYMESH_LOAD_WAN" help:"region=URL of each region's WAN link control API (paymesh wan), for --faults."`
 }
 
 func (c *loadCmd) Run(ctx context.Context) error {
-	apis := map[string]string{}
-	for _, a := range c.APIs {
-		region, url, ok := strings.Cut(a, "=")
-		if !ok || region == "" || !strings.HasPrefix(url, "http") {
-			return fmt.Errorf("--api %q: want region=http://host:port", a)
-		}
-		apis[region] = url
+	apis, err := regionURLs("--api", c.APIs)
+	if err != nil {
+		return err
 	}
 	if c.Retry < 0 || c.Retry > 1 {
 		return fmt.Errorf("--retry %v: a rate must be between 0 and 1", c.Retry)
 	}
+	runPlan := func(context.Context) error { return nil }
+	if c.Faults != "" {
+		if len(c.WAN) == 0 {
+			return errors.New("--faults needs --wan region=URL of each WAN link's control API (paymesh wan --control)")
+		}
+		wan, err := regionURLs("--wan", c.WAN)
+		if err != nil {
+			return err
+		}
+		links := map[string]*faultproxy.Client{}
+		var names []string
+		for _, a := range c.WAN { // in the order given: "default" picks from it
+			name, _, _ := strings.Cut(a, "=")
+			names = append(names, name)
+			links[name] = faultproxy.NewClient(wan[name])
+		}
+		plan, err := loadgen.ParsePlan(c.Faults, names)
+		if err != nil {
+			return fmt.Errorf("--faults: %w", err)
+		}
+		plan.Print(os.Stdout)
+		runPlan = func(ctx context.Context) error { return loadgen.RunPlan(ctx, plan, links, os.Stdout) }
+	}
+	pctx, stopPlan := context.WithCancel(ctx)
+	planErr := make(chan error, 1)
+	go func() { planErr <- runPlan(pctx) }()
 	res, err := loadgen.Run(ctx, loadgen.Config{APIs: apis, APIKey: c.APIKey, Accounts: c.Accounts, Overdraft: c.Overdraft,
 		Transfers: c.Transfers, Concurrency: c.Concurrency, Retry: c.Retry, Seed: c.Seed}, os.Stdout)
+	stopPlan() // heals the faults in force, skips those not yet due
 	res.Print(os.Stdout)
-	return err
+	return errors.Join(err, <-planErr)
+}
+
+// regionURLs parses region=http://host:port items of flag.
+func regionURLs(flag string, items []string) (map[string]string, error) {
+	urls := map[string]string{}
+	for _, a := range items {
+		region, url, ok := strings.Cut(a, "=")
+		if !ok || region == "" || !strings.HasPrefix(url, "http") {
+			return nil, fmt.Errorf("%s %q: want region=http://host:port", flag, a)
+		}
+		urls[region] = url
+	}
+	return urls, nil
 }
 
 type routerCmd struct {
@@ -548,6 +588,7 @@ type demoCmd struct {
 	Poison        float64 `default:"0.002" help:"Rate of malformed messages."`
 	Faults        string  `default:"cut-us,restart-eu-ledger,restart-ap-nats" help:"Faults to fire during the run, comma-separated (empty for none): cut-us (3 s), restart-eu-ledger, restart-ap-nats."`
 	Report        string  `help:"Also write the report as JSON to this file."`
+	WAN           bool    `name:"wan" help:"Put the region table's WAN latency (deploy/regions/regions.yaml, wan round trips) on every region's link to the hub."`
 	Stay          bool    `help:"Keep the regions, their APIs and the live page running after the report, until Ctrl-C."`
 	Throwaway     bool    `name:"throwaway-postgres" help:"Use a throwaway PostgreSQL cluster from the local binaries even if a server answers."`
 	Keep          bool    `help:"Keep the demo databases afterwards."`
@@ -585,7 +626,7 @@ func (c *demoCmd) Run(ctx context.Context) error {
 		PostgresURL: c.PostgresURL, Accounts: c.Accounts, Transfers: c.Transfers, Seed: c.Seed, HTTPShare: c.HTTPShare,
 		CrossShare: max(c.CrossShare, 1e-9), Rate: c.Rate,
 		ClientRetry: c.ClientRetry, ProducerRetry: c.ProducerRetry, DropAck: c.DropAck, Poison: c.Poison,
-		FixedPorts: true, Stay: c.Stay, Keep: c.Keep, Live: isTerminal(os.Stdout), Faults: faults, ThrowawayPostgres: c.Throwaway,
+		FixedPorts: true, WAN: c.WAN, Stay: c.Stay, Keep: c.Keep, Live: isTerminal(os.Stdout), Faults: faults, ThrowawayPostgres: c.Throwaway,
 		Dashboard: dashboardAddr(c.Dashboard), Traces: c.traces,
 	}, os.Stdout)
 	if err != nil {

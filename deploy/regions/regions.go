@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"strings"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -64,6 +66,18 @@ type Postgres struct {
 type Table struct {
 	Hub     Hub      `yaml:"hub"`
 	Regions []Region `yaml:"regions"`
+	WAN     WAN      `yaml:"wan"`
+
+	rtt map[[2]string]time.Duration // from WAN.RoundTrips, both orders
+}
+
+// WAN is the table of network round-trip times between regions: the
+// latency their WAN links (paymesh wan) play.
+type WAN struct {
+	// RoundTrips maps a pair of regions, "eu-us", to its round-trip time,
+	// a Go duration ("80ms"). Every pair of regions is given once, in
+	// either order.
+	RoundTrips map[string]string `yaml:"round_trips"`
 }
 
 var nameRE = regexp.MustCompile(`^[a-z]{2,8}$`)
@@ -99,7 +113,56 @@ func Parse(b []byte) (Table, error) {
 	if err := t.validate(); err != nil {
 		return Table{}, err
 	}
+	rtt, err := t.WAN.parse(t.Regions)
+	if err != nil {
+		return Table{}, fmt.Errorf("wan: %w", err)
+	}
+	t.rtt = rtt
 	return t, nil
+}
+
+// parse checks that the round trips name known regions, each pair once and
+// every pair of regions, with durations of zero or more, and returns them
+// keyed by both orders of each pair.
+func (w WAN) parse(rs []Region) (map[[2]string]time.Duration, error) {
+	known := map[string]bool{}
+	for _, r := range rs {
+		known[r.Name] = true
+	}
+	rtt := map[[2]string]time.Duration{}
+	for key, v := range w.RoundTrips {
+		a, b, ok := strings.Cut(key, "-")
+		if !ok || a == b {
+			return nil, fmt.Errorf("round trip %q: want two regions, such as \"eu-us\"", key)
+		}
+		for _, r := range []string{a, b} {
+			if !known[r] {
+				return nil, fmt.Errorf("round trip %q: unknown region %q", key, r)
+			}
+		}
+		if _, ok := rtt[[2]string{a, b}]; ok {
+			return nil, fmt.Errorf("round trip %q: pair given twice (also as %s-%s)", key, b, a)
+		}
+		if v == "" {
+			return nil, fmt.Errorf("round trip %q: no time given", key)
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return nil, fmt.Errorf("round trip %q: %q: want a duration such as \"80ms\"", key, v)
+		}
+		if d < 0 {
+			return nil, fmt.Errorf("round trip %q: %s is negative", key, d)
+		}
+		rtt[[2]string{a, b}], rtt[[2]string{b, a}] = d, d
+	}
+	for i, a := range rs {
+		for _, b := range rs[i+1:] {
+			if _, ok := rtt[[2]string{a.Name, b.Name}]; !ok {
+				return nil, fmt.Errorf("no round trip for %s-%s", a.Name, b.Name)
+			}
+		}
+	}
+	return rtt, nil
 }
 
 func (t Table) validate() error {
@@ -159,6 +222,15 @@ func (t Table) Get(name string) (Region, bool) {
 	return Region{}, false
 }
 
+// Names returns the region names in table order.
+func (t Table) Names() []string {
+	names := make([]string, len(t.Regions))
+	for i, r := range t.Regions {
+		names[i] = r.Name
+	}
+	return names
+}
+
 // Codes returns the name-to-code map that pkg/idgen needs.
 func (t Table) Codes() map[string]uint8 {
 	m := make(map[string]uint8, len(t.Regions))
@@ -166,4 +238,51 @@ func (t Table) Codes() map[string]uint8 {
 		m[r.Name] = r.Code
 	}
 	return m
+}
+
+// RoundTrip returns the network round-trip time between regions a and b
+// from the wan table: 0 for a region with itself or a region the table does
+// not have.
+func (t Table) RoundTrip(a, b string) time.Duration { return t.rtt[[2]string{a, b}] }
+
+// LinkDelay returns the one-way delay of the region's WAN link to the hub,
+// or 0 for a region the table does not have.
+//
+// The regions meet in a star through the hub, so a message from a to b
+// crosses a's link and b's: with d_r the one-way delay of region r's link,
+// RTT(a, b) = 2·(d_a + d_b). With h_ab = RTT(a, b)/2 the delays solve
+// d_a + d_b = h_ab for every pair, in the least-squares sense when there
+// are more pairs than regions: minimising Σ_{a<b} (d_a + d_b − h_ab)²
+// gives, per region r, Σ_{b≠r} (d_r + d_b − h_rb) = 0, that is
+// (n−2)·d_r + S = H_r with S = Σ d and H_r = Σ_{b≠r} h_rb. Summing over r,
+// (2n−2)·S = Σ_r H_r = 2·H with H = Σ_{a<b} h_ab, so S = H/(n−1) and
+//
+//	d_r = (H_r − H/(n−1)) / (n−2)    for n ≥ 3.
+//
+// For three regions that is exact: d_eu = (h_eu-us + h_eu-ap − h_us-ap)/2.
+// Two regions cannot be told apart, so each link takes half: d = h/2; one
+// region has no link delay. A negative solution (a pair much faster than the
+// others allow) is clamped at 0. The defaults, eu-us 80 ms, us-ap 150 ms and
+// eu-ap 220 ms, give eu 37.5 ms, us 2.5 ms and ap 72.5 ms: the hub sits
+// next to us.
+func (t Table) LinkDelay(region string) time.Duration {
+	n := len(t.Regions)
+	if _, ok := t.Get(region); !ok || n < 2 {
+		return 0
+	}
+	if n == 2 {
+		return t.RoundTrip(t.Regions[0].Name, t.Regions[1].Name) / 4
+	}
+	var hr, h float64 // H_r and H, in nanoseconds
+	for i, a := range t.Regions {
+		for _, b := range t.Regions[i+1:] {
+			half := float64(t.RoundTrip(a.Name, b.Name)) / 2
+			h += half
+			if a.Name == region || b.Name == region {
+				hr += half
+			}
+		}
+	}
+	d := (hr - h/float64(n-1)) / float64(n-2)
+	return time.Duration(max(d, 0))
 }

@@ -1,8 +1,10 @@
 package regions_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/paymesh/paymesh/deploy/regions"
 )
@@ -65,6 +67,111 @@ func TestParseRejects(t *testing.T) {
 	for name, tt := range tests {
 		t.Run(name, func(t *testing.T) {
 			_, err := regions.Parse([]byte(tt.yaml))
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("got %v, want an error containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestRoundTrips(t *testing.T) {
+	tab, err := regions.Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		a, b string
+		want time.Duration
+	}{{"eu", "us", 80 * time.Millisecond}, {"us", "eu", 80 * time.Millisecond}, {"us", "ap", 150 * time.Millisecond},
+		{"eu", "ap", 220 * time.Millisecond}, {"eu", "eu", 0}, {"eu", "mars", 0}} {
+		if got := tab.RoundTrip(tt.a, tt.b); got != tt.want {
+			t.Errorf("RoundTrip(%s, %s): got %s, want %s", tt.a, tt.b, got, tt.want)
+		}
+	}
+	want := map[string]time.Duration{"eu": 37500 * time.Microsecond, "us": 2500 * time.Microsecond, "ap": 72500 * time.Microsecond, "mars": 0}
+	for r, d := range want {
+		if got := tab.LinkDelay(r); got != d {
+			t.Errorf("LinkDelay(%s): got %s, want %s", r, got, d)
+		}
+	}
+	// Through the hub, a round trip between two regions crosses both links
+	// twice: with three regions the star plays the table exactly.
+	for _, p := range [][2]string{{"eu", "us"}, {"us", "ap"}, {"eu", "ap"}} {
+		if got := 2 * (tab.LinkDelay(p[0]) + tab.LinkDelay(p[1])); got != tab.RoundTrip(p[0], p[1]) {
+			t.Errorf("%s-%s through the hub: got %s, want %s", p[0], p[1], got, tab.RoundTrip(p[0], p[1]))
+		}
+	}
+}
+
+// table returns a valid table of the named regions with the given wan
+// section.
+func table(t *testing.T, wan string, names ...string) (regions.Table, error) {
+	t.Helper()
+	var b strings.Builder
+	b.WriteString("hub: {client_port: 100, monitor_port: 101, leaf_port: 102}\nregions:\n")
+	for i, n := range names {
+		p := 1000 + 10*i
+		fmt.Fprintf(&b, "  - {name: %s, code: %d, nats: {client_port: %d, monitor_port: %d}, postgres: {database: db_%s, port: %d},"+
+			" api_port: %d, metrics_port: %d, router_metrics_port: %d, api_metrics_port: %d, wan_port: %d, wan_control_port: %d}\n",
+			n, i+1, p, p+1, n, p+2, p+3, p+4, p+5, p+6, p+7, p+8)
+	}
+	b.WriteString(wan)
+	return regions.Parse([]byte(b.String()))
+}
+
+func TestLinkDelayLeastSquares(t *testing.T) {
+	ms := time.Millisecond
+	// Four links of 10, 20, 30 and 40 ms: the pairwise table they make is
+	// solved back exactly.
+	tab, err := table(t, "wan: {round_trips: {aa-bb: 60ms, aa-cc: 80ms, aa-dd: 100ms, bb-cc: 100ms, bb-dd: 120ms, cc-dd: 140ms}}", "aa", "bb", "cc", "dd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r, want := range map[string]time.Duration{"aa": 10 * ms, "bb": 20 * ms, "cc": 30 * ms, "dd": 40 * ms} {
+		if got := tab.LinkDelay(r); got != want {
+			t.Errorf("LinkDelay(%s): got %s, want %s", r, got, want)
+		}
+	}
+	// Two regions split the round trip evenly.
+	tab, err = table(t, "wan: {round_trips: {aa-bb: 100ms}}", "aa", "bb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := tab.LinkDelay("aa"); got != 25*ms {
+		t.Errorf("two regions: got %s, want 25ms", got)
+	}
+	// aa is close to both others, which are far apart: its solution is
+	// negative and clamped at 0.
+	tab, err = table(t, "wan: {round_trips: {aa-bb: 10ms, aa-cc: 10ms, bb-cc: 200ms}}", "aa", "bb", "cc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := tab.LinkDelay("aa"); got != 0 {
+		t.Errorf("clamped: got %s, want 0", got)
+	}
+	// One region alone has no link delay and needs no table.
+	tab, err = table(t, "", "aa")
+	if err != nil || tab.LinkDelay("aa") != 0 {
+		t.Errorf("one region: got %s, %v", tab.LinkDelay("aa"), err)
+	}
+}
+
+func TestRoundTripsRejects(t *testing.T) {
+	tests := map[string]struct{ wan, want string }{
+		"UnknownRegion": {"wan: {round_trips: {aa-bb: 1ms, aa-cc: 1ms, bb-cc: 1ms, aa-zz: 1ms}}", `unknown region "zz"`},
+		"Negative":      {"wan: {round_trips: {aa-bb: -1ms, aa-cc: 1ms, bb-cc: 1ms}}", "-1ms is negative"},
+		"NoValue":       {"wan: {round_trips: {aa-bb: , aa-cc: 1ms, bb-cc: 1ms}}", `"aa-bb": no time given`},
+		"MissingPair":   {"wan: {round_trips: {aa-bb: 1ms, aa-cc: 1ms}}", "no round trip for bb-cc"},
+		"NoTable":       {"", "no round trip for aa-bb"},
+		"GivenTwice":    {"wan: {round_trips: {aa-bb: 1ms, bb-aa: 2ms, aa-cc: 1ms, bb-cc: 1ms}}", "given twice"},
+		"BadDuration":   {"wan: {round_trips: {aa-bb: fast, aa-cc: 1ms, bb-cc: 1ms}}", `"fast": want a duration`},
+		"NotAPair":      {"wan: {round_trips: {aabb: 1ms, aa-cc: 1ms, bb-cc: 1ms}}", "want two regions"},
+		"SamePair":      {"wan: {round_trips: {aa-aa: 1ms, aa-bb: 1ms, aa-cc: 1ms, bb-cc: 1ms}}", "want two regions"},
+		"UnknownField":  {"wan: {rtt: {aa-bb: 1ms}}", "rtt"},
+	}
+	for name, tt := range tests {
+		t.Run(name, func(t *testing.T) {
+			_, err := table(t, tt.wan, "aa", "bb", "cc")
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("got %v, want an error containing %q", err, tt.want)
 			}

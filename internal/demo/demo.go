@@ -28,6 +28,7 @@ import (
 	"github.com/paymesh/paymesh/deploy/regions"
 	"github.com/paymesh/paymesh/internal/cluster"
 	"github.com/paymesh/paymesh/internal/dashboard"
+	"github.com/paymesh/paymesh/internal/faultproxy"
 	"github.com/paymesh/paymesh/internal/natsembed"
 	"github.com/paymesh/paymesh/internal/pgdb"
 	"github.com/paymesh/paymesh/pkg/dedup"
@@ -68,6 +69,10 @@ type Config struct {
 	// Faults lists the faults to fire while the transfers are sent (see
 	// FaultNames); each fires once, at an even spread over the run.
 	Faults []string
+	// WAN puts the region table's network latency on every region's link
+	// to the hub (regions.Table.LinkDelay); without it the links are plain
+	// loopback and the demo runs fast.
+	WAN bool
 	// Stay keeps the regions running after the report until ctx ends.
 	Stay bool
 	Keep bool // keep the databases afterwards
@@ -167,7 +172,13 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 		return Report{}, err
 	}
 	defer os.RemoveAll(dir)
-	topo, err := natsembed.StartTopology(natsembed.TopologyOptions{Regions: names, Dir: dir})
+	// With Stay the links serve their control API, for paymesh load --faults.
+	topts := natsembed.TopologyOptions{Regions: names, Dir: dir, LinkControl: cfg.Stay}
+	if cfg.WAN {
+		topts.Links = wanLinks(table)
+		fmt.Fprintf(out, "WAN latency on the links to the hub (one way): %s\n", describeLinks(names, topts.Links))
+	}
+	topo, err := natsembed.StartTopology(topts)
 	if err != nil {
 		return Report{}, err
 	}
@@ -272,12 +283,21 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 	if cfg.Stay {
 		rep.Print(out)
 		fmt.Fprintf(out, "\nThe regions keep running (Ctrl-C to stop). Try:\n  export PAYMESH_API_KEY=%s\n  go run ./cmd/paymesh accounts create --currency EUR\n", apiKey)
+		links := make([]string, len(names))
+		for i, n := range names {
+			links[i] = n + "=" + topo.LinkControlURL(n)
+		}
+		fmt.Fprintf(out, "  go run ./cmd/paymesh load --overdraft %d --faults default --wan %s   # load with WAN link faults\n", demoOverdraft, strings.Join(links, ","))
 		<-ctx.Done()
 	}
 	return rep, nil
 }
 
 const demoClient = "demo"
+
+// demoOverdraft is the largest overdraft the demo's client may give an
+// account.
+const demoOverdraft = 100_000
 
 // httpAttempts is how many times the demo's clients send a request that
 // gets 409, 429 or 5xx (with the server's Retry-After, about 20 s in all).
@@ -291,7 +311,7 @@ func registerClient(ctx context.Context, c *cluster.Cluster) (string, error) {
 	}
 	key := "pm_demo_" + hex.EncodeToString(b)
 	for _, s := range c.Stores() {
-		if err := s.PutClient(ctx, postgres.Client{ID: demoClient, Name: "demo", RatePerSec: 100_000, MaxOverdraft: 100_000}, key); err != nil {
+		if err := s.PutClient(ctx, postgres.Client{ID: demoClient, Name: "demo", RatePerSec: 100_000, MaxOverdraft: demoOverdraft}, key); err != nil {
 			return "", err
 		}
 	}
@@ -760,6 +780,24 @@ func (r Report) Print(w io.Writer) {
 	line(r.Unfinished == 0, "every transfer reached a final state (%d unfinished)", r.Unfinished)
 	line(r.DeadLettered == r.Poison, "every poison message dead-lettered (%d sent, %d dead-lettered)", r.Poison, r.DeadLettered)
 	fmt.Fprint(w, r.Verify.String())
+}
+
+// wanLinks returns the shape of each region's link to the hub: the one-way
+// delay the region table's round trips give it.
+func wanLinks(t regions.Table) map[string]faultproxy.Shape {
+	links := map[string]faultproxy.Shape{}
+	for _, r := range t.Regions {
+		links[r.Name] = faultproxy.Shape{Latency: t.LinkDelay(r.Name)}
+	}
+	return links
+}
+
+func describeLinks(names []string, links map[string]faultproxy.Shape) string {
+	parts := make([]string, len(names))
+	for i, n := range names {
+		parts[i] = n + " " + links[n].Latency.String()
+	}
+	return strings.Join(parts, ", ")
 }
 
 func sortedKeys(m map[string]int64) []string {

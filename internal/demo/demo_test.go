@@ -8,7 +8,9 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/paymesh/paymesh/deploy/regions"
 	"github.com/paymesh/paymesh/internal/demo"
 	"github.com/paymesh/paymesh/internal/pgtest"
 	"github.com/paymesh/paymesh/pkg/dedup"
@@ -96,5 +98,43 @@ func TestDemoThrowawayPostgres(t *testing.T) {
 	var back map[string]any
 	if err := json.Unmarshal(b, &back); err != nil || back["Commands"] != float64(rep.Commands) || back["Verify"] == nil {
 		t.Fatalf("JSON report: %s (%v)", b, err)
+	}
+}
+
+// TestDemoWAN: with the region table's latency on the links, a
+// cross-region transfer takes at least the two round trips its saga needs
+// (the debit's credit command out and its result back, each published and
+// acked across the hub): at the median, at least twice the smallest round
+// trip between two regions.
+func TestDemoWAN(t *testing.T) {
+	tab, err := regions.Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fastest := time.Duration(0)
+	for i, a := range tab.Regions {
+		for _, b := range tab.Regions[i+1:] {
+			if rtt := tab.RoundTrip(a.Name, b.Name); fastest == 0 || rtt < fastest {
+				fastest = rtt
+			}
+		}
+	}
+	var out strings.Builder
+	rep, err := demo.Run(context.Background(), demo.Config{
+		PostgresURL: pgtest.AdminURL(), DatabasePrefix: fmt.Sprintf("pmtest_demo_wan_%d_", os.Getpid()),
+		Accounts: 5, Transfers: 100, Seed: 5, Rate: 50, WAN: true,
+	}, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep.Print(&out)
+	if !rep.OK() {
+		t.Fatalf("demo with WAN latency failed:\n%s", out.String())
+	}
+	if want := float64(2*fastest) / float64(time.Millisecond); rep.CrossRegionP50 < want {
+		t.Fatalf("cross-region p50 %.1f ms, want at least %.0f ms (two round trips of the fastest pair):\n%s", rep.CrossRegionP50, want, out.String())
+	}
+	if !strings.Contains(out.String(), "WAN latency on the links to the hub (one way): eu 37.5ms, us 2.5ms, ap 72.5ms") {
+		t.Errorf("the demo does not say which latency it plays:\n%s", out.String())
 	}
 }

@@ -9,30 +9,8 @@ import (
 	"time"
 
 	"github.com/paymesh/paymesh/internal/faultproxy"
+	"github.com/paymesh/paymesh/internal/faultproxy/faultproxytest"
 )
-
-// echoServer echoes every connection's bytes back until the test ends.
-func echoServer(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				io.Copy(c, c)
-			}()
-		}
-	}()
-	return ln.Addr().String()
-}
 
 func newProxy(t *testing.T, target string) *faultproxy.Proxy {
 	t.Helper()
@@ -69,7 +47,7 @@ func wantClosed(t *testing.T, c net.Conn) {
 	}
 }
 
-func dial(t *testing.T, addr string) net.Conn {
+func dial(t testing.TB, addr string) net.Conn {
 	t.Helper()
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
@@ -80,7 +58,7 @@ func dial(t *testing.T, addr string) net.Conn {
 }
 
 func TestCutAndHeal(t *testing.T) {
-	p := newProxy(t, echoServer(t))
+	p := newProxy(t, faultproxytest.Echo(t))
 
 	before := dial(t, p.Addr())
 	if got, err := roundTrip(before, "relay"); err != nil || got != "relay" {
@@ -109,7 +87,7 @@ func TestCutAndHeal(t *testing.T) {
 }
 
 func TestTrapDropBefore(t *testing.T) {
-	p := newProxy(t, echoServer(t))
+	p := newProxy(t, faultproxytest.Echo(t))
 	c := dial(t, p.Addr())
 	p.Trap([]byte("COMMIT"), faultproxy.DropBefore)
 	if got, err := roundTrip(c, "hello"); err != nil || got != "hello" {

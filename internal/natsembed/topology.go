@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"net/url"
 	"path/filepath"
 	"slices"
@@ -35,6 +36,13 @@ type TopologyOptions struct {
 	Regions []string
 	// Dir holds the regions' JetStream store directories (Dir/<region>).
 	Dir string
+	// Links gives a region's link to the hub a shape (latency, jitter,
+	// resets) from the start; a region not named has a plain link.
+	// Topology.Link changes it later.
+	Links map[string]faultproxy.Shape
+	// LinkControl also serves each link's control API (faultproxy.Handler)
+	// on a random loopback port: Topology.LinkControlURL.
+	LinkControl bool
 }
 
 // Topology is paymesh's multi-region NATS layout run in-process on loopback:
@@ -61,6 +69,8 @@ type regionNode struct {
 	storeDir string
 	port     int // client port, kept across restarts
 	proxy    *faultproxy.Proxy
+	control  *http.Server // the link's control API, or nil
+	ctlURL   string
 	srv      *server.Server
 	cut      bool
 }
@@ -79,6 +89,14 @@ func StartTopology(o TopologyOptions) (*Topology, error) {
 	for i, r := range o.Regions {
 		if r == "" || r == HubName || slices.Contains(o.Regions[:i], r) {
 			return nil, fmt.Errorf("natsembed: topology: invalid or repeated region name %q", r)
+		}
+	}
+	for r, s := range o.Links {
+		if !slices.Contains(o.Regions, r) {
+			return nil, fmt.Errorf("natsembed: topology: link shape for %q, which is not a region (regions %v)", r, o.Regions)
+		}
+		if err := s.Validate(); err != nil {
+			return nil, fmt.Errorf("natsembed: topology: link of %s: %w", r, err)
 		}
 	}
 	hubOpts := &server.Options{
@@ -115,8 +133,15 @@ func StartTopology(o TopologyOptions) (*Topology, error) {
 			t.Shutdown()
 			return nil, fmt.Errorf("natsembed: topology: region %s: %w", r, err)
 		}
+		proxy.SetShape(o.Links[r])
 		n := &regionNode{name: r, storeDir: filepath.Join(o.Dir, r), port: -1, proxy: proxy}
 		t.regions[r], t.order = n, append(t.order, r)
+		if o.LinkControl {
+			if err := n.serveControl(); err != nil {
+				t.Shutdown()
+				return nil, fmt.Errorf("natsembed: topology: region %s: link control API: %w", r, err)
+			}
+		}
 		if err := t.startRegion(n); err != nil {
 			t.Shutdown()
 			return nil, fmt.Errorf("natsembed: topology: %w", err)
@@ -129,6 +154,19 @@ func StartTopology(o TopologyOptions) (*Topology, error) {
 		}
 	}
 	return t, nil
+}
+
+// serveControl serves the control API of n's link on a random loopback
+// port.
+func (n *regionNode) serveControl() error {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	n.control = &http.Server{Handler: faultproxy.Handler(n.proxy), ReadHeaderTimeout: 5 * time.Second}
+	n.ctlURL = "http://" + ln.Addr().String()
+	go n.control.Serve(ln)
+	return nil
 }
 
 // startServer starts a server from opts and waits until it accepts
@@ -211,6 +249,25 @@ func (t *Topology) ClientURL(region string) string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return "nats://127.0.0.1:" + strconv.Itoa(t.node(region).port)
+}
+
+// Link returns the proxy that carries the region's leafnode link to the
+// hub: SetShape changes its latency, jitter and resets while it runs. Cut
+// and Heal go through Topology.Cut and Heal, which also wait for the link.
+// It panics on a region the topology does not have.
+func (t *Topology) Link(region string) *faultproxy.Proxy {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.node(region).proxy
+}
+
+// LinkControlURL returns the base URL of the control API of the region's
+// link (faultproxy.Handler), or "" unless TopologyOptions.LinkControl was
+// set. It panics on a region the topology does not have.
+func (t *Topology) LinkControlURL(region string) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.node(region).ctlURL
 }
 
 // LinkUp reports whether the region's leafnode link to the hub is
@@ -351,6 +408,9 @@ func (t *Topology) Shutdown() {
 			n.srv.Shutdown()
 			n.srv.WaitForShutdown()
 			n.srv = nil
+		}
+		if n.control != nil {
+			n.control.Close()
 		}
 		n.proxy.Close()
 	}

@@ -3,12 +3,14 @@ package natsembed_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/paymesh/paymesh/internal/faultproxy"
 	"github.com/paymesh/paymesh/internal/natsauth"
 	"github.com/paymesh/paymesh/internal/natsembed"
 )
@@ -184,10 +186,12 @@ func TestTopologyCrossRegionPublishCutHealRestart(t *testing.T) {
 
 func TestStartTopologyRejects(t *testing.T) {
 	for name, o := range map[string]natsembed.TopologyOptions{
-		"NoRegions": {Dir: t.TempDir()},
-		"NoDir":     {Regions: []string{"eu"}},
-		"Repeated":  {Regions: []string{"eu", "eu"}, Dir: t.TempDir()},
-		"Hub":       {Regions: []string{"hub"}, Dir: t.TempDir()},
+		"NoRegions":       {Dir: t.TempDir()},
+		"NoDir":           {Regions: []string{"eu"}},
+		"Repeated":        {Regions: []string{"eu", "eu"}, Dir: t.TempDir()},
+		"Hub":             {Regions: []string{"hub"}, Dir: t.TempDir()},
+		"LinkOfNoRegion":  {Regions: []string{"eu"}, Dir: t.TempDir(), Links: map[string]faultproxy.Shape{"us": {}}},
+		"NegativeLatency": {Regions: []string{"eu"}, Dir: t.TempDir(), Links: map[string]faultproxy.Shape{"eu": {Latency: -time.Second}}},
 	} {
 		if topo, err := natsembed.StartTopology(o); err == nil {
 			topo.Shutdown()
@@ -197,5 +201,49 @@ func TestStartTopologyRejects(t *testing.T) {
 	topo := natsembed.MustStartTopology(t, "eu")
 	if err := topo.RestartRegion("mars"); err == nil {
 		t.Error("RestartRegion of an unknown region: no error")
+	}
+}
+
+// TestTopologyLinkShape starts us's link with 25 ms of latency: a
+// JetStream publish from eu to us's stream crosses it twice (the message
+// and its ack), so it takes at least 50 ms. The link's control API changes
+// the shape while it runs.
+func TestTopologyLinkShape(t *testing.T) {
+	const lat = 25 * time.Millisecond
+	topo, err := natsembed.StartTopology(natsembed.TopologyOptions{Regions: []string{"eu", "us"}, Dir: t.TempDir(),
+		Links: map[string]faultproxy.Shape{"us": {Latency: lat}}, LinkControl: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(topo.Shutdown)
+	if got := topo.Link("us").Shape(); got.Latency != lat {
+		t.Fatalf("us link shape: got %v, want latency %s", got, lat)
+	}
+	if got := topo.Link("eu").Shape(); got != (faultproxy.Shape{}) {
+		t.Fatalf("eu link shape: got %v, want none", got)
+	}
+	createStream(t, connectJS(t, topo, "us", natsauth.Ledger), "LEDGER_US", "ledger.us.>")
+	eu := connectJS(t, topo, "eu", natsauth.Router)
+	publishEventually(t, eu, "ledger.us.1", "warm-up", 5*time.Second)
+	for i := range 3 {
+		start := time.Now()
+		if _, err := publish(eu, "ledger.us.1", fmt.Sprint("shaped-", i), 2*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if took := time.Since(start); took < 2*lat {
+			t.Fatalf("publish across a %s link took %s, want at least %s", lat, took, 2*lat)
+		}
+	}
+
+	ctl := faultproxy.NewClient(topo.LinkControlURL("us"))
+	want := faultproxy.Shape{Latency: time.Millisecond, Jitter: time.Millisecond}
+	if err := ctl.SetShape(context.Background(), want); err != nil {
+		t.Fatal(err)
+	}
+	if got := topo.Link("us").Shape(); got != want {
+		t.Fatalf("after the control API: got %v, want %v", got, want)
+	}
+	if topo.LinkControlURL("eu") == "" {
+		t.Fatal("eu has no link control URL")
 	}
 }
