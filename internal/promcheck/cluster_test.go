@@ -3,7 +3,6 @@ package promcheck_test
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"net/url"
 	"os"
 	"strings"
@@ -16,23 +15,16 @@ import (
 	"github.com/paymesh/paymesh/internal/natsembed"
 	"github.com/paymesh/paymesh/internal/pgtest"
 	"github.com/paymesh/paymesh/internal/promcheck"
-	"github.com/paymesh/paymesh/internal/telemetry"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/api"
 	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
-	"github.com/paymesh/paymesh/services/router"
 )
 
 // scrapeTargets maps the compose config's scrape targets (<service>-<region>:port)
-// to the cluster's metrics endpoints. A cluster region serves one /metrics
-// for its ledger, router and API, so only the ledger job scrapes it: the
-// router and api jobs would count every series twice more. side[region]
-// serves the consumer-lag gauges that the region does not export itself,
-// in the router job's place. Once each service serves its own /metrics,
-// map ledger-, router- and api- to Region.LedgerMetricsURL,
-// RouterMetricsURL and APIMetricsURL, and drop side.
-func scrapeTargets(c *cluster.Cluster, side map[string]string) func(string) string {
+// to the cluster's metrics endpoints: each region's ledger, router and API
+// serve their own /metrics, as deployed.
+func scrapeTargets(c *cluster.Cluster) func(string) string {
 	hostPort := func(u string) string {
 		p, err := url.Parse(u)
 		if err != nil {
@@ -49,39 +41,14 @@ func scrapeTargets(c *cluster.Cluster, side map[string]string) func(string) stri
 		}
 		switch kind {
 		case "ledger":
-			return hostPort(r.MetricsURL)
+			return hostPort(r.LedgerMetricsURL)
 		case "router":
-			return hostPort(side[region])
+			return hostPort(r.RouterMetricsURL)
+		case "api":
+			return hostPort(r.APIMetricsURL)
 		}
 		return ""
 	}
-}
-
-// serveConsumerLag serves, for each region, paymesh_consumer_pending of its
-// ledger and route streams, and returns the endpoints' URLs by region.
-func serveConsumerLag(t *testing.T, c *cluster.Cluster) map[string]string {
-	t.Helper()
-	out := map[string]string{}
-	for _, name := range c.Names() {
-		r := c.Region(name)
-		m, err := telemetry.New()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := m.ObserveBacklog(name, r.Ledger.Topo.Stream(), telemetry.LedgerPending(r.Ledger.JetStream(), r.Ledger.Topo)); err != nil {
-			t.Fatal(err)
-		}
-		if err := m.ObserveBacklog(name, router.Stream(name), telemetry.RoutePending(r.RouterJetStream(), name)); err != nil {
-			t.Fatal(err)
-		}
-		e, err := m.Serve("127.0.0.1:0", slog.New(slog.DiscardHandler))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = e.Close() })
-		out[name] = e.URL
-	}
-	return out
 }
 
 // load drives a cluster: transfers through the routers (same-region and
@@ -222,7 +189,7 @@ func TestEveryPanelHasData(t *testing.T) {
 	t.Cleanup(func() { c.Stop(); _ = c.Drop(context.Background()) })
 	l := newLoad(t, c, names)
 
-	prom, err := promcheck.Start(ctx, promcheck.Options{ConfigFile: configFile, Map: scrapeTargets(c, serveConsumerLag(t, c)),
+	prom, err := promcheck.Start(ctx, promcheck.Options{ConfigFile: configFile, Map: scrapeTargets(c),
 		Dir: t.TempDir(), ScrapeInterval: time.Second, EvaluationInterval: time.Second})
 	if err != nil {
 		t.Fatal(err)

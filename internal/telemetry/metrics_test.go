@@ -151,7 +151,7 @@ func checkTopics(t *testing.T, c *cluster.Cluster, names []string) {
 	ledgerTopics := map[string]bool{"transfer": true, "fund": true, "credit": true, "confirm": true, "refund": true}
 	routerTopics := map[string]bool{"route": true, "forward": true, "relay": true}
 	for _, r := range names {
-		url := c.Region(r).MetricsURL
+		url, routerURL := c.Region(r).LedgerMetricsURL, c.Region(r).RouterMetricsURL
 		delivered := map[string]float64{}
 		for _, s := range samples(t, url, "paymesh_deliveries_total") {
 			delivered[s.labels["topic"]] += s.value
@@ -176,7 +176,7 @@ func checkTopics(t *testing.T, c *cluster.Cluster, names []string) {
 			}
 		}
 		var routerDups float64
-		for _, s := range samples(t, url, "paymesh_router_duplicates_total") {
+		for _, s := range samples(t, routerURL, "paymesh_router_duplicates_total") {
 			if !routerTopics[s.labels["topic"]] {
 				t.Errorf("%s: paymesh_router_duplicates_total%v: topic not in %v", r, s.labels, routerTopics)
 			}
@@ -184,7 +184,7 @@ func checkTopics(t *testing.T, c *cluster.Cluster, names []string) {
 		}
 		published := map[string]float64{}
 		for _, name := range []string{"paymesh_router_submitted_total", "paymesh_router_forwarded_total", "paymesh_router_relayed_total"} {
-			for _, s := range samples(t, url, name) {
+			for _, s := range samples(t, routerURL, name) {
 				published[s.labels["topic"]] += s.value
 			}
 		}

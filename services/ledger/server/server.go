@@ -168,6 +168,9 @@ func (s *Server) observe(m *telemetry.Metrics) error {
 	if err := m.ObserveLedger(s.cfg.Region, s.Topo.Stream(), s.Stats); err != nil {
 		return err
 	}
+	if err := m.ObserveBacklog(s.cfg.Region, s.Topo.Stream(), telemetry.LedgerPending(s.js, s.Topo)); err != nil {
+		return err
+	}
 	return m.ObserveStore(s.cfg.Region, s.Store)
 }
 

@@ -105,7 +105,10 @@ func (s *Server) open(ctx context.Context) error {
 	s.store = postgres.New(s.pool, postgres.Config{Region: cfg.Region, Regions: cfg.Regions})
 	if cfg.MetricsListen != "" {
 		s.metrics, err = telemetry.ServeNew(cfg.MetricsListen, cfg.Log, func(m *telemetry.Metrics) error {
-			return m.ObserveRouter(cfg.Region, s.rt.Stats())
+			if err := m.ObserveRouter(cfg.Region, s.rt.Stats()); err != nil {
+				return err
+			}
+			return m.ObserveBacklog(cfg.Region, router.Stream(cfg.Region), telemetry.RoutePending(s.js, cfg.Region))
 		})
 	}
 	return err
