@@ -28,6 +28,9 @@ const (
 	FaultLose = "lose-commands-eu"
 )
 
+// NoFaults, as the only fault named, runs the load without faults.
+const NoFaults = "none"
+
 // FaultNames are the faults of the schedule, in the order they fire.
 var FaultNames = []string{FaultKillLedger, FaultKillRouter, FaultKillAPI, FaultKillNATS, FaultCut, FaultDegrade}
 

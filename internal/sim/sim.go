@@ -50,7 +50,8 @@ type Config struct {
 	Load time.Duration
 	// Quick is a run of at most about 90 s in all.
 	Quick bool
-	// Faults are the faults to fire (default: all of FaultNames).
+	// Faults are the faults to fire (default: all of FaultNames; NoFaults
+	// alone for none).
 	Faults []string
 	// LoseCommands adds a fault that loses commands on purpose (FaultLose:
 	// eu's route stream purged while its router is down, so commands its
@@ -145,8 +146,11 @@ func prepare(cfg Config, out io.Writer) (*sim, error) {
 	if cfg.Load < 10*time.Second {
 		return nil, fmt.Errorf("sim: load of %s: want at least 10s for the fault schedule", cfg.Load)
 	}
-	if len(cfg.Faults) == 0 {
+	switch {
+	case len(cfg.Faults) == 0:
 		cfg.Faults = FaultNames
+	case len(cfg.Faults) == 1 && cfg.Faults[0] == NoFaults:
+		cfg.Faults = nil
 	}
 	for _, f := range cfg.Faults {
 		if !slices.Contains(FaultNames, f) {
