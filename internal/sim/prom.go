@@ -287,7 +287,8 @@ func (s *sim) observe(ctx context.Context, rep *Report, since time.Time) error {
 			if rep.Duplicates[r.Metric["region"]] == nil {
 				rep.Duplicates[r.Metric["region"]] = map[string]float64{}
 			}
-			rep.Duplicates[r.Metric["region"]][r.Metric["layer"]] += r.Value
+			// increase() extrapolates to the window's edges: round.
+			rep.Duplicates[r.Metric["region"]][r.Metric["layer"]] += math.Round(r.Value)
 		}
 	}
 	s.mu.Lock()

@@ -61,6 +61,8 @@ type Report struct {
 	// ended.
 	DegradedFrom, DegradedTo time.Time
 	Checks                   []Check
+	// Pass is OK() when the report was judged.
+	Pass bool
 
 	history []loadgen.HistoryEntry
 	client  string
@@ -137,6 +139,7 @@ func (r *Report) judge() {
 	if r.PanelsChecked > 0 || len(r.PanelsEmpty) > 0 {
 		add(len(r.PanelsEmpty) == 0, fmt.Sprintf("every dashboard panel query returned data (%d queries)", r.PanelsChecked), strings.Join(r.PanelsEmpty, "\n"))
 	}
+	r.Pass = r.OK()
 }
 
 // Print writes the report.
