@@ -17,6 +17,7 @@ type simCmd struct {
 	Load         time.Duration `help:"How long the load runs (default 120s; 45s with --quick)."`
 	Faults       []string      `help:"Faults to fire, comma-separated (default: all): kill-ledger-eu, kill-router-ap, kill-api-us, kill-nats-ap, cut-eu, degrade-us; none for none."`
 	LoseCommands bool          `name:"lose-commands" help:"Also lose commands on purpose: purge eu's route stream while its router is down, so commands already answered 202 are gone; the run must end in FAIL naming them."`
+	NoWANLatency bool          `name:"no-wan-latency" help:"Run the WAN links without the region table's latency (to measure what it costs)."`
 	Report       string        `help:"Also write the report as JSON to this file." type:"path"`
 	Root         string        `help:"The repository (docker-compose.yml, deploy/, go.mod) (default: the current folder or the nearest one above it with docker-compose.yml and go.mod)." type:"existingdir"`
 	Seed         uint64        `default:"1" help:"Seed of the load."`
@@ -35,7 +36,7 @@ func (c *simCmd) Run(ctx context.Context) error {
 		return fmt.Errorf("the paymesh binary for the services: %w", err)
 	}
 	rep, err := sim.Run(ctx, sim.Config{Root: root, Binary: self, Load: c.Load, Quick: c.Quick, Faults: c.Faults,
-		LoseCommands: c.LoseCommands, Live: isTerminal(os.Stdout), Seed: c.Seed}, os.Stdout)
+		LoseCommands: c.LoseCommands, NoWANLatency: c.NoWANLatency, Live: isTerminal(os.Stdout), Seed: c.Seed}, os.Stdout)
 	if errors.Is(err, context.Canceled) {
 		fmt.Println("\ninterrupted: every process the simulation started is stopped and its Postgres clusters removed")
 		return errFailed

@@ -58,6 +58,9 @@ type Config struct {
 	// API already answered 202 are gone); the run must end in FAIL naming
 	// them.
 	LoseCommands bool
+	// NoWANLatency runs the WAN links without the region table's latency
+	// (PAYMESH_WAN_LATENCY=0), to measure what the latency costs.
+	NoWANLatency bool
 	// Live redraws one status line (a terminal) instead of printing a line
 	// every few seconds.
 	Live bool
@@ -429,6 +432,9 @@ func (s *sim) startService(ctx context.Context, name string) error {
 	env, err := s.env(name)
 	if err != nil {
 		return err
+	}
+	if s.cfg.NoWANLatency && strings.HasPrefix(name, wanServicePrefix) {
+		env["PAYMESH_WAN_LATENCY"] = "0"
 	}
 	return s.startProc(ctx, procSpec{Name: name, Path: s.cfg.Binary, Args: s.plan.project.Services[name].Command, Env: env})
 }
