@@ -271,18 +271,19 @@ func (c *apiCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, l
 }
 
 type clientCmd struct {
-	PostgresURL string   `name:"postgres-url" env:"PAYMESH_POSTGRES_URL" help:"Postgres server of the regions' databases (default: ${default_pg})."`
-	DBPrefix    string   `name:"database-prefix" env:"PAYMESH_DATABASE_PREFIX" help:"Region databases are named <prefix><region> instead of the region table's."`
-	URLs        []string `name:"postgres-urls" env:"PAYMESH_POSTGRES_URLS" help:"region=URL of each region's Postgres server, when they differ (docker-compose)."`
-	Regions     []string `name:"region" help:"Register the client only in these regions, comma-separated (default: every region of the region table)."`
-	ID          string   `arg:"" help:"Client id (1-64 characters)."`
-	Name        string   `help:"Display name." default:""`
-	Rate        int      `help:"Requests per second allowed." default:"100"`
-	Overdraft   int64    `name:"max-overdraft" help:"Most overdraft (minor units) the client may give its accounts." default:"0"`
-	Key         string   `env:"PAYMESH_CLIENT_KEY" help:"Use this API key instead of a new random one (at least 16 characters)."`
+	PostgresURL string        `name:"postgres-url" env:"PAYMESH_POSTGRES_URL" help:"Postgres server of the regions' databases (default: ${default_pg})."`
+	DBPrefix    string        `name:"database-prefix" env:"PAYMESH_DATABASE_PREFIX" help:"Region databases are named <prefix><region> instead of the region table's."`
+	URLs        []string      `name:"postgres-urls" env:"PAYMESH_POSTGRES_URLS" help:"region=URL of each region's Postgres server, when they differ (docker-compose)."`
+	Regions     []string      `name:"region" help:"Register the client only in these regions, comma-separated (default: every region of the region table)."`
+	ID          string        `arg:"" help:"Client id (1-64 characters)."`
+	Name        string        `help:"Display name." default:""`
+	Rate        int           `help:"Requests per second allowed." default:"100"`
+	Overdraft   int64         `name:"max-overdraft" help:"Most overdraft (minor units) the client may give its accounts." default:"0"`
+	Key         string        `env:"PAYMESH_CLIENT_KEY" help:"Use this API key instead of a new random one (at least 16 characters)."`
+	Wait        time.Duration `name:"connect-timeout" env:"PAYMESH_CONNECT_TIMEOUT" default:"60s" help:"How long to wait for a region's database to be migrated by its ledger (docker-compose starts them together)."`
 }
 
-func (c *clientCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions) error {
+func (c *clientCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, log *slog.Logger) error {
 	if err := ledger.ValidClientID(c.ID); err != nil {
 		return err
 	}
@@ -354,12 +355,42 @@ func (c *clientCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 		return fmt.Errorf("%s;\n%s", strings.Join(missing, ";\n"), hint)
 	}
 	for _, name := range names {
-		if err := stores[name].PutClient(ctx, postgres.Client{ID: c.ID, Name: c.Name, RatePerSec: c.Rate, MaxOverdraft: c.Overdraft}, key); err != nil {
+		put := func() error {
+			return stores[name].PutClient(ctx, postgres.Client{ID: c.ID, Name: c.Name, RatePerSec: c.Rate, MaxOverdraft: c.Overdraft}, key)
+		}
+		if err := untilMigrated(ctx, name, c.Wait, log, put); err != nil {
 			return fmt.Errorf("region %s: %w", name, err)
 		}
 	}
 	fmt.Println(key)
 	return nil
+}
+
+// untilMigrated runs f, and again every 250 ms for at most timeout while it
+// fails because the region's tables do not exist yet (its ledger migrates
+// them at start), logging once that it waits. It returns f's last error,
+// saying what to run when the tables never came.
+func untilMigrated(ctx context.Context, region string, timeout time.Duration, log *slog.Logger, f func() error) error {
+	deadline := time.Now().Add(timeout)
+	for logged := false; ; {
+		err := f()
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "42P01" { // undefined_table
+			return err
+		}
+		if time.Now().Add(250 * time.Millisecond).After(deadline) {
+			return fmt.Errorf("the database is not migrated after %s (start the region's ledger, or run `paymesh migrate --region %s`): %w", timeout, region, err)
+		}
+		if !logged {
+			log.Warn("waiting for the region's ledger to migrate its database", "region", region, "timeout", timeout)
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for migrations: %w", ctx.Err())
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
 }
 
 // apiClient holds the flags of the client commands.

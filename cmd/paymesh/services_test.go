@@ -54,7 +54,7 @@ func TestClientOneRegion(t *testing.T) {
 	}
 
 	all := &clientCmd{PostgresURL: pgtest.AdminURL(), DBPrefix: prefix, ID: "acme", Rate: 100}
-	err = all.Run(ctx, tab, ids)
+	err = all.Run(ctx, tab, ids, discard)
 	for _, want := range []string{"region us: database " + prefix + "us does not exist", "paymesh migrate --region us --database " + prefix + "us --create",
 		"region ap: database " + prefix + "ap does not exist", "--region eu"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
@@ -65,14 +65,54 @@ func TestClientOneRegion(t *testing.T) {
 		t.Fatal("a failed registration left the client in eu")
 	}
 	one := &clientCmd{PostgresURL: pgtest.AdminURL(), DBPrefix: prefix, ID: "acme", Rate: 100, Regions: []string{"eu"}}
-	if err := one.Run(ctx, tab, ids); err != nil {
+	if err := one.Run(ctx, tab, ids, discard); err != nil {
 		t.Fatalf("--region eu: %v", err)
 	}
 	if !registered() {
 		t.Fatal("--region eu: the client is not in eu")
 	}
-	if err := (&clientCmd{PostgresURL: pgtest.AdminURL(), ID: "acme", Regions: []string{"mars"}}).Run(ctx, tab, ids); err == nil || !strings.Contains(err.Error(), "mars") {
+	if err := (&clientCmd{PostgresURL: pgtest.AdminURL(), ID: "acme", Regions: []string{"mars"}}).Run(ctx, tab, ids, discard); err == nil || !strings.Contains(err.Error(), "mars") {
 		t.Fatalf("--region mars: got %v, want an error naming it", err)
+	}
+}
+
+var discard = slog.New(slog.DiscardHandler)
+
+// TestClientWaitsForMigrations: `paymesh client` started on a database its
+// ledger has not migrated yet (docker-compose starts them together) waits
+// for the tables, logging once, and registers the client; with nobody to
+// migrate it gives up after --connect-timeout and says what to run.
+func TestClientWaitsForMigrations(t *testing.T) {
+	ctx := context.Background()
+	tab, ids := defaultRegions(t)
+	prefix := fmt.Sprintf("pmtest_clientwait_%d_", os.Getpid())
+	db := prefix + "eu"
+	if _, err := pgdb.Create(ctx, pgtest.AdminURL(), db, true); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pgdb.Drop(context.Background(), pgtest.AdminURL(), db) })
+
+	early := &clientCmd{PostgresURL: pgtest.AdminURL(), DBPrefix: prefix, ID: "acme", Rate: 100, Regions: []string{"eu"}, Wait: 300 * time.Millisecond}
+	err := early.Run(ctx, tab, ids, discard)
+	if err == nil || !strings.Contains(err.Error(), "not migrated after 300ms") || !strings.Contains(err.Error(), "paymesh migrate --region eu") {
+		t.Fatalf("no ledger to migrate: got %v, want an error saying what to run", err)
+	}
+
+	var logs syncBuffer
+	migrated := make(chan error, 1)
+	go func() {
+		time.Sleep(time.Second)
+		migrated <- (&migrateCmd{regionDB: regionDB{Region: "eu", PostgresURL: pgtest.AdminURL(), Database: db}, WindowDays: 7}).Run(ctx, tab)
+	}()
+	c := &clientCmd{PostgresURL: pgtest.AdminURL(), DBPrefix: prefix, ID: "acme", Rate: 100, Regions: []string{"eu"}, Wait: time.Minute}
+	if err := c.Run(ctx, tab, ids, slog.New(slog.NewTextHandler(&logs, nil))); err != nil {
+		t.Fatalf("migrated while waiting: %v", err)
+	}
+	if err := <-migrated; err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(logs.String(), "waiting for the region's ledger to migrate"); n != 1 {
+		t.Errorf("logged the wait %d times, want once:\n%s", n, logs.String())
 	}
 }
 

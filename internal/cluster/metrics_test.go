@@ -107,13 +107,13 @@ func TestMetricsPerService(t *testing.T) {
 	h := mustCluster(t, nil, nil)
 	h.open(t, 2, 100)
 	h.quiet(t, time.Minute)
-	submitted := `paymesh_router_submitted_total{region="eu"} 2`
+	submitted := `paymesh_router_submitted_total{region="eu",topic="route"} 2`
 	check := func(r *cluster.Region) {
 		t.Helper()
 		for url, want := range map[string]string{
 			r.LedgerMetricsURL: `paymesh_transfers_applied_total{consumer="ledger",region="eu",stream="LEDGER_EU"}`,
 			r.RouterMetricsURL: submitted,
-			r.APIMetricsURL:    `paymesh_idempotency_keys_total{outcome="replay",region="eu"}`,
+			r.APIMetricsURL:    `paymesh_idempotency_keys_total{layer="idempotency_key",outcome="replay",region="eu",topic="transfer"}`,
 		} {
 			if body := openMetrics(t, url); !strings.Contains(body, want) {
 				t.Errorf("%s: no %s in\n%s", url, want, body)
