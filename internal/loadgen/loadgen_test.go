@@ -70,6 +70,18 @@ func TestLoad(t *testing.T) {
 	if cross < len(entries)/4 || cross > 3*len(entries)/4 {
 		t.Fatalf("%d of %d transfers cross-region, want about half", cross, len(entries))
 	}
+	// Duration ends the sending before Transfers.
+	begin := time.Now()
+	sctx, stop := context.WithTimeout(ctx, 20*time.Second)
+	defer stop()
+	short, err := loadgen.Run(sctx, loadgen.Config{APIs: apis, APIKey: "load-key-0123456789", Accounts: 2, Overdraft: 1_000_000,
+		Transfers: 1_000_000, Concurrency: 4, Duration: time.Second, Seed: 6}, io.Discard)
+	if err != nil {
+		t.Fatalf("a 1s load: %v after %s", err, time.Since(begin))
+	}
+	if short.Sent == 0 || short.Sent >= 1_000_000 {
+		t.Fatalf("a 1s load sent %d transfers in %s: want some, stopped by the duration", short.Sent, time.Since(begin))
+	}
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	if err := c.WaitQuiet(wctx); err != nil {
