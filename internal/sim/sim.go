@@ -265,8 +265,9 @@ func (s *sim) logf(format string, args ...any) {
 	fmt.Fprintf(s.out, format+"\n", args...)
 }
 
-// cleanup stops every process and removes the throwaway clusters and the
-// JetStream stores; the logs stay.
+// cleanup stops every process and removes the throwaway clusters, the
+// JetStream stores and Prometheus's data; the logs, the load's history
+// and the configs stay in the run folder.
 func (s *sim) cleanup() {
 	if s.prom != nil {
 		s.prom.Stop()
@@ -284,6 +285,7 @@ func (s *sim) cleanup() {
 	}
 	if s.dir != "" {
 		_ = os.RemoveAll(filepath.Join(s.dir, "nats"))
+		_ = os.RemoveAll(filepath.Join(s.dir, "prometheus", "data"))
 	}
 }
 
