@@ -155,7 +155,11 @@ func (r *Report) Print(w io.Writer) {
 		r.SameP50, r.SameP99, r.CrossP50, r.CrossP99)
 	printByRegion(w, "duplicates caught, by region and layer (Prometheus, increase over the run):", "%.0f", r.Duplicates)
 	printByRegion(w, "duplicate rate (duplicates per delivery), by region:", "%.4f", r.DuplicateRate)
-	fmt.Fprintf(w, "faults fired: %s\n", strings.Join(r.Fired, ", "))
+	fired := strings.Join(r.Fired, ", ")
+	if fired == "" {
+		fired = "none"
+	}
+	fmt.Fprintf(w, "faults fired: %s\n", fired)
 	if !r.DegradedFrom.IsZero() {
 		fmt.Fprintf(w, "us's link degraded from %s to %s\n", r.DegradedFrom.Format(time.TimeOnly), r.DegradedTo.Format(time.TimeOnly))
 	}
