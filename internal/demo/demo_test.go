@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -13,22 +15,72 @@ import (
 	"github.com/paymesh/paymesh/deploy/regions"
 	"github.com/paymesh/paymesh/internal/demo"
 	"github.com/paymesh/paymesh/internal/pgtest"
+	"github.com/paymesh/paymesh/internal/promcheck"
+	"github.com/paymesh/paymesh/internal/promcheck/promchecktest"
 	"github.com/paymesh/paymesh/pkg/dedup"
 )
 
+// TestDemoWithoutFaultsCountsExactly also runs with Prometheus on auto
+// and no prometheus on PATH: the demo runs, and says that alerts are off
+// and why, at the start and in the report.
 func TestDemoWithoutFaultsCountsExactly(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
 	var out strings.Builder
 	rep, err := demo.Run(context.Background(), demo.Config{
 		PostgresURL: pgtest.AdminURL(), DatabasePrefix: fmt.Sprintf("pmtest_demo_nf_%d_", os.Getpid()),
 		Accounts: 5, Transfers: 400, Seed: 9, HTTPShare: 0.2, ClientRetry: 0.1, ProducerRetry: 0.1, DropAck: 0.3,
+		Prometheus: demo.PrometheusAuto,
 	}, &out)
 	if err != nil {
 		t.Fatal(err)
 	}
+	started := out.String()
 	rep.Print(&out)
 	if !rep.OK() || rep.Missed() != 0 {
 		t.Fatalf("demo without faults: injected minus caught %d:\n%s", rep.Missed(), out.String())
 	}
+	const off = "alerts: off (prometheus not installed; make prometheus)\n"
+	if strings.Count(started, off) != 1 || !strings.Contains(strings.TrimPrefix(out.String(), started), off) || rep.Alerts.On {
+		t.Errorf("want %q once at the start and in the report (alerts %+v):\n%s", off, rep.Alerts, out.String())
+	}
+}
+
+// TestDemoPrometheusRejected: a bad Prometheus mode, Prometheus asked for
+// but not installed, and a missing config are errors before anything
+// starts.
+func TestDemoPrometheusRejected(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "prometheus.yml")
+	for name, tc := range map[string]struct {
+		cfg  demo.Config
+		path string
+		want string
+	}{
+		"UnknownMode":  {cfg: demo.Config{Prometheus: "maybe"}, want: `prometheus "maybe": want auto, on or off`},
+		"NotInstalled": {cfg: demo.Config{Prometheus: demo.PrometheusOn}, path: t.TempDir(), want: "make prometheus installs it"},
+		"NoConfig":     {cfg: demo.Config{Prometheus: demo.PrometheusOn, PrometheusConfig: missing}, want: "prometheus config: stat " + missing},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if tc.path != "" {
+				t.Setenv("PATH", tc.path)
+			} else if tc.cfg.PrometheusConfig != "" {
+				promchecktest.Require(t)
+			}
+			tc.cfg.PostgresURL = pgtest.AdminURL()
+			_, err := demo.Run(context.Background(), tc.cfg, io.Discard)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// prometheusMode is PrometheusOn where the tests must run Prometheus
+// (installed, or PAYMESH_REQUIRE_PROMETHEUS set), otherwise auto.
+func prometheusMode() string {
+	if promcheck.Installed() == nil || os.Getenv("PAYMESH_REQUIRE_PROMETHEUS") != "" {
+		return demo.PrometheusOn
+	}
+	return demo.PrometheusAuto
 }
 
 func TestDemoPasses(t *testing.T) {
@@ -37,6 +89,7 @@ func TestDemoPasses(t *testing.T) {
 		PostgresURL: pgtest.AdminURL(), DatabasePrefix: fmt.Sprintf("pmtest_demo_%d_", os.Getpid()),
 		Accounts: 5, Transfers: 600, Seed: 7, HTTPShare: 0.2,
 		ClientRetry: 0.1, ProducerRetry: 0.1, DropAck: 0.3, Poison: 0.02, Faults: demo.FaultNames,
+		Prometheus: prometheusMode(),
 	}, &out)
 	if err != nil {
 		t.Fatal(err)
@@ -65,6 +118,25 @@ func TestDemoPasses(t *testing.T) {
 	metrics := regexp.MustCompile(`(?m)^  (eu|us|ap): /metrics ledger http://127\.0\.0\.1:\d+/metrics router http://127\.0\.0\.1:\d+/metrics api http://127\.0\.0\.1:\d+/metrics$`)
 	if got := metrics.FindAllString(out.String(), -1); len(got) != 3 {
 		t.Errorf("got %d lines of /metrics URLs, want one per region:\n%s", len(got), out.String())
+	}
+	// With Prometheus, its URL follows them, and the poison messages make
+	// the dead-letter alert fire (it has no hold, and clears only 5m
+	// after the last one).
+	if prometheusMode() == demo.PrometheusOn {
+		prom := regexp.MustCompile(`(?m)^  Prometheus: http://127\.0\.0\.1:\d+ \(alert rules beside .*deploy/prometheus/prometheus\.yml`)
+		if !prom.MatchString(out.String()) || !rep.Alerts.On {
+			t.Errorf("no Prometheus URL printed, or alerts off (%+v):\n%s", rep.Alerts, out.String())
+		}
+		var dlq []string
+		for _, a := range rep.Alerts.Fired {
+			if a.Name == "PaymeshDeadLettersGrowing" && a.Topic == "dlq" && !a.FiredAt.IsZero() {
+				dlq = append(dlq, a.Region)
+			}
+		}
+		if len(dlq) == 0 || !strings.Contains(out.String(), "alerts fired (Prometheus http://") ||
+			!regexp.MustCompile(`(?m)^  PaymeshDeadLettersGrowing +region (eu|us|ap) +topic dlq +fired \d\d:\d\d:\d\d, `).MatchString(out.String()) {
+			t.Errorf("PaymeshDeadLettersGrowing did not fire, or the report does not list it (alerts %+v):\n%s", rep.Alerts, out.String())
+		}
 	}
 }
 
