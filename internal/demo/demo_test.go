@@ -5,14 +5,17 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/paymesh/paymesh/deploy/regions"
+	"github.com/paymesh/paymesh/internal/dashboard"
 	"github.com/paymesh/paymesh/internal/demo"
 	"github.com/paymesh/paymesh/internal/pgtest"
 	"github.com/paymesh/paymesh/internal/promcheck"
@@ -85,12 +88,14 @@ func prometheusMode() string {
 
 func TestDemoPasses(t *testing.T) {
 	var out strings.Builder
+	page := &alertPoller{done: make(chan struct{})}
 	rep, err := demo.Run(context.Background(), demo.Config{
 		PostgresURL: pgtest.AdminURL(), DatabasePrefix: fmt.Sprintf("pmtest_demo_%d_", os.Getpid()),
 		Accounts: 5, Transfers: 600, Seed: 7, HTTPShare: 0.2,
 		ClientRetry: 0.1, ProducerRetry: 0.1, DropAck: 0.3, Poison: 0.02, Faults: demo.FaultNames,
-		Prometheus: prometheusMode(),
+		Prometheus: prometheusMode(), Dashboard: "127.0.0.1:0", OnDashboard: page.watch,
 	}, &out)
+	page.stop()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,6 +143,60 @@ func TestDemoPasses(t *testing.T) {
 			t.Errorf("PaymeshDeadLettersGrowing did not fire, or the report does not list it (alerts %+v):\n%s", rep.Alerts, out.String())
 		}
 	}
+	// The live page's /api/alerts, polled during the run, showed it too.
+	if page.polls == 0 {
+		t.Fatal("GET /api/alerts never answered during the run")
+	}
+	if on := prometheusMode() == demo.PrometheusOn; page.last.Enabled != on || page.last.Active == nil || page.last.Cleared == nil {
+		t.Errorf("/api/alerts: %+v, want enabled %v and lists", page.last, on)
+	} else if on && (page.firing == nil || page.firing.Region == "" || page.firing.Since.IsZero() || page.firing.FiredAt.IsZero()) {
+		t.Errorf("/api/alerts never listed PaymeshDeadLettersGrowing firing with its region, since and fired_at (last %+v)", page.last)
+	}
+}
+
+// alertPoller polls the live page's /api/alerts every 200 ms until stop,
+// keeping the last answer and the first dead-letter alert seen firing.
+type alertPoller struct {
+	done   chan struct{}
+	wg     sync.WaitGroup
+	polls  int
+	last   dashboard.Alerts
+	firing *dashboard.AlertState
+}
+
+func (p *alertPoller) watch(url string) {
+	p.wg.Go(func() {
+		for {
+			select {
+			case <-p.done:
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+			res, err := http.Get(url + "api/alerts")
+			if err != nil {
+				continue
+			}
+			var a dashboard.Alerts
+			err = json.NewDecoder(res.Body).Decode(&a)
+			res.Body.Close()
+			if err != nil {
+				continue
+			}
+			p.polls++
+			p.last = a
+			for _, s := range a.Active {
+				if s.Name == "PaymeshDeadLettersGrowing" && s.State == "firing" && s.Topic == "dlq" && p.firing == nil {
+					p.firing = &s
+				}
+			}
+		}
+	})
+}
+
+// stop ends the polling; the fields are safe to read afterwards.
+func (p *alertPoller) stop() {
+	close(p.done)
+	p.wg.Wait()
 }
 
 // TestDemoThrowawayPostgres: with no server at the URL, the demo runs on a
