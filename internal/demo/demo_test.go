@@ -53,6 +53,10 @@ func TestDemoWithoutFaultsCountsExactly(t *testing.T) {
 // starts.
 func TestDemoPrometheusRejected(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "prometheus.yml")
+	grafana := filepath.Join(t.TempDir(), "prometheus.yml")
+	if err := os.WriteFile(grafana, []byte("scrape_configs:\n  - job_name: grafana\n    static_configs:\n      - targets: [ledger-eu:9101, grafana-eu:3000, api-mars:9301]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for name, tc := range map[string]struct {
 		cfg  demo.Config
 		path string
@@ -61,6 +65,11 @@ func TestDemoPrometheusRejected(t *testing.T) {
 		"UnknownMode":  {cfg: demo.Config{Prometheus: "maybe"}, want: `prometheus "maybe": want auto, on or off`},
 		"NotInstalled": {cfg: demo.Config{Prometheus: demo.PrometheusOn}, path: t.TempDir(), want: "make prometheus installs it"},
 		"NoConfig":     {cfg: demo.Config{Prometheus: demo.PrometheusOn, PrometheusConfig: missing}, want: "prometheus config: stat " + missing},
+		// A target that is none of the demo's services, found once the
+		// regions run.
+		"UnknownTarget": {cfg: demo.Config{Prometheus: demo.PrometheusOn, PrometheusConfig: grafana, Accounts: 2,
+			DatabasePrefix: fmt.Sprintf("pmtest_demo_prom_%d_", os.Getpid())},
+			want: `scrape target "grafana-eu:3000": no service "grafana" (ledger, router or api)` + "\n" + `scrape target "api-mars:9301": no region "mars" in the demo`},
 	} {
 		t.Run(name, func(t *testing.T) {
 			if tc.path != "" {
