@@ -167,7 +167,7 @@ func metricsTarget(c *cluster.Cluster, target string) (string, error) {
 func (p *prometheus) report(ctx context.Context) AlertsReport {
 	p.history.Poll(ctx)
 	a := p.history.Snapshot()
-	rep := AlertsReport{On: a.Enabled, Note: a.Note}
+	rep := AlertsReport{On: a.Enabled, Note: a.Note, Fired: []dashboard.AlertState{}}
 	for _, s := range a.Active {
 		if !s.FiredAt.IsZero() {
 			rep.Fired = append(rep.Fired, s)

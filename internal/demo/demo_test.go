@@ -210,7 +210,8 @@ func (p *alertPoller) stop() {
 
 // TestDemoThrowawayPostgres: with no server at the URL, the demo runs on a
 // throwaway cluster from the local binaries, and the cluster is gone
-// afterwards. The JSON report says where the databases lived.
+// afterwards. The JSON report says where the databases lived, and that
+// alerts were off.
 func TestDemoThrowawayPostgres(t *testing.T) {
 	var out strings.Builder
 	rep, err := demo.Run(context.Background(), demo.Config{
@@ -238,6 +239,10 @@ func TestDemoThrowawayPostgres(t *testing.T) {
 	var back map[string]any
 	if err := json.Unmarshal(b, &back); err != nil || back["Commands"] != float64(rep.Commands) || back["Verify"] == nil {
 		t.Fatalf("JSON report: %s (%v)", b, err)
+	}
+	// Prometheus was not asked for: the report says alerts were off.
+	if alerts, _ := back["Alerts"].(map[string]any); alerts["On"] != false || alerts["Note"] != "Prometheus off" || alerts["Fired"] == nil {
+		t.Fatalf("JSON report's alerts: %v, want off, with a note and an empty list", back["Alerts"])
 	}
 }
 
