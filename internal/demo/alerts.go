@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -163,7 +164,8 @@ func metricsTarget(c *cluster.Cluster, target string) (string, error) {
 	return u.Host, nil
 }
 
-// report polls the alerts a last time and returns what fired.
+// report polls the alerts a last time and returns what fired, in the
+// order it fired.
 func (p *prometheus) report(ctx context.Context) AlertsReport {
 	p.history.Poll(ctx)
 	a := p.history.Snapshot()
@@ -174,6 +176,7 @@ func (p *prometheus) report(ctx context.Context) AlertsReport {
 		}
 	}
 	rep.Fired = append(rep.Fired, a.Cleared...)
+	slices.SortStableFunc(rep.Fired, func(a, b dashboard.AlertState) int { return a.FiredAt.Compare(b.FiredAt) })
 	return rep
 }
 
