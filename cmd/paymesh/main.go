@@ -637,7 +637,8 @@ type demoCmd struct {
 	Stay          bool    `help:"Keep the regions, their APIs and the live page running after the report, until Ctrl-C."`
 	Throwaway     bool    `name:"throwaway-postgres" help:"Use a throwaway PostgreSQL cluster from the local binaries even if a server answers."`
 	Keep          bool    `help:"Keep the demo databases afterwards."`
-	Dashboard     string  `default:"127.0.0.1:8100" help:"Address of the live page (throughput, duplicates by layer, invariants, traces with retries); 'off' for none."`
+	Dashboard     string  `default:"127.0.0.1:8100" help:"Address of the live page (throughput, duplicates by layer, invariants, alerts, traces with retries); 'off' for none."`
+	Prometheus    string  `default:"auto" enum:"auto,on,off" help:"Run Debian's prometheus (make prometheus) with the alert rules of deploy/prometheus on the demo's /metrics: auto (when installed), on (fail without it), off."`
 
 	traces *dashboard.Recorder
 }
@@ -672,7 +673,7 @@ func (c *demoCmd) Run(ctx context.Context) error {
 		CrossShare: max(c.CrossShare, 1e-9), Rate: c.Rate,
 		ClientRetry: c.ClientRetry, ProducerRetry: c.ProducerRetry, DropAck: c.DropAck, Poison: c.Poison,
 		FixedPorts: true, WAN: c.WAN, Stay: c.Stay, Keep: c.Keep, Live: isTerminal(os.Stdout), Faults: faults, ThrowawayPostgres: c.Throwaway,
-		Dashboard: dashboardAddr(c.Dashboard), Traces: c.traces,
+		Dashboard: dashboardAddr(c.Dashboard), Traces: c.traces, Prometheus: c.Prometheus,
 	}, os.Stdout)
 	if err != nil {
 		return err

@@ -84,6 +84,7 @@ func TestDemoFlagsRejected(t *testing.T) {
 		"CrossShare":       {Accounts: 10, CrossShare: -0.5},
 		"NegativeSendRate": {Accounts: 10, Rate: -1},
 		"NegativeCount":    {Accounts: 10, Transfers: -1},
+		"PrometheusMode":   {Accounts: 10, Prometheus: "maybe"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			if err := c.Run(context.Background()); err == nil {

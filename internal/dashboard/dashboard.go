@@ -59,6 +59,9 @@ type Config struct {
 	Interval time.Duration   // between samples (default 1 s)
 	Verify   time.Duration   // between invariant checks (default 5 s)
 	Keep     int             // samples kept (default 600)
+	// Alerts is the history /api/alerts serves (nil: alerts off, the
+	// page says so). Its owner runs it.
+	Alerts *AlertHistory
 }
 
 // Point is one sample: per region, rates per second since the previous
@@ -127,6 +130,9 @@ func New(cfg Config) *Dashboard {
 	}
 	if cfg.Keep <= 0 {
 		cfg.Keep = 600
+	}
+	if cfg.Alerts == nil {
+		cfg.Alerts = AlertsOff("no Prometheus evaluates the alert rules")
 	}
 	return &Dashboard{cfg: cfg}
 }
@@ -258,6 +264,7 @@ var static embed.FS
 //
 //	GET /                   the page
 //	GET /api/stats          samples, totals, progress and invariants
+//	GET /api/alerts         alerts active now, and those fired and cleared
 //	GET /api/traces         traces with a retry or a duplicate, newest first
 //	GET /api/traces/{id}    one trace's spans (32 hex digits)
 func (d *Dashboard) Handler() http.Handler {
@@ -265,6 +272,7 @@ func (d *Dashboard) Handler() http.Handler {
 	files, _ := fs.Sub(static, "static")
 	mux.Handle("GET /", http.FileServerFS(files))
 	mux.HandleFunc("GET /api/stats", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, d.Stats()) })
+	mux.HandleFunc("GET /api/alerts", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, d.cfg.Alerts.Snapshot()) })
 	mux.HandleFunc("GET /api/traces", func(w http.ResponseWriter, _ *http.Request) {
 		list := []TraceSummary{}
 		if d.cfg.Recorder != nil {

@@ -40,8 +40,10 @@ func chromium(t *testing.T) string {
 // TestLivePageInBrowser runs a short demo with its live page, opens the page
 // in headless Chromium while transfers flow, and checks that the charts
 // get data, that a trace with a redelivery opens as a span tree naming the
-// dedup layer that caught it, and that the final invariants show PASS. It
-// saves a screenshot (go test -artifacts keeps it).
+// dedup layer that caught it, that the final invariants show PASS, and
+// that the Alerts panel shows the dead-letter alert the poison messages
+// fire (or, without Prometheus, that alerts are off). It saves a
+// screenshot (go test -artifacts keeps it).
 func TestLivePageInBrowser(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a demo run in a browser")
@@ -62,7 +64,7 @@ func TestLivePageInBrowser(t *testing.T) {
 		rep, runErr = demo.Run(runCtx, demo.Config{
 			PostgresURL: pgtest.AdminURL(), DatabasePrefix: fmt.Sprintf("pmtest_demo_web_%d_", os.Getpid()),
 			Accounts: 5, Transfers: 1500, Rate: 250, Seed: 11, HTTPShare: 0.1,
-			ClientRetry: 0.05, ProducerRetry: 0.1, DropAck: 0.3, Stay: true,
+			ClientRetry: 0.05, ProducerRetry: 0.1, DropAck: 0.3, Poison: 0.01, Stay: true, Prometheus: prometheusMode(),
 			Dashboard: "127.0.0.1:0", Traces: rec, OnDashboard: func(u string) { urls <- u },
 		}, out)
 		if runErr != nil {
@@ -124,6 +126,16 @@ func TestLivePageInBrowser(t *testing.T) {
 	wait("the redelivery links to its first attempt", `[...document.querySelectorAll('#span-tree a')].some(a => a.textContent.includes('first attempt'))`, 10*time.Second)
 	// After the run: the final invariants across regions.
 	wait("final invariants PASS", `document.getElementById('invariant-badge').textContent.includes('PASS') && document.getElementById('invariant-badge').textContent.includes('final')`, 2*time.Minute)
+
+	// The Alerts panel: its heading, and the dead-letter alert firing in
+	// its table, or the note saying alerts are off.
+	wait("the Alerts panel is drawn", `document.querySelector('#alerts-card h2').textContent.startsWith('Alerts') && document.querySelectorAll('#alerts-cleared tbody tr').length >= 1`, 10*time.Second)
+	if prometheusMode() == demo.PrometheusOn {
+		wait("the dead-letter alert fires on the page", `[...document.querySelectorAll('#alerts tbody tr[data-alert="PaymeshDeadLettersGrowing"][data-state="firing"]')].some(tr => tr.textContent.includes('dlq') && tr.querySelector('.tag.region'))`, time.Minute)
+		wait("the note names Prometheus", `document.getElementById('alerts-note').textContent.startsWith('alerts: Prometheus http://')`, 10*time.Second)
+	} else {
+		wait("the note says alerts are off", `document.getElementById('alerts-note').textContent === 'alerts: off (prometheus not installed; make prometheus)'`, 10*time.Second)
+	}
 
 	png, err := chromedp.Run(browser, chromedp.FullScreenshot(100))
 	if err != nil {

@@ -73,6 +73,16 @@ type Config struct {
 	// to the hub (regions.Table.LinkDelay); without it the links are plain
 	// loopback and the demo runs fast.
 	WAN bool
+	// Prometheus runs Debian's prometheus on PrometheusConfig, its scrape
+	// targets mapped to the regions' /metrics, so that the alert rules of
+	// compose and the simulation watch the demo: PrometheusAuto when it is
+	// installed, PrometheusOn (Run fails without it), PrometheusOff or ""
+	// for none.
+	Prometheus string
+	// PrometheusConfig is the config to run, its rule files beside it
+	// (default: PrometheusConfigFile in the working directory or the
+	// nearest one above it).
+	PrometheusConfig string
 	// Stay keeps the regions running after the report until ctx ends.
 	Stay bool
 	Keep bool // keep the databases afterwards
@@ -99,6 +109,7 @@ type Report struct {
 	Caught                                                       map[string]int64
 	Elapsed                                                      time.Duration
 	Verify                                                       postgres.Report
+	Alerts                                                       AlertsReport
 }
 
 // Missed is injected duplicates minus the duplicates the layers reported.
@@ -128,9 +139,14 @@ func (r Report) OK() bool {
 }
 
 // Run runs the demo, writing progress to out. It returns an error when the
-// demo cannot start (no Postgres, ports taken) or is interrupted.
+// demo cannot start (no Postgres, ports taken, Prometheus asked for and
+// missing) or is interrupted.
 func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 	table, err := regions.Default()
+	if err != nil {
+		return Report{}, err
+	}
+	promFile, promOff, err := checkPrometheus(cfg)
 	if err != nil {
 		return Report{}, err
 	}
@@ -228,6 +244,11 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 		fmt.Fprintf(out, "  %s: API %s\n", n, r.APIURL)
 		fmt.Fprintf(out, "  %s: /metrics ledger %s router %s api %s\n", n, r.LedgerMetricsURL, r.RouterMetricsURL, r.APIMetricsURL)
 	}
+	prom, err := startPrometheus(ctx, c, promFile, promOff, out)
+	if err != nil {
+		return Report{}, err
+	}
+	defer prom.stop()
 	fmt.Fprintf(out, "  API key of client %q: %s\n", demoClient, apiKey)
 
 	d := &driver{cfg: cfg, c: c, topo: topo, rng: rng, rngMu: &rngMu, names: names, apiKey: apiKey, injected: map[string]int64{}, out: out,
@@ -240,7 +261,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 	d.faults = cfg.Faults
 	var dash *dashboard.Dashboard
 	if cfg.Dashboard != "" {
-		dash = dashboard.New(dashboard.Config{Source: dashboard.ClusterSource{C: c}, Recorder: cfg.Traces, Progress: d.status})
+		dash = dashboard.New(dashboard.Config{Source: dashboard.ClusterSource{C: c}, Recorder: cfg.Traces, Progress: d.status, Alerts: prom.history})
 		dctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 		defer stop()
 		url, err := dash.Serve(dctx, cfg.Dashboard)
@@ -272,6 +293,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 	d.injected["ledger redelivery (acks dropped)"] = dropped.Load()
 	rep := d.report(rctx, time.Since(start))
 	rep.Faults, rep.Postgres, rep.Interrupted = d.fired, pgWhere, interrupted
+	rep.Alerts = prom.report(rctx)
 	rep.Verify, err = postgres.VerifyGlobal(rctx, c.Stores(), !interrupted)
 	d.setPhase("done")
 	if dash != nil {
@@ -764,6 +786,7 @@ func (r Report) Print(w io.Writer) {
 	for _, k := range sortedKeys(r.Caught) {
 		fmt.Fprintf(w, "  %-48s %6d\n", k, r.Caught[k])
 	}
+	r.Alerts.print(w)
 	line := func(ok bool, format string, args ...any) {
 		verdict := "PASS"
 		if !ok {

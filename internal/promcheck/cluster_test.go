@@ -15,6 +15,7 @@ import (
 	"github.com/paymesh/paymesh/internal/natsembed"
 	"github.com/paymesh/paymesh/internal/pgtest"
 	"github.com/paymesh/paymesh/internal/promcheck"
+	"github.com/paymesh/paymesh/internal/promcheck/promchecktest"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/api"
 	"github.com/paymesh/paymesh/services/ledger"
@@ -167,7 +168,7 @@ func (l *load) run(ctx context.Context, t *testing.T, rate, max int) {
 // and the alert rules. Every query of every dashboard panel returns data,
 // and the duplicate-rate alert fires for a region and topic.
 func TestEveryPanelHasData(t *testing.T) {
-	requirePrometheus(t)
+	promchecktest.Require(t)
 	if testing.Short() {
 		t.Skip("-short: a cluster under load for about 20s")
 	}

@@ -13,6 +13,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/paymesh/paymesh/internal/promcheck"
+	"github.com/paymesh/paymesh/internal/promcheck/promchecktest"
 )
 
 // The repository's Prometheus and Grafana files.
@@ -23,24 +24,12 @@ const (
 	dashboardFile = "../../deploy/grafana/paymesh.json"
 )
 
-// requirePrometheus skips the test when prometheus or promtool is missing,
-// unless PAYMESH_REQUIRE_PROMETHEUS is set (CI), where it fails.
-func requirePrometheus(t *testing.T) {
-	t.Helper()
-	if err := promcheck.Installed(); err != nil {
-		if os.Getenv("PAYMESH_REQUIRE_PROMETHEUS") != "" {
-			t.Fatalf("PAYMESH_REQUIRE_PROMETHEUS is set: %v", err)
-		}
-		t.Skipf("%v; run scripts/prometheus as root", err)
-	}
-}
-
 // TestAlertRules: the alert rules pass promtool's checks and their unit
 // tests, and the compose config passes `promtool check config` as it is
 // (promtool does not resolve the compose host names) and mapped to
 // loopback.
 func TestAlertRules(t *testing.T) {
-	requirePrometheus(t)
+	promchecktest.Require(t)
 	ctx := context.Background()
 	if err := promcheck.CheckRules(ctx, rulesFile); err != nil {
 		t.Error(err)
@@ -91,7 +80,7 @@ func copyRules(t *testing.T, edit func(string) string) (rules, tests string) {
 // duplicate, and the unit tests say so; a rule that does not parse fails
 // `promtool check rules`.
 func TestBrokenRulesFail(t *testing.T) {
-	requirePrometheus(t)
+	promchecktest.Require(t)
 	ctx := context.Background()
 	_, tests := copyRules(t, func(s string) string {
 		return strings.Replace(s, "          and paymesh:duplicates:rate30s > 0.1\n", "", 1)
@@ -230,7 +219,7 @@ func TestWriteConfig(t *testing.T) {
 // TestStartFails: Prometheus that cannot start is an error quoting its
 // log, and leaves nothing running.
 func TestStartFails(t *testing.T) {
-	requirePrometheus(t)
+	promchecktest.Require(t)
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "prometheus.yml")
 	if err := os.WriteFile(cfg, []byte("rule_files: [bad.yml]\n"), 0o644); err != nil {

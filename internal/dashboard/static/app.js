@@ -1,4 +1,5 @@
-// paymesh live page: polls /api/stats and /api/traces and draws plain SVG.
+// paymesh live page: polls /api/stats, /api/alerts and /api/traces and
+// draws plain SVG and tables.
 "use strict";
 
 const SVG = "http://www.w3.org/2000/svg";
@@ -141,6 +142,28 @@ function drawChecks(id, inv) {
   ul.replaceChildren(...items);
 }
 
+// drawAlerts fills the Alerts panel: the alerts pending or firing now,
+// and those that fired and cleared during the run.
+function drawAlerts(a) {
+  const when = (t) => (t ? new Date(t).toLocaleTimeString() : "–");
+  const ago = (t) => Math.max(0, Math.round((Date.now() - Date.parse(t)) / 1000));
+  const cells = (x) => [el("td", {}, x.name), el("td", {}, x.region ? el("span", { class: "tag region" }, x.region) : "–"), el("td", {}, x.topic || "–")];
+  const active = (a.active || []).map((x) => el("tr", { "data-alert": x.name, "data-state": x.state, class: "alert " + x.state, title: x.summary || "" },
+    ...cells(x), el("td", {}, el("span", { class: "state " + x.state }, x.state)), el("td", {}, `${when(x.since)} (${ago(x.since)} s ago)`)));
+  document.querySelector("#alerts tbody").replaceChildren(...active);
+  const cleared = (a.cleared || []).slice().reverse().map((x) => el("tr", { "data-alert": x.name, "data-state": "cleared", class: "alert cleared", title: x.summary || "" },
+    ...cells(x), el("td", {}, when(x.fired_at)), el("td", {}, when(x.cleared_at))));
+  document.querySelector("#alerts-cleared tbody").replaceChildren(...(cleared.length ? cleared : [el("tr", { class: "empty" }, el("td", { colspan: 5 }, "none"))]));
+  let note;
+  if (!a.enabled) note = "alerts: off (" + a.note + ")";
+  else if (a.error) note = "alerts: " + a.note + " · last poll failed: " + a.error;
+  else note = "alerts: " + a.note + " · " + (active.length ? active.length + " active" : "none active");
+  const p = document.getElementById("alerts-note");
+  p.textContent = note;
+  p.dataset.enabled = String(!!a.enabled);
+  document.getElementById("alerts").hidden = !a.enabled;
+}
+
 let selected = null;
 
 function drawTraces(list) {
@@ -229,8 +252,10 @@ function highlight(spanID) {
 
 async function poll() {
   try {
-    const [st, traces] = await Promise.all([fetch("api/stats").then((r) => r.json()), fetch("api/traces").then((r) => r.json())]);
+    const [st, traces, alerts] = await Promise.all([fetch("api/stats").then((r) => r.json()), fetch("api/traces").then((r) => r.json()),
+      fetch("api/alerts").then((r) => r.json())]);
     drawStats(st);
+    drawAlerts(alerts);
     drawTraces(traces);
     document.body.dataset.updated = String(Date.now());
   } catch (e) {
