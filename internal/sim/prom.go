@@ -267,7 +267,7 @@ func (s *sim) rates(ctx context.Context, loadStart time.Time, degraded [2]time.T
 // checks every dashboard panel query.
 func (s *sim) observe(ctx context.Context, rep *Report, since time.Time) error {
 	if slices.Contains(rep.Fired, FaultDegrade) {
-		rep.WantAlert = duplicateAlert
+		rep.WantAlert, rep.AlertRequired = duplicateAlert, !s.cfg.Quick
 		s.mu.Lock()
 		settled := s.degraded[1].Add(routerAckWait + alertWindow)
 		s.mu.Unlock()

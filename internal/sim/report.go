@@ -57,6 +57,12 @@ type Report struct {
 	// WantAlert is the alert the degraded link must fire and clear ("":
 	// not checked, the degrade fault did not run).
 	WantAlert string
+	// AlertRequired makes WantAlert a check of the verdict; without it
+	// (--quick) the alert is reported for information. A quick run's
+	// degrade (16 s) does not always make us's own routers lose a PubAck:
+	// the duplicates of publishes *to* us are counted by the sending
+	// region's router.
+	AlertRequired bool
 	// DegradedFrom and DegradedTo are when the degraded link began and
 	// ended.
 	DegradedFrom, DegradedTo time.Time
@@ -130,8 +136,18 @@ func (r *Report) judge() {
 				topics = append(topics, a.Labels["topic"])
 			}
 		}
-		add(fired, fmt.Sprintf("%s fired for us once its link was degraded (topics %s)", r.WantAlert, strings.Join(topics, ", ")), "")
-		add(fired && cleared, r.WantAlert+" for us cleared after the link was restored", "")
+		check := add
+		if !r.AlertRequired {
+			check = func(ok bool, name, detail string) {
+				verdict := "seen"
+				if !ok {
+					verdict = "not seen"
+				}
+				r.Checks = append(r.Checks, Check{Name: fmt.Sprintf("INFO %s (%s; required of full runs only)", name, verdict), OK: true, Info: true, Detail: detail})
+			}
+		}
+		check(fired, fmt.Sprintf("%s fired for us once its link was degraded (topics %s)", r.WantAlert, strings.Join(topics, ", ")), "")
+		check(fired && cleared, r.WantAlert+" for us cleared after the link was restored", "")
 	}
 	for _, p := range r.PanelsUnchecked {
 		r.Checks = append(r.Checks, Check{Name: "INFO panel not checked: " + p, OK: true, Info: true})

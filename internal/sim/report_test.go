@@ -15,7 +15,7 @@ func passing() *Report {
 		Acknowledged: 10, Completed: 10, Scheduled: []string{FaultDegrade}, Fired: []string{FaultDegrade},
 		Verify:    postgres.Report{Region: "global", Checks: []postgres.Check{{Name: "x", OK: true}}},
 		Tools:     map[string]bool{"verify-eu": true},
-		WantAlert: duplicateAlert, DegradedFrom: t0, DegradedTo: t0.Add(20 * time.Second),
+		WantAlert: duplicateAlert, AlertRequired: true, DegradedFrom: t0, DegradedTo: t0.Add(20 * time.Second),
 		Alerts: []AlertSeen{{Name: duplicateAlert, Labels: map[string]string{"region": "us", "topic": "relay"}, Fired: true,
 			FiredAt: t0.Add(25 * time.Second), Cleared: true, ClearedAt: t0.Add(50 * time.Second)}},
 		PanelsChecked: 3,
@@ -67,5 +67,22 @@ func TestJudge(t *testing.T) {
 			}
 			t.Fatalf("no failed check names %q: %+v", tt.want, r.Checks)
 		})
+	}
+}
+
+// TestJudgeQuickAlert: a quick run that saw no alert for us still passes,
+// and its report says the alert was not seen.
+func TestJudgeQuickAlert(t *testing.T) {
+	r := passing()
+	r.AlertRequired = false
+	r.Alerts = nil
+	r.judge()
+	if !r.OK() {
+		t.Fatalf("want PASS, got %+v", r.Checks)
+	}
+	var b strings.Builder
+	r.Print(&b)
+	if !strings.Contains(b.String(), "fired for us once its link was degraded (topics ) (not seen; required of full runs only)") {
+		t.Fatalf("the report does not say the alert was not seen:\n%s", b.String())
 	}
 }
