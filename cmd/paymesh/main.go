@@ -30,6 +30,7 @@ import (
 	"github.com/paymesh/paymesh/internal/faultproxy"
 	"github.com/paymesh/paymesh/internal/loadgen"
 	"github.com/paymesh/paymesh/internal/pgdb"
+	"github.com/paymesh/paymesh/internal/startup"
 	"github.com/paymesh/paymesh/internal/telemetry"
 	"github.com/paymesh/paymesh/pkg/dedup"
 	"github.com/paymesh/paymesh/pkg/idgen"
@@ -366,31 +367,23 @@ func (c *clientCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 	return nil
 }
 
-// untilMigrated runs f, and again every 250 ms for at most timeout while it
-// fails because the region's tables do not exist yet (its ledger migrates
-// them at start), logging once that it waits. It returns f's last error,
-// saying what to run when the tables never came.
+// untilMigrated runs f, and again every startup.Every for at most timeout
+// while it fails because the region's tables do not exist yet (its ledger
+// migrates them at start), logging once that it waits. It returns f's last
+// error, saying what to run when the tables never came.
 func untilMigrated(ctx context.Context, region string, timeout time.Duration, log *slog.Logger, f func() error) error {
-	deadline := time.Now().Add(timeout)
-	for logged := false; ; {
+	err := startup.Wait(ctx, timeout, log.With("region", region), "waiting for the region's ledger to migrate its database", func() error {
 		err := f()
 		var pgErr *pgconn.PgError
-		if !errors.As(err, &pgErr) || pgErr.Code != "42P01" { // undefined_table
-			return err
+		if err != nil && (!errors.As(err, &pgErr) || pgErr.Code != "42P01") { // 42P01: undefined_table
+			return startup.Permanent(err)
 		}
-		if time.Now().Add(250 * time.Millisecond).After(deadline) {
-			return fmt.Errorf("the database is not migrated after %s (start the region's ledger, or run `paymesh migrate --region %s`): %w", timeout, region, err)
-		}
-		if !logged {
-			log.Warn("waiting for the region's ledger to migrate its database", "region", region, "timeout", timeout)
-			logged = true
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for migrations: %w", ctx.Err())
-		case <-time.After(250 * time.Millisecond):
-		}
+		return err
+	})
+	if late := (*startup.Timeout)(nil); errors.As(err, &late) {
+		return fmt.Errorf("the database is not migrated after %s (start the region's ledger, or run `paymesh migrate --region %s`): %w", late.After, region, late.Err)
 	}
+	return err
 }
 
 // apiClient holds the flags of the client commands.

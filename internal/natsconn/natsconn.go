@@ -14,15 +14,13 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/paymesh/paymesh/internal/natsauth"
+	"github.com/paymesh/paymesh/internal/startup"
 )
 
 // ReconnectWait is how long a lost connection waits between reconnect
 // attempts (plus the client's jitter). It is short: a region's services
 // should be back on a restarted nats-server within a second.
 const ReconnectWait = 100 * time.Millisecond
-
-// retryEvery is the pause between connect attempts at start.
-const retryEvery = 250 * time.Millisecond
 
 // Config is one connection.
 type Config struct {
@@ -44,26 +42,21 @@ type Config struct {
 func Connect(ctx context.Context, cfg Config) (*nats.Conn, error) {
 	opts := append(natsauth.ConnectOptions(cfg.User, cfg.Password), nats.Name(cfg.Name),
 		nats.MaxReconnects(-1), nats.ReconnectWait(ReconnectWait))
-	deadline := time.Now().Add(cfg.Timeout)
-	for logged := false; ; {
-		nc, err := nats.Connect(cfg.URL, opts...)
-		if err == nil {
-			return nc, nil
+	var nc *nats.Conn
+	err := startup.Wait(ctx, cfg.Timeout, cfg.Log, "waiting for nats at "+cfg.URL, func() error {
+		var err error
+		nc, err = nats.Connect(cfg.URL, opts...)
+		if errors.Is(err, nats.ErrAuthorization) {
+			return startup.Permanent(err)
 		}
-		if errors.Is(err, nats.ErrAuthorization) || cfg.Timeout <= 0 {
-			return nil, fmt.Errorf("nats %s: %w", cfg.URL, err)
-		}
-		if time.Now().Add(retryEvery).After(deadline) {
-			return nil, fmt.Errorf("nats %s: not reachable within %s: %w", cfg.URL, cfg.Timeout, err)
-		}
-		if !logged && cfg.Log != nil {
-			cfg.Log.Warn("waiting for nats at "+cfg.URL, "timeout", cfg.Timeout, "err", err)
-			logged = true
-		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("nats %s: %w (last error: %v)", cfg.URL, ctx.Err(), err)
-		case <-time.After(retryEvery):
-		}
+		return err
+	})
+	var late *startup.Timeout
+	switch {
+	case err == nil:
+		return nc, nil
+	case errors.As(err, &late):
+		return nil, fmt.Errorf("nats %s: not reachable within %s: %w", cfg.URL, late.After, late.Err)
 	}
+	return nil, fmt.Errorf("nats %s: %w", cfg.URL, err)
 }
