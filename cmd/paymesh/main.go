@@ -23,15 +23,15 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/paymesh/paymesh/deploy/regions"
-	"github.com/paymesh/paymesh/internal/bench"
-	"github.com/paymesh/paymesh/internal/chaos"
-	"github.com/paymesh/paymesh/internal/dashboard"
-	"github.com/paymesh/paymesh/internal/demo"
-	"github.com/paymesh/paymesh/internal/faultproxy"
-	"github.com/paymesh/paymesh/internal/loadgen"
-	"github.com/paymesh/paymesh/internal/pgdb"
-	"github.com/paymesh/paymesh/internal/startup"
-	"github.com/paymesh/paymesh/internal/telemetry"
+	"github.com/paymesh/paymesh/internal/lab/bench"
+	"github.com/paymesh/paymesh/internal/lab/chaos"
+	"github.com/paymesh/paymesh/internal/lab/dashboard"
+	"github.com/paymesh/paymesh/internal/lab/demo"
+	"github.com/paymesh/paymesh/internal/lab/loadgen"
+	"github.com/paymesh/paymesh/internal/platform/pgdb"
+	"github.com/paymesh/paymesh/internal/platform/startup"
+	"github.com/paymesh/paymesh/internal/platform/telemetry"
+	"github.com/paymesh/paymesh/internal/testbed/faultproxy"
 	"github.com/paymesh/paymesh/pkg/dedup"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/api"
@@ -92,7 +92,7 @@ func (r regionDB) resolve(t regions.Table) (regions.Region, string, error) {
 
 // natsLogin is a service's user on its region's nats-server: in
 // docker-compose one per region and service (deploy/regions/nats/*.conf,
-// internal/natsauth); none for a server without users.
+// internal/platform/natsauth); none for a server without users.
 type natsLogin struct {
 	NATSUser     string `name:"nats-user" env:"PAYMESH_NATS_USER" help:"User on the region's nats-server (ledger-<region>, router-<region> or api-<region>; none for a server without users)."`
 	NATSPassword string `name:"nats-password" env:"PAYMESH_NATS_PASSWORD" help:"Password of --nats-user."`

@@ -11,12 +11,12 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/paymesh/paymesh/deploy/regions"
-	"github.com/paymesh/paymesh/internal/pgdb"
-	"github.com/paymesh/paymesh/internal/pgtest"
+	"github.com/paymesh/paymesh/internal/platform/pgdb"
+	"github.com/paymesh/paymesh/internal/testbed/ledgertest"
+	"github.com/paymesh/paymesh/internal/testbed/pgtest"
 	"github.com/paymesh/paymesh/pkg/dedup"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/ledger"
-	"github.com/paymesh/paymesh/services/ledger/ledgertest"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 )
 

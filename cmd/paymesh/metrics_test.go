@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/paymesh/paymesh/internal/natsembed"
-	"github.com/paymesh/paymesh/services/ledger/ledgertest"
+	"github.com/paymesh/paymesh/internal/testbed/ledgertest"
+	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 )
 
 // freeAddr returns a 127.0.0.1 address with a port that was free a moment ago.

@@ -10,10 +10,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/paymesh/paymesh/internal/natsauth"
-	"github.com/paymesh/paymesh/internal/natsembed"
+	"github.com/paymesh/paymesh/internal/platform/natsauth"
+	"github.com/paymesh/paymesh/internal/testbed/ledgertest"
+	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	apiserver "github.com/paymesh/paymesh/services/api/server"
-	"github.com/paymesh/paymesh/services/ledger/ledgertest"
 	routerserver "github.com/paymesh/paymesh/services/router/server"
 )
 

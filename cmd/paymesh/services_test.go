@@ -17,9 +17,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/paymesh/paymesh/internal/natsembed"
-	"github.com/paymesh/paymesh/internal/pgdb"
-	"github.com/paymesh/paymesh/internal/pgtest"
+	"github.com/paymesh/paymesh/internal/platform/pgdb"
+	"github.com/paymesh/paymesh/internal/testbed/natsembed"
+	"github.com/paymesh/paymesh/internal/testbed/pgtest"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 )
 

@@ -8,7 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/paymesh/paymesh/internal/sim"
+	"github.com/paymesh/paymesh/internal/lab/sim"
 )
 
 // simCmd runs the docker-compose topology as processes on this machine.

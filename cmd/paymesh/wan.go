@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/paymesh/paymesh/deploy/regions"
-	"github.com/paymesh/paymesh/internal/faultproxy"
+	"github.com/paymesh/paymesh/internal/testbed/faultproxy"
 )
 
 // wanCmd runs one region's WAN link: a TCP proxy between the region's

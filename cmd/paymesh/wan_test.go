@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/paymesh/paymesh/internal/faultproxy"
-	"github.com/paymesh/paymesh/internal/faultproxy/faultproxytest"
+	"github.com/paymesh/paymesh/internal/testbed/faultproxy"
+	"github.com/paymesh/paymesh/internal/testbed/faultproxy/faultproxytest"
 )
 
 // buildPaymesh builds the paymesh binary into a temporary directory.

@@ -17,7 +17,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/paymesh/paymesh/deploy/regions"
-	"github.com/paymesh/paymesh/internal/compose"
+	"github.com/paymesh/paymesh/internal/lab/compose"
 )
 
 // The observability services of docker-compose.yml, one for all regions.

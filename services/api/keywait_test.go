@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/paymesh/paymesh/services/ledger/ledgertest"
+	"github.com/paymesh/paymesh/internal/testbed/ledgertest"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 )
 

@@ -179,7 +179,7 @@ func (s *Server) do(ctx context.Context, home string, c call) reply {
 }
 
 // ForwardSubject is where region's API takes the calls forwarded from other
-// regions; only API users may publish or subscribe to it (internal/natsauth).
+// regions; only API users may publish or subscribe to it (internal/platform/natsauth).
 func ForwardSubject(region string) string { return "paymesh.api." + region }
 
 // maxForwarded bounds the calls from other regions served at once.

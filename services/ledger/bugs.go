@@ -2,7 +2,7 @@ package ledger
 
 // Bugs switches deliberate bugs on. They exist only so that tests can show
 // that their checks fail, and name the transfers, when a protection is
-// missing: the fault-injection suite's (internal/chaos, one bug per
+// missing: the fault-injection suite's (internal/lab/chaos, one bug per
 // scenario) and the store's out-of-order saga test (DropStateCAS). Nothing
 // else sets them, and no flag or environment variable reaches them: the
 // zero value is the correct ledger, router and API.

@@ -1,7 +1,7 @@
 // Package server wires one region's HTTP API: its database pool, its NATS
 // connection (forwarded calls and the submitting router), the HTTP listener,
 // the idempotency-key cleanup and its /metrics. cmd/paymesh and
-// internal/cluster run it.
+// internal/testbed/cluster run it.
 package server
 
 import (
@@ -18,9 +18,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 
-	"github.com/paymesh/paymesh/internal/natsconn"
-	"github.com/paymesh/paymesh/internal/pgdb"
-	"github.com/paymesh/paymesh/internal/telemetry"
+	"github.com/paymesh/paymesh/internal/platform/natsconn"
+	"github.com/paymesh/paymesh/internal/platform/pgdb"
+	"github.com/paymesh/paymesh/internal/platform/telemetry"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/api"
 	"github.com/paymesh/paymesh/services/ledger"
@@ -35,7 +35,7 @@ type Config struct {
 	Node         uint16 // node id in the region for the transfer IDs this process mints, unique per process
 	PostgresURL  string // the region's database
 	NATSURL      string // a server of the region
-	NATSUser     string // the API's user on that server (internal/natsauth); empty if it has none
+	NATSUser     string // the API's user on that server (internal/platform/natsauth); empty if it has none
 	NATSPassword string
 	Shards       int           // ledger subjects per region, as the ledgers
 	AckWait      time.Duration // the submitting router's publish timeout (see router.Config)

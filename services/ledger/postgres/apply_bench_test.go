@@ -4,8 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/paymesh/paymesh/internal/testbed/ledgertest"
 	"github.com/paymesh/paymesh/services/ledger"
-	"github.com/paymesh/paymesh/services/ledger/ledgertest"
 )
 
 func BenchmarkApply(b *testing.B) {

@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/paymesh/paymesh/internal/testbed/ledgertest"
 	"github.com/paymesh/paymesh/pkg/dedup"
 	"github.com/paymesh/paymesh/services/ledger"
-	"github.com/paymesh/paymesh/services/ledger/ledgertest"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 )
 

@@ -1,6 +1,6 @@
 // Package server wires one region's ledger: the Postgres store with its
 // consume-log, the JetStream streams, the retention job and the batching
-// consumers, and its /metrics. cmd/paymesh and internal/cluster run it.
+// consumers, and its /metrics. cmd/paymesh and internal/testbed/cluster run it.
 package server
 
 import (
@@ -16,9 +16,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/paymesh/paymesh/internal/natsconn"
-	"github.com/paymesh/paymesh/internal/pgdb"
-	"github.com/paymesh/paymesh/internal/telemetry"
+	"github.com/paymesh/paymesh/internal/platform/natsconn"
+	"github.com/paymesh/paymesh/internal/platform/pgdb"
+	"github.com/paymesh/paymesh/internal/platform/telemetry"
 	"github.com/paymesh/paymesh/pkg/dedup"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/ledger"
@@ -33,7 +33,7 @@ type Config struct {
 	Node         uint16 // node id in the region, unique per running ledger process
 	PostgresURL  string // the region's database
 	NATSURL      string // a server of the region
-	NATSUser     string // the ledger's user on that server (internal/natsauth); empty if it has none
+	NATSUser     string // the ledger's user on that server (internal/platform/natsauth); empty if it has none
 	NATSPassword string
 	Workers      int           // consumers in this process; each applies its own shards in order
 	OwnShards    []int         // shards this process applies (default: all); give replicas disjoint sets

@@ -18,9 +18,9 @@ import (
 	"go.opentelemetry.io/otel/trace/embedded"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
-	"github.com/paymesh/paymesh/internal/natsembed"
-	"github.com/paymesh/paymesh/internal/pgtest"
-	"github.com/paymesh/paymesh/internal/telemetry"
+	"github.com/paymesh/paymesh/internal/platform/telemetry"
+	"github.com/paymesh/paymesh/internal/testbed/natsembed"
+	"github.com/paymesh/paymesh/internal/testbed/pgtest"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/pkg/natstrace"
 	"github.com/paymesh/paymesh/services/ledger"

@@ -1,7 +1,7 @@
 // Package server wires one region's router: its NATS connection and route
 // stream, the forwarder that moves accepted commands to their home regions,
 // the relay of the ledger's outbox, and its /metrics. cmd/paymesh and
-// internal/cluster run it.
+// internal/testbed/cluster run it.
 package server
 
 import (
@@ -16,9 +16,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/paymesh/paymesh/internal/natsconn"
-	"github.com/paymesh/paymesh/internal/pgdb"
-	"github.com/paymesh/paymesh/internal/telemetry"
+	"github.com/paymesh/paymesh/internal/platform/natsconn"
+	"github.com/paymesh/paymesh/internal/platform/pgdb"
+	"github.com/paymesh/paymesh/internal/platform/telemetry"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
@@ -31,7 +31,7 @@ type Config struct {
 	Regions      *idgen.Regions
 	PostgresURL  string // the region's database, whose outbox the relay reads
 	NATSURL      string // a server of the region
-	NATSUser     string // the router's user on that server (internal/natsauth); empty if it has none
+	NATSUser     string // the router's user on that server (internal/platform/natsauth); empty if it has none
 	NATSPassword string
 	Shards       int           // ledger subjects per region, as the ledgers
 	AckWait      time.Duration // how long a forward may take before it is retried (see router.Config)

@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/paymesh/paymesh/internal/faultproxy"
-	"github.com/paymesh/paymesh/internal/natsembed"
-	"github.com/paymesh/paymesh/internal/pgtest"
+	"github.com/paymesh/paymesh/internal/testbed/faultproxy"
+	"github.com/paymesh/paymesh/internal/testbed/natsembed"
+	"github.com/paymesh/paymesh/internal/testbed/pgtest"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/ledger"
 	ledgerserver "github.com/paymesh/paymesh/services/ledger/server"

@@ -1,0 +1,569 @@
+// Package bench measures paymesh's ledger on the local Postgres and an
+// embedded nats-server: sustained throughput and publish→commit latency,
+// a hot account, duplicate replays, a large consume-log and cross-region
+// transfers, next to baselines measured in the same run on the same
+// database server (the same ledger applying one message per transaction,
+// and TPC-B). `paymesh bench` runs it; the figures are printed with their
+// targets and can be written as JSON.
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/paymesh/paymesh/deploy/regions"
+	"github.com/paymesh/paymesh/internal/platform/pgdb"
+	"github.com/paymesh/paymesh/internal/testbed/natsembed"
+	"github.com/paymesh/paymesh/pkg/idgen"
+	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
+)
+
+// Scenario names, in the order they run.
+const (
+	Uniform = "uniform"      // random transfers at full speed: the reference
+	Replay  = "replay"       // the uniform run's commands delivered again
+	Latency = "latency"      // paced at half the uniform rate
+	Hot     = "hot"          // half the transfers credit one merchant
+	Dedup   = "dedup-table"  // uniform on a pre-filled consume-log
+	Naive   = "naive"        // baseline: the same ledger, one message per transaction
+	TPCB    = "tpcb"         // baseline: TPC-B on the same server
+	Cross   = "cross-region" // two regions, half the transfers between them
+	API     = "api"          // one region, transfers through its HTTP API
+	// LedgerProcess runs uniform with `paymesh ledger` in a process of its
+	// own, for the ledger's own peak RSS and CPU.
+	LedgerProcess = "ledger-process"
+)
+
+// Scenarios lists every scenario in running order.
+var Scenarios = []string{Uniform, Replay, Latency, Hot, Dedup, Naive, TPCB, Cross, API, LedgerProcess}
+
+// Config sizes a bench run. Defaults fills in its zero fields.
+type Config struct {
+	PostgresURL    string        `json:"-"`
+	DatabasePrefix string        `json:"database_prefix"`
+	Scenarios      []string      `json:"scenarios"`
+	Accounts       int           `json:"accounts"`
+	Transfers      int           `json:"transfers"`
+	BatchSize      int           `json:"batch_size"`
+	BatchSizes     []int         `json:"batch_sizes,omitempty"` // a sweep of the uniform run
+	Workers        int           `json:"workers"`
+	Shards         int           `json:"shards"`
+	CacheSize      int           `json:"cache_size"`
+	Window         int           `json:"window"`     // published but not yet committed, at most
+	DedupRows      int64         `json:"dedup_rows"` // consume-log rows written before the dedup-table run
+	Limit          time.Duration `json:"limit"`      // longest publish phase of a full-speed run
+	LatencyFor     time.Duration `json:"latency_for"`
+	NaiveFor       time.Duration `json:"naive_for"`
+	CrossTransfers int           `json:"cross_transfers"`
+	APITransfers   int           `json:"api_transfers"`
+	APIConcurrency int           `json:"api_concurrency"` // requests in flight
+	PgbenchScale   int           `json:"pgbench_scale"`
+	PgbenchFor     time.Duration `json:"pgbench_for"`
+	Quick          bool          `json:"quick"`
+	// LedgerBinary is the paymesh binary the ledger-process scenario runs
+	// (`<binary> ledger`); without it that scenario is skipped.
+	LedgerBinary string `json:"-"`
+	Keep         bool   `json:"keep"`
+	CPUProfile   string `json:"cpu_profile,omitempty"`
+	Seed         uint64 `json:"seed"`
+}
+
+// Defaults fills in c's zero fields: the full run's sizes, or with Quick
+// the quick run's (about a minute).
+func (c Config) Defaults() Config {
+	def := func(v *int, full, quick int) {
+		if *v <= 0 {
+			*v = map[bool]int{false: full, true: quick}[c.Quick]
+		}
+	}
+	defD := func(v *time.Duration, full, quick time.Duration) {
+		if *v <= 0 {
+			*v = map[bool]time.Duration{false: full, true: quick}[c.Quick]
+		}
+	}
+	if c.PostgresURL == "" {
+		c.PostgresURL = pgdb.DefaultURL
+	}
+	if c.DatabasePrefix == "" {
+		c.DatabasePrefix = "paymesh_bench_"
+	}
+	if len(c.Scenarios) == 0 {
+		c.Scenarios = Scenarios
+	}
+	def(&c.Accounts, 10_000, 2_000)
+	def(&c.Transfers, 200_000, 30_000)
+	def(&c.BatchSize, ljs.DefaultBatchSize, ljs.DefaultBatchSize)
+	def(&c.Workers, 2, 2)
+	def(&c.Shards, ljs.DefaultShards, ljs.DefaultShards)
+	def(&c.CacheSize, 100_000, 100_000)
+	def(&c.Window, 4096, 4096)
+	def(&c.CrossTransfers, 20_000, 4_000)
+	def(&c.APITransfers, 20_000, 4_000)
+	def(&c.APIConcurrency, 64, 64)
+	def(&c.PgbenchScale, 10, 10)
+	if c.DedupRows <= 0 {
+		c.DedupRows = map[bool]int64{false: 10_000_000, true: 1_000_000}[c.Quick]
+	}
+	defD(&c.Limit, 60*time.Second, 15*time.Second)
+	defD(&c.LatencyFor, 20*time.Second, 6*time.Second)
+	defD(&c.NaiveFor, 15*time.Second, 5*time.Second)
+	defD(&c.PgbenchFor, 15*time.Second, 5*time.Second)
+	if c.Seed == 0 {
+		c.Seed = 1
+	}
+	return c
+}
+
+// Validate checks the sizes and scenario names.
+func (c Config) Validate() error {
+	for _, s := range c.Scenarios {
+		if !slices.Contains(Scenarios, s) {
+			return fmt.Errorf("unknown scenario %q (known: %s)", s, strings.Join(Scenarios, ", "))
+		}
+	}
+	switch {
+	case c.Accounts < 2:
+		return errors.New("need at least 2 accounts")
+	case c.Transfers < 1 || c.CrossTransfers < 1 || c.APITransfers < 1 || c.APIConcurrency < 1:
+		return errors.New("need at least 1 transfer")
+	case c.Window < 1 || c.Workers < 1 || c.Shards < 1:
+		return errors.New("window, workers and shards must be positive")
+	}
+	for _, b := range append([]int{c.BatchSize}, c.BatchSizes...) {
+		if b < 1 {
+			return fmt.Errorf("batch size %d must be positive", b)
+		}
+	}
+	return nil
+}
+
+func (c Config) has(s string) bool { return slices.Contains(c.Scenarios, s) }
+
+// LedgerRun is one measured ledger run.
+type LedgerRun struct {
+	Scenario  string `json:"scenario"`
+	Database  string `json:"database"`
+	BatchSize int    `json:"batch_size"`
+	Workers   int    `json:"workers"`
+	Shards    int    `json:"shards"`
+	Published int    `json:"published"`
+	Committed int64  `json:"committed"`
+	// Capped is set when the publish phase hit its time limit before
+	// every transfer was sent.
+	Capped bool `json:"capped,omitempty"`
+	// Seconds runs from the first publish to the last commit; Rate is
+	// Committed over it.
+	Seconds   float64 `json:"seconds"`
+	Rate      float64 `json:"rate"`
+	PacedRate float64 `json:"paced_rate,omitempty"`
+	// Publish→commit latency percentiles in milliseconds.
+	P50Ms float64 `json:"p50_ms"`
+	P99Ms float64 `json:"p99_ms"`
+	MaxMs float64 `json:"max_ms"`
+	// CPU per committed message in microseconds: this process (ledger,
+	// publisher and nats-server), and the run database's Postgres
+	// backends (-1 when /proc could not be read).
+	CPUPerTransferUs   float64 `json:"cpu_per_transfer_us"`
+	PGCPUPerTransferUs float64 `json:"pg_cpu_per_transfer_us"`
+	PeakRSSMB          float64 `json:"peak_rss_mb"`
+	MeanBatch          float64 `json:"mean_batch"`
+	MeanBatchMs        float64 `json:"mean_batch_ms"`
+	// Layers counts the duplicates each dedup layer caught (replay).
+	Layers    map[string]int64 `json:"layers,omitempty"`
+	DedupRows int64            `json:"dedup_rows,omitempty"`
+	// Verified: every invariant held afterwards and every transfer was
+	// recorded exactly once; otherwise VerifyReport says what failed.
+	Verified     bool   `json:"verified"`
+	VerifyReport string `json:"verify_report,omitempty"`
+}
+
+// Machine describes where the figures were measured.
+type Machine struct {
+	CPUs              int    `json:"cpus"`
+	LoadAverage       string `json:"load_average"`
+	GoVersion         string `json:"go_version"`
+	Postgres          string `json:"postgres"`
+	SynchronousCommit string `json:"synchronous_commit"`
+	Fsync             string `json:"fsync"`
+	WALSyncMethod     string `json:"wal_sync_method"`
+	SharedBuffers     string `json:"shared_buffers"`
+}
+
+// Figure is a headline figure with its target.
+type Figure struct {
+	Name     string  `json:"name"`
+	Value    float64 `json:"value"`
+	Unit     string  `json:"unit"`
+	Target   string  `json:"target"`
+	Pass     bool    `json:"pass"`
+	Measured bool    `json:"measured"`
+}
+
+// Result is everything a bench run measured.
+type Result struct {
+	Started time.Time   `json:"started"`
+	Machine Machine     `json:"machine"`
+	Config  Config      `json:"config"`
+	Runs    []LedgerRun `json:"runs"`
+	// Sweep holds the uniform run at each --batch-sizes size.
+	Sweep     []LedgerRun `json:"sweep,omitempty"`
+	BestBatch int         `json:"best_batch,omitempty"`
+	TPCB      *TPCBResult `json:"tpcb,omitempty"`
+	Cross     *CrossRun   `json:"cross,omitempty"`
+	API       *APIRun     `json:"api,omitempty"`
+	Process   *ProcessRun `json:"ledger_process,omitempty"`
+	Figures   []Figure    `json:"figures"`
+	Elapsed   float64     `json:"elapsed_seconds"`
+}
+
+// RunOf returns the first run of a scenario.
+func (r Result) RunOf(scenario string) (LedgerRun, bool) {
+	for _, x := range r.Runs {
+		if x.Scenario == scenario {
+			return x, true
+		}
+	}
+	return LedgerRun{}, false
+}
+
+// env is what the scenarios of one bench run share.
+type env struct {
+	cfg     Config
+	out     io.Writer
+	natsURL string
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	table   regions.Table
+	regions *idgen.Regions
+	gens    []*idgen.Generator            // the single-region runs' transfer IDs
+	regGens map[string][]*idgen.Generator // account and funding IDs per region
+	genN    atomic.Uint64
+	rng     interface{ IntN(int) int }
+	seq     atomic.Int64
+	mu      sync.Mutex
+	dbs     map[string]bool // created and not dropped yet
+}
+
+// generators per region: a sonyflake generator mints 25,600 IDs a second
+// at most, so the publisher draws from several nodes.
+const generators = 4
+
+func (e *env) nextID(region string) (string, error) {
+	gs := e.regGens[region]
+	id, err := gs[e.genN.Add(1)%uint64(len(gs))].Next()
+	if err != nil {
+		return "", err
+	}
+	return e.regions.Format(id)
+}
+
+// Run runs the selected scenarios and returns what they measured. Progress
+// goes to out, a line a second. It returns an error when a scenario could
+// not run; the databases it made are dropped either way (unless Keep).
+func Run(ctx context.Context, cfg Config, out io.Writer) (Result, error) {
+	cfg = cfg.Defaults()
+	if err := cfg.Validate(); err != nil {
+		return Result{}, err
+	}
+	started := time.Now()
+	res := Result{Started: started, Config: cfg}
+	e := &env{cfg: cfg, out: out, rng: randSource(cfg.Seed), dbs: map[string]bool{}, regGens: map[string][]*idgen.Generator{}}
+	var err error
+	if e.table, err = regions.Default(); err != nil {
+		return res, err
+	}
+	if e.regions, err = idgen.NewRegions(e.table.Codes()); err != nil {
+		return res, err
+	}
+	for _, name := range e.regions.Names() {
+		for n := range generators {
+			g, err := idgen.NewGenerator(e.regions, name, uint16(900+n))
+			if err != nil {
+				return res, err
+			}
+			e.regGens[name] = append(e.regGens[name], g)
+		}
+	}
+	e.gens = e.regGens[region]
+	if res.Machine, err = machine(ctx, cfg.PostgresURL); err != nil {
+		return res, err
+	}
+	defer e.cleanup(ctx)
+
+	dir, err := os.MkdirTemp("", "paymesh-bench-nats-")
+	if err != nil {
+		return res, err
+	}
+	defer os.RemoveAll(dir)
+	ns, err := natsembed.Start(natsembed.Options{Name: "bench", StoreDir: dir})
+	if err != nil {
+		return res, err
+	}
+	defer ns.Shutdown()
+	e.natsURL = ns.ClientURL()
+	if e.nc, err = nats.Connect(e.natsURL, nats.Name("paymesh-bench")); err != nil {
+		return res, err
+	}
+	defer e.nc.Close()
+	if e.js, err = jetstream.New(e.nc, jetstream.WithPublishAsyncMaxPending(cfg.Window)); err != nil {
+		return res, err
+	}
+	fmt.Fprintf(out, "paymesh bench: %d accounts, %d transfers, batch size %d, %d workers, %d shards, window %d; Postgres %s (synchronous_commit=%s, fsync=%s), %d CPUs, load %s\n",
+		cfg.Accounts, cfg.Transfers, cfg.BatchSize, cfg.Workers, cfg.Shards, cfg.Window,
+		res.Machine.Postgres, res.Machine.SynchronousCommit, res.Machine.Fsync, res.Machine.CPUs, res.Machine.LoadAverage)
+
+	err = e.runAll(ctx, &res)
+	res.Elapsed = time.Since(started).Seconds()
+	res.Figures = figures(res)
+	return res, err
+}
+
+func (e *env) runAll(ctx context.Context, res *Result) error {
+	cfg := e.cfg
+	add := func(r LedgerRun) {
+		res.Runs = append(res.Runs, r)
+		fmt.Fprintln(e.out, r.line())
+	}
+	uniform, rig, w, err := e.uniformRun(ctx, Uniform, cfg.BatchSize, false, 0, cfg.Limit, cfg.CPUProfile)
+	if err != nil {
+		return err
+	}
+	add(uniform)
+	if cfg.has(Replay) {
+		run, err := rig.drive(ctx, phase{scenario: Replay, w: w, replay: true, limit: cfg.Limit})
+		if err == nil {
+			run.BatchSize = cfg.BatchSize
+			err = rig.verify(ctx, &run, int64(uniform.Published))
+		}
+		if err != nil {
+			rig.close(ctx)
+			return fmt.Errorf("%s: %w", Replay, err)
+		}
+		add(run)
+	}
+	if cfg.has(Latency) {
+		rate := uniform.Rate / 2
+		lw, err := e.newWorkload(Latency+fmt.Sprint(e.seq.Add(1)), max(1, int(rate*cfg.LatencyFor.Seconds())), len(rig.accounts), -1)
+		if err == nil {
+			var run LedgerRun
+			run, err = rig.drive(ctx, phase{scenario: Latency, w: lw, rate: rate, limit: 2 * cfg.LatencyFor})
+			if err == nil {
+				run.BatchSize = cfg.BatchSize
+				err = rig.verify(ctx, &run, int64(uniform.Published+run.Published))
+			}
+			if err == nil {
+				add(run)
+			}
+		}
+		if err != nil {
+			rig.close(ctx)
+			return fmt.Errorf("%s: %w", Latency, err)
+		}
+	}
+	rig.close(ctx)
+
+	for _, s := range []struct {
+		name  string
+		batch int
+		hot   bool
+		fill  int64
+		limit time.Duration
+	}{
+		{Hot, cfg.BatchSize, true, 0, cfg.Limit},
+		{Dedup, cfg.BatchSize, false, cfg.DedupRows, cfg.Limit},
+		{Naive, 1, false, 0, cfg.NaiveFor},
+	} {
+		if !cfg.has(s.name) {
+			continue
+		}
+		run, rig, _, err := e.uniformRun(ctx, s.name, s.batch, s.hot, s.fill, s.limit, "")
+		if err != nil {
+			return err
+		}
+		rig.close(ctx)
+		add(run)
+	}
+	if cfg.has(TPCB) {
+		t, err := e.tpcb(ctx)
+		if err != nil {
+			return fmt.Errorf("%s: %w", TPCB, err)
+		}
+		res.TPCB = &t
+		fmt.Fprintf(e.out, "%-13s %8.0f tps  (%s, scale %d, %d clients, %s)\n", TPCB, t.TPS, t.Tool, t.Scale, t.Clients, time.Duration(t.Seconds*float64(time.Second)))
+	}
+	if cfg.has(Cross) {
+		c, err := e.cross(ctx)
+		if err != nil {
+			return fmt.Errorf("%s: %w", Cross, err)
+		}
+		res.Cross = &c
+		fmt.Fprintln(e.out, c.line())
+	}
+	if cfg.has(API) {
+		a, err := e.api(ctx)
+		if err != nil {
+			return fmt.Errorf("%s: %w", API, err)
+		}
+		res.API = &a
+		fmt.Fprintln(e.out, a.line())
+	}
+	if cfg.has(LedgerProcess) {
+		if cfg.LedgerBinary == "" {
+			fmt.Fprintf(e.out, "%-13s skipped: no paymesh binary to run\n", LedgerProcess)
+		} else {
+			e.checkpoint(ctx)
+			p, err := e.ledgerProcess(ctx)
+			if err != nil {
+				return fmt.Errorf("%s: %w", LedgerProcess, err)
+			}
+			res.Process = &p
+			fmt.Fprintln(e.out, p.line())
+		}
+	}
+	for _, b := range cfg.BatchSizes {
+		run, rig, _, err := e.uniformRun(ctx, fmt.Sprintf("sweep-%d", b), b, false, 0, cfg.Limit, "")
+		if err != nil {
+			return err
+		}
+		rig.close(ctx)
+		res.Sweep = append(res.Sweep, run)
+		fmt.Fprintln(e.out, run.line())
+		if res.BestBatch == 0 || run.Rate > rateOf(res.Sweep, res.BestBatch) {
+			res.BestBatch = b
+		}
+	}
+	return nil
+}
+
+func rateOf(runs []LedgerRun, batch int) float64 {
+	for _, r := range runs {
+		if r.BatchSize == batch {
+			return r.Rate
+		}
+	}
+	return 0
+}
+
+// cleanup drops whatever database is left (an interrupted run) unless Keep.
+func (e *env) cleanup(ctx context.Context) {
+	e.mu.Lock()
+	names := make([]string, 0, len(e.dbs))
+	for n := range e.dbs {
+		names = append(names, n)
+	}
+	e.mu.Unlock()
+	for _, n := range names {
+		e.dropDB(ctx, n)
+	}
+}
+
+// progress prints a line a second for a phase: what it is, how far it got
+// (done of total; done < 0 prints only the elapsed time) and the rate of the
+// last second. The returned func stops it.
+func (e *env) progress(what string, count func() (done, total int64)) func() {
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		start, last := time.Now(), int64(0)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+			done, total := count()
+			if done < 0 {
+				fmt.Fprintf(e.out, "  %-16s working (%s)\n", what, time.Since(start).Round(time.Second))
+				continue
+			}
+			fmt.Fprintf(e.out, "  %-16s %9d/%d committed  %7d/s\n", what, done, total, done-last)
+			last = done
+		}
+	})
+	return func() { close(stop); wg.Wait() }
+}
+
+// machine reads the database server's durability settings.
+func machine(ctx context.Context, url string) (Machine, error) {
+	m := Machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version()}
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		f := strings.Fields(string(b))
+		m.LoadAverage = strings.Join(f[:min(3, len(f))], " ")
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return m, fmt.Errorf("postgres %s: %w", pgdb.Redact(url), err)
+	}
+	defer conn.Close(ctx)
+	for _, q := range []struct {
+		sql string
+		to  *string
+	}{
+		{`SHOW server_version`, &m.Postgres},
+		{`SHOW synchronous_commit`, &m.SynchronousCommit},
+		{`SHOW fsync`, &m.Fsync},
+		{`SHOW wal_sync_method`, &m.WALSyncMethod},
+		{`SHOW shared_buffers`, &m.SharedBuffers},
+	} {
+		if err := conn.QueryRow(ctx, q.sql).Scan(q.to); err != nil {
+			return m, fmt.Errorf("postgres: %s: %w", q.sql, err)
+		}
+	}
+	return m, nil
+}
+
+// line is a run's one-line summary.
+func (r LedgerRun) line() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%-13s %8.0f/s  %d of %d in %.1fs  p50 %.1f ms  p99 %.1f ms  batch %d (mean %.1f, %.1f ms)  CPU %.0f µs/msg",
+		r.Scenario, r.Rate, r.Committed, r.Published, r.Seconds, r.P50Ms, r.P99Ms, r.BatchSize, r.MeanBatch, r.MeanBatchMs, r.CPUPerTransferUs)
+	if r.PGCPUPerTransferUs >= 0 {
+		fmt.Fprintf(&b, " + Postgres %.0f µs/msg", r.PGCPUPerTransferUs)
+	}
+	fmt.Fprintf(&b, "  peak RSS %.0f MB", r.PeakRSSMB)
+	if r.PacedRate > 0 {
+		fmt.Fprintf(&b, "  paced at %.0f/s", r.PacedRate)
+	}
+	if r.Capped {
+		b.WriteString("  (publishing stopped at the time limit)")
+	}
+	if len(r.Layers) > 0 {
+		fmt.Fprintf(&b, "  caught by %v", r.Layers)
+	}
+	b.WriteString("  " + invariants(r.Verified, r.VerifyReport))
+	return b.String()
+}
+
+// invariants is a run's verdict on its invariant checks, with the report
+// of what failed.
+func invariants(ok bool, report string) string {
+	if ok {
+		return "invariants PASS"
+	}
+	return "invariants FAIL: " + report
+}
+
+// WriteJSON writes the result to path.
+func (r Result) WriteJSON(path string) error {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}

@@ -1,0 +1,130 @@
+package bench_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/paymesh/paymesh/internal/lab/bench"
+	"github.com/paymesh/paymesh/internal/testbed/pgtest"
+)
+
+// TestBenchSmall runs every scenario at a tiny size and checks the result's
+// structure, not its timing: every transfer committed, the invariants held
+// after every run, the figures and the JSON written, and no database left.
+func TestBenchSmall(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	prefix := fmt.Sprintf("pmbench_%d_", os.Getpid())
+	out := &strings.Builder{}
+	res, err := bench.Run(ctx, bench.Config{
+		PostgresURL: pgtest.AdminURL(), DatabasePrefix: prefix,
+		Accounts: 20, Transfers: 300, CrossTransfers: 60, APITransfers: 80, APIConcurrency: 8, DedupRows: 2000, Window: 64,
+		LatencyFor: 500 * time.Millisecond, NaiveFor: 500 * time.Millisecond, PgbenchScale: 1, PgbenchFor: time.Second,
+		CPUProfile: filepath.Join(t.TempDir(), "cpu.pprof"),
+	}, out)
+	if err != nil {
+		t.Fatalf("bench: %v\n%s", err, out)
+	}
+	for _, s := range []string{bench.Uniform, bench.Replay, bench.Latency, bench.Hot, bench.Dedup, bench.Naive} {
+		r, ok := res.RunOf(s)
+		switch {
+		case !ok:
+			t.Errorf("%s: no run", s)
+		case !r.Verified:
+			t.Errorf("%s: invariants: %s", s, r.VerifyReport)
+		case r.Committed != int64(r.Published) || r.Published == 0:
+			t.Errorf("%s: %d of %d committed", s, r.Committed, r.Published)
+		case r.Rate <= 0 || r.P99Ms < r.P50Ms || r.PeakRSSMB <= 0 || r.CPUPerTransferUs <= 0:
+			t.Errorf("%s: implausible figures %+v", s, r)
+		}
+	}
+	if u, _ := res.RunOf(bench.Uniform); u.Published != 300 {
+		t.Errorf("uniform published %d, want 300", u.Published)
+	}
+	if r, _ := res.RunOf(bench.Replay); r.Layers["recent_cache"]+r.Layers["dedup_table"] != 300 {
+		t.Errorf("replay: duplicates caught by layer %v, want 300 in all", r.Layers)
+	}
+	if d, _ := res.RunOf(bench.Dedup); d.DedupRows != 2000 {
+		t.Errorf("dedup-table: %d rows filled, want 2000", d.DedupRows)
+	}
+	if n, _ := res.RunOf(bench.Naive); n.BatchSize != 1 || n.MeanBatch != 1 {
+		t.Errorf("naive: batch size %d, mean batch %v, want 1", n.BatchSize, n.MeanBatch)
+	}
+	if res.TPCB == nil || res.TPCB.TPS <= 0 {
+		t.Errorf("tpcb: %+v", res.TPCB)
+	}
+	if c := res.Cross; c == nil || !c.Verified || c.Completed != 60 {
+		t.Errorf("cross-region: %+v", c)
+	}
+	if a := res.API; a == nil || !a.Verified || a.Completed != 80 || a.Rate <= 0 || a.P99Ms < a.P50Ms {
+		t.Errorf("api: %+v", a)
+	}
+	if res.Machine.SynchronousCommit == "" || res.Machine.Fsync == "" {
+		t.Errorf("machine: %+v", res.Machine)
+	}
+	for _, f := range res.Figures {
+		if !f.Measured {
+			t.Errorf("figure %q not measured", f.Name)
+		}
+	}
+	if fi, err := os.Stat(res.Config.CPUProfile); err != nil || fi.Size() == 0 {
+		t.Errorf("cpu profile: %v", err)
+	}
+
+	path := filepath.Join(t.TempDir(), "bench.json")
+	if err := res.WriteJSON(path); err != nil {
+		t.Fatal(err)
+	}
+	var back bench.Result
+	if b, err := os.ReadFile(path); err != nil || json.Unmarshal(b, &back) != nil || len(back.Runs) != len(res.Runs) {
+		t.Fatalf("JSON: %v, %d runs read back", err, len(back.Runs))
+	}
+	res.Print(io.Discard)
+
+	conn, err := pgx.Connect(ctx, pgtest.AdminURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var left int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_database WHERE datname LIKE $1`, prefix+"%").Scan(&left); err != nil || left != 0 {
+		t.Errorf("%d bench databases left (%v)", left, err)
+	}
+}
+
+// TestLedgerProcess builds the paymesh binary and runs the ledger-process
+// scenario at a tiny size: `paymesh ledger` in a process of its own
+// applies every transfer, and its peak RSS and CPU are read from /proc.
+func TestLedgerProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the paymesh binary")
+	}
+	bin := filepath.Join(t.TempDir(), "paymesh")
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/paymesh/paymesh/cmd/paymesh").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out := &strings.Builder{}
+	res, err := bench.Run(ctx, bench.Config{
+		PostgresURL: pgtest.AdminURL(), DatabasePrefix: fmt.Sprintf("pmbench_proc_%d_", os.Getpid()),
+		Scenarios: []string{bench.LedgerProcess}, Accounts: 20, Transfers: 300, LedgerBinary: bin,
+	}, out)
+	if err != nil {
+		t.Fatalf("bench: %v\n%s", err, out)
+	}
+	p := res.Process
+	if p == nil || !p.Verified || p.Transfers != 300 || p.PeakRSSMB <= 0 || p.CPUPerTransferUs <= 0 || p.Rate <= 0 {
+		t.Fatalf("ledger process: %+v\n%s", p, out)
+	}
+}

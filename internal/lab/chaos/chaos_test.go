@@ -1,0 +1,93 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/paymesh/paymesh/internal/testbed/pgserver"
+	"github.com/paymesh/paymesh/internal/testbed/pgtest"
+)
+
+// shortRun is each scenario's workload in the test suite.
+const shortRun = 1500 * time.Millisecond
+
+func runOne(t *testing.T, cfg Config, name string) Result {
+	t.Helper()
+	cfg.PostgresURL, cfg.Seeds, cfg.Scenarios = pgtest.AdminURL(), []uint64{1}, []string{name}
+	if cfg.Duration == 0 {
+		cfg.Duration = shortRun
+	}
+	if cfg.QuietWait == 0 {
+		cfg.QuietWait = time.Minute
+	}
+	res, err := Run(context.Background(), cfg, testWriter{t})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	Print(&b, res)
+	t.Logf("\n%s", b.String())
+	if len(res) != 1 {
+		t.Fatalf("%d results, want 1", len(res))
+	}
+	if res[0].Error != "" {
+		t.Fatal(res[0].Error)
+	}
+	return res[0]
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(b []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(b)))
+	return len(b), nil
+}
+
+// TestScenarios runs every built scenario with one seed for a short
+// workload: every invariant holds and every fault fired.
+func TestScenarios(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the fault-injection scenarios take about a minute")
+	}
+	for _, name := range Scenarios() {
+		t.Run(name, func(t *testing.T) {
+			if s, _ := scenarioByName(name); s.ownPostgres {
+				if err := pgserver.Available(); err != nil {
+					t.Skipf("%s starts its own Postgres cluster: %v", name, err)
+				}
+			}
+			r := runOne(t, Config{}, name)
+			if r.Faults == 0 {
+				t.Errorf("%s: the fault never fired (%s)", name, r.Counts)
+			}
+			for _, c := range r.Checks {
+				if !c.OK {
+					t.Errorf("%s %s failed: %v", name, c.Name, c.Failures)
+				}
+			}
+			if r.OK == 0 {
+				t.Errorf("%s: no operation succeeded", name)
+			}
+		})
+	}
+}
+
+// findFailure returns the first failure of check name that says one of
+// wants, or an error saying what it saw instead.
+func findFailure(r Result, name string, wants ...string) (string, error) {
+	c := r.Check(name)
+	if c.OK {
+		return "", fmt.Errorf("%s passed", name)
+	}
+	for _, f := range c.Failures {
+		for _, want := range wants {
+			if strings.Contains(f, want) {
+				return f, nil
+			}
+		}
+	}
+	return "", fmt.Errorf("%s failed, but no failure says %q: %v", name, wants, c.Failures)
+}

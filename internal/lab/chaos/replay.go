@@ -1,0 +1,131 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/paymesh/paymesh/internal/testbed/cluster"
+	"github.com/paymesh/paymesh/pkg/dedup"
+	"github.com/paymesh/paymesh/pkg/idgen"
+	"github.com/paymesh/paymesh/services/api"
+	"github.com/paymesh/paymesh/services/ledger"
+	"github.com/paymesh/paymesh/services/ledger/postgres"
+)
+
+// replayBatch is how many replayed commands go into one Apply.
+const replayBatch = 256
+
+// checkReplay is I6: every region's ledger stream is read again from its
+// first message by an ordered (ephemeral) consumer, and each command is
+// applied again, in batches, on the region's database through a store of
+// its own whose consume-log has no recent-commit cache, so the table and
+// the business keys answer. The transfers, postings, credits and outbox
+// rows must stay as they were, and every result must be a duplicate (or
+// the conflict the first delivery was answered with).
+func checkReplay(ctx context.Context, c *cluster.Cluster) (Check, error) {
+	chk := newCheck(I6)
+	for _, n := range sortedNames(c) {
+		r := c.Region(n)
+		before, err := counts(ctx, r.Ledger.Store)
+		if err != nil {
+			return chk, err
+		}
+		gen, err := idgen.NewGenerator(c.IDs(), n, 901)
+		if err != nil {
+			return chk, err
+		}
+		store := postgres.New(r.Ledger.Store.Pool(), postgres.Config{Region: n, IDs: gen, Regions: c.IDs(),
+			Dedup: dedup.New(dedup.Config{Holder: "chaos-replay/" + n, Lease: 30 * time.Second}), Respond: api.Respond})
+		cmds, err := readStream(ctx, r.Ledger.JetStream(), r.Ledger.Topo.Stream())
+		if err != nil {
+			return chk, err
+		}
+		for start := 0; start < len(cmds); start += replayBatch {
+			batch := cmds[start:min(start+replayBatch, len(cmds))]
+			var valid []ledger.Command
+			for _, cmd := range batch {
+				if cmd.Validate(n, c.IDs(), time.Now()) == nil {
+					valid = append(valid, cmd)
+				}
+			}
+			results, err := store.Apply(ctx, valid)
+			if err != nil {
+				return chk, fmt.Errorf("replay %s: %w", n, err)
+			}
+			for i, res := range results {
+				chk.Checked++
+				if res.Kind != ledger.Duplicate && res.Kind != ledger.Conflict {
+					chk.fail("%s: replayed %s (transfer %s) was %s, not a duplicate", n, valid[i].MsgKey(), valid[i].TransferID, res.Kind)
+				}
+			}
+		}
+		after, err := counts(ctx, r.Ledger.Store)
+		if err != nil {
+			return chk, err
+		}
+		if after != before {
+			chk.fail("%s: replaying %d commands changed transfers/postings/credits/outbox from %v to %v", n, len(cmds), before, after)
+		}
+	}
+	return chk, nil
+}
+
+func counts(ctx context.Context, s *postgres.Store) ([4]int64, error) {
+	var n [4]int64
+	err := s.Pool().QueryRow(ctx, `SELECT (SELECT count(*) FROM transfers), (SELECT count(*) FROM postings),
+		(SELECT count(*) FROM credits), (SELECT count(*) FROM outbox)`).Scan(&n[0], &n[1], &n[2], &n[3])
+	return n, err
+}
+
+// readStream reads every command of a stream from its first message with an
+// ordered consumer. A message that does not decode is skipped: it was
+// dead-lettered when it arrived.
+func readStream(ctx context.Context, js jetstream.JetStream, name string) ([]ledger.Command, error) {
+	s, err := js.Stream(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return nil, err
+	}
+	last := info.State.LastSeq
+	if info.State.Msgs == 0 {
+		return nil, nil
+	}
+	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy})
+	if err != nil {
+		return nil, err
+	}
+	var out []ledger.Command
+	for {
+		batch, err := cons.Fetch(512, jetstream.FetchMaxWait(2*time.Second))
+		if err != nil {
+			return nil, err
+		}
+		got := 0
+		for m := range batch.Messages() {
+			got++
+			md, err := m.Metadata()
+			if err != nil {
+				return nil, err
+			}
+			if cmd, err := ledger.DecodeCommand(m.Data()); err == nil {
+				out = append(out, cmd)
+			}
+			if md.Sequence.Stream >= last {
+				return out, nil
+			}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
+			return nil, err
+		}
+		if got == 0 {
+			return nil, fmt.Errorf("replay %s: no message after %d of %d", name, len(out), last)
+		}
+	}
+}

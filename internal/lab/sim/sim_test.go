@@ -1,0 +1,166 @@
+package sim
+
+import (
+	"context"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/paymesh/paymesh/internal/lab/compose"
+	"github.com/paymesh/paymesh/internal/testbed/pgserver"
+	"github.com/paymesh/paymesh/internal/testbed/promcheck"
+)
+
+// needSim skips the test unless a simulation can run here: not -short,
+// the local PostgreSQL and Prometheus binaries installed, and every fixed
+// port of the simulation free (a `make sim` or a demo running alongside
+// holds them; the test then skips rather than fight it). It returns the
+// config of a run with the shipped paymesh binary, built into a temporary
+// folder.
+func needSim(t *testing.T) Config {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("runs the whole topology as processes")
+	}
+	if err := pgserver.Available(); err != nil {
+		t.Skip(err)
+	}
+	if err := promcheck.Installed(); err != nil {
+		t.Skip(err)
+	}
+	r := root(t)
+	p, err := compose.Load(filepath.Join(r, composeFile), compose.AllProfiles)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pl, err := makePlan(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := newSim(Config{Root: r}, io.Discard, pl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.mapper, err = p.Mapper(s.extraMappings()); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkPorts(s.ports()); err != nil {
+		t.Skipf("the simulation's ports are not free: %v", err)
+	}
+	bin := filepath.Join(t.TempDir(), "paymesh")
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/paymesh")
+	cmd.Dir = r
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/paymesh: %v: %s", err, out)
+	}
+	return Config{Root: r, Binary: bin, Seed: 1}
+}
+
+// lineWriter is a concurrency-safe writer that calls on for each line.
+type lineWriter struct {
+	mu  sync.Mutex
+	buf strings.Builder
+	on  func(line string)
+}
+
+func (w *lineWriter) Write(b []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf.Write(b)
+	if w.on != nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			w.on(l)
+		}
+	}
+	return len(b), nil
+}
+
+func (w *lineWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.String()
+}
+
+// TestCancelFreesEverything cancels a run once its topology is up and the
+// load runs, and checks that every port of the simulation is free again,
+// no process of the run is left and the throwaway clusters are gone.
+func TestCancelFreesEverything(t *testing.T) {
+	cfg := needSim(t)
+	cfg.Load = 20 * time.Second
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var pgDirs []string
+	out := &lineWriter{on: func(l string) {
+		if strings.HasPrefix(l, "load: ") {
+			time.AfterFunc(2*time.Second, cancel)
+		}
+		if i := strings.Index(l, "throwaway Postgres on"); i >= 0 {
+			if j := strings.LastIndex(l, "("); j > i {
+				pgDirs = append(pgDirs, strings.TrimSuffix(l[j+1:], ")"))
+			}
+		}
+	}}
+	s, err := prepare(cfg, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ports := s.ports()
+	_, err = s.run(ctx)
+	s.cleanup()
+	if err == nil || ctx.Err() == nil {
+		t.Fatalf("run: got %v before the cancel, want it canceled; output:\n%s", err, out)
+	}
+	if len(pgDirs) == 0 {
+		t.Fatalf("no throwaway cluster started; output:\n%s", out)
+	}
+	if err := checkPorts(ports); err != nil {
+		t.Fatalf("after the cancel: %v", err)
+	}
+	for _, d := range pgDirs {
+		if _, err := os.Stat(d); !os.IsNotExist(err) {
+			t.Errorf("throwaway cluster folder %s still exists (%v)", d, err)
+		}
+	}
+	for port, svc := range ports {
+		if c, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), 200*time.Millisecond); err == nil {
+			c.Close()
+			t.Errorf("port %d (%s) still answers", port, svc)
+		}
+	}
+}
+
+// TestLoseCommandsFails: a run that purges eu's route stream while its
+// router is down loses commands already answered 202; it must end in FAIL
+// and name the lost keys.
+func TestLoseCommandsFails(t *testing.T) {
+	cfg := needSim(t)
+	cfg.Load, cfg.Faults, cfg.LoseCommands = 16*time.Second, []string{FaultKillAPI}, true
+	out := &lineWriter{}
+	rep, err := Run(context.Background(), cfg, out)
+	if err != nil {
+		t.Fatalf("%v; output:\n%s", err, out)
+	}
+	rep.Print(out)
+	if rep.OK() {
+		t.Fatalf("the run passed, want FAIL; output:\n%s", out)
+	}
+	if len(rep.Lost) == 0 {
+		t.Fatalf("no lost keys named; output:\n%s", out)
+	}
+	for _, c := range rep.Checks {
+		if strings.HasPrefix(c.Name, "every acknowledged key is in its home ledger") {
+			if c.OK || !strings.Contains(c.Detail, strings.Fields(rep.Lost[0])[0]) {
+				t.Fatalf("check %+v: want FAIL naming key %s", c, rep.Lost[0])
+			}
+			return
+		}
+	}
+	t.Fatalf("no exactly-once check in the report; output:\n%s", out)
+}

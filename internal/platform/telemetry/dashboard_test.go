@@ -1,0 +1,146 @@
+package telemetry_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http/httptest"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/paymesh/paymesh/internal/platform/telemetry"
+	"github.com/paymesh/paymesh/internal/testbed/ledgertest"
+	"github.com/paymesh/paymesh/services/api"
+	"github.com/paymesh/paymesh/services/ledger"
+	"github.com/paymesh/paymesh/services/router"
+)
+
+// TestDashboardQueriesExist: every metric a query of the Grafana dashboard
+// names is one the services really export.
+func TestDashboardQueriesExist(t *testing.T) {
+	m, err := telemetry.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.ObserveLedger("eu", "LEDGER_EU", &ledger.Stats{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.ObserveRouter("eu", &router.Stats{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.ObserveStore("eu", ledgertest.New(t).Store); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.ObserveAPI("eu", &api.Stats{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.ObserveBacklog("eu", "LEDGER_EU", func(context.Context) (int64, error) { return 0, nil }); err != nil {
+		t.Fatal(err)
+	}
+	observe, err := m.LedgerObserver("eu", "LEDGER_EU")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Histograms appear once they hold a value.
+	observe.Batch(context.Background(), 3, time.Millisecond)
+	observe.Stage(context.Background(), ledger.StageSettle, time.Second)
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	body, _ := io.ReadAll(rec.Body)
+	exported := map[string]bool{}
+	for _, l := range strings.Split(string(body), "\n") {
+		if name, _, ok := strings.Cut(l, "{"); ok && !strings.HasPrefix(l, "#") {
+			exported[name] = true
+		}
+	}
+	b, err := os.ReadFile("../../../deploy/grafana/paymesh.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(b, &dash); err != nil {
+		t.Fatal(err)
+	}
+	name := regexp.MustCompile(`paymesh_[a-z_]+`)
+	var queries int
+	for _, p := range dash.Panels {
+		for _, tg := range p.Targets {
+			queries++
+			for _, n := range name.FindAllString(tg.Expr, -1) {
+				if !exported[n] {
+					t.Errorf("panel %q queries %s, which no service exports", p.Title, n)
+				}
+			}
+		}
+	}
+	if queries == 0 || len(exported) == 0 {
+		t.Fatalf("%d queries checked against %d exported metrics", queries, len(exported))
+	}
+}
+
+// TestDashboardRegionVariable: the dashboard has a region variable (all
+// values of paymesh_deliveries_total's region label, several at once or
+// all), and every metric every panel queries is filtered by it.
+func TestDashboardRegionVariable(t *testing.T) {
+	b, err := os.ReadFile("../../../deploy/grafana/paymesh.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Templating struct {
+			List []struct {
+				Name       string `json:"name"`
+				Definition string `json:"definition"`
+				Query      struct {
+					Query string `json:"query"`
+				} `json:"query"`
+				Multi      bool `json:"multi"`
+				IncludeAll bool `json:"includeAll"`
+			} `json:"list"`
+		} `json:"templating"`
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(b, &dash); err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, v := range dash.Templating.List {
+		if v.Name != "region" {
+			continue
+		}
+		found = true
+		if v.Query.Query != "label_values(paymesh_deliveries_total, region)" || !v.Multi || !v.IncludeAll {
+			t.Errorf("variable region: query %q multi %v include all %v, want label_values(paymesh_deliveries_total, region), multi, include all",
+				v.Query.Query, v.Multi, v.IncludeAll)
+		}
+	}
+	if !found {
+		t.Fatal("no region variable in the dashboard's templating")
+	}
+	// A metric selector: a name, then its matchers if any.
+	selector := regexp.MustCompile(`(paymesh_[a-z_]+|ALERTS)(\{[^}]*\})?`)
+	for _, p := range dash.Panels {
+		for _, tg := range p.Targets {
+			for _, m := range selector.FindAllStringSubmatch(tg.Expr, -1) {
+				if !strings.Contains(m[2], `region=~"$region"`) {
+					t.Errorf("panel %q: %s is not filtered by region=~\"$region\"", p.Title, m[0])
+				}
+			}
+		}
+	}
+}

@@ -1,0 +1,389 @@
+// Package cluster runs several paymesh regions in one process: per region a
+// database and the three services a deployment runs (services/ledger/server,
+// services/router/server, services/api/server, each with its own /metrics),
+// on an embedded multi-region NATS topology. The multi-region tests and the
+// demo use it.
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/paymesh/paymesh/internal/platform/natsauth"
+	"github.com/paymesh/paymesh/internal/platform/pgdb"
+	"github.com/paymesh/paymesh/internal/testbed/natsembed"
+	"github.com/paymesh/paymesh/pkg/idgen"
+	"github.com/paymesh/paymesh/services/api"
+	apiserver "github.com/paymesh/paymesh/services/api/server"
+	"github.com/paymesh/paymesh/services/ledger"
+	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
+	"github.com/paymesh/paymesh/services/ledger/postgres"
+	"github.com/paymesh/paymesh/services/ledger/server"
+	"github.com/paymesh/paymesh/services/router"
+	routerserver "github.com/paymesh/paymesh/services/router/server"
+)
+
+// Config describes the regions to run.
+type Config struct {
+	// Regions maps region names to codes (from deploy/regions).
+	Regions map[string]uint8
+	// Topology is the running NATS topology, one server per region.
+	Topology *natsembed.Topology
+	// PostgresURL is the admin URL on which each region's database is
+	// created as DatabasePrefix + region (dropped first).
+	PostgresURL    string
+	DatabasePrefix string
+	Shards         int
+	BatchSize      int
+	AckWait        time.Duration
+	// DuplicateWindow is the Nats-Msg-Id window of the route and ledger
+	// streams (default ljs.DefaultDuplicateWindow).
+	DuplicateWindow time.Duration
+	// Inject asks, per router publish, for a duplicate (see router.Config).
+	Inject func() bool
+	// DropAck asks, per committed ledger batch of msgs messages, to skip
+	// its acks (a forced redelivery).
+	DropAck func(msgs int) bool
+	// BeforeCommit runs in every ledger apply transaction just before its
+	// COMMIT (a failpoint: an error aborts the transaction, as a crash
+	// would).
+	BeforeCommit func(ctx context.Context) error
+	// Bugs are deliberate bugs for the fault-injection suite's tests only
+	// (see ledger.Bugs), passed to the ledger, the router and the API; the
+	// zero value is the correct ledger, router and API.
+	Bugs ledger.Bugs
+	// APIWait and KeyTTL configure each region's HTTP API (see api.Config).
+	APIWait time.Duration
+	KeyTTL  time.Duration
+	// Now is the APIs' clock (see api.Config; default time.Now).
+	Now func() time.Time
+	// APIAddrs gives a region's API a fixed listen address; the default is
+	// a random port on 127.0.0.1.
+	APIAddrs map[string]string
+	// MetricsAddrs gives a region's services fixed /metrics addresses; the
+	// default is a random port on 127.0.0.1 for each.
+	MetricsAddrs map[string]MetricsAddrs
+	Log          *slog.Logger
+}
+
+// MetricsAddrs are the /metrics listen addresses of a region's services
+// ("" for a random port on 127.0.0.1).
+type MetricsAddrs struct {
+	Ledger, Router, API string
+}
+
+// connectTimeout bounds the services' wait for Postgres and NATS at start,
+// as a region restarted during a NATS fault would wait.
+const connectTimeout = 10 * time.Second
+
+// Region is one running region.
+type Region struct {
+	Name   string
+	URL    string // database URL
+	Ledger *server.Server
+	Router *router.Router
+	API    *api.Server
+	// APIURL is the base URL of the region's HTTP API.
+	APIURL string
+	// LedgerMetricsURL, RouterMetricsURL and APIMetricsURL serve each
+	// service's metrics (Prometheus text format or OpenMetrics), one
+	// endpoint per service as deployed.
+	LedgerMetricsURL, RouterMetricsURL, APIMetricsURL string
+	routerSrv                                         *routerserver.Server
+	apiSrv                                            *apiserver.Server
+	// The addresses and counters, kept across restarts.
+	apiAddr     string
+	metrics     MetricsAddrs
+	ledgerStats *ledger.Stats
+	routerStats *router.Stats
+	stop        context.CancelFunc
+	done        sync.WaitGroup
+}
+
+// Cluster is a set of running regions.
+type Cluster struct {
+	cfg     Config
+	ids     *idgen.Regions
+	regions map[string]*Region
+	mu      sync.Mutex
+}
+
+// Start creates each region's database and starts its ledger and router.
+// It returns an error naming the region that could not start.
+func Start(ctx context.Context, cfg Config) (*Cluster, error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Shards <= 0 {
+		cfg.Shards = ljs.DefaultShards
+	}
+	ids, err := idgen.NewRegions(cfg.Regions)
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{cfg: cfg, ids: ids, regions: map[string]*Region{}}
+	for name := range cfg.Regions {
+		url, err := pgdb.Create(ctx, cfg.PostgresURL, cfg.DatabasePrefix+name, true)
+		if err != nil {
+			c.Stop()
+			return nil, fmt.Errorf("region %s: %w", name, err)
+		}
+		r := &Region{Name: name, URL: url, apiAddr: cfg.APIAddrs[name], metrics: cfg.MetricsAddrs[name]}
+		c.regions[name] = r
+		if err := c.startRegion(ctx, r); err != nil {
+			c.Stop()
+			return nil, fmt.Errorf("region %s: %w", name, err)
+		}
+	}
+	return c, nil
+}
+
+// IDs returns the region table for IDs.
+func (c *Cluster) IDs() *idgen.Regions { return c.ids }
+
+// Region returns a running region.
+func (c *Cluster) Region(name string) *Region {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.regions[name]
+}
+
+// Names returns the region names.
+func (c *Cluster) Names() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for n := range c.regions {
+		out = append(out, n)
+	}
+	return out
+}
+
+func (c *Cluster) startRegion(ctx context.Context, r *Region) (err error) {
+	var afterCommit func([]jetstream.Msg) error
+	if c.cfg.DropAck != nil {
+		afterCommit = func(msgs []jetstream.Msg) error {
+			if c.cfg.DropAck(len(msgs)) {
+				return errors.New("acks dropped")
+			}
+			return nil
+		}
+	}
+	url := c.cfg.Topology.ClientURL(r.Name)
+	// Each service connects as its own user of the region's server
+	// (internal/platform/natsauth), so it runs with the permissions it has in
+	// docker-compose.
+	user := func(service string) natsauth.User {
+		u, err := natsauth.UserOf(r.Name, service)
+		if err != nil {
+			panic(err) // natsauth.Services are known
+		}
+		return u
+	}
+	listen := func(addr string) string {
+		if addr == "" {
+			return "127.0.0.1:0"
+		}
+		return addr
+	}
+	log := c.cfg.Log.With("region", r.Name)
+	defer func() {
+		if err != nil {
+			r.closeApps()
+		}
+	}()
+	lu := user(natsauth.Ledger)
+	if r.Ledger, err = server.Open(ctx, server.Config{
+		Region: r.Name, Regions: c.ids, Node: 1, PostgresURL: r.URL, NATSURL: url, NATSUser: lu.Name, NATSPassword: lu.Password, Workers: 2,
+		BatchSize: c.cfg.BatchSize, AckWait: c.cfg.AckWait, MaxDeliver: 1000, Shards: c.cfg.Shards, DuplicateWindow: c.cfg.DuplicateWindow,
+		CacheSize: 10_000, AfterCommit: afterCommit, BeforeCommit: c.cfg.BeforeCommit, Bugs: c.cfg.Bugs, Log: log.With("service", "ledger"),
+		Respond: api.Respond, Stats: r.ledgerStats, MetricsListen: listen(r.metrics.Ledger), ConnectTimeout: connectTimeout,
+	}); err != nil {
+		return err
+	}
+	ru := user(natsauth.Router)
+	if r.routerSrv, err = routerserver.Open(ctx, routerserver.Config{
+		Region: r.Name, Regions: c.ids, PostgresURL: r.URL, NATSURL: url, NATSUser: ru.Name, NATSPassword: ru.Password,
+		Shards: c.cfg.Shards, AckWait: c.cfg.AckWait, DuplicateWindow: c.cfg.DuplicateWindow, Inject: c.cfg.Inject, Bugs: c.cfg.Bugs,
+		Stats: r.routerStats, MetricsListen: listen(r.metrics.Router), ConnectTimeout: connectTimeout, Log: log,
+	}); err != nil {
+		return err
+	}
+	r.Router = r.routerSrv.Router()
+	au := user(natsauth.API)
+	if r.apiSrv, err = apiserver.Open(ctx, apiserver.Config{
+		Region: r.Name, Regions: c.ids, Node: 2, PostgresURL: r.URL, NATSURL: url, NATSUser: au.Name, NATSPassword: au.Password,
+		Shards: c.cfg.Shards, AckWait: c.cfg.AckWait, DuplicateWindow: c.cfg.DuplicateWindow, Inject: c.cfg.Inject,
+		// The API submits through a router of its own connection,
+		// counted with the region's router.
+		RouterStats: r.Router.Stats(),
+		Wait:        c.cfg.APIWait, KeyTTL: c.cfg.KeyTTL, Now: c.cfg.Now, Bugs: c.cfg.Bugs,
+		Listen: listen(r.apiAddr), MetricsListen: listen(r.metrics.API), ConnectTimeout: connectTimeout, Log: log.With("service", "api"),
+	}); err != nil {
+		return err
+	}
+	r.API, r.APIURL = r.apiSrv.API(), r.apiSrv.URL()
+	r.LedgerMetricsURL, r.RouterMetricsURL, r.APIMetricsURL = r.Ledger.MetricsURL(), r.routerSrv.MetricsURL(), r.apiSrv.MetricsURL()
+	// A restart listens where this run did.
+	r.apiAddr = strings.TrimPrefix(r.APIURL, "http://")
+	r.metrics = MetricsAddrs{Ledger: hostPort(r.LedgerMetricsURL), Router: hostPort(r.RouterMetricsURL), API: hostPort(r.APIMetricsURL)}
+
+	runCtx, stop := context.WithCancel(context.Background())
+	r.stop = stop
+	for name, a := range map[string]interface{ Run(context.Context) error }{"ledger": r.Ledger, "router": r.routerSrv, "api": r.apiSrv} {
+		r.done.Go(func() {
+			if err := a.Run(runCtx); err != nil {
+				log.Error(name+" stopped", "err", err)
+			}
+		})
+	}
+	return nil
+}
+
+// hostPort returns the host:port of a /metrics URL.
+func hostPort(metricsURL string) string {
+	return strings.TrimSuffix(strings.TrimPrefix(metricsURL, "http://"), "/metrics")
+}
+
+// closeApps closes the services that were opened, the API first.
+func (r *Region) closeApps() {
+	if r.apiSrv != nil {
+		_ = r.apiSrv.Close()
+	}
+	if r.routerSrv != nil {
+		_ = r.routerSrv.Close()
+	}
+	if r.Ledger != nil {
+		_ = r.Ledger.Close()
+	}
+}
+
+func (r *Region) close() {
+	if r.stop == nil {
+		return
+	}
+	// The API's HTTP server closes at once, dropping requests in
+	// progress, as a crash would.
+	_ = r.apiSrv.Close()
+	r.stop()
+	r.done.Wait()
+	_ = r.routerSrv.Close()
+	_ = r.Ledger.Close()
+	r.stop = nil
+}
+
+// RestartRegion stops a region's ledger, router and API as a crash would
+// and starts them again on the same database, NATS server, API address and
+// /metrics addresses.
+// The restarted region is a new *Region: callers holding the old one see it
+// closed, callers asking Region(name) again get the new one.
+func (c *Cluster) RestartRegion(ctx context.Context, name string) error {
+	old := c.Region(name)
+	old.close()
+	r := &Region{Name: name, URL: old.URL, apiAddr: old.apiAddr, metrics: old.metrics,
+		ledgerStats: old.Ledger.Stats, routerStats: old.Router.Stats()}
+	if err := c.startRegion(ctx, r); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.regions[name] = r
+	c.mu.Unlock()
+	return nil
+}
+
+// RouterJetStream returns the JetStream handle of the region's router: a
+// connection with the router's permissions, the only one that may publish
+// to ledger subjects.
+func (r *Region) RouterJetStream() jetstream.JetStream { return r.routerSrv.JetStream() }
+
+// Submit hands a command to the router of region via.
+func (c *Cluster) Submit(ctx context.Context, via string, cmd ledger.Command) error {
+	_, err := c.Region(via).Router.Submit(ctx, cmd)
+	return err
+}
+
+// Stores returns every region's ledger store.
+func (c *Cluster) Stores() []*postgres.Store {
+	var out []*postgres.Store
+	for _, n := range c.Names() {
+		out = append(out, c.Region(n).Ledger.Store)
+	}
+	return out
+}
+
+// Backlog counts the work still moving anywhere: route streams not yet
+// forwarded, ledger streams not yet applied, outbox rows not yet relayed
+// and transfers still DEBITED. Zero means the cluster is quiet.
+func (c *Cluster) Backlog(ctx context.Context) (int64, error) {
+	var n int64
+	for _, name := range c.Names() {
+		r := c.Region(name)
+		b, err := ljs.Backlog(ctx, r.Ledger.JetStream(), r.Ledger.Topo)
+		if err != nil {
+			return 0, err
+		}
+		n += int64(b)
+		route, err := r.RouterJetStream().Stream(ctx, router.Stream(name))
+		if err != nil {
+			return 0, err
+		}
+		info, err := route.Info(ctx)
+		if err != nil {
+			return 0, err
+		}
+		n += int64(info.State.Msgs) // a work queue: what is left is not forwarded yet
+		unsent, _, err := r.Ledger.Store.OutboxLag(ctx)
+		if err != nil {
+			return 0, err
+		}
+		n += unsent
+		var debited int64
+		if err := r.Ledger.Store.Pool().QueryRow(ctx, `SELECT count(*) FROM transfers WHERE status = 'DEBITED'`).Scan(&debited); err != nil {
+			return 0, err
+		}
+		n += debited
+	}
+	return n, nil
+}
+
+// WaitQuiet waits until Backlog is zero twice in a row, or ctx ends.
+func (c *Cluster) WaitQuiet(ctx context.Context) error {
+	zeros := 0
+	for zeros < 2 {
+		n, err := c.Backlog(ctx)
+		if err == nil && n == 0 {
+			zeros++
+		} else {
+			zeros = 0
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("cluster not quiet (backlog %d, last error %v): %w", n, err, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// Stop stops every region and drops nothing: databases stay until Drop.
+func (c *Cluster) Stop() {
+	for _, n := range c.Names() {
+		c.Region(n).close()
+	}
+}
+
+// Drop removes the regions' databases.
+func (c *Cluster) Drop(ctx context.Context) error {
+	var errs []error
+	for _, n := range c.Names() {
+		errs = append(errs, pgdb.Drop(ctx, c.cfg.PostgresURL, c.cfg.DatabasePrefix+n))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,335 @@
+package cluster_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/paymesh/paymesh/internal/testbed/cluster"
+	"github.com/paymesh/paymesh/internal/testbed/natsembed"
+	"github.com/paymesh/paymesh/internal/testbed/pgtest"
+	"github.com/paymesh/paymesh/pkg/dedup"
+	"github.com/paymesh/paymesh/pkg/idgen"
+	"github.com/paymesh/paymesh/services/ledger"
+	"github.com/paymesh/paymesh/services/ledger/postgres"
+)
+
+var regionCodes = map[string]uint8{"eu": 1, "us": 2, "ap": 3}
+
+// rate returns a thread-safe coin with probability p.
+func rate(seed uint64, p float64) func() bool {
+	var mu sync.Mutex
+	rng := rand.New(rand.NewPCG(seed, 1))
+	return func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return rng.Float64() < p
+	}
+}
+
+type harness struct {
+	c     *cluster.Cluster
+	topo  *natsembed.Topology
+	gens  map[string]*idgen.Generator
+	accts map[string][]string
+}
+
+func mustCluster(tb testing.TB, inject, dropAck func() bool) *harness {
+	tb.Helper()
+	var drop func(int) bool
+	if dropAck != nil {
+		drop = func(int) bool { return dropAck() }
+	}
+	tb.Helper()
+	topo := natsembed.MustStartTopology(tb, "eu", "us", "ap")
+	ctx := context.Background()
+	prefix := fmt.Sprintf("pmtest_%d_%d_", os.Getpid(), time.Now().UnixNano()%1e6)
+	c, err := cluster.Start(ctx, cluster.Config{
+		Regions: regionCodes, Topology: topo, PostgresURL: pgtest.AdminURL(), DatabasePrefix: prefix,
+		Shards: 4, BatchSize: 64, AckWait: 2 * time.Second, Inject: inject, DropAck: drop,
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		c.Stop()
+		if err := c.Drop(context.Background()); err != nil {
+			tb.Errorf("drop: %v", err)
+		}
+	})
+	h := &harness{c: c, topo: topo, gens: map[string]*idgen.Generator{}, accts: map[string][]string{}}
+	for r := range regionCodes {
+		if h.gens[r], err = idgen.NewGenerator(c.IDs(), r, 900); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	return h
+}
+
+func (h *harness) id(tb testing.TB, region string) string {
+	tb.Helper()
+	s, err := h.gens[region].NextString()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return s
+}
+
+// open creates n funded accounts in every region; funding goes through the
+// router of the region like any command.
+func (h *harness) open(tb testing.TB, n int, funds int64) {
+	tb.Helper()
+	ctx := context.Background()
+	for _, r := range []string{"eu", "us", "ap"} {
+		for range n {
+			a, err := h.c.Region(r).Ledger.Store.CreateAccount(ctx, ledger.NewAccount{ClientID: "c", Currency: "EUR"})
+			if err != nil {
+				tb.Fatal(err)
+			}
+			h.accts[r] = append(h.accts[r], a.ID)
+			fund := ledger.Command{Type: ledger.TypeFund, TransferID: h.id(tb, r), ClientID: "c", IdempotencyKey: "fund-" + a.ID,
+				To: a.ID, Amount: funds, Currency: "EUR", CreatedAt: time.Now()}
+			if err := h.c.Submit(ctx, r, fund); err != nil {
+				tb.Fatal(err)
+			}
+		}
+	}
+}
+
+func (h *harness) transfer(tb testing.TB, from, to string, amount int64) ledger.Command {
+	tb.Helper()
+	src, _ := h.c.IDs().HomeRegion(from)
+	return ledger.Command{Type: ledger.TypeTransfer, TransferID: h.id(tb, src), ClientID: "c", IdempotencyKey: "k-" + h.id(tb, src),
+		From: from, To: to, Amount: amount, Currency: "EUR", CreatedAt: time.Now()}
+}
+
+func (h *harness) quiet(tb testing.TB, d time.Duration) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	if err := h.c.WaitQuiet(ctx); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+func (h *harness) verify(tb testing.TB) {
+	tb.Helper()
+	rep, err := postgres.VerifyGlobal(context.Background(), h.c.Stores(), true)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if !rep.OK() {
+		tb.Fatalf("global verify:\n%s", rep)
+	}
+}
+
+// status reads a transfer's status in its home region, "" while it is not
+// there yet.
+func (h *harness) status(tb testing.TB, cmd ledger.Command) ledger.Status {
+	tb.Helper()
+	src, _ := h.c.IDs().HomeRegion(cmd.From)
+	t, err := h.c.Region(src).Ledger.Store.Transfer(context.Background(), cmd.TransferID)
+	if err != nil {
+		return ""
+	}
+	return t.Status
+}
+
+// final reads a transfer's status in its home region.
+func (h *harness) final(tb testing.TB, cmd ledger.Command) ledger.Transfer {
+	tb.Helper()
+	src, _ := h.c.IDs().HomeRegion(cmd.From)
+	t, err := h.c.Region(src).Ledger.Store.Transfer(context.Background(), cmd.TransferID)
+	if err != nil {
+		tb.Fatalf("transfer %s: %v", cmd.TransferID, err)
+	}
+	return t
+}
+
+// TestCrossRegionTransfers: transfers eu→us, us→ap, ap→eu and within
+// regions, submitted in random regions, with duplicates injected at every
+// hop: client resubmits, router forwards and outbox relays (same Msg-Id),
+// and ledger redeliveries (dropped acks). Every transfer ends COMPLETED,
+// REFUNDED or REJECTED, the global invariants hold, and the duplicate
+// counters show the injected duplicates were caught.
+func TestCrossRegionTransfers(t *testing.T) {
+	h := mustCluster(t, rate(1, 0.2), rate(2, 0.2))
+	h.open(t, 8, 100_000)
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(3, 4))
+	pairs := [][2]string{{"eu", "us"}, {"us", "ap"}, {"ap", "eu"}, {"eu", "eu"}, {"us", "us"}, {"ap", "ap"}}
+	var cmds []ledger.Command
+	var resubmits, missing int
+	for i := range 1000 {
+		p := pairs[i%len(pairs)]
+		from := h.accts[p[0]][rng.IntN(8)]
+		to := h.accts[p[1]][rng.IntN(8)]
+		for to == from {
+			to = h.accts[p[1]][rng.IntN(8)]
+		}
+		if i%37 == 0 && p[0] != p[1] {
+			to = h.id(t, p[1]) // no such account in the destination region
+			missing++
+		}
+		cmd := h.transfer(t, from, to, 1+rng.Int64N(500))
+		cmds = append(cmds, cmd)
+		via := []string{"eu", "us", "ap"}[rng.IntN(3)]
+		if err := h.c.Submit(ctx, via, cmd); err != nil {
+			t.Fatal(err)
+		}
+		if rng.IntN(100) < 20 { // a client retry, possibly in another region
+			resubmits++
+			if err := h.c.Submit(ctx, []string{"eu", "us", "ap"}[rng.IntN(3)], cmd); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	h.quiet(t, 2*time.Minute)
+
+	states := map[ledger.Status]int{}
+	for _, cmd := range cmds {
+		tr := h.final(t, cmd)
+		states[tr.Status]++
+		if _, err := h.c.IDs().HomeRegion(cmd.To); err == nil && tr.Status == ledger.StatusDebited {
+			t.Errorf("transfer %s still DEBITED", tr.ID)
+		}
+	}
+	t.Logf("final states: %v", states)
+	if states[ledger.StatusRefunded] != missing {
+		t.Errorf("refunded: got %d, want the %d transfers to missing accounts", states[ledger.StatusRefunded], missing)
+	}
+	if states[ledger.StatusCompleted]+states[ledger.StatusRefunded]+states[ledger.StatusRejected] != len(cmds) {
+		t.Errorf("final states %v do not cover all %d transfers", states, len(cmds))
+	}
+
+	var injected, caughtByMsgID, ledgerDups, redeliveries, routeDups int64
+	for _, n := range h.c.Names() {
+		r := h.c.Region(n)
+		injected += r.Router.Stats().Injected.Load()
+		caughtByMsgID += r.Router.Stats().ForwardDuplicates.Load() + r.Router.Stats().RelayDuplicates.Load()
+		routeDups += r.Router.Stats().DuplicateSubmits.Load()
+		for layer, v := range r.Ledger.Stats.Duplicates() {
+			if layer != string(dedup.LayerMsgID) {
+				ledgerDups += v
+			}
+		}
+		redeliveries += r.Ledger.Stats.Redeliveries.Load()
+	}
+	t.Logf("resubmits %d (route stream caught %d), router duplicates injected %d (Msg-Id caught %d), ledger redeliveries %d, ledger duplicates caught %d",
+		resubmits, routeDups, injected, caughtByMsgID, redeliveries, ledgerDups)
+	if injected == 0 || caughtByMsgID < injected {
+		t.Errorf("router duplicates: injected %d, caught by Msg-Id %d", injected, caughtByMsgID)
+	}
+	if redeliveries == 0 || ledgerDups == 0 {
+		t.Errorf("ledger redeliveries %d, ledger duplicates caught %d: the redelivery injection did not bite", redeliveries, ledgerDups)
+	}
+	if resubmits == 0 || routeDups == 0 {
+		t.Errorf("client resubmits %d, caught %d", resubmits, routeDups)
+	}
+	h.verify(t)
+}
+
+// TestRegionCutOff: while us is cut off, every region still accepts
+// commands bound for it and keeps applying its own: eu stores us-homed
+// commands until the link heals (more of them than one forwarder may hold
+// unacked), holds its credit steps for us in its outbox, and completes
+// eu→eu transfers meanwhile. After the heal everything completes and
+// nothing is left in transit.
+func TestRegionCutOff(t *testing.T) {
+	h := mustCluster(t, nil, nil)
+	h.open(t, 4, 10_000)
+	h.quiet(t, time.Minute)
+	ctx := context.Background()
+
+	h.topo.Cut("us")
+	var waiting, local []ledger.Command
+	submit := func(via string, cmd ledger.Command) {
+		t.Helper()
+		sub, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if err := h.c.Submit(sub, via, cmd); err != nil {
+			t.Fatalf("submit in %s while us is cut off: %v", via, err)
+		}
+	}
+	for i := range 1100 { // us-homed, submitted in eu: stored in eu
+		cmd := h.transfer(t, h.accts["us"][i%4], h.accts["eu"][i%4], 1)
+		waiting = append(waiting, cmd)
+		submit("eu", cmd)
+	}
+	for i := range 20 {
+		for _, p := range [][2]string{{"eu", "us"}, {"us", "ap"}} { // credits wait in the outbox
+			cmd := h.transfer(t, h.accts[p[0]][i%4], h.accts[p[1]][(i+1)%4], 10)
+			waiting = append(waiting, cmd)
+			submit(p[0], cmd)
+		}
+		cmd := h.transfer(t, h.accts["eu"][i%4], h.accts["eu"][(i+1)%4], 10)
+		local = append(local, cmd)
+		submit("eu", cmd)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for _, cmd := range local {
+		for h.status(t, cmd) != ledger.StatusCompleted {
+			if time.Now().After(deadline) {
+				t.Fatalf("eu→eu transfer %s did not complete while us was cut off", cmd.TransferID)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	if n, err := h.c.Backlog(ctx); err != nil || n < int64(len(waiting)) {
+		t.Fatalf("backlog while cut off: %d %v, want at least the %d commands waiting for us", n, err, len(waiting))
+	}
+	h.topo.Heal("us")
+	h.quiet(t, 2*time.Minute)
+	for _, cmd := range append(waiting, local...) {
+		if tr := h.final(t, cmd); tr.Status != ledger.StatusCompleted {
+			t.Errorf("transfer %s: %s %s, want COMPLETED", tr.ID, tr.Status, tr.Reason)
+		}
+	}
+	h.verify(t)
+}
+
+// TestRestarts: a region's ledger and router restarted as after a crash, and
+// one NATS server restarted, in the middle of a run, lose nothing.
+func TestRestarts(t *testing.T) {
+	h := mustCluster(t, nil, nil)
+	h.open(t, 4, 10_000)
+	h.quiet(t, time.Minute)
+	ctx := context.Background()
+	var cmds []ledger.Command
+	submit := func(n int) {
+		for i := range n {
+			p := [][2]string{{"eu", "us"}, {"us", "ap"}, {"ap", "eu"}, {"eu", "eu"}}[i%4]
+			cmd := h.transfer(t, h.accts[p[0]][i%4], h.accts[p[1]][(i+2)%4], 7)
+			cmds = append(cmds, cmd)
+			for {
+				sub, cancel := context.WithTimeout(ctx, 2*time.Second)
+				err := h.c.Submit(sub, p[0], cmd)
+				cancel()
+				if err == nil {
+					break
+				}
+				time.Sleep(200 * time.Millisecond) // the region's NATS server is restarting
+			}
+		}
+	}
+	submit(100)
+	if err := h.c.RestartRegion(ctx, "eu"); err != nil {
+		t.Fatal(err)
+	}
+	submit(100)
+	if err := h.topo.RestartRegion("ap"); err != nil {
+		t.Fatal(err)
+	}
+	submit(100)
+	h.quiet(t, 2*time.Minute)
+	for _, cmd := range cmds {
+		if tr := h.final(t, cmd); tr.Status != ledger.StatusCompleted {
+			t.Errorf("transfer %s: %s %s, want COMPLETED", tr.ID, tr.Status, tr.Reason)
+		}
+	}
+	h.verify(t)
+}

@@ -1,0 +1,251 @@
+package natsembed_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/paymesh/paymesh/internal/platform/natsauth"
+	"github.com/paymesh/paymesh/internal/testbed/natsembed"
+)
+
+// client is a connection as one user that records the permission
+// violations the server reports to it.
+type client struct {
+	name string
+	nc   *nats.Conn
+	js   jetstream.JetStream
+	errs chan error
+}
+
+// connectAs connects to region's server as service's user, with the
+// user's JetStream domain unless domain names another.
+func connectAs(t *testing.T, topo *natsembed.Topology, region, service, domain string) *client {
+	t.Helper()
+	u, err := natsauth.UserOf(region, service)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := dial(t, u.Name, topo.ClientURL(region), natsauth.ConnectOptions(u.Name, u.Password)...)
+	if domain == "" {
+		c.js, err = jetstream.New(c.nc)
+	} else {
+		c.js, err = jetstream.NewWithDomain(c.nc, domain)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// dial connects to url as user name with opts.
+func dial(t *testing.T, name, url string, opts ...nats.Option) *client {
+	t.Helper()
+	c := &client{name: name, errs: make(chan error, 64)}
+	opts = append(opts, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		select {
+		case c.errs <- err:
+		default:
+		}
+	}))
+	var err error
+	if c.nc, err = nats.Connect(url, opts...); err != nil {
+		t.Fatalf("connect to %s as %s: %v", url, name, err)
+	}
+	t.Cleanup(c.nc.Close)
+	return c
+}
+
+// refused fails the test unless the server reports, within two seconds, a
+// permissions violation of c for op ("Publish" or "Subscription") on
+// subject.
+func (c *client) refused(t *testing.T, op, subject string) {
+	t.Helper()
+	want := "Permissions Violation for " + op + ` to "` + subject + `"`
+	timeout := time.After(2 * time.Second)
+	for {
+		select {
+		case err := <-c.errs:
+			if errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), want) {
+				return
+			}
+		case <-timeout:
+			t.Errorf("%s: %s to %s was not refused", c.name, op, subject)
+			return
+		}
+	}
+}
+
+// quiet fails the test if c was refused anything.
+func (c *client) quiet(t *testing.T) {
+	t.Helper()
+	select {
+	case err := <-c.errs:
+		t.Errorf("%s: %v", c.name, err)
+	default:
+	}
+}
+
+// msgs returns the number of messages in a stream, read by c.
+func (c *client) msgs(t *testing.T, stream string) uint64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := c.js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatalf("%s: stream %s: %v", c.name, stream, err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatalf("%s: stream %s: %v", c.name, stream, err)
+	}
+	return info.State.Msgs
+}
+
+// TestPermissionsScenario12 is the issue's scenario 12 on the running
+// topology with deploy/regions' users: a region's ledger and API cannot put
+// anything into another region's ledger stream, neither by a plain publish
+// nor through that region's JetStream domain, while its router's forward
+// lands; only API users send and receive forwarded API calls; and nothing
+// connects without a user, to a region or to the hub.
+func TestPermissionsScenario12(t *testing.T) {
+	topo := natsembed.MustStartTopology(t, "eu", "us")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	usLedger := connectAs(t, topo, "us", natsauth.Ledger, "")
+	createStream(t, usLedger.js, "LEDGER_US", "ledger.us.>")
+
+	// The router's forward path: eu's router publishes into us's stream.
+	euRouter := connectAs(t, topo, "eu", natsauth.Router, "")
+	ack := publishEventually(t, euRouter.js, "ledger.us.1", "xfer/p/1", 5*time.Second)
+	if ack.Stream != "LEDGER_US" || ack.Domain != "us" {
+		t.Fatalf("router forward: ack %+v, want LEDGER_US in domain us", ack)
+	}
+	euRouter.quiet(t)
+
+	for _, service := range []string{natsauth.Ledger, natsauth.API} {
+		// A plain JetStream publish, as a router's, to us's subject.
+		c := connectAs(t, topo, "eu", service, "")
+		if ack, err := publish(c.js, "ledger.us.2", "xfer/p/"+service, time.Second); err == nil {
+			t.Errorf("%s: publish to ledger.us.2 acked: %+v", c.name, ack)
+		}
+		c.refused(t, "Publish", "ledger.us.2")
+		// A core publish, without waiting for an ack.
+		if err := c.nc.Publish("ledger.us.3", []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
+		c.refused(t, "Publish", "ledger.us.3")
+
+		// Through us's JetStream domain: neither us's stream API nor a
+		// publish in that domain is open to eu's services.
+		d := connectAs(t, topo, "eu", service, "us")
+		// The refused request is not answered: it waits out its timeout.
+		sctx, scancel := context.WithTimeout(ctx, time.Second)
+		_, err := d.js.Stream(sctx, "LEDGER_US")
+		scancel()
+		if err == nil {
+			t.Errorf("%s: stream LEDGER_US through domain us: found", d.name)
+		}
+		d.refused(t, "Publish", "$JS.us.API.STREAM.INFO.LEDGER_US")
+		if ack, err := publish(d.js, "ledger.us.4", "xfer/d/"+service, time.Second); err == nil {
+			t.Errorf("%s: publish in domain us acked: %+v", d.name, ack)
+		}
+		d.refused(t, "Publish", "ledger.us.4")
+	}
+	// Nor does the router manage us's streams: it only publishes.
+	euRouterUS := connectAs(t, topo, "eu", natsauth.Router, "us")
+	if _, err := euRouterUS.nc.Request("$JS.us.API.STREAM.PURGE.LEDGER_US", nil, time.Second); err == nil {
+		t.Error("eu's router purged LEDGER_US through domain us")
+	}
+	euRouterUS.refused(t, "Publish", "$JS.us.API.STREAM.PURGE.LEDGER_US")
+	// us's own ledger may not publish into its stream either: only routers do.
+	if err := usLedger.nc.Publish("ledger.us.5", []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	usLedger.refused(t, "Publish", "ledger.us.5")
+
+	// Forwarded API calls: us's API answers eu's.
+	usAPI := connectAs(t, topo, "us", natsauth.API, "")
+	calls := make(chan string, 16)
+	if _, err := usAPI.nc.QueueSubscribe("paymesh.api.us", "api", func(m *nats.Msg) {
+		calls <- m.Header.Get("From")
+		_ = m.Respond([]byte("ok"))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := usAPI.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	euAPI := connectAs(t, topo, "eu", natsauth.API, "")
+	var rep *nats.Msg
+	var err error
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		m := nats.NewMsg("paymesh.api.us")
+		m.Header.Set("From", euAPI.name)
+		if rep, err = euAPI.nc.RequestMsg(m, time.Second); err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil || string(rep.Data) != "ok" {
+		t.Fatalf("api-eu -> paymesh.api.us: %v", err)
+	}
+	if from := <-calls; from != euAPI.name {
+		t.Fatalf("forwarded call from %q, want %s", from, euAPI.name)
+	}
+	euAPI.quiet(t)
+	usAPI.quiet(t)
+	// No other user sends or receives forwarded calls, nor reads another
+	// user's replies; eu's API does not receive us's calls.
+	for _, c := range []*client{connectAs(t, topo, "eu", natsauth.Ledger, ""), connectAs(t, topo, "eu", natsauth.Router, "")} {
+		m := nats.NewMsg("paymesh.api.us")
+		m.Header.Set("From", c.name)
+		if err := c.nc.PublishMsg(m); err != nil {
+			t.Fatal(err)
+		}
+		c.refused(t, "Publish", "paymesh.api.us")
+		if _, err := c.nc.Subscribe("paymesh.api.eu", func(*nats.Msg) {}); err != nil {
+			t.Fatal(err)
+		}
+		c.refused(t, "Subscription", "paymesh.api.eu")
+		if _, err := c.nc.Subscribe("_INBOX.>", func(*nats.Msg) {}); err != nil {
+			t.Fatal(err)
+		}
+		c.refused(t, "Subscription", "_INBOX.>")
+	}
+	if _, err := euAPI.nc.Subscribe("paymesh.api.us", func(*nats.Msg) {}); err != nil {
+		t.Fatal(err)
+	}
+	euAPI.refused(t, "Subscription", "paymesh.api.us")
+	select {
+	case from := <-calls:
+		t.Errorf("us's API received a forwarded call from %s", from)
+	case <-time.After(200 * time.Millisecond):
+	}
+
+	// Without a user nothing connects: not to a region, not to the hub.
+	for _, url := range []string{topo.ClientURL("eu"), topo.Hub().ClientURL()} {
+		if nc, err := nats.Connect(url); err == nil {
+			nc.Close()
+			t.Errorf("anonymous connection to %s accepted", url)
+		} else if !errors.Is(err, nats.ErrAuthorization) {
+			t.Errorf("anonymous connection to %s: %v, want an authorization violation", url, err)
+		}
+	}
+	// The hub's only client user can do nothing.
+	hubUser := natsauth.HubUsers()[0]
+	hub := dial(t, hubUser.Name, topo.Hub().ClientURL(), nats.UserInfo(hubUser.Name, hubUser.Password))
+	if err := hub.nc.Publish("ledger.us.6", []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	hub.refused(t, "Publish", "ledger.us.6")
+
+	if n := usLedger.msgs(t, "LEDGER_US"); n != 1 {
+		t.Errorf("LEDGER_US holds %d messages, want only the router's 1", n)
+	}
+}
