@@ -4,8 +4,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/paymesh/paymesh/services/ledger"
 )
 
 // failure is a check that must fail, with a failure that says one of any.
@@ -30,14 +28,14 @@ var bugCases = []struct {
 		scenario: "1",
 		why: "the API answers a repeated idempotency key from its stored response without comparing the bodies: a " +
 			"conflicting body is acknowledged with the first request's transfer",
-		cfg:   Config{bugs: ledger.Bugs{IgnoreKeyBody: true}},
+		cfg:   Config{bugs: bugs{IgnoreKeyBody: true}},
 		fails: []failure{{I3, []string{"different bodies were acknowledged"}}, {"conflicts", []string{"conflicting body was answered ok"}}},
 	},
 	{
 		scenario: "2",
 		why: "the consumer acks each batch before its transaction commits: a worker killed before COMMIT loses " +
 			"acknowledged transfers",
-		cfg:   Config{bugs: ledger.Bugs{AckBeforeCommit: true}, QuietWait: 3 * time.Second},
+		cfg:   Config{bugs: bugs{AckBeforeCommit: true}, QuietWait: 3 * time.Second},
 		fails: []failure{{I3, []string{"LOST"}}},
 		lost:  true,
 	},
@@ -45,7 +43,7 @@ var bugCases = []struct {
 		scenario: "3",
 		why: "the ledger caches a batch's keys as done when it claims them, before COMMIT: after a held transaction " +
 			"fails, its redeliveries and retries are acked as duplicates",
-		cfg:   Config{bugs: ledger.Bugs{SeenBeforeCommit: true}},
+		cfg:   Config{bugs: bugs{SeenBeforeCommit: true}},
 		fails: []failure{{I3, []string{"LOST"}}},
 		lost:  true,
 	},
@@ -53,7 +51,7 @@ var bugCases = []struct {
 		scenario: "4",
 		why: "the consume-log is keyed by transfer ID, the business-key lookup skipped and the unique (client, key) " +
 			"constraint dropped: a late retry under a new transfer ID applies again",
-		cfg:     Config{bugs: ledger.Bugs{DedupByTransferID: true}, dropBusinessKey: true},
+		cfg:     Config{bugs: bugs{DedupByTransferID: true}, dropBusinessKey: true},
 		fails:   []failure{{I3, []string{"DOUBLED"}}},
 		doubled: true,
 	},
@@ -63,42 +61,42 @@ var bugCases = []struct {
 			"the server is acked, a request LOST or a saga step gone (its transfer left DEBITED)",
 		// Longer than the others: a cut must land on an apply batch's COMMIT
 		// before it reaches the server, and some land on other transactions.
-		cfg:   Config{bugs: ledger.Bugs{AssumeCommitted: true}, QuietWait: 3 * time.Second, Duration: 3 * time.Second},
+		cfg:   Config{bugs: bugs{AssumeCommitted: true}, QuietWait: 3 * time.Second, Duration: 3 * time.Second},
 		fails: []failure{{I3, []string{"LOST", "still DEBITED"}}},
 	},
 	{
 		scenario: "7",
 		why: "the routers mark a saga step sent whether or not the destination stream stored it: steps relayed while " +
 			"a NATS server is down are lost, and their transfers stay in transit",
-		cfg:   Config{bugs: ledger.Bugs{RelayIgnoresPubAck: true}, QuietWait: 3 * time.Second},
+		cfg:   Config{bugs: bugs{RelayIgnoresPubAck: true}, QuietWait: 3 * time.Second},
 		fails: []failure{{I3, []string{"still DEBITED"}}},
 	},
 	{
 		scenario: "8",
 		why: "the routers ack a command in their route stream whether or not its home region stored the forward: " +
 			"commands forwarded across the cut are lost",
-		cfg:   Config{bugs: ledger.Bugs{ForwardIgnoresPubAck: true}, QuietWait: 3 * time.Second},
+		cfg:   Config{bugs: bugs{ForwardIgnoresPubAck: true}, QuietWait: 3 * time.Second},
 		fails: []failure{{I3, []string{"LOST"}}},
 		lost:  true,
 	},
 	{
 		scenario: "9",
 		why:      "the ledger gives a transaction up on its first deadlock instead of retrying it",
-		cfg:      Config{bugs: ledger.Bugs{NoRetry: true}},
+		cfg:      Config{bugs: bugs{NoRetry: true}},
 		fails:    []failure{{"budget", []string{"transactions gave up"}}},
 	},
 	{
 		scenario: "10",
 		why: "the store's lookup of the transfer a key made finds nothing: a resend after its key expired is answered " +
 			"with a new transfer ID that never exists (the route stream's Msg-Id window drops the resend itself)",
-		cfg:   Config{bugs: ledger.Bugs{ForgetKeyTransfer: true}, QuietWait: 20 * time.Second},
+		cfg:   Config{bugs: bugs{ForgetKeyTransfer: true}, QuietWait: 20 * time.Second},
 		fails: []failure{{"same-transfer", []string{"after a step"}}},
 	},
 	{
 		scenario: "11",
 		why: "the API skips its check that the source account belongs to the client: transfers from the other " +
 			"client's accounts (BOLA) are answered 2xx and applied",
-		cfg: Config{bugs: ledger.Bugs{SkipOwnerCheck: true}},
+		cfg: Config{bugs: bugs{SkipOwnerCheck: true}},
 		fails: []failure{{"refused", []string{"BOLA transfer from the other client's account"}},
 			{I3, []string{"answers only refused requests (hostile"}}},
 	},

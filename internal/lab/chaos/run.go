@@ -9,8 +9,6 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
-
-	"github.com/paymesh/paymesh/services/ledger"
 )
 
 // Config selects what Run runs.
@@ -29,7 +27,7 @@ type Config struct {
 	// Keep keeps the region databases.
 	Keep bool
 	// bugs switches deliberate bugs on: set only by this package's tests.
-	bugs ledger.Bugs
+	bugs bugs
 	// dropBusinessKey drops the transfers' unique (client, idempotency
 	// key) constraint before the workload: set only by this package's
 	// tests, with bugs.DedupByTransferID.

@@ -146,9 +146,10 @@ func start(ctx context.Context, cfg Config, sc *scenario, seed uint64) (_ *env, 
 	ccfg := cluster.Config{
 		Regions: table.Codes(), Topology: e.topo, PostgresURL: pgURL,
 		DatabasePrefix: fmt.Sprintf("paymesh_chaos_%d_%d_", os.Getpid(), dbSeq.Add(1)),
-		Shards:         shards, BatchSize: 64, AckWait: ackWait, DuplicateWindow: sc.dupWindow, APIWait: 3 * time.Second, Bugs: cfg.bugs,
+		Shards:         shards, BatchSize: 64, AckWait: ackWait, DuplicateWindow: sc.dupWindow, APIWait: 3 * time.Second,
 		KeyTTL: sc.keyTTL, Now: sc.now,
 	}
+	cfg.bugs.install(&ccfg)
 	if sc.beforeCommit != nil {
 		ccfg.BeforeCommit = func(ctx context.Context) error {
 			if !e.active.Load() {

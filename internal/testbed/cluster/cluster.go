@@ -59,6 +59,12 @@ type Config struct {
 	// (see ledger.Bugs), passed to the ledger, the router and the API; the
 	// zero value is the correct ledger, router and API.
 	Bugs ledger.Bugs
+	// Ledger, Router and API, if set, change a region's service
+	// configuration just before the service opens: a test installs its own
+	// hooks and decorators through the services' seams here.
+	Ledger func(region string, c *server.Config)
+	Router func(region string, c *routerserver.Config)
+	API    func(region string, c *apiserver.Config)
 	// APIWait and KeyTTL configure each region's HTTP API (see api.Config).
 	APIWait time.Duration
 	KeyTTL  time.Duration
@@ -200,25 +206,33 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) (err error) {
 		}
 	}()
 	lu := user(natsauth.Ledger)
-	if r.Ledger, err = server.Open(ctx, server.Config{
+	lcfg := server.Config{
 		Region: r.Name, Regions: c.ids, Node: 1, PostgresURL: r.URL, NATSURL: url, NATSUser: lu.Name, NATSPassword: lu.Password, Workers: 2,
 		BatchSize: c.cfg.BatchSize, AckWait: c.cfg.AckWait, MaxDeliver: 1000, Shards: c.cfg.Shards, DuplicateWindow: c.cfg.DuplicateWindow,
 		CacheSize: 10_000, AfterCommit: afterCommit, BeforeCommit: c.cfg.BeforeCommit, Bugs: c.cfg.Bugs, Log: log.With("service", "ledger"),
 		Respond: api.Respond, Stats: r.ledgerStats, MetricsListen: listen(r.metrics.Ledger), ConnectTimeout: connectTimeout,
-	}); err != nil {
+	}
+	if c.cfg.Ledger != nil {
+		c.cfg.Ledger(r.Name, &lcfg)
+	}
+	if r.Ledger, err = server.Open(ctx, lcfg); err != nil {
 		return err
 	}
 	ru := user(natsauth.Router)
-	if r.routerSrv, err = routerserver.Open(ctx, routerserver.Config{
+	rcfg := routerserver.Config{
 		Region: r.Name, Regions: c.ids, PostgresURL: r.URL, NATSURL: url, NATSUser: ru.Name, NATSPassword: ru.Password,
 		Shards: c.cfg.Shards, AckWait: c.cfg.AckWait, DuplicateWindow: c.cfg.DuplicateWindow, Inject: c.cfg.Inject, Bugs: c.cfg.Bugs,
 		Stats: r.routerStats, MetricsListen: listen(r.metrics.Router), ConnectTimeout: connectTimeout, Log: log,
-	}); err != nil {
+	}
+	if c.cfg.Router != nil {
+		c.cfg.Router(r.Name, &rcfg)
+	}
+	if r.routerSrv, err = routerserver.Open(ctx, rcfg); err != nil {
 		return err
 	}
 	r.Router = r.routerSrv.Router()
 	au := user(natsauth.API)
-	if r.apiSrv, err = apiserver.Open(ctx, apiserver.Config{
+	acfg := apiserver.Config{
 		Region: r.Name, Regions: c.ids, Node: 2, PostgresURL: r.URL, NATSURL: url, NATSUser: au.Name, NATSPassword: au.Password,
 		Shards: c.cfg.Shards, AckWait: c.cfg.AckWait, DuplicateWindow: c.cfg.DuplicateWindow, Inject: c.cfg.Inject,
 		// The API submits through a router of its own connection,
@@ -226,7 +240,11 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) (err error) {
 		RouterStats: r.Router.Stats(),
 		Wait:        c.cfg.APIWait, KeyTTL: c.cfg.KeyTTL, Now: c.cfg.Now, Bugs: c.cfg.Bugs,
 		Listen: listen(r.apiAddr), MetricsListen: listen(r.metrics.API), ConnectTimeout: connectTimeout, Log: log.With("service", "api"),
-	}); err != nil {
+	}
+	if c.cfg.API != nil {
+		c.cfg.API(r.Name, &acfg)
+	}
+	if r.apiSrv, err = apiserver.Open(ctx, acfg); err != nil {
 		return err
 	}
 	r.API, r.APIURL = r.apiSrv.API(), r.apiSrv.URL()
