@@ -30,7 +30,6 @@ import (
 	"github.com/paymesh/paymesh/internal/lab/loadgen"
 	"github.com/paymesh/paymesh/internal/platform/pgdb"
 	"github.com/paymesh/paymesh/internal/platform/startup"
-	"github.com/paymesh/paymesh/internal/platform/telemetry"
 	"github.com/paymesh/paymesh/internal/testbed/faultproxy"
 	"github.com/paymesh/paymesh/pkg/dedup"
 	"github.com/paymesh/paymesh/pkg/idgen"
@@ -41,6 +40,7 @@ import (
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 	"github.com/paymesh/paymesh/services/ledger/server"
 	routerserver "github.com/paymesh/paymesh/services/router/server"
+	"github.com/paymesh/paymesh/services/telemetry"
 )
 
 // errFailed makes main exit 1 after a command already printed why.

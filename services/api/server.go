@@ -33,6 +33,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"golang.org/x/time/rate"
 
+	"github.com/paymesh/paymesh/internal/platform/subjects"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/pkg/natstrace"
 	"github.com/paymesh/paymesh/services/ledger"
@@ -180,7 +181,7 @@ func (s *Server) do(ctx context.Context, home string, c call) reply {
 
 // ForwardSubject is where region's API takes the calls forwarded from other
 // regions; only API users may publish or subscribe to it (internal/platform/natsauth).
-func ForwardSubject(region string) string { return "paymesh.api." + region }
+func ForwardSubject(region string) string { return subjects.API(region) }
 
 // maxForwarded bounds the calls from other regions served at once.
 const maxForwarded = 256

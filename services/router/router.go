@@ -24,7 +24,6 @@ package router
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -34,6 +33,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/paymesh/paymesh/internal/platform/subjects"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/pkg/natstrace"
 	"github.com/paymesh/paymesh/services/ledger"
@@ -41,7 +41,7 @@ import (
 )
 
 // Stream is the name of a region's route stream.
-func Stream(region string) string { return "ROUTE_" + strings.ToUpper(region) }
+func Stream(region string) string { return subjects.RouteStream(region) }
 
 // EnsureStream creates or updates the region's route stream (file storage,
 // a Nats-Msg-Id window). It is a work queue: a command stays, with no age
@@ -54,7 +54,7 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, region string, wi
 	_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:        Stream(region),
 		Description: "commands accepted in region " + region + ", stored until their home region acked them",
-		Subjects:    []string{"route." + region + ".>"},
+		Subjects:    []string{subjects.Route(region)},
 		Storage:     jetstream.FileStorage,
 		Retention:   jetstream.WorkQueuePolicy,
 		Duplicates:  window,
@@ -147,7 +147,7 @@ func (r *Router) Submit(ctx context.Context, cmd ledger.Command) (duplicate bool
 		return false, err
 	}
 	shard := r.topo(home).Shard(account)
-	m := nats.NewMsg(fmt.Sprintf("route.%s.%s.%d", r.cfg.Region, home, shard))
+	m := nats.NewMsg(subjects.RouteShard(r.cfg.Region, home, shard))
 	m.Data = cmd.Encode()
 	m.Header.Set(jetstream.MsgIDHeader, cmd.MsgKey())
 	ctx, span := tracer.Start(ctx, "send "+m.Subject, trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(
@@ -180,14 +180,4 @@ func messaging(region, subject, msgID, op string) []attribute.KeyValue {
 		attribute.String("messaging.operation.type", op),
 		attribute.String("paymesh.region", region),
 	}
-}
-
-// ledgerSubject maps a route subject route.<r>.<home>.<shard> to the home
-// ledger subject ledger.<home>.<shard>.
-func ledgerSubject(routeSubject string) (string, error) {
-	parts := strings.Split(routeSubject, ".")
-	if len(parts) != 4 || parts[0] != "route" {
-		return "", fmt.Errorf("route subject %q is not route.<region>.<home>.<shard>", routeSubject)
-	}
-	return "ledger." + parts[2] + "." + parts[3], nil
 }

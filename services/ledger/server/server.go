@@ -18,12 +18,12 @@ import (
 
 	"github.com/paymesh/paymesh/internal/platform/natsconn"
 	"github.com/paymesh/paymesh/internal/platform/pgdb"
-	"github.com/paymesh/paymesh/internal/platform/telemetry"
 	"github.com/paymesh/paymesh/pkg/dedup"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/ledger"
 	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
+	"github.com/paymesh/paymesh/services/telemetry"
 )
 
 // Config is everything a region's ledger needs.
