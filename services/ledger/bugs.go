@@ -7,9 +7,6 @@ package ledger
 // else sets them, and no flag or environment variable reaches them: the
 // zero value is the correct ledger, router and API.
 type Bugs struct {
-	// AckBeforeCommit acks a batch's messages before its transaction
-	// commits, so a crash between the two loses them.
-	AckBeforeCommit bool
 	// DedupByTransferID keys the consume-log by transfer ID instead of the
 	// client's idempotency key and skips the business-key lookup, so a
 	// request sent again under a new transfer ID applies again (once the
@@ -46,16 +43,4 @@ type Bugs struct {
 	// (status, version) are gone, so a refusal that arrives after the
 	// confirmation refunds a completed transfer.
 	DropStateCAS bool
-	// NoRetry gives up every store transaction on its first retryable
-	// error (a deadlock, serialization failure, lock timeout, unique-key
-	// race, lost connection or fenced claim) instead of retrying it.
-	NoRetry bool
-	// ForwardIgnoresPubAck makes the router ack a command in its route
-	// stream once the forward to the home region was sent, whether or not
-	// the home stream confirmed it: a forward lost on the way is lost.
-	ForwardIgnoresPubAck bool
-	// RelayIgnoresPubAck makes the router mark an outbox row sent once the
-	// saga step was published, whether or not the destination stream
-	// confirmed it: a step lost on the way leaves its money in transit.
-	RelayIgnoresPubAck bool
 }

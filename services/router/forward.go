@@ -145,7 +145,7 @@ func (r *Router) forward(ctx context.Context, msgs []jetstream.Msg, log *slog.Lo
 		ok, dup := wait(wctx, futures[i])
 		endPublish(spans[i], ok, dup)
 		switch {
-		case ok || r.cfg.Bugs.ForwardIgnoresPubAck: // deliberate bug, tests only
+		case ok:
 			r.cfg.Stats.Forwarded.Add(1)
 			r.cfg.Stats.ForwardDuplicates.Add(dup)
 			_ = m.Ack()

@@ -80,10 +80,8 @@ type Config struct {
 	// it answers true the message is published twice (a producer retry with
 	// the same Nats-Msg-Id), for duplicate injection in tests and the demo.
 	Inject func() bool
-	// Bugs are deliberate bugs for the fault-injection suite's tests only
-	// (see ledger.Bugs: the router reads ForwardIgnoresPubAck and
-	// RelayIgnoresPubAck); the zero value is the correct router.
-	Bugs  ledger.Bugs
+	// Stats, if set, receives the router's counters; a new one is made
+	// otherwise.
 	Stats *Stats
 }
 

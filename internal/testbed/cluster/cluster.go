@@ -221,7 +221,7 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) (err error) {
 	ru := user(natsauth.Router)
 	rcfg := routerserver.Config{
 		Region: r.Name, Regions: c.ids, PostgresURL: r.URL, NATSURL: url, NATSUser: ru.Name, NATSPassword: ru.Password,
-		Shards: c.cfg.Shards, AckWait: c.cfg.AckWait, DuplicateWindow: c.cfg.DuplicateWindow, Inject: c.cfg.Inject, Bugs: c.cfg.Bugs,
+		Shards: c.cfg.Shards, AckWait: c.cfg.AckWait, DuplicateWindow: c.cfg.DuplicateWindow, Inject: c.cfg.Inject,
 		Stats: r.routerStats, MetricsListen: listen(r.metrics.Router), ConnectTimeout: connectTimeout, Log: log,
 	}
 	if c.cfg.Router != nil {

@@ -126,7 +126,7 @@ func (s *Server) open(ctx context.Context) error {
 		return err
 	}
 	rt := router.New(js, router.Config{Region: cfg.Region, Regions: cfg.Regions, Shards: cfg.Shards, AckWait: cfg.AckWait,
-		Inject: cfg.Inject, Bugs: cfg.Bugs, Stats: cfg.RouterStats})
+		Inject: cfg.Inject, Stats: cfg.RouterStats})
 	store := postgres.New(s.pool, postgres.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen, Bugs: cfg.Bugs})
 	s.api = api.New(api.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen, Store: store, Router: rt, NATS: s.nc,
 		Wait: cfg.Wait, KeyTTL: cfg.KeyTTL, Now: cfg.Now, Bugs: cfg.Bugs, Log: cfg.Log})

@@ -81,8 +81,10 @@ type Config struct {
 	Regions *idgen.Regions
 	// Dedup is the consume-log.
 	Dedup *dedup.Log
-	// MaxAttempts bounds retries of a transaction on serialization failure,
-	// deadlock, lock timeout or a business-key race. Default 8.
+	// MaxAttempts is how many times a transaction runs, at most, when it
+	// meets a serialization failure, deadlock, lock timeout, business-key
+	// race, lost connection or fenced claim; the last such error gives it
+	// up (counted in Stats.GaveUp). 1 never retries. Default 8.
 	MaxAttempts uint
 	// BeforeCommit, if set, runs inside every apply transaction just before
 	// COMMIT. Tests use it as a failpoint; an error aborts the transaction.
@@ -172,7 +174,7 @@ func (s *Store) transact(ctx context.Context, op string, fn func(pgx.Tx) error, 
 		if !retryable(err) {
 			return struct{}{}, backoff.Permanent(err)
 		}
-		if attempt >= int(s.cfg.MaxAttempts) || s.cfg.Bugs.NoRetry { // deliberate bug, tests only: NoRetry
+		if attempt >= int(s.cfg.MaxAttempts) {
 			s.stats().GaveUp.Add(1) // the retry budget is spent
 			return struct{}{}, backoff.Permanent(err)
 		}

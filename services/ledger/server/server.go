@@ -58,8 +58,14 @@ type Config struct {
 	Observe ljs.Observer
 	// AfterCommit is the consumers' failpoint (see jetstream.ConsumerConfig).
 	AfterCommit func([]jetstream.Msg) error
+	// BeforeApply is told each batch before it applies (see
+	// jetstream.ConsumerConfig).
+	BeforeApply func(ctx context.Context, msgs []jetstream.Msg)
 	// BeforeCommit is the store's failpoint (see postgres.Config).
 	BeforeCommit func(ctx context.Context) error
+	// MaxAttempts is the store's retry budget per transaction (see
+	// postgres.Config; default 8).
+	MaxAttempts uint
 	// Bugs are deliberate bugs for the fault-injection suite's tests only
 	// (see ledger.Bugs).
 	Bugs ledger.Bugs
@@ -137,7 +143,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		WindowDays: cfg.WindowDays, Cache: cache,
 	})
 	s.Store = postgres.New(pool, postgres.Config{Region: cfg.Region, IDs: gen, Regions: cfg.Regions, Dedup: s.dedup, Stats: s.Stats,
-		Respond: cfg.Respond, BeforeCommit: cfg.BeforeCommit, Bugs: cfg.Bugs,
+		Respond: cfg.Respond, BeforeCommit: cfg.BeforeCommit, MaxAttempts: cfg.MaxAttempts, Bugs: cfg.Bugs,
 		OnRetry: func(op string, attempt int, err error) {
 			cfg.Log.Debug("transaction retried", "op", op, "attempt", attempt, "err", err)
 		}})
@@ -202,7 +208,7 @@ func (s *Server) Run(ctx context.Context) error {
 		c := ljs.NewConsumer(s.js, s.Store, ljs.ConsumerConfig{
 			Topology: s.Topo, Shards: shards, BatchSize: s.cfg.BatchSize, AckWait: s.cfg.AckWait,
 			MaxDeliver: s.cfg.MaxDeliver, Regions: s.cfg.Regions, Stats: s.Stats, Log: s.cfg.Log,
-			AfterCommit: s.cfg.AfterCommit, Observe: s.cfg.Observe, Bugs: s.cfg.Bugs,
+			AfterCommit: s.cfg.AfterCommit, BeforeApply: s.cfg.BeforeApply, Observe: s.cfg.Observe,
 		})
 		wg.Go(func() {
 			if err := c.Run(ctx); err != nil {
