@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/paymesh/paymesh/internal/testbed/apicheck"
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
 	"github.com/paymesh/paymesh/internal/testbed/faultproxy"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
@@ -125,7 +126,7 @@ func (e *env) doWith(tb testing.TB, region, method, path, apiKey, body string, h
 	if apiKey != "" {
 		req.Header.Set("Authorization", "Bearer "+apiKey)
 	}
-	res, err := http.DefaultClient.Do(req)
+	res, err := apicheck.Client(tb).Do(req)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -476,7 +477,7 @@ func TestClientRetriesSafely(t *testing.T) {
 	}
 	defer proxy.Close()
 	proxy.Trap([]byte("POST /v1/transfers"), faultproxy.DropAfter)
-	cl := &api.Client{BaseURL: "http://" + proxy.Addr(), APIKey: keyA, HTTP: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}}
+	cl := &api.Client{BaseURL: "http://" + proxy.Addr(), APIKey: keyA, HTTP: &http.Client{Transport: apicheck.Transport(t, &http.Transport{DisableKeepAlives: true})}}
 	r, err := cl.SendTransfer(context.Background(), api.TransferRequest{From: a, To: b, Amount: 25, Currency: "EUR"}, api.NewIdempotencyKey())
 	if err != nil {
 		t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/paymesh/paymesh/internal/testbed/apicheck"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/internal/testbed/pgtest"
 	"github.com/paymesh/paymesh/pkg/idgen"
@@ -50,7 +51,7 @@ func TestAPIServes(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(runCtx) }()
 
-	c := &api.Client{BaseURL: srv.URL(), APIKey: key}
+	c := &api.Client{BaseURL: srv.URL(), APIKey: key, HTTP: apicheck.Client(t)}
 	resp, err := c.CreateAccount(ctx, "EUR", "", 0)
 	if err != nil || resp.Status != http.StatusCreated || !strings.Contains(string(resp.Body), `"currency":"EUR"`) {
 		t.Fatalf("POST /v1/accounts at %s: got %d %s %v, want 201 with the account", srv.URL(), resp.Status, resp.Body, err)
