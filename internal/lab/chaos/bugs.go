@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
+	"github.com/paymesh/paymesh/services/api"
 )
 
 // bugs are the deliberate bugs of the suite's own tests (bugs_test.go):
@@ -23,7 +24,9 @@ type bugs struct {
 // install puts the bugs that are on into the cluster's services.
 func (b bugs) install(c *cluster.Config) {
 	// Scenario 1.
-	c.Bugs.IgnoreKeyBody = b.IgnoreKeyBody
+	if b.IgnoreKeyBody {
+		wrapAPIStore(c, func(s api.Store) api.Store { return ignoreKeyBody{s} })
+	}
 
 	// Scenario 2.
 	c.Bugs.AckBeforeCommit = b.AckBeforeCommit
@@ -47,8 +50,12 @@ func (b bugs) install(c *cluster.Config) {
 	c.Bugs.NoRetry = b.NoRetry
 
 	// Scenario 10.
-	c.Bugs.ForgetKeyTransfer = b.ForgetKeyTransfer
+	if b.ForgetKeyTransfer {
+		wrapAPIStore(c, func(s api.Store) api.Store { return forgetKeyTransfer{s} })
+	}
 
 	// Scenario 11.
-	c.Bugs.SkipOwnerCheck = b.SkipOwnerCheck
+	if b.SkipOwnerCheck {
+		wrapAPIStore(c, func(s api.Store) api.Store { return skipOwnerCheck{s} })
+	}
 }
