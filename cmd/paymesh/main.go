@@ -62,7 +62,7 @@ type cli struct {
 	Load      loadCmd      `cmd:"" help:"Drive transfers through running regions' HTTP APIs (the demo's with --stay, or docker-compose)."`
 	Transfers transfersCmd `cmd:"" help:"Send and show transfers through the HTTP API."`
 	Verify    verifyCmd    `cmd:"" help:"Check a region's ledger invariants and print PASS/FAIL for each."`
-	Migrate   migrateCmd   `cmd:"" help:"Apply a region's database migrations and create its consume-log partitions."`
+	Migrate   migrateCmd   `cmd:"" help:"Apply a region's database migrations (the ledger's and the API's) and create its consume-log partitions."`
 	WAN       wanCmd       `cmd:"" name:"wan" help:"Run a region's WAN link to the hub: a TCP proxy with the table's latency, jitter, resets, cut and heal, and a control API."`
 	Sim       simCmd       `cmd:"" help:"Run docker-compose.yml's topology as processes on this machine, with load, a fault schedule, Prometheus and alerts, then a PASS/FAIL report."`
 }
