@@ -64,11 +64,11 @@ func mustEnv(tb testing.TB, keyTTL time.Duration) *env {
 		c.Stop()
 		_ = c.Drop(context.Background())
 	})
-	for _, s := range c.Stores() {
+	for _, s := range c.APIStores() {
 		for _, cl := range []struct {
-			c   postgres.Client
+			c   api.RegisteredClient
 			key string
-		}{{postgres.Client{ID: "a", Name: "A"}, keyA}, {postgres.Client{ID: "b", Name: "B"}, keyB}, {postgres.Client{ID: "c", Name: "C", RatePerSec: 2}, keyC}} {
+		}{{api.RegisteredClient{ID: "a", Name: "A"}, keyA}, {api.RegisteredClient{ID: "b", Name: "B"}, keyB}, {api.RegisteredClient{ID: "c", Name: "C", RatePerSec: 2}, keyC}} {
 			if err := s.PutClient(ctx, cl.c, cl.key); err != nil {
 				tb.Fatal(err)
 			}
@@ -441,7 +441,7 @@ func TestKeyExpiry(t *testing.T) {
 		t.Fatalf("first: %d %s", first.status, first.body)
 	}
 	time.Sleep(1500 * time.Millisecond)
-	store := e.c.Region("eu").Ledger.Store
+	store := e.c.Region("eu").APIStore
 	n, err := store.DeleteExpiredKeys(context.Background(), time.Now())
 	if err != nil || n != 1 {
 		t.Fatalf("cleanup: removed %d (%v), want 1", n, err)

@@ -12,22 +12,6 @@ type Bugs struct {
 	// request sent again under a new transfer ID applies again (once the
 	// schema's unique business key is gone as well).
 	DedupByTransferID bool
-	// ForgetKeyTransfer makes the store's TransferByKey find nothing, so
-	// the API no longer answers a request repeated after its idempotency
-	// key expired with the transfer the key made: it submits it again
-	// under a new transfer ID.
-	ForgetKeyTransfer bool
-	// SkipOwnerCheck makes the API's POST /v1/transfers skip its check
-	// that the source account belongs to the authenticated client (a BOLA
-	// hole: any client could move another client's money). services/api
-	// reads it from api.Config.Bugs.
-	SkipOwnerCheck bool
-	// IgnoreKeyBody makes the store's BeginKey skip its comparison of
-	// request fingerprints: an answered idempotency key sent again with
-	// another body is replayed the first request's stored response
-	// instead of refused. (A key still in flight gets its 409, and one
-	// taken over or expired still meets the transfer's own fingerprint.)
-	IgnoreKeyBody bool
 	// SeenBeforeCommit records a batch's message keys in the recent-commit
 	// cache when they are claimed, before the transaction commits (the
 	// "SETNX before processing" mistake). A redelivery, or the next

@@ -34,7 +34,8 @@ func TestDashboardQueriesExist(t *testing.T) {
 	if err := m.ObserveStore("eu", ledgertest.New(t).Store); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.ObserveAPI("eu", &api.Stats{}); err != nil {
+	st := &api.Stats{}
+	if err := m.ObserveAPI("eu", &st.Replays, &st.Mismatches, &st.InFlight); err != nil {
 		t.Fatal(err)
 	}
 	if err := m.ObserveBacklog("eu", "LEDGER_EU", func(context.Context) (int64, error) { return 0, nil }); err != nil {

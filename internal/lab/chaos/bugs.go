@@ -4,6 +4,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
+	"github.com/paymesh/paymesh/services/api"
 	"github.com/paymesh/paymesh/services/ledger/server"
 	routerserver "github.com/paymesh/paymesh/services/router/server"
 )
@@ -27,7 +28,9 @@ type bugs struct {
 // install puts the bugs that are on into the cluster's services.
 func (b bugs) install(c *cluster.Config) {
 	// Scenario 1.
-	c.Bugs.IgnoreKeyBody = b.IgnoreKeyBody
+	if b.IgnoreKeyBody {
+		wrapAPIStore(c, func(s api.Store) api.Store { return ignoreKeyBody{s} })
+	}
 
 	// Scenario 2.
 	if b.AckBeforeCommit {
@@ -95,8 +98,12 @@ func (b bugs) install(c *cluster.Config) {
 	}
 
 	// Scenario 10.
-	c.Bugs.ForgetKeyTransfer = b.ForgetKeyTransfer
+	if b.ForgetKeyTransfer {
+		wrapAPIStore(c, func(s api.Store) api.Store { return forgetKeyTransfer{s} })
+	}
 
 	// Scenario 11.
-	c.Bugs.SkipOwnerCheck = b.SkipOwnerCheck
+	if b.SkipOwnerCheck {
+		wrapAPIStore(c, func(s api.Store) api.Store { return skipOwnerCheck{s} })
+	}
 }

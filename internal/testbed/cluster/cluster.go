@@ -21,6 +21,7 @@ import (
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/api"
+	apipg "github.com/paymesh/paymesh/services/api/postgres"
 	apiserver "github.com/paymesh/paymesh/services/api/server"
 	"github.com/paymesh/paymesh/services/ledger"
 	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
@@ -96,6 +97,8 @@ type Region struct {
 	Ledger *server.Server
 	Router *router.Router
 	API    *api.Server
+	// APIStore is the API's own store: its clients and idempotency keys.
+	APIStore *apipg.Store
 	// APIURL is the base URL of the region's HTTP API.
 	APIURL string
 	// LedgerMetricsURL, RouterMetricsURL and APIMetricsURL serve each
@@ -210,7 +213,7 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) (err error) {
 		Region: r.Name, Regions: c.ids, Node: 1, PostgresURL: r.URL, NATSURL: url, NATSUser: lu.Name, NATSPassword: lu.Password, Workers: 2,
 		BatchSize: c.cfg.BatchSize, AckWait: c.cfg.AckWait, MaxDeliver: 1000, Shards: c.cfg.Shards, DuplicateWindow: c.cfg.DuplicateWindow,
 		CacheSize: 10_000, AfterCommit: afterCommit, BeforeCommit: c.cfg.BeforeCommit, Bugs: c.cfg.Bugs, Log: log.With("service", "ledger"),
-		Respond: api.Respond, Stats: r.ledgerStats, MetricsListen: listen(r.metrics.Ledger), ConnectTimeout: connectTimeout,
+		Answers: apipg.Answers{}, Stats: r.ledgerStats, MetricsListen: listen(r.metrics.Ledger), ConnectTimeout: connectTimeout,
 	}
 	if c.cfg.Ledger != nil {
 		c.cfg.Ledger(r.Name, &lcfg)
@@ -247,7 +250,7 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) (err error) {
 	if r.apiSrv, err = apiserver.Open(ctx, acfg); err != nil {
 		return err
 	}
-	r.API, r.APIURL = r.apiSrv.API(), r.apiSrv.URL()
+	r.API, r.APIStore, r.APIURL = r.apiSrv.API(), r.apiSrv.Store(), r.apiSrv.URL()
 	r.LedgerMetricsURL, r.RouterMetricsURL, r.APIMetricsURL = r.Ledger.MetricsURL(), r.routerSrv.MetricsURL(), r.apiSrv.MetricsURL()
 	// A restart listens where this run did.
 	r.apiAddr = strings.TrimPrefix(r.APIURL, "http://")
@@ -332,6 +335,16 @@ func (c *Cluster) Stores() []*postgres.Store {
 	var out []*postgres.Store
 	for _, n := range c.Names() {
 		out = append(out, c.Region(n).Ledger.Store)
+	}
+	return out
+}
+
+// APIStores returns every region's API store (clients and idempotency
+// keys).
+func (c *Cluster) APIStores() []*apipg.Store {
+	var out []*apipg.Store
+	for _, n := range c.Names() {
+		out = append(out, c.Region(n).APIStore)
 	}
 	return out
 }

@@ -93,10 +93,9 @@ type Config struct {
 	OnRetry func(op string, attempt int, err error)
 	// Stats, if set, receives the store's counters.
 	Stats *ledger.Stats
-	// Respond, if set, renders the HTTP response to a client request's
-	// result; the apply transaction stores it with the request's
-	// idempotency key (see services/api).
-	Respond func(ledger.Result) (status int, body []byte)
+	// Answers, if set, records the first answer to every client request
+	// in the transaction that applies it (see Answers).
+	Answers Answers
 	// Bugs are deliberate bugs for the fault-injection suite's tests only
 	// (see ledger.Bugs); the zero value is the correct ledger.
 	Bugs ledger.Bugs

@@ -50,9 +50,10 @@ type Config struct {
 	// Stats, if set, receives the counters (kept across restarts by the
 	// caller); a new one is made otherwise.
 	Stats *ledger.Stats
-	// Respond renders a client request's response, stored with its
-	// idempotency key in the apply transaction (see services/api).
-	Respond func(ledger.Result) (int, []byte)
+	// Answers, if set, records the first answer to every client request
+	// in the transaction that applies it (see postgres.Answers): whoever
+	// runs the ledger with the API hands in the API's (services/api/postgres).
+	Answers postgres.Answers
 	// Observe receives the applied batches and saga stages (default: the
 	// histograms of /metrics when MetricsListen is set).
 	Observe ljs.Observer
@@ -143,7 +144,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		WindowDays: cfg.WindowDays, Cache: cache,
 	})
 	s.Store = postgres.New(pool, postgres.Config{Region: cfg.Region, IDs: gen, Regions: cfg.Regions, Dedup: s.dedup, Stats: s.Stats,
-		Respond: cfg.Respond, BeforeCommit: cfg.BeforeCommit, MaxAttempts: cfg.MaxAttempts, Bugs: cfg.Bugs,
+		Answers: cfg.Answers, BeforeCommit: cfg.BeforeCommit, MaxAttempts: cfg.MaxAttempts, Bugs: cfg.Bugs,
 		OnRetry: func(op string, attempt int, err error) {
 			cfg.Log.Debug("transaction retried", "op", op, "attempt", attempt, "err", err)
 		}})
