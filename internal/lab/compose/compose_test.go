@@ -118,7 +118,7 @@ func TestLoadEnvironmentIsGivenOnly(t *testing.T) {
 
 func TestLoadErrors(t *testing.T) {
 	for _, tc := range []struct{ file, want string }{
-		{"invalid-yaml.yml", "did not find expected ',' or ']'"},
+		{"invalid-yaml.yml", "yaml: line "},
 		{"unknown-dependency.yml", `service "app" depends on undefined service "db"`},
 		{"port-clash.yml", "host port 8101/tcp is published by both a and b"},
 		{"missing.yml", "no such file or directory"},
