@@ -60,6 +60,13 @@ type Config struct {
 	AfterCommit func([]jetstream.Msg) error
 	// BeforeCommit is the store's failpoint (see postgres.Config).
 	BeforeCommit func(ctx context.Context) error
+	// WrapConsumeLog, if set, decorates the consume-log the store uses
+	// (see postgres.ConsumeLog): traces or metrics of its claims, say. The
+	// retention job runs on the undecorated log.
+	WrapConsumeLog func(postgres.ConsumeLog) postgres.ConsumeLog
+	// RequestKey names a command to the consume-log and the business key
+	// (see postgres.Config); nil for the default, ledger.Command.MsgKey.
+	RequestKey func(ledger.Command) string
 	// Bugs are deliberate bugs for the fault-injection suite's tests only
 	// (see ledger.Bugs).
 	Bugs ledger.Bugs
@@ -133,11 +140,14 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, Stats: stats, pool: pool, nc: nc, js: js,
 		Topo: ljs.Topology{Region: cfg.Region, Shards: cfg.Shards, DuplicateWindow: cfg.DuplicateWindow}}
 	s.dedup = dedup.New(dedup.Config{
-		Holder: fmt.Sprintf("%s/%s-%d/%d", cfg.Region, host, os.Getpid(), cfg.Node), Lease: cfg.Lease,
-		WindowDays: cfg.WindowDays, Cache: cache,
+		Holder: fmt.Sprintf("%s/%s-%d/%d", cfg.Region, host, os.Getpid(), cfg.Node), WindowDays: cfg.WindowDays, Cache: cache,
 	})
-	s.Store = postgres.New(pool, postgres.Config{Region: cfg.Region, IDs: gen, Regions: cfg.Regions, Dedup: s.dedup, Stats: s.Stats,
-		Respond: cfg.Respond, BeforeCommit: cfg.BeforeCommit, Bugs: cfg.Bugs,
+	var consumeLog postgres.ConsumeLog = s.dedup
+	if cfg.WrapConsumeLog != nil {
+		consumeLog = cfg.WrapConsumeLog(consumeLog)
+	}
+	s.Store = postgres.New(pool, postgres.Config{Region: cfg.Region, IDs: gen, Regions: cfg.Regions, Dedup: consumeLog, Stats: s.Stats,
+		RequestKey: cfg.RequestKey, Respond: cfg.Respond, BeforeCommit: cfg.BeforeCommit, Bugs: cfg.Bugs,
 		OnRetry: func(op string, attempt int, err error) {
 			cfg.Log.Debug("transaction retried", "op", op, "attempt", attempt, "err", err)
 		}})
