@@ -40,7 +40,7 @@ type Config struct {
 	BatchSize    int           // most messages per transaction
 	AckWait      time.Duration // JetStream redelivery timeout
 	MaxDeliver   int           // deliveries before dead-lettering
-	Lease        time.Duration // longest a transaction may sit idle before Postgres ends it
+	Lease        time.Duration // the transaction lease: longest a transaction may sit idle before Postgres ends it (postgres.Connect)
 	WindowDays   int           // consume-log retention
 	CacheSize    int           // recent-commit cache entries; 0 disables the cache
 	Shards       int           // ledger subjects per region
