@@ -7,7 +7,7 @@ BENCHSTAT   ?= $(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-2
 BENCH_COUNT ?= 10
 BENCH_TIME  ?= 20000x
 
-.PHONY: demo sim bench chaos bench-telemetry test test-short build fuzz services browser prometheus clean compose-up compose-down compose-load
+.PHONY: demo sim bench chaos bench-telemetry test test-short build fuzz services browser prometheus lint-openapi clean compose-up compose-down compose-load
 
 ## demo: run the three-region demo on the local Postgres and an embedded NATS topology
 demo: services
@@ -31,11 +31,12 @@ bench: services
 chaos: services
 	$(GO) run ./cmd/paymesh chaos --seeds 1,2,3 $(ARGS)
 
-## test: vet and run every test against real Postgres and real JetStream, then
-## the quick process simulation (make sim ARGS=--quick)
+## test: vet, lint the OpenAPI document, run every test against real Postgres
+## and real JetStream, then the quick process simulation (make sim ARGS=--quick)
 ## (the browser test's screenshot lands in artifacts/)
 test: services browser prometheus
 	$(GO) vet ./...
+	./scripts/lint-openapi
 	@mkdir -p artifacts
 	$(GO) test -count=1 -timeout 10m -artifacts -outputdir $(CURDIR)/artifacts ./...
 	$(MAKE) sim ARGS=--quick
@@ -60,6 +61,10 @@ browser:
 ## Prometheus tests (see scripts/prometheus)
 prometheus:
 	@./scripts/prometheus
+
+## lint-openapi: services/api/openapi.yaml under Redocly's recommended rules, 0 errors and 0 warnings
+lint-openapi:
+	./scripts/lint-openapi
 
 ## bench-telemetry: what tracing and metrics cost the ledger apply path: BENCH_COUNT
 ## rounds of BenchmarkApplyPath (telemetry=off, then on, BENCH_TIME transfers each),

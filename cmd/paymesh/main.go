@@ -30,17 +30,18 @@ import (
 	"github.com/paymesh/paymesh/internal/lab/loadgen"
 	"github.com/paymesh/paymesh/internal/platform/pgdb"
 	"github.com/paymesh/paymesh/internal/platform/startup"
-	"github.com/paymesh/paymesh/internal/platform/telemetry"
 	"github.com/paymesh/paymesh/internal/testbed/faultproxy"
 	"github.com/paymesh/paymesh/pkg/dedup"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/api"
+	apipg "github.com/paymesh/paymesh/services/api/postgres"
 	apiserver "github.com/paymesh/paymesh/services/api/server"
 	"github.com/paymesh/paymesh/services/ledger"
 	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 	"github.com/paymesh/paymesh/services/ledger/server"
 	routerserver "github.com/paymesh/paymesh/services/router/server"
+	"github.com/paymesh/paymesh/services/telemetry"
 )
 
 // errFailed makes main exit 1 after a command already printed why.
@@ -61,7 +62,7 @@ type cli struct {
 	Load      loadCmd      `cmd:"" help:"Drive transfers through running regions' HTTP APIs (the demo's with --stay, or docker-compose)."`
 	Transfers transfersCmd `cmd:"" help:"Send and show transfers through the HTTP API."`
 	Verify    verifyCmd    `cmd:"" help:"Check a region's ledger invariants and print PASS/FAIL for each."`
-	Migrate   migrateCmd   `cmd:"" help:"Apply a region's database migrations and create its consume-log partitions."`
+	Migrate   migrateCmd   `cmd:"" help:"Apply a region's database migrations (the ledger's and the API's) and create its consume-log partitions."`
 	WAN       wanCmd       `cmd:"" name:"wan" help:"Run a region's WAN link to the hub: a TCP proxy with the table's latency, jitter, resets, cut and heal, and a control API."`
 	Sim       simCmd       `cmd:"" help:"Run docker-compose.yml's topology as processes on this machine, with load, a fault schedule, Prometheus and alerts, then a PASS/FAIL report."`
 }
@@ -175,7 +176,7 @@ func (c *ledgerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 	srv, err := server.Open(ctx, server.Config{OwnShards: own,
 		Region: reg.Name, Regions: ids, Node: c.Node, PostgresURL: url, NATSURL: c.NATSURL, NATSUser: c.NATSUser, NATSPassword: c.NATSPassword, Workers: c.Workers,
 		BatchSize: c.BatchSize, AckWait: c.AckWait, MaxDeliver: c.MaxDeliver, Lease: c.Lease,
-		WindowDays: c.WindowDays, CacheSize: c.CacheSize, Shards: c.Shards, Log: log.With("service", "ledger"), Respond: api.Respond,
+		WindowDays: c.WindowDays, CacheSize: c.CacheSize, Shards: c.Shards, Log: log.With("service", "ledger"), Answers: apipg.Answers{},
 		MetricsListen: metricsListen(c.Metrics, reg.MetricsPort), ConnectTimeout: c.ConnectTimeout,
 	})
 	if err != nil {
@@ -281,7 +282,7 @@ type clientCmd struct {
 	Rate        int           `help:"Requests per second allowed." default:"100"`
 	Overdraft   int64         `name:"max-overdraft" help:"Most overdraft (minor units) the client may give its accounts." default:"0"`
 	Key         string        `env:"PAYMESH_CLIENT_KEY" help:"Use this API key instead of a new random one (at least 16 characters)."`
-	Wait        time.Duration `name:"connect-timeout" env:"PAYMESH_CONNECT_TIMEOUT" default:"60s" help:"How long to wait for a region's database to be migrated by its ledger (docker-compose starts them together)."`
+	Wait        time.Duration `name:"connect-timeout" env:"PAYMESH_CONNECT_TIMEOUT" default:"60s" help:"How long to wait for a region's API to migrate its tables (docker-compose starts them together)."`
 }
 
 func (c *clientCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, log *slog.Logger) error {
@@ -314,7 +315,7 @@ func (c *clientCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 	}
 	// Open every region first: a missing database registers the client
 	// nowhere, and the error says which one and what to run.
-	stores := map[string]*postgres.Store{}
+	stores := map[string]*apipg.Store{}
 	var missing, found []string
 	for _, name := range names {
 		one := regionDB{Region: name, PostgresURL: c.PostgresURL}
@@ -345,7 +346,7 @@ func (c *clientCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 			return fmt.Errorf("region %s: %w", name, err)
 		}
 		defer pool.Close()
-		stores[name] = postgres.New(pool, postgres.Config{Region: name, Regions: ids})
+		stores[name] = apipg.New(pool)
 		found = append(found, name)
 	}
 	if len(missing) > 0 {
@@ -357,7 +358,7 @@ func (c *clientCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 	}
 	for _, name := range names {
 		put := func() error {
-			return stores[name].PutClient(ctx, postgres.Client{ID: c.ID, Name: c.Name, RatePerSec: c.Rate, MaxOverdraft: c.Overdraft}, key)
+			return stores[name].PutClient(ctx, api.RegisteredClient{ID: c.ID, Name: c.Name, RatePerSec: c.Rate, MaxOverdraft: c.Overdraft}, key)
 		}
 		if err := untilMigrated(ctx, name, c.Wait, log, put); err != nil {
 			return fmt.Errorf("region %s: %w", name, err)
@@ -368,11 +369,11 @@ func (c *clientCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 }
 
 // untilMigrated runs f, and again every startup.Every for at most timeout
-// while it fails because the region's tables do not exist yet (its ledger
+// while it fails because the region's API tables do not exist yet (its API
 // migrates them at start), logging once that it waits. It returns f's last
 // error, saying what to run when the tables never came.
 func untilMigrated(ctx context.Context, region string, timeout time.Duration, log *slog.Logger, f func() error) error {
-	err := startup.Wait(ctx, timeout, log.With("region", region), "waiting for the region's ledger to migrate its database", func() error {
+	err := startup.Wait(ctx, timeout, log.With("region", region), "waiting for the region's API to migrate its tables", func() error {
 		err := f()
 		var pgErr *pgconn.PgError
 		if err != nil && (!errors.As(err, &pgErr) || pgErr.Code != "42P01") { // 42P01: undefined_table
@@ -381,7 +382,7 @@ func untilMigrated(ctx context.Context, region string, timeout time.Duration, lo
 		return err
 	})
 	if late := (*startup.Timeout)(nil); errors.As(err, &late) {
-		return fmt.Errorf("the database is not migrated after %s (start the region's ledger, or run `paymesh migrate --region %s`): %w", late.After, region, late.Err)
+		return fmt.Errorf("the database is not migrated after %s (start the region's API, or run `paymesh migrate --region %s`): %w", late.After, region, late.Err)
 	}
 	return err
 }
@@ -606,6 +607,9 @@ func (c *migrateCmd) Run(ctx context.Context, t regions.Table) error {
 	defer pool.Close()
 	store := postgres.New(pool, postgres.Config{Region: reg.Name, Dedup: dedup.New(dedup.Config{WindowDays: c.WindowDays})})
 	if err := store.Migrate(ctx); err != nil {
+		return err
+	}
+	if err := apipg.New(pool).Migrate(ctx); err != nil {
 		return err
 	}
 	fmt.Printf("region %s: database migrated\n", reg.Name)

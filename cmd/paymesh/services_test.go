@@ -20,7 +20,7 @@ import (
 	"github.com/paymesh/paymesh/internal/platform/pgdb"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/internal/testbed/pgtest"
-	"github.com/paymesh/paymesh/services/ledger/postgres"
+	apipg "github.com/paymesh/paymesh/services/api/postgres"
 )
 
 // TestClientOneRegion: with only eu's database, `paymesh client acme`
@@ -44,7 +44,7 @@ func TestClientOneRegion(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	eu := postgres.New(pool, postgres.Config{Region: "eu", Regions: ids})
+	eu := apipg.New(pool)
 	registered := func() bool {
 		_, ok, err := eu.ClientByID(ctx, "acme")
 		if err != nil {
@@ -79,7 +79,7 @@ func TestClientOneRegion(t *testing.T) {
 var discard = slog.New(slog.DiscardHandler)
 
 // TestClientWaitsForMigrations: `paymesh client` started on a database its
-// ledger has not migrated yet (docker-compose starts them together) waits
+// API has not migrated yet (docker-compose starts them together) waits
 // for the tables, logging once, and registers the client; with nobody to
 // migrate it gives up after --connect-timeout and says what to run.
 func TestClientWaitsForMigrations(t *testing.T) {
@@ -95,7 +95,7 @@ func TestClientWaitsForMigrations(t *testing.T) {
 	early := &clientCmd{PostgresURL: pgtest.AdminURL(), DBPrefix: prefix, ID: "acme", Rate: 100, Regions: []string{"eu"}, Wait: 300 * time.Millisecond}
 	err := early.Run(ctx, tab, ids, discard)
 	if err == nil || !strings.Contains(err.Error(), "not migrated after 300ms") || !strings.Contains(err.Error(), "paymesh migrate --region eu") {
-		t.Fatalf("no ledger to migrate: got %v, want an error saying what to run", err)
+		t.Fatalf("no API to migrate: got %v, want an error saying what to run", err)
 	}
 
 	var logs syncBuffer
@@ -111,7 +111,7 @@ func TestClientWaitsForMigrations(t *testing.T) {
 	if err := <-migrated; err != nil {
 		t.Fatal(err)
 	}
-	if n := strings.Count(logs.String(), "waiting for the region's ledger to migrate"); n != 1 {
+	if n := strings.Count(logs.String(), "waiting for the region's API to migrate its tables"); n != 1 {
 		t.Errorf("logged the wait %d times, want once:\n%s", n, logs.String())
 	}
 }

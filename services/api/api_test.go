@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/paymesh/paymesh/internal/testbed/apicheck"
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
 	"github.com/paymesh/paymesh/internal/testbed/faultproxy"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
@@ -63,11 +64,11 @@ func mustEnv(tb testing.TB, keyTTL time.Duration) *env {
 		c.Stop()
 		_ = c.Drop(context.Background())
 	})
-	for _, s := range c.Stores() {
+	for _, s := range c.APIStores() {
 		for _, cl := range []struct {
-			c   postgres.Client
+			c   api.RegisteredClient
 			key string
-		}{{postgres.Client{ID: "a", Name: "A"}, keyA}, {postgres.Client{ID: "b", Name: "B"}, keyB}, {postgres.Client{ID: "c", Name: "C", RatePerSec: 2}, keyC}} {
+		}{{api.RegisteredClient{ID: "a", Name: "A"}, keyA}, {api.RegisteredClient{ID: "b", Name: "B"}, keyB}, {api.RegisteredClient{ID: "c", Name: "C", RatePerSec: 2}, keyC}} {
 			if err := s.PutClient(ctx, cl.c, cl.key); err != nil {
 				tb.Fatal(err)
 			}
@@ -125,7 +126,7 @@ func (e *env) doWith(tb testing.TB, region, method, path, apiKey, body string, h
 	if apiKey != "" {
 		req.Header.Set("Authorization", "Bearer "+apiKey)
 	}
-	res, err := http.DefaultClient.Do(req)
+	res, err := apicheck.Client(tb).Do(req)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -440,7 +441,7 @@ func TestKeyExpiry(t *testing.T) {
 		t.Fatalf("first: %d %s", first.status, first.body)
 	}
 	time.Sleep(1500 * time.Millisecond)
-	store := e.c.Region("eu").Ledger.Store
+	store := e.c.Region("eu").APIStore
 	n, err := store.DeleteExpiredKeys(context.Background(), time.Now())
 	if err != nil || n != 1 {
 		t.Fatalf("cleanup: removed %d (%v), want 1", n, err)
@@ -476,7 +477,7 @@ func TestClientRetriesSafely(t *testing.T) {
 	}
 	defer proxy.Close()
 	proxy.Trap([]byte("POST /v1/transfers"), faultproxy.DropAfter)
-	cl := &api.Client{BaseURL: "http://" + proxy.Addr(), APIKey: keyA, HTTP: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}}
+	cl := &api.Client{BaseURL: "http://" + proxy.Addr(), APIKey: keyA, HTTP: &http.Client{Transport: apicheck.Transport(t, &http.Transport{DisableKeepAlives: true})}}
 	r, err := cl.SendTransfer(context.Background(), api.TransferRequest{From: a, To: b, Amount: 25, Currency: "EUR"}, api.NewIdempotencyKey())
 	if err != nil {
 		t.Fatal(err)

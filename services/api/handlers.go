@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/paymesh/paymesh/services/ledger"
-	"github.com/paymesh/paymesh/services/ledger/postgres"
 )
 
 // HeaderReplayed marks a response replayed from an idempotency key.
@@ -46,7 +45,7 @@ func (s *Server) createAccount(ctx context.Context, c call) reply {
 	if !ok || req.Floor < -cl.MaxOverdraft {
 		return errReply(ledger.Errorf(ledger.CodeInvalidAmount, "floor %d is below the overdraft allowed to this client (-%d)", req.Floor, cl.MaxOverdraft))
 	}
-	a, err := s.cfg.Store.CreateAccount(ctx, ledger.NewAccount{ClientID: c.Client, Currency: req.Currency, Floor: req.Floor})
+	a, err := s.cfg.Ledger.CreateAccount(ctx, ledger.NewAccount{ClientID: c.Client, Currency: req.Currency, Floor: req.Floor})
 	if err != nil {
 		return errReply(err)
 	}
@@ -67,7 +66,7 @@ func (s *Server) getAccount(ctx context.Context, r *http.Request, client string)
 // ownAccount reads an account of the client. Another client's account is
 // answered exactly like a missing one: no object-level leak.
 func (s *Server) ownAccount(ctx context.Context, client, id string) (ledger.Account, error) {
-	a, err := s.cfg.Store.Account(ctx, id)
+	a, err := s.cfg.Ledger.Account(ctx, id)
 	if err == nil && !ownedBy(a, client) {
 		err = notFound(id)
 	}
@@ -117,7 +116,7 @@ func (s *Server) listEntries(ctx context.Context, c call) reply {
 	if _, err := s.ownAccount(ctx, c.Client, c.ID); err != nil {
 		return errReply(err)
 	}
-	ps, err := s.cfg.Store.PostingsPage(ctx, c.ID, c.After, c.Limit+1)
+	ps, err := s.cfg.Ledger.PostingsPage(ctx, c.ID, c.After, c.Limit+1)
 	if err != nil {
 		return errReply(err)
 	}
@@ -172,7 +171,6 @@ func (s *Server) createTransfer(ctx context.Context, c call) reply {
 	if err := validKey(c.Key); err != nil {
 		return errReply(err)
 	}
-	checkOwner := !s.cfg.Bugs.SkipOwnerCheck // deliberate bug, tests only
 	id, err := s.cfg.IDs.NextString()
 	if err != nil {
 		return errReply(err)
@@ -184,42 +182,39 @@ func (s *Server) createTransfer(ctx context.Context, c call) reply {
 	probe := ledger.Command{Type: ledger.TypeTransfer, TransferID: id, ClientID: c.Client, IdempotencyKey: c.Key,
 		From: req.From, To: req.To, Amount: req.Amount, Currency: req.Currency, CreatedAt: now}
 	if err := probe.Validate(s.cfg.Region, s.cfg.Regions, now); err != nil {
-		if checkOwner {
-			if _, oerr := s.ownAccount(ctx, c.Client, req.From); oerr != nil {
-				return errReply(oerr)
-			}
+		if _, oerr := s.ownAccount(ctx, c.Client, req.From); oerr != nil {
+			return errReply(oerr)
 		}
 		return errReply(err)
 	}
-	lease := s.cfg.Wait + 5*time.Second
+	claim := KeyClaim{Client: c.Client, Key: c.Key, Fingerprint: req.fingerprint(), TransferID: id, Now: now,
+		Lease: s.cfg.Wait + 5*time.Second, TTL: s.cfg.KeyTTL}
 	// The common case in one round trip: the owner check, a new key's
 	// claim and the business-key lookup (StartKey).
-	st, err := s.cfg.Store.StartKey(ctx, c.Client, c.Key, req.fingerprint(), id, req.From, checkOwner, now, lease, s.cfg.KeyTTL)
+	st, err := s.cfg.Store.StartKey(ctx, claim, req.From)
 	if err != nil { // the claim's outcome is unknown: check the owner on its own (ResolveKey finds an own claim)
-		if checkOwner {
-			if _, err := s.ownAccount(ctx, c.Client, req.From); err != nil {
-				return errReply(err)
-			}
+		if _, err := s.ownAccount(ctx, c.Client, req.From); err != nil {
+			return errReply(err)
 		}
-	} else if checkOwner && !ownedBy(st.Source, c.Client) {
+	} else if !ownedBy(st.Source, c.Client) {
 		return errReply(notFound(req.From))
 	}
-	k, outcome, prior := st.Key, postgres.KeyNew, st.Prior // prior: the transfer the business key made (zero: none)
-	if !st.Claimed {                                       // the key exists, or the claim's outcome is unknown
-		if k, outcome, err = s.cfg.Store.ResolveKey(ctx, c.Client, c.Key, req.fingerprint(), id, now, lease, s.cfg.KeyTTL); err != nil {
+	k, outcome, prior := st.Key, KeyNew, st.Prior // prior: the transfer the business key made (zero: none)
+	if !st.Claimed {                              // the key exists, or the claim's outcome is unknown
+		if k, outcome, err = s.cfg.Store.ResolveKey(ctx, claim); err != nil {
 			return errReply(err)
 		}
 	}
 	switch outcome {
-	case postgres.KeyMismatch:
+	case KeyMismatch:
 		s.Stats.Mismatches.Add(1)
 		return errReply(ledger.Errorf(ledger.CodeIdempotencyKeyReused, "the Idempotency-Key was used for a different request"))
-	case postgres.KeyInFlight:
+	case KeyInFlight:
 		s.Stats.InFlight.Add(1)
 		rep := errReply(ledger.Errorf(CodeIdempotencyKeyInFlight, "a request with this Idempotency-Key is being processed"))
 		rep.Header["Retry-After"] = "1"
 		return rep
-	case postgres.KeyReplay:
+	case KeyReplay:
 		s.Stats.Replays.Add(1)
 		if !k.Final {
 			// The ledger's provisional answer (202) has now been seen by a
@@ -266,7 +261,7 @@ func (s *Server) await(ctx context.Context, cmd ledger.Command) reply {
 	// provisional 202 poll the transfer's state.
 	answered, stop := s.keys.done(client, key)
 	wait := time.NewTimer(s.cfg.Wait)
-	var k postgres.IdempotencyKey
+	var k IdempotencyKey
 	ok, read := false, true // read: the key must be read (again)
 	select {
 	case k = <-answered:
@@ -295,7 +290,7 @@ func (s *Server) await(ctx context.Context, cmd ledger.Command) reply {
 			return stored(k, false)
 		}
 		if ok && !k.InFlight { // a provisional 202: wait for the final state
-			if t, err := s.cfg.Store.Transfer(ctx, transferID); err == nil && t.ClientID == client && t.Status != ledger.StatusDebited {
+			if t, err := s.cfg.Ledger.Transfer(ctx, transferID); err == nil && t.ClientID == client && t.Status != ledger.StatusDebited {
 				st, b := Respond(ledger.Result{Kind: ledger.Applied, Transfer: t})
 				if k, err = s.cfg.Store.Answer(ctx, client, key, st, b, true); err != nil {
 					return errReply(err)
@@ -305,7 +300,7 @@ func (s *Server) await(ctx context.Context, cmd ledger.Command) reply {
 		}
 		if time.Now().After(deadline) {
 			st, b := http.StatusAccepted, []byte(nil)
-			if t, err := s.cfg.Store.Transfer(ctx, transferID); err == nil && t.ClientID == client {
+			if t, err := s.cfg.Ledger.Transfer(ctx, transferID); err == nil && t.ClientID == client {
 				st, b = Respond(ledger.Result{Kind: ledger.Applied, Transfer: t})
 			} else {
 				b, _ = json.Marshal(TransferBody{ID: transferID, From: cmd.From, To: cmd.To, Amount: cmd.Amount, Currency: cmd.Currency,
@@ -326,7 +321,7 @@ func (s *Server) await(ctx context.Context, cmd ledger.Command) reply {
 }
 
 // stored renders a key's stored response.
-func stored(k postgres.IdempotencyKey, replayed bool) reply {
+func stored(k IdempotencyKey, replayed bool) reply {
 	rep := reply{Status: k.Status, Body: k.Body, Header: map[string]string{}}
 	if k.Status >= 400 {
 		rep.Header["Content-Type"] = "application/problem+json"
@@ -364,7 +359,7 @@ func (s *Server) getTransfer(ctx context.Context, r *http.Request, client string
 }
 
 func (s *Server) readTransfer(ctx context.Context, c call) reply {
-	t, err := s.cfg.Store.Transfer(ctx, c.ID)
+	t, err := s.cfg.Ledger.Transfer(ctx, c.ID)
 	if err == nil && t.ClientID != c.Client {
 		err = ledger.Errorf(ledger.CodeNotFound, "transfer %s does not exist", c.ID)
 	}
@@ -372,7 +367,7 @@ func (s *Server) readTransfer(ctx context.Context, c call) reply {
 		return errReply(err)
 	}
 	body := transferBody(t)
-	ps, err := s.cfg.Store.TransferPostings(ctx, t.ID)
+	ps, err := s.cfg.Ledger.TransferPostings(ctx, t.ID)
 	if err != nil {
 		return errReply(err)
 	}

@@ -4,8 +4,6 @@ import (
 	"context"
 	"sync"
 	"time"
-
-	"github.com/paymesh/paymesh/services/ledger/postgres"
 )
 
 // keyWaiter waits for idempotency keys to be answered. The requests
@@ -13,9 +11,11 @@ import (
 // goroutine, running only while someone waits, reads every waited-for key
 // in one query every keyPoll, and wakes the requests whose key is answered.
 type keyWaiter struct {
-	store *postgres.Store
-	mu    sync.Mutex
-	wait  map[clientKey][]chan postgres.IdempotencyKey
+	store interface {
+		AnsweredKeys(ctx context.Context, clients, keys []string) ([]IdempotencyKey, error)
+	}
+	mu   sync.Mutex
+	wait map[clientKey][]chan IdempotencyKey
 	// polling is set while the polling goroutine runs.
 	polling bool
 }
@@ -27,13 +27,13 @@ const keyPoll = 5 * time.Millisecond
 
 // done returns a channel that receives the key once it is answered (no
 // longer in flight). cancel stops waiting; it must be called.
-func (w *keyWaiter) done(client, key string) (ch <-chan postgres.IdempotencyKey, cancel func()) {
-	c := make(chan postgres.IdempotencyKey, 1)
+func (w *keyWaiter) done(client, key string) (ch <-chan IdempotencyKey, cancel func()) {
+	c := make(chan IdempotencyKey, 1)
 	k := clientKey{client, key}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.wait == nil {
-		w.wait = map[clientKey][]chan postgres.IdempotencyKey{}
+		w.wait = map[clientKey][]chan IdempotencyKey{}
 	}
 	w.wait[k] = append(w.wait[k], c)
 	if !w.polling {

@@ -1,4 +1,4 @@
-package api
+package api_test
 
 import (
 	"context"
@@ -7,32 +7,35 @@ import (
 	"testing"
 	"time"
 
-	"github.com/paymesh/paymesh/internal/testbed/ledgertest"
-	"github.com/paymesh/paymesh/services/ledger/postgres"
+	"github.com/paymesh/paymesh/internal/testbed/pgtest"
+	"github.com/paymesh/paymesh/services/api"
+	apipg "github.com/paymesh/paymesh/services/api/postgres"
 )
 
 // TestKeyWaiter: requests waiting for their keys are woken, with the
 // answered key, once it is answered; one that stopped waiting hears
 // nothing; and the poller stops when nobody waits.
 func TestKeyWaiter(t *testing.T) {
-	f := ledgertest.New(t)
+	pool, _ := pgtest.MustDatabase(t, apipg.Migrations())
+	store := apipg.New(pool)
 	ctx := context.Background()
-	now := f.Clock.Now()
-	w := &keyWaiter{store: f.Store}
+	now := time.Now()
+	w := api.NewKeyWaiter(store)
 	const n = 20
-	chans := make([]<-chan postgres.IdempotencyKey, n)
+	chans := make([]<-chan api.IdempotencyKey, n)
 	stops := make([]func(), n)
 	for i := range n {
 		key := fmt.Sprint("k", i)
-		if _, _, err := f.Store.BeginKey(ctx, "c1", key, []byte("fp"), fmt.Sprint("eu-t", i), now, time.Minute, time.Hour); err != nil {
+		claim := api.KeyClaim{Client: "c1", Key: key, Fingerprint: []byte("fp"), TransferID: fmt.Sprint("eu-t", i), Now: now, Lease: time.Minute, TTL: time.Hour}
+		if _, _, err := store.BeginKey(ctx, claim); err != nil {
 			t.Fatal(err)
 		}
-		chans[i], stops[i] = w.done("c1", key)
+		chans[i], stops[i] = w.Done("c1", key)
 	}
 	// The last one stops waiting before its key is answered.
 	stops[n-1]()
 	for i := range n {
-		if _, err := f.Store.Answer(ctx, "c1", fmt.Sprint("k", i), http.StatusCreated, []byte("{}"), false); err != nil {
+		if _, err := store.Answer(ctx, "c1", fmt.Sprint("k", i), http.StatusCreated, []byte("{}"), false); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -53,13 +56,7 @@ func TestKeyWaiter(t *testing.T) {
 	case <-time.After(100 * time.Millisecond): // twenty polls
 	}
 	deadline := time.Now().Add(5 * time.Second)
-	for {
-		w.mu.Lock()
-		idle := !w.polling && len(w.wait) == 0
-		w.mu.Unlock()
-		if idle {
-			break
-		}
+	for !w.Idle() {
 		if time.Now().After(deadline) {
 			t.Fatal("the poller still runs with nobody waiting")
 		}

@@ -33,10 +33,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"golang.org/x/time/rate"
 
+	"github.com/paymesh/paymesh/internal/platform/subjects"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/pkg/natstrace"
 	"github.com/paymesh/paymesh/services/ledger"
-	"github.com/paymesh/paymesh/services/ledger/postgres"
 )
 
 // Submitter hands a command to the region's router.
@@ -49,9 +49,12 @@ type Config struct {
 	Region  string
 	Regions *idgen.Regions
 	IDs     *idgen.Generator // mints transfer IDs in Region
-	Store   *postgres.Store
-	Router  Submitter
-	NATS    *nats.Conn
+	// Ledger is the region's ledger (accounts and transfers), Store the
+	// API's own clients and idempotency keys.
+	Ledger Ledger
+	Store  Store
+	Router Submitter
+	NATS   *nats.Conn
 	// Wait is how long POST /v1/transfers waits for a final state before it
 	// answers 202 (default 2 s).
 	Wait time.Duration
@@ -62,10 +65,6 @@ type Config struct {
 	// suite steps it.
 	Now func() time.Time
 	Log *slog.Logger
-	// Bugs are deliberate bugs for the fault-injection suite's tests only
-	// (see ledger.Bugs: the API reads SkipOwnerCheck); the zero value is
-	// the correct API.
-	Bugs ledger.Bugs
 }
 
 // Stats counts the API's idempotency outcomes. The zero value is ready.
@@ -180,7 +179,7 @@ func (s *Server) do(ctx context.Context, home string, c call) reply {
 
 // ForwardSubject is where region's API takes the calls forwarded from other
 // regions; only API users may publish or subscribe to it (internal/platform/natsauth).
-func ForwardSubject(region string) string { return "paymesh.api." + region }
+func ForwardSubject(region string) string { return subjects.API(region) }
 
 // maxForwarded bounds the calls from other regions served at once.
 const maxForwarded = 256
@@ -257,10 +256,10 @@ func (s *Server) authed(h func(context.Context, *http.Request, string) reply) ht
 		}
 		w.Header().Set("X-Request-Id", reqID)
 		key, ok := bearer(r)
-		var client postgres.Client
+		var client RegisteredClient
 		if ok {
 			var err error
-			client, ok, err = s.cfg.Store.ClientByKey(r.Context(), postgres.HashKey(key))
+			client, ok, err = s.cfg.Store.ClientByKey(r.Context(), HashKey(key))
 			if err != nil {
 				s.logRefused(r, "", reqID, err)
 				write(w, errReply(err))
@@ -304,7 +303,7 @@ func bearer(r *http.Request) (string, bool) {
 
 // limit takes a token from the client's bucket and returns how long to
 // wait when there is none.
-func (s *Server) limit(c postgres.Client) time.Duration {
+func (s *Server) limit(c RegisteredClient) time.Duration {
 	v, _ := s.limiters.LoadOrStore(c.ID, rate.NewLimiter(rate.Limit(c.RatePerSec), c.RatePerSec))
 	l := v.(*rate.Limiter)
 	res := l.Reserve()
@@ -343,7 +342,7 @@ func (s *Server) home(id string) (string, error) {
 }
 
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
-	if err := s.cfg.Store.Pool().Ping(r.Context()); err != nil || !s.cfg.NATS.IsConnected() {
+	if err := s.cfg.Store.Ping(r.Context()); err != nil || !s.cfg.NATS.IsConnected() {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		return
 	}

@@ -159,7 +159,7 @@ func transferStatus(t ledger.Transfer) int {
 
 // Respond renders the response to a client request's result. The ledger
 // stores it with the request's idempotency key in the transaction that
-// applies the transfer (postgres.Config.Respond).
+// applies the transfer (services/api/postgres.Answers).
 func Respond(r ledger.Result) (int, []byte) {
 	switch {
 	case r.Kind == ledger.Rejected && r.Err != nil:

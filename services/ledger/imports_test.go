@@ -4,6 +4,7 @@ import (
 	"go/parser"
 	"go/token"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -31,6 +32,21 @@ func TestDomainImports(t *testing.T) {
 					t.Errorf("%s imports %s: the domain must not depend on an adapter", e.Name(), path)
 				}
 			}
+		}
+	}
+}
+
+// TestLedgerDoesNotLinkAPI keeps the HTTP API out of the ledger's build:
+// the apply transaction records first answers through the ledger adapter's
+// Answers interface, which the API implements and the wiring hands in.
+func TestLedgerDoesNotLinkAPI(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "github.com/paymesh/paymesh/services/ledger/...").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	for _, dep := range strings.Fields(string(out)) {
+		if dep == "github.com/paymesh/paymesh/services/api" || strings.HasPrefix(dep, "github.com/paymesh/paymesh/services/api/") {
+			t.Errorf("services/ledger/... depends on %s", dep)
 		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/paymesh/paymesh/internal/platform/subjects"
 	"github.com/paymesh/paymesh/pkg/natstrace"
 	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
 )
@@ -52,7 +53,7 @@ func (r *Router) RunForwarder(ctx context.Context, log *slog.Logger) error {
 	for _, home := range r.cfg.Regions.Names() {
 		cons, err := r.js.CreateOrUpdateConsumer(ctx, Stream(r.cfg.Region), jetstream.ConsumerConfig{
 			Durable:       "forward-" + home,
-			FilterSubject: "route." + r.cfg.Region + "." + home + ".>",
+			FilterSubject: subjects.RouteHome(r.cfg.Region, home),
 			AckPolicy:     jetstream.AckExplicitPolicy,
 			AckWait:       r.cfg.AckWait,
 			MaxDeliver:    -1, // store and forward: never give up
@@ -104,7 +105,7 @@ func (r *Router) forward(ctx context.Context, msgs []jetstream.Msg, log *slog.Lo
 	spans := make([]trace.Span, len(msgs))
 	unroutable := make([]bool, len(msgs))
 	for i, m := range msgs {
-		subject, err := ledgerSubject(m.Subject())
+		subject, err := subjects.LedgerOfRoute(m.Subject())
 		if err != nil {
 			log.Error("unroutable message in the route stream", "err", err)
 			_ = m.TermWithReason("unroutable")
@@ -144,7 +145,7 @@ func (r *Router) forward(ctx context.Context, msgs []jetstream.Msg, log *slog.Lo
 		ok, dup := wait(wctx, futures[i])
 		endPublish(spans[i], ok, dup)
 		switch {
-		case ok || r.cfg.Bugs.ForwardIgnoresPubAck: // deliberate bug, tests only
+		case ok:
 			r.cfg.Stats.Forwarded.Add(1)
 			r.cfg.Stats.ForwardDuplicates.Add(dup)
 			_ = m.Ack()

@@ -85,7 +85,7 @@ func (r *Router) RunRelay(ctx context.Context, outbox Outbox, log *slog.Logger) 
 		for i, row := range rows {
 			ok, dup := wait(wctx, futures[i])
 			endPublish(spans[i], ok, dup)
-			if !ok && !r.cfg.Bugs.RelayIgnoresPubAck { // deliberate bug, tests only
+			if !ok {
 				failed = append(failed, row.ID)
 				failedRegions[row.Region] = true
 				continue

@@ -24,7 +24,6 @@ package router
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -34,6 +33,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/paymesh/paymesh/internal/platform/subjects"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/pkg/natstrace"
 	"github.com/paymesh/paymesh/services/ledger"
@@ -41,7 +41,7 @@ import (
 )
 
 // Stream is the name of a region's route stream.
-func Stream(region string) string { return "ROUTE_" + strings.ToUpper(region) }
+func Stream(region string) string { return subjects.RouteStream(region) }
 
 // EnsureStream creates or updates the region's route stream (file storage,
 // a Nats-Msg-Id window). It is a work queue: a command stays, with no age
@@ -54,7 +54,7 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, region string, wi
 	_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:        Stream(region),
 		Description: "commands accepted in region " + region + ", stored until their home region acked them",
-		Subjects:    []string{"route." + region + ".>"},
+		Subjects:    []string{subjects.Route(region)},
 		Storage:     jetstream.FileStorage,
 		Retention:   jetstream.WorkQueuePolicy,
 		Duplicates:  window,
@@ -80,10 +80,8 @@ type Config struct {
 	// it answers true the message is published twice (a producer retry with
 	// the same Nats-Msg-Id), for duplicate injection in tests and the demo.
 	Inject func() bool
-	// Bugs are deliberate bugs for the fault-injection suite's tests only
-	// (see ledger.Bugs: the router reads ForwardIgnoresPubAck and
-	// RelayIgnoresPubAck); the zero value is the correct router.
-	Bugs  ledger.Bugs
+	// Stats, if set, receives the router's counters; a new one is made
+	// otherwise.
 	Stats *Stats
 }
 
@@ -147,7 +145,7 @@ func (r *Router) Submit(ctx context.Context, cmd ledger.Command) (duplicate bool
 		return false, err
 	}
 	shard := r.topo(home).Shard(account)
-	m := nats.NewMsg(fmt.Sprintf("route.%s.%s.%d", r.cfg.Region, home, shard))
+	m := nats.NewMsg(subjects.RouteShard(r.cfg.Region, home, shard))
 	m.Data = cmd.Encode()
 	m.Header.Set(jetstream.MsgIDHeader, cmd.MsgKey())
 	ctx, span := tracer.Start(ctx, "send "+m.Subject, trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(
@@ -180,14 +178,4 @@ func messaging(region, subject, msgID, op string) []attribute.KeyValue {
 		attribute.String("messaging.operation.type", op),
 		attribute.String("paymesh.region", region),
 	}
-}
-
-// ledgerSubject maps a route subject route.<r>.<home>.<shard> to the home
-// ledger subject ledger.<home>.<shard>.
-func ledgerSubject(routeSubject string) (string, error) {
-	parts := strings.Split(routeSubject, ".")
-	if len(parts) != 4 || parts[0] != "route" {
-		return "", fmt.Errorf("route subject %q is not route.<region>.<home>.<shard>", routeSubject)
-	}
-	return "ledger." + parts[2] + "." + parts[3], nil
 }

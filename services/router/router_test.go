@@ -14,17 +14,6 @@ import (
 	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
 )
 
-func TestLedgerSubject(t *testing.T) {
-	if got, err := ledgerSubject("route.eu.us.3"); err != nil || got != "ledger.us.3" {
-		t.Fatalf("got %q %v, want ledger.us.3", got, err)
-	}
-	for _, bad := range []string{"route.eu.us", "ledger.eu.us.3", "route.eu.us.3.4", ""} {
-		if _, err := ledgerSubject(bad); err == nil {
-			t.Errorf("%q: want an error", bad)
-		}
-	}
-}
-
 func TestRetryDelay(t *testing.T) {
 	if retryDelay(1) != 100*time.Millisecond || retryDelay(2) != 200*time.Millisecond || retryDelay(50) != maxRetryDelay {
 		t.Fatalf("retry delays: %v %v %v", retryDelay(1), retryDelay(2), retryDelay(50))

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/paymesh/paymesh/services/api"
-	"github.com/paymesh/paymesh/services/ledger/postgres"
 )
 
 // APIRun is the HTTP API scenario's result.
@@ -64,7 +63,7 @@ func (e *env) api(ctx context.Context) (APIRun, error) {
 	defer stop()
 	region := c.Region("eu")
 	store := region.Ledger.Store
-	if err := store.PutClient(ctx, postgres.Client{ID: Client, Name: "bench", RatePerSec: 1_000_000}, apiKey); err != nil {
+	if err := region.APIStore.PutClient(ctx, api.RegisteredClient{ID: Client, Name: "bench", RatePerSec: 1_000_000}, apiKey); err != nil {
 		return res, err
 	}
 	accounts, err := openAccounts(ctx, e, store, "eu", e.cfg.Accounts)

@@ -1,9 +1,13 @@
 package chaos
 
 import (
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
+	"github.com/paymesh/paymesh/services/api"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 	"github.com/paymesh/paymesh/services/ledger/server"
+	routerserver "github.com/paymesh/paymesh/services/router/server"
 )
 
 // bugs are the deliberate bugs of the suite's own tests (bugs_test.go):
@@ -25,10 +29,20 @@ type bugs struct {
 // install puts the bugs that are on into the cluster's services.
 func (b bugs) install(c *cluster.Config) {
 	// Scenario 1.
-	c.Bugs.IgnoreKeyBody = b.IgnoreKeyBody
+	if b.IgnoreKeyBody {
+		wrapAPIStore(c, func(s api.Store) api.Store { return ignoreKeyBody{s} })
+	}
 
 	// Scenario 2.
-	c.Bugs.AckBeforeCommit = b.AckBeforeCommit
+	if b.AckBeforeCommit {
+		prev := c.Ledger
+		c.Ledger = func(region string, lc *server.Config) {
+			if prev != nil {
+				prev(region, lc)
+			}
+			lc.BeforeApply = ackBeforeApply
+		}
+	}
 
 	// Scenario 3.
 	if b.SeenBeforeCommit {
@@ -46,17 +60,57 @@ func (b bugs) install(c *cluster.Config) {
 	}
 
 	// Scenario 7.
-	c.Bugs.RelayIgnoresPubAck = b.RelayIgnoresPubAck
+	if b.RelayIgnoresPubAck {
+		prev := c.Router
+		c.Router = func(region string, rc *routerserver.Config) {
+			if prev != nil {
+				prev(region, rc)
+			}
+			wrap := rc.WrapJetStream
+			rc.WrapJetStream = func(js jetstream.JetStream) jetstream.JetStream {
+				if wrap != nil {
+					js = wrap(js)
+				}
+				return ackedAnyway{JetStream: js, fake: relayed}
+			}
+		}
+	}
 
 	// Scenario 8.
-	c.Bugs.ForwardIgnoresPubAck = b.ForwardIgnoresPubAck
+	if b.ForwardIgnoresPubAck {
+		prev := c.Router
+		c.Router = func(region string, rc *routerserver.Config) {
+			if prev != nil {
+				prev(region, rc)
+			}
+			wrap := rc.WrapJetStream
+			rc.WrapJetStream = func(js jetstream.JetStream) jetstream.JetStream {
+				if wrap != nil {
+					js = wrap(js)
+				}
+				return ackedAnyway{JetStream: js, fake: forwarded}
+			}
+		}
+	}
 
 	// Scenario 9.
-	c.Bugs.NoRetry = b.NoRetry
+	if b.NoRetry {
+		prev := c.Ledger
+		c.Ledger = func(region string, lc *server.Config) {
+			if prev != nil {
+				prev(region, lc)
+			}
+			lc.MaxAttempts = 1 // no retry: the first retryable error gives up
+		}
+	}
 
 	// Scenario 10.
-	c.Bugs.ForgetKeyTransfer = b.ForgetKeyTransfer
+	if b.ForgetKeyTransfer {
+		wrapAPIStore(c, func(s api.Store) api.Store { return forgetKeyTransfer{s} })
+	}
 
 	// Scenario 11.
-	c.Bugs.SkipOwnerCheck = b.SkipOwnerCheck
+	if b.SkipOwnerCheck {
+		wrapAPIStore(c, func(s api.Store) api.Store { return skipOwnerCheck{s} })
+	}
 }

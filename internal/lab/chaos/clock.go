@@ -77,7 +77,7 @@ func (f *clockFault) step(ctx context.Context, e *env, offset time.Duration) {
 		if err != nil || e.c.Region(home) == nil {
 			continue
 		}
-		_, kept, err := e.c.Region(home).Ledger.Store.Key(ctx, op.Client, op.Key)
+		_, kept, err := e.c.Region(home).APIStore.Key(ctx, op.Client, op.Key)
 		if err != nil {
 			continue
 		}

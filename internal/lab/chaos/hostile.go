@@ -18,7 +18,6 @@ import (
 
 	"github.com/paymesh/paymesh/services/api"
 	"github.com/paymesh/paymesh/services/ledger"
-	"github.com/paymesh/paymesh/services/ledger/postgres"
 )
 
 // Purposes of scenario 11's ops.
@@ -72,7 +71,7 @@ func (h *hostility) setup(ctx context.Context, e *env) error {
 	h.accts, h.system, h.xfers, h.wrong, h.statuses = map[string][]string{}, map[string]string{}, nil, nil, map[int]int{}
 	for _, n := range e.names {
 		store := e.c.Region(n).Ledger.Store
-		if err := store.PutClient(ctx, postgres.Client{ID: otherClientID, Name: "chaos other", RatePerSec: 1_000_000}, h.otherKey); err != nil {
+		if err := e.c.Region(n).APIStore.PutClient(ctx, api.RegisteredClient{ID: otherClientID, Name: "chaos other", RatePerSec: 1_000_000}, h.otherKey); err != nil {
 			return err
 		}
 		var sys string

@@ -11,7 +11,7 @@ import (
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
 	"github.com/paymesh/paymesh/pkg/dedup"
 	"github.com/paymesh/paymesh/pkg/idgen"
-	"github.com/paymesh/paymesh/services/api"
+	apipg "github.com/paymesh/paymesh/services/api/postgres"
 	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 )
@@ -39,7 +39,7 @@ func checkReplay(ctx context.Context, c *cluster.Cluster) (Check, error) {
 			return chk, err
 		}
 		store := postgres.New(r.Ledger.Store.Pool(), postgres.Config{Region: n, IDs: gen, Regions: c.IDs(),
-			Dedup: dedup.New(dedup.Config{Holder: "chaos-replay/" + n}), Respond: api.Respond})
+			Dedup: dedup.New(dedup.Config{Holder: "chaos-replay/" + n}), Answers: apipg.Answers{}})
 		cmds, err := readStream(ctx, r.Ledger.JetStream(), r.Ledger.Topo.Stream())
 		if err != nil {
 			return chk, err

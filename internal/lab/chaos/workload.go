@@ -26,7 +26,6 @@ import (
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/api"
 	"github.com/paymesh/paymesh/services/ledger"
-	"github.com/paymesh/paymesh/services/ledger/postgres"
 )
 
 // Workload shape.
@@ -235,8 +234,7 @@ func (e *env) open(ctx context.Context) error {
 	_, _ = rand.Read(b)
 	e.apiKey = "pm_chaos_" + hex.EncodeToString(b)
 	for _, n := range e.names {
-		store := e.c.Region(n).Ledger.Store
-		if err := store.PutClient(ctx, postgres.Client{ID: clientID, Name: "chaos", RatePerSec: 1_000_000}, e.apiKey); err != nil {
+		if err := e.c.Region(n).APIStore.PutClient(ctx, api.RegisteredClient{ID: clientID, Name: "chaos", RatePerSec: 1_000_000}, e.apiKey); err != nil {
 			return err
 		}
 		for range accountsPer {

@@ -332,8 +332,8 @@ func registerClient(ctx context.Context, c *cluster.Cluster) (string, error) {
 		return "", err
 	}
 	key := "pm_demo_" + hex.EncodeToString(b)
-	for _, s := range c.Stores() {
-		if err := s.PutClient(ctx, postgres.Client{ID: demoClient, Name: "demo", RatePerSec: 100_000, MaxOverdraft: demoOverdraft}, key); err != nil {
+	for _, s := range c.APIStores() {
+		if err := s.PutClient(ctx, api.RegisteredClient{ID: demoClient, Name: "demo", RatePerSec: 100_000, MaxOverdraft: demoOverdraft}, key); err != nil {
 			return "", err
 		}
 	}

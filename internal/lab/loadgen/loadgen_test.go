@@ -14,6 +14,7 @@ import (
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/internal/testbed/pgtest"
+	"github.com/paymesh/paymesh/services/api"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 )
 
@@ -30,8 +31,8 @@ func TestLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Stop(); _ = c.Drop(context.Background()) })
-	for _, s := range c.Stores() {
-		if err := s.PutClient(ctx, postgres.Client{ID: "load", Name: "load", RatePerSec: 10_000, MaxOverdraft: 1_000_000}, "load-key-0123456789"); err != nil {
+	for _, s := range c.APIStores() {
+		if err := s.PutClient(ctx, api.RegisteredClient{ID: "load", Name: "load", RatePerSec: 10_000, MaxOverdraft: 1_000_000}, "load-key-0123456789"); err != nil {
 			t.Fatal(err)
 		}
 	}

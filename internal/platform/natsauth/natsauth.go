@@ -38,6 +38,7 @@ import (
 	"strings"
 
 	"github.com/nats-io/nats.go"
+	"github.com/paymesh/paymesh/internal/platform/subjects"
 )
 
 // The services that connect to a region's server.
@@ -96,26 +97,6 @@ func ConnectOptions(user, password string) []nats.Option {
 	return []nats.Option{nats.UserInfo(user, password), nats.CustomInboxPrefix(InboxPrefix(user))}
 }
 
-// Subject names of the services. They mirror services/ledger/jetstream
-// (Topology), services/router (Stream, route subjects) and services/api
-// (ForwardSubject); natsauth_test.go checks that they agree.
-func ledgerStream(region string) string { return "LEDGER_" + strings.ToUpper(region) }
-func dlqStream(region string) string    { return "DLQ_" + strings.ToUpper(region) }
-func dlqSubject(region string) string   { return "dlq." + region + ".ledger" }
-func routeStream(region string) string  { return "ROUTE_" + strings.ToUpper(region) }
-func routeSubjects(region string) string {
-	return "route." + region + ".>"
-}
-
-// ledgerSubjects matches every region's ledger subjects.
-const ledgerSubjects = "ledger.>"
-
-// apiSubject is where region's API takes forwarded calls.
-func apiSubject(region string) string { return "paymesh.api." + region }
-
-// apiSubjects matches every region's forwarded-call subject.
-const apiSubjects = "paymesh.api.*"
-
 // streamAPI is the local JetStream API of one stream: its stream and
 // consumer requests, message reads and pull requests.
 func streamAPI(stream string) []string {
@@ -146,8 +127,8 @@ func Users(region string) []User {
 			Name: ledger, Password: DevPassword(ledger),
 			Permissions: &Permissions{
 				PublishAllow: concat(
-					[]string{accountInfo, acks(ledgerStream(region)), dlqSubject(region)},
-					streamAPI(ledgerStream(region)), streamAPI(dlqStream(region))),
+					[]string{accountInfo, acks(subjects.LedgerStream(region)), subjects.DLQ(region)},
+					streamAPI(subjects.LedgerStream(region)), streamAPI(subjects.DLQStream(region))),
 				SubscribeAllow: []string{inbox(ledger)},
 			},
 		},
@@ -155,21 +136,21 @@ func Users(region string) []User {
 			Name: router, Password: DevPassword(router),
 			Permissions: &Permissions{
 				PublishAllow: concat(
-					[]string{accountInfo, acks(routeStream(region)), routeSubjects(region), ledgerSubjects},
-					streamAPI(routeStream(region))),
+					[]string{accountInfo, acks(subjects.RouteStream(region)), subjects.Route(region), subjects.AllLedgers},
+					streamAPI(subjects.RouteStream(region))),
 				SubscribeAllow: []string{inbox(router)},
 			},
 		},
 		{
 			Name: api, Password: DevPassword(api),
 			Permissions: &Permissions{
-				PublishAllow: []string{accountInfo, routeSubjects(region), apiSubjects,
+				PublishAllow: []string{accountInfo, subjects.Route(region), subjects.AllAPIs,
 					// The API makes sure its region's route stream exists
 					// before it submits (a router may start after it).
-					"$JS.API.STREAM.INFO." + routeStream(region),
-					"$JS.API.STREAM.CREATE." + routeStream(region),
-					"$JS.API.STREAM.UPDATE." + routeStream(region)},
-				SubscribeAllow: []string{apiSubject(region), inbox(api)},
+					"$JS.API.STREAM.INFO." + subjects.RouteStream(region),
+					"$JS.API.STREAM.CREATE." + subjects.RouteStream(region),
+					"$JS.API.STREAM.UPDATE." + subjects.RouteStream(region)},
+				SubscribeAllow: []string{subjects.API(region), inbox(api)},
 				AllowResponses: true,
 			},
 		},

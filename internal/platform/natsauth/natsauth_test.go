@@ -3,33 +3,7 @@ package natsauth
 import (
 	"strings"
 	"testing"
-
-	"github.com/paymesh/paymesh/services/api"
-	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
-	"github.com/paymesh/paymesh/services/router"
 )
-
-// TestSubjectNamesMatchServices keeps the permissions on the services'
-// own stream and subject names.
-func TestSubjectNamesMatchServices(t *testing.T) {
-	for _, r := range []string{"eu", "us", "ap"} {
-		topo := ljs.Topology{Region: r}
-		for _, c := range []struct{ what, got, want string }{
-			{"ledger stream", ledgerStream(r), topo.Stream()},
-			{"dead-letter stream", dlqStream(r), topo.DLQStream()},
-			{"dead-letter subject", dlqSubject(r), topo.DLQSubject()},
-			{"route stream", routeStream(r), router.Stream(r)},
-			{"forwarded calls", apiSubject(r), api.ForwardSubject(r)},
-		} {
-			if c.got != c.want {
-				t.Errorf("region %s: %s %q, the service uses %q", r, c.what, c.got, c.want)
-			}
-		}
-		if !strings.HasPrefix(topo.Subjects(), strings.TrimSuffix(ledgerSubjects, ">")) {
-			t.Errorf("region %s: ledger subjects %q not under %q", r, topo.Subjects(), ledgerSubjects)
-		}
-	}
-}
 
 // TestUsers checks the shape of every region's users: one per service,
 // each restricted, with an inbox of its own.

@@ -21,6 +21,7 @@ import (
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/api"
+	apipg "github.com/paymesh/paymesh/services/api/postgres"
 	apiserver "github.com/paymesh/paymesh/services/api/server"
 	"github.com/paymesh/paymesh/services/ledger"
 	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
@@ -55,10 +56,6 @@ type Config struct {
 	// COMMIT (a failpoint: an error aborts the transaction, as a crash
 	// would).
 	BeforeCommit func(ctx context.Context) error
-	// Bugs are deliberate bugs for the fault-injection suite's tests only
-	// (see ledger.Bugs), passed to the ledger, the router and the API; the
-	// zero value is the correct ledger, router and API.
-	Bugs ledger.Bugs
 	// Ledger, Router and API, if set, change a region's service
 	// configuration just before the service opens: a test installs its own
 	// hooks and decorators through the services' seams here.
@@ -96,6 +93,8 @@ type Region struct {
 	Ledger *server.Server
 	Router *router.Router
 	API    *api.Server
+	// APIStore is the API's own store: its clients and idempotency keys.
+	APIStore *apipg.Store
 	// APIURL is the base URL of the region's HTTP API.
 	APIURL string
 	// LedgerMetricsURL, RouterMetricsURL and APIMetricsURL serve each
@@ -209,8 +208,8 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) (err error) {
 	lcfg := server.Config{
 		Region: r.Name, Regions: c.ids, Node: 1, PostgresURL: r.URL, NATSURL: url, NATSUser: lu.Name, NATSPassword: lu.Password, Workers: 2,
 		BatchSize: c.cfg.BatchSize, AckWait: c.cfg.AckWait, MaxDeliver: 1000, Shards: c.cfg.Shards, DuplicateWindow: c.cfg.DuplicateWindow,
-		CacheSize: 10_000, AfterCommit: afterCommit, BeforeCommit: c.cfg.BeforeCommit, Bugs: c.cfg.Bugs, Log: log.With("service", "ledger"),
-		Respond: api.Respond, Stats: r.ledgerStats, MetricsListen: listen(r.metrics.Ledger), ConnectTimeout: connectTimeout,
+		CacheSize: 10_000, AfterCommit: afterCommit, BeforeCommit: c.cfg.BeforeCommit, Log: log.With("service", "ledger"),
+		Answers: apipg.Answers{}, Stats: r.ledgerStats, MetricsListen: listen(r.metrics.Ledger), ConnectTimeout: connectTimeout,
 	}
 	if c.cfg.Ledger != nil {
 		c.cfg.Ledger(r.Name, &lcfg)
@@ -221,7 +220,7 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) (err error) {
 	ru := user(natsauth.Router)
 	rcfg := routerserver.Config{
 		Region: r.Name, Regions: c.ids, PostgresURL: r.URL, NATSURL: url, NATSUser: ru.Name, NATSPassword: ru.Password,
-		Shards: c.cfg.Shards, AckWait: c.cfg.AckWait, DuplicateWindow: c.cfg.DuplicateWindow, Inject: c.cfg.Inject, Bugs: c.cfg.Bugs,
+		Shards: c.cfg.Shards, AckWait: c.cfg.AckWait, DuplicateWindow: c.cfg.DuplicateWindow, Inject: c.cfg.Inject,
 		Stats: r.routerStats, MetricsListen: listen(r.metrics.Router), ConnectTimeout: connectTimeout, Log: log,
 	}
 	if c.cfg.Router != nil {
@@ -238,7 +237,7 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) (err error) {
 		// The API submits through a router of its own connection,
 		// counted with the region's router.
 		RouterStats: r.Router.Stats(),
-		Wait:        c.cfg.APIWait, KeyTTL: c.cfg.KeyTTL, Now: c.cfg.Now, Bugs: c.cfg.Bugs,
+		Wait:        c.cfg.APIWait, KeyTTL: c.cfg.KeyTTL, Now: c.cfg.Now,
 		Listen: listen(r.apiAddr), MetricsListen: listen(r.metrics.API), ConnectTimeout: connectTimeout, Log: log.With("service", "api"),
 	}
 	if c.cfg.API != nil {
@@ -247,7 +246,7 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) (err error) {
 	if r.apiSrv, err = apiserver.Open(ctx, acfg); err != nil {
 		return err
 	}
-	r.API, r.APIURL = r.apiSrv.API(), r.apiSrv.URL()
+	r.API, r.APIStore, r.APIURL = r.apiSrv.API(), r.apiSrv.Store(), r.apiSrv.URL()
 	r.LedgerMetricsURL, r.RouterMetricsURL, r.APIMetricsURL = r.Ledger.MetricsURL(), r.routerSrv.MetricsURL(), r.apiSrv.MetricsURL()
 	// A restart listens where this run did.
 	r.apiAddr = strings.TrimPrefix(r.APIURL, "http://")
@@ -332,6 +331,16 @@ func (c *Cluster) Stores() []*postgres.Store {
 	var out []*postgres.Store
 	for _, n := range c.Names() {
 		out = append(out, c.Region(n).Ledger.Store)
+	}
+	return out
+}
+
+// APIStores returns every region's API store (clients and idempotency
+// keys).
+func (c *Cluster) APIStores() []*apipg.Store {
+	var out []*apipg.Store
+	for _, n := range c.Names() {
+		out = append(out, c.Region(n).APIStore)
 	}
 	return out
 }

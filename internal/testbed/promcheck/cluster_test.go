@@ -19,7 +19,6 @@ import (
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/api"
 	"github.com/paymesh/paymesh/services/ledger"
-	"github.com/paymesh/paymesh/services/ledger/postgres"
 )
 
 // scrapeTargets maps the compose config's scrape targets (<service>-<region>:port)
@@ -74,7 +73,7 @@ func newLoad(t *testing.T, c *cluster.Cluster, names []string) *load {
 	l := &load{c: c, names: names, eur: map[string]string{}, other: map[string]string{}, gen: map[string]*idgen.Generator{}, apiKey: "promcheck-key-0123456789"}
 	for _, r := range names {
 		store := c.Region(r).Ledger.Store
-		if err := store.PutClient(ctx, postgres.Client{ID: "c", Name: "c", RatePerSec: 10_000}, l.apiKey); err != nil {
+		if err := c.Region(r).APIStore.PutClient(ctx, api.RegisteredClient{ID: "c", Name: "c", RatePerSec: 10_000}, l.apiKey); err != nil {
 			t.Fatal(err)
 		}
 		var err error

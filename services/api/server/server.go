@@ -1,6 +1,7 @@
-// Package server wires one region's HTTP API: its database pool, its NATS
-// connection (forwarded calls and the submitting router), the HTTP listener,
-// the idempotency-key cleanup and its /metrics. cmd/paymesh and
+// Package server wires one region's HTTP API: its database pool (it migrates
+// the API's own tables, services/api/postgres), its NATS connection
+// (forwarded calls and the submitting router), the HTTP listener, the
+// idempotency-key cleanup and its /metrics. cmd/paymesh and
 // internal/testbed/cluster run it.
 package server
 
@@ -20,12 +21,12 @@ import (
 
 	"github.com/paymesh/paymesh/internal/platform/natsconn"
 	"github.com/paymesh/paymesh/internal/platform/pgdb"
-	"github.com/paymesh/paymesh/internal/platform/telemetry"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/api"
-	"github.com/paymesh/paymesh/services/ledger"
+	apipg "github.com/paymesh/paymesh/services/api/postgres"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 	"github.com/paymesh/paymesh/services/router"
+	"github.com/paymesh/paymesh/services/telemetry"
 )
 
 // Config is everything a region's API needs.
@@ -51,9 +52,11 @@ type Config struct {
 	Wait   time.Duration
 	KeyTTL time.Duration
 	Now    func() time.Time
-	// Bugs are deliberate bugs for the fault-injection suite's tests only
-	// (see ledger.Bugs).
-	Bugs ledger.Bugs
+	// WrapStore, if set, decorates the API's store before the API uses it:
+	// cross-cutting concerns such as tracing, metrics or logging of every
+	// key and client lookup wrap the api.Store interface here instead of
+	// living in the adapter.
+	WrapStore func(api.Store) api.Store
 	// Listen is the HTTP address (default 127.0.0.1:0, a free port).
 	Listen string
 	// MetricsListen is where /metrics is served ("" for nowhere,
@@ -75,6 +78,7 @@ type Server struct {
 	pool    *pgxpool.Pool
 	nc      *nats.Conn
 	api     *api.Server
+	store   *apipg.Store
 	ln      net.Listener
 	http    *http.Server
 	metrics *telemetry.Served
@@ -126,10 +130,19 @@ func (s *Server) open(ctx context.Context) error {
 		return err
 	}
 	rt := router.New(js, router.Config{Region: cfg.Region, Regions: cfg.Regions, Shards: cfg.Shards, AckWait: cfg.AckWait,
-		Inject: cfg.Inject, Bugs: cfg.Bugs, Stats: cfg.RouterStats})
-	store := postgres.New(s.pool, postgres.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen, Bugs: cfg.Bugs})
-	s.api = api.New(api.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen, Store: store, Router: rt, NATS: s.nc,
-		Wait: cfg.Wait, KeyTTL: cfg.KeyTTL, Now: cfg.Now, Bugs: cfg.Bugs, Log: cfg.Log})
+		Inject: cfg.Inject, Stats: cfg.RouterStats})
+	// The API's own tables, migrated here as the ledger migrates its own.
+	s.store = apipg.New(s.pool)
+	if err := s.store.Migrate(ctx); err != nil {
+		return err
+	}
+	var store api.Store = s.store
+	if cfg.WrapStore != nil {
+		store = cfg.WrapStore(store)
+	}
+	led := postgres.New(s.pool, postgres.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen})
+	s.api = api.New(api.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen, Ledger: led, Store: store, Router: rt, NATS: s.nc,
+		Wait: cfg.Wait, KeyTTL: cfg.KeyTTL, Now: cfg.Now, Log: cfg.Log})
 	if err := s.api.Listen(); err != nil {
 		return err
 	}
@@ -142,11 +155,23 @@ func (s *Server) open(ctx context.Context) error {
 		WriteTimeout: cfg.Wait + 15*time.Second, IdleTimeout: time.Minute}
 	if cfg.MetricsListen != "" {
 		s.metrics, err = telemetry.ServeNew(cfg.MetricsListen, cfg.Log, func(m *telemetry.Metrics) error {
-			return m.ObserveAPI(cfg.Region, &s.api.Stats)
+			st := &s.api.Stats
+			return m.ObserveAPI(cfg.Region, &st.Replays, &st.Mismatches, &st.InFlight)
 		})
 	}
 	return err
 }
+
+// The adapters the API is assembled from.
+var (
+	_ api.Store  = (*apipg.Store)(nil)
+	_ api.Ledger = (*postgres.Store)(nil)
+)
+
+// Store returns the API's own store (clients and idempotency keys), as
+// opened, without WrapStore's decorators: what an operator tool or a test
+// registers clients with.
+func (s *Server) Store() *apipg.Store { return s.store }
 
 // API returns the region's API handler.
 func (s *Server) API() *api.Server { return s.api }

@@ -8,17 +8,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/paymesh/paymesh/internal/testbed/apicheck"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/internal/testbed/pgtest"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/api"
 	"github.com/paymesh/paymesh/services/api/server"
-	"github.com/paymesh/paymesh/services/ledger/postgres"
 	ledgerserver "github.com/paymesh/paymesh/services/ledger/server"
 )
 
-// TestAPIServes opens a region's ledger (it migrates the database) and its
-// API, registers a client and opens an account over HTTP. /metrics is
+// TestAPIServes opens a region's ledger (it migrates the ledger's tables)
+// and its API (it migrates its own), registers a client and opens an
+// account over HTTP. /metrics is
 // served, Run ends with its context, and after Close a second API opens on
 // the same HTTP and metrics addresses.
 func TestAPIServes(t *testing.T) {
@@ -35,22 +36,22 @@ func TestAPIServes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer led.Close()
-	const key = "pm_test_key_0123456789"
-	if err := led.Store.PutClient(ctx, postgres.Client{ID: "acme"}, key); err != nil {
-		t.Fatal(err)
-	}
-
 	cfg := server.Config{Region: "eu", Regions: ids, Node: 2, PostgresURL: url, NATSURL: ns.ClientURL(), Shards: 2,
 		MetricsListen: "127.0.0.1:0"}
 	srv, err := server.Open(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The API migrated its own tables at Open.
+	const key = "pm_test_key_0123456789"
+	if err := srv.Store().PutClient(ctx, api.RegisteredClient{ID: "acme"}, key); err != nil {
+		t.Fatal(err)
+	}
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(runCtx) }()
 
-	c := &api.Client{BaseURL: srv.URL(), APIKey: key}
+	c := &api.Client{BaseURL: srv.URL(), APIKey: key, HTTP: apicheck.Client(t)}
 	resp, err := c.CreateAccount(ctx, "EUR", "", 0)
 	if err != nil || resp.Status != http.StatusCreated || !strings.Contains(string(resp.Body), `"currency":"EUR"`) {
 		t.Fatalf("POST /v1/accounts at %s: got %d %s %v, want 201 with the account", srv.URL(), resp.Status, resp.Body, err)

@@ -225,6 +225,50 @@ func TestCrashAfterCommitBeforeAck(t *testing.T) {
 	h.f.MustVerify(t)
 }
 
+// TestBeforeApply: the hook sees each batch's messages before the store
+// applies them, and the consumer applies and acks them after it.
+func TestBeforeApply(t *testing.T) {
+	h := mustHarness(t)
+	a, b := h.f.Account(t, "EUR", 100), h.f.Account(t, "EUR", 0)
+	cmd := h.f.Transfer(t, a, b, 40)
+	type seen struct {
+		ids     []string
+		balance int64
+		err     error
+	}
+	saw := make(chan seen, 16)
+	h.worker(t, h.f.Store, func(c *ljs.ConsumerConfig) {
+		c.BeforeApply = func(ctx context.Context, msgs []jetstream.Msg) {
+			var s seen
+			for _, m := range msgs {
+				s.ids = append(s.ids, m.Headers().Get(jetstream.MsgIDHeader))
+			}
+			acct, err := h.f.Store.Account(ctx, a)
+			s.balance, s.err = acct.Balance, err
+			saw <- s
+		}
+	})
+	if _, err := h.pub.Publish(context.Background(), cmd); err != nil {
+		t.Fatal(err)
+	}
+	h.drained(t)
+	close(saw)
+	var batches []seen
+	for s := range saw {
+		batches = append(batches, s)
+	}
+	if len(batches) != 1 || len(batches[0].ids) != 1 || batches[0].ids[0] != cmd.MsgKey() {
+		t.Fatalf("BeforeApply saw %+v, want one batch of %s", batches, cmd.MsgKey())
+	}
+	if s := batches[0]; s.err != nil || s.balance != 100 {
+		t.Fatalf("source balance when BeforeApply ran: got %d %v, want 100 (not yet applied)", s.balance, s.err)
+	}
+	if got := h.f.Balance(t, a); got != 60 {
+		t.Fatalf("balance after the apply: got %d, want 60", got)
+	}
+	h.f.MustVerify(t)
+}
+
 // TestRedeliveryWhileFirstAttemptRuns: the first attempt takes longer than
 // AckWait, so JetStream redelivers the message while it still runs. The
 // redelivery's claim waits on the first attempt's uncommitted claim and then

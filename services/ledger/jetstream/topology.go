@@ -17,10 +17,10 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/paymesh/paymesh/internal/platform/subjects"
 )
 
 // Topology names a region's ledger streams and subjects.
@@ -56,16 +56,16 @@ func (t Topology) withDefaults() Topology {
 }
 
 // Stream is the region's ledger stream name.
-func (t Topology) Stream() string { return "LEDGER_" + strings.ToUpper(t.Region) }
+func (t Topology) Stream() string { return subjects.LedgerStream(t.Region) }
 
 // DLQStream is the region's dead-letter stream name.
-func (t Topology) DLQStream() string { return "DLQ_" + strings.ToUpper(t.Region) }
+func (t Topology) DLQStream() string { return subjects.DLQStream(t.Region) }
 
 // DLQSubject is where the region's dead letters go.
-func (t Topology) DLQSubject() string { return "dlq." + t.Region + ".ledger" }
+func (t Topology) DLQSubject() string { return subjects.DLQ(t.Region) }
 
 // Subjects is the wildcard of every ledger subject of the region.
-func (t Topology) Subjects() string { return "ledger." + t.Region + ".>" }
+func (t Topology) Subjects() string { return subjects.Ledger(t.Region) }
 
 // Shard is the shard of an account: FNV-1a of its ID modulo Shards.
 func (t Topology) Shard(accountID string) int {
@@ -79,7 +79,7 @@ func (t Topology) Shard(accountID string) int {
 func (t Topology) Subject(accountID string) string { return t.ShardSubject(t.Shard(accountID)) }
 
 // ShardSubject is the ledger subject of a shard.
-func (t Topology) ShardSubject(shard int) string { return fmt.Sprintf("ledger.%s.%d", t.Region, shard) }
+func (t Topology) ShardSubject(shard int) string { return subjects.LedgerShard(t.Region, shard) }
 
 // ShardDurable names the durable consumer of a shard.
 func ShardDurable(shard int) string { return fmt.Sprintf("ledger-%d", shard) }

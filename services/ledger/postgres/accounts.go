@@ -18,6 +18,28 @@ func scanAccount(row pgx.CollectableRow) (ledger.Account, error) {
 	return a, err
 }
 
+// QueueAccount queues in b the read of account id into *a, setting *found
+// when it exists: a caller composes it with its own statements in one round
+// trip. The batch's Close returns the read's error.
+func QueueAccount(b *pgx.Batch, id string, a *ledger.Account, found *bool) {
+	b.Queue(`SELECT `+accountColumns+` FROM accounts WHERE id = $1`, id).Query(func(rows pgx.Rows) error {
+		v, err := pgx.CollectExactlyOneRow(rows, scanAccount)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		*a, *found = v, err == nil
+		return err
+	})
+}
+
+// CustomerOfSQL returns an SQL condition, for a statement of the caller's
+// on this database, that the account whose ID is the parameter account (for
+// example "$9") is a customer account of the client that is the parameter
+// client: the ownership rule of a client's requests, spelled once.
+func CustomerOfSQL(account, client string) string {
+	return `EXISTS (SELECT 1 FROM accounts WHERE id = ` + account + ` AND client_id = ` + client + ` AND kind = 'customer')`
+}
+
 // SystemClient owns the issuance and transit accounts.
 const SystemClient = "paymesh"
 

@@ -88,8 +88,10 @@ type Config struct {
 	// "the same request" is; the default, ledger.Command.MsgKey, is a
 	// client and its Idempotency-Key (a saga step: its transfer and type).
 	RequestKey func(ledger.Command) string
-	// MaxAttempts bounds retries of a transaction on serialization failure,
-	// deadlock, lock timeout or a business-key race. Default 8.
+	// MaxAttempts is how many times a transaction runs, at most, when it
+	// meets a serialization failure, deadlock, lock timeout, business-key
+	// race, lost connection or fenced claim; the last such error gives it
+	// up (counted in Stats.GaveUp). 1 never retries. Default 8.
 	MaxAttempts uint
 	// BeforeCommit, if set, runs inside every apply transaction just before
 	// COMMIT. Tests use it as a failpoint; an error aborts the transaction.
@@ -98,13 +100,9 @@ type Config struct {
 	OnRetry func(op string, attempt int, err error)
 	// Stats, if set, receives the store's counters.
 	Stats *ledger.Stats
-	// Respond, if set, renders the HTTP response to a client request's
-	// result; the apply transaction stores it with the request's
-	// idempotency key (see services/api).
-	Respond func(ledger.Result) (status int, body []byte)
-	// Bugs are deliberate bugs for the fault-injection suite's tests only
-	// (see ledger.Bugs); the zero value is the correct ledger.
-	Bugs ledger.Bugs
+	// Answers, if set, records the first answer to every client request
+	// in the transaction that applies it (see Answers).
+	Answers Answers
 }
 
 // Store is the ledger's Postgres adapter. It is safe for concurrent use.
@@ -179,7 +177,7 @@ func (s *Store) transact(ctx context.Context, op string, fn func(pgx.Tx) error, 
 		if !retryable(err) {
 			return struct{}{}, backoff.Permanent(err)
 		}
-		if attempt >= int(s.cfg.MaxAttempts) || s.cfg.Bugs.NoRetry { // deliberate bug, tests only: NoRetry
+		if attempt >= int(s.cfg.MaxAttempts) {
 			s.stats().GaveUp.Add(1) // the retry budget is spent
 			return struct{}{}, backoff.Permanent(err)
 		}

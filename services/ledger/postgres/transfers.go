@@ -71,27 +71,20 @@ func (s *Store) Advance(ctx context.Context, id string, from ledger.Status, vers
 	return cur, ledger.Errorf(ledger.CodeStaleVersion, "transfer %s is %s v%d, not %s v%d", id, cur.Status, cur.Version, from, version)
 }
 
-// transferByKeySQL reads the transfer a client's idempotency key made.
-const transferByKeySQL = `SELECT ` + transferColumns + ` FROM transfers WHERE client_id = $1 AND idempotency_key = $2`
-
-// TransferByKey returns the transfer recorded for a client's idempotency
-// key, or false.
-func (s *Store) TransferByKey(ctx context.Context, client, key string) (ledger.Transfer, bool, error) {
-	if s.cfg.Bugs.ForgetKeyTransfer { // deliberate bug, tests only
-		return ledger.Transfer{}, false, nil
-	}
-	rows, err := s.pool.Query(ctx, transferByKeySQL, client, key)
-	if err != nil {
-		return ledger.Transfer{}, false, fmt.Errorf("read transfer: %w", err)
-	}
-	t, err := pgx.CollectExactlyOneRow(rows, scanTransfer)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return ledger.Transfer{}, false, nil
-	}
-	if err != nil {
-		return ledger.Transfer{}, false, fmt.Errorf("read transfer: %w", err)
-	}
-	return t, true, nil
+// QueueTransferByKey queues in b the read of the transfer a client's
+// idempotency key made (the ledger's business key, which outlives the API's
+// idempotency key) into *t, setting *found when there is one: a caller
+// composes it with its own statements in one round trip. The batch's Close
+// returns the read's error.
+func QueueTransferByKey(b *pgx.Batch, client, key string, t *ledger.Transfer, found *bool) {
+	b.Queue(`SELECT `+transferColumns+` FROM transfers WHERE client_id = $1 AND idempotency_key = $2`, client, key).Query(func(rows pgx.Rows) error {
+		v, err := pgx.CollectExactlyOneRow(rows, scanTransfer)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		*t, *found = v, err == nil
+		return err
+	})
 }
 
 // Completion is how long a settled transfer took from its request to its

@@ -18,12 +18,12 @@ import (
 
 	"github.com/paymesh/paymesh/internal/platform/natsconn"
 	"github.com/paymesh/paymesh/internal/platform/pgdb"
-	"github.com/paymesh/paymesh/internal/platform/telemetry"
 	"github.com/paymesh/paymesh/pkg/dedup"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/ledger"
 	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
+	"github.com/paymesh/paymesh/services/telemetry"
 )
 
 // Config is everything a region's ledger needs.
@@ -50,14 +50,18 @@ type Config struct {
 	// Stats, if set, receives the counters (kept across restarts by the
 	// caller); a new one is made otherwise.
 	Stats *ledger.Stats
-	// Respond renders a client request's response, stored with its
-	// idempotency key in the apply transaction (see services/api).
-	Respond func(ledger.Result) (int, []byte)
+	// Answers, if set, records the first answer to every client request
+	// in the transaction that applies it (see postgres.Answers): whoever
+	// runs the ledger with the API hands in the API's (services/api/postgres).
+	Answers postgres.Answers
 	// Observe receives the applied batches and saga stages (default: the
 	// histograms of /metrics when MetricsListen is set).
 	Observe ljs.Observer
 	// AfterCommit is the consumers' failpoint (see jetstream.ConsumerConfig).
 	AfterCommit func([]jetstream.Msg) error
+	// BeforeApply is told each batch before it applies (see
+	// jetstream.ConsumerConfig).
+	BeforeApply func(ctx context.Context, msgs []jetstream.Msg)
 	// BeforeCommit is the store's failpoint (see postgres.Config).
 	BeforeCommit func(ctx context.Context) error
 	// WrapConsumeLog, if set, decorates the consume-log the store uses
@@ -67,9 +71,9 @@ type Config struct {
 	// RequestKey names a command to the consume-log and the business key
 	// (see postgres.Config); nil for the default, ledger.Command.MsgKey.
 	RequestKey func(ledger.Command) string
-	// Bugs are deliberate bugs for the fault-injection suite's tests only
-	// (see ledger.Bugs).
-	Bugs ledger.Bugs
+	// MaxAttempts is the store's retry budget per transaction (see
+	// postgres.Config; default 8).
+	MaxAttempts uint
 	// MetricsListen is where /metrics is served ("" for nowhere,
 	// "127.0.0.1:0" for a free port).
 	MetricsListen string
@@ -147,7 +151,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		consumeLog = cfg.WrapConsumeLog(consumeLog)
 	}
 	s.Store = postgres.New(pool, postgres.Config{Region: cfg.Region, IDs: gen, Regions: cfg.Regions, Dedup: consumeLog, Stats: s.Stats,
-		RequestKey: cfg.RequestKey, Respond: cfg.Respond, BeforeCommit: cfg.BeforeCommit, Bugs: cfg.Bugs,
+		RequestKey: cfg.RequestKey, Answers: cfg.Answers, BeforeCommit: cfg.BeforeCommit, MaxAttempts: cfg.MaxAttempts,
 		OnRetry: func(op string, attempt int, err error) {
 			cfg.Log.Debug("transaction retried", "op", op, "attempt", attempt, "err", err)
 		}})
@@ -212,7 +216,7 @@ func (s *Server) Run(ctx context.Context) error {
 		c := ljs.NewConsumer(s.js, s.Store, ljs.ConsumerConfig{
 			Topology: s.Topo, Shards: shards, BatchSize: s.cfg.BatchSize, AckWait: s.cfg.AckWait,
 			MaxDeliver: s.cfg.MaxDeliver, Regions: s.cfg.Regions, Stats: s.Stats, Log: s.cfg.Log,
-			AfterCommit: s.cfg.AfterCommit, Observe: s.cfg.Observe, Bugs: s.cfg.Bugs,
+			AfterCommit: s.cfg.AfterCommit, BeforeApply: s.cfg.BeforeApply, Observe: s.cfg.Observe,
 		})
 		wg.Go(func() {
 			if err := c.Run(ctx); err != nil {

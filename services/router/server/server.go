@@ -18,11 +18,10 @@ import (
 
 	"github.com/paymesh/paymesh/internal/platform/natsconn"
 	"github.com/paymesh/paymesh/internal/platform/pgdb"
-	"github.com/paymesh/paymesh/internal/platform/telemetry"
 	"github.com/paymesh/paymesh/pkg/idgen"
-	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 	"github.com/paymesh/paymesh/services/router"
+	"github.com/paymesh/paymesh/services/telemetry"
 )
 
 // Config is everything a region's router needs.
@@ -40,9 +39,12 @@ type Config struct {
 	DuplicateWindow time.Duration
 	// Inject asks, per publish, for a duplicate (see router.Config).
 	Inject func() bool
-	// Bugs are deliberate bugs for the fault-injection suite's tests only
-	// (see ledger.Bugs).
-	Bugs ledger.Bugs
+	// WrapJetStream, if set, wraps the JetStream handle the router builds
+	// on its connection before anything uses it: the forwarder, the relay,
+	// Submit and JetStream all go through what it returns. It is where a
+	// decorator of the handle goes, such as one that counts or traces
+	// publishes and their PubAcks.
+	WrapJetStream func(jetstream.JetStream) jetstream.JetStream
 	// Stats, if set, receives the counters (kept across restarts by the
 	// caller); a new one is made otherwise.
 	Stats *router.Stats
@@ -97,11 +99,14 @@ func (s *Server) open(ctx context.Context) error {
 	if s.js, err = router.NewJetStream(s.nc, cfg.AckWait); err != nil {
 		return err
 	}
+	if cfg.WrapJetStream != nil {
+		s.js = cfg.WrapJetStream(s.js)
+	}
 	if err := router.EnsureStream(ctx, s.js, cfg.Region, cfg.DuplicateWindow); err != nil {
 		return err
 	}
 	s.rt = router.New(s.js, router.Config{Region: cfg.Region, Regions: cfg.Regions, Shards: cfg.Shards, AckWait: cfg.AckWait,
-		Inject: cfg.Inject, Bugs: cfg.Bugs, Stats: cfg.Stats})
+		Inject: cfg.Inject, Stats: cfg.Stats})
 	s.store = postgres.New(s.pool, postgres.Config{Region: cfg.Region, Regions: cfg.Regions})
 	if cfg.MetricsListen != "" {
 		s.metrics, err = telemetry.ServeNew(cfg.MetricsListen, cfg.Log, func(m *telemetry.Metrics) error {

@@ -8,9 +8,12 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/paymesh/paymesh/internal/testbed/faultproxy"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/internal/testbed/pgtest"
@@ -32,8 +35,9 @@ func regions(t *testing.T) *idgen.Regions {
 // TestRouterForwards opens a region's ledger (it migrates the database and
 // creates the ledger streams) and its router, submits a fund command
 // through the router and waits until the ledger applied it: the forwarder
-// moved it from the route stream to the ledger stream. /metrics counts it,
-// and after Close a second router opens on the same metrics address.
+// moved it from the route stream to the ledger stream. Both publishes went
+// through the WrapJetStream decorator, /metrics counts the forward, and
+// after Close a second router opens on the same metrics address.
 func TestRouterForwards(t *testing.T) {
 	ns, _ := natsembed.MustStart(t)
 	_, url := pgtest.MustDatabase(t)
@@ -48,8 +52,12 @@ func TestRouterForwards(t *testing.T) {
 	defer led.Close()
 	go led.Run(ctx) //nolint:errcheck // ends with ctx
 
+	counted := &countingJetStream{}
 	cfg := server.Config{Region: "eu", Regions: ids, PostgresURL: url, NATSURL: ns.ClientURL(), Shards: 2, AckWait: 2 * time.Second,
-		MetricsListen: "127.0.0.1:0"}
+		MetricsListen: "127.0.0.1:0", WrapJetStream: func(js jetstream.JetStream) jetstream.JetStream {
+			counted.JetStream = js
+			return counted
+		}}
 	srv, err := server.Open(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -73,6 +81,9 @@ func TestRouterForwards(t *testing.T) {
 	}
 	if got, err := led.Store.Account(ctx, a.ID); err != nil || got.Balance != 700 {
 		t.Fatalf("account after the forwarded fund: got %d %v, want 700", got.Balance, err)
+	}
+	if s, a := counted.sync.Load(), counted.async.Load(); s != 1 || a < 1 {
+		t.Fatalf("publishes through WrapJetStream: got %d sync and %d async, want 1 (the submit) and at least 1 (the forward)", s, a)
 	}
 	if body := get(t, srv.MetricsURL()); !strings.Contains(body, "paymesh_router_forwarded_total") {
 		t.Fatalf("metrics at %s: no paymesh_router_forwarded_total in\n%s", srv.MetricsURL(), body)
@@ -153,6 +164,22 @@ func TestRouterWaitsForDependencies(t *testing.T) {
 			t.Errorf("log: got %q %d times, want once; log:\n%s", want, n, logged.String())
 		}
 	}
+}
+
+// countingJetStream counts the publishes made through it.
+type countingJetStream struct {
+	jetstream.JetStream
+	sync, async atomic.Int64
+}
+
+func (c *countingJetStream) PublishMsg(ctx context.Context, m *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	c.sync.Add(1)
+	return c.JetStream.PublishMsg(ctx, m, opts...)
+}
+
+func (c *countingJetStream) PublishMsgAsync(m *nats.Msg, opts ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
+	c.async.Add(1)
+	return c.JetStream.PublishMsgAsync(m, opts...)
 }
 
 func get(t *testing.T, url string) string {

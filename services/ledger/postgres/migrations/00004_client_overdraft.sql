@@ -1,6 +1,6 @@
 -- +goose Up
--- The most overdraft a client may give its own accounts through the API.
-ALTER TABLE clients ADD COLUMN max_overdraft bigint NOT NULL DEFAULT 0 CHECK (max_overdraft >= 0);
+-- Moved to services/api/postgres with the clients table (see 00003).
+SELECT 1;
 
 -- +goose Down
-ALTER TABLE clients DROP COLUMN max_overdraft;
+SELECT 1;

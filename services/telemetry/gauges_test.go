@@ -10,12 +10,12 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/paymesh/paymesh/internal/platform/telemetry"
 	"github.com/paymesh/paymesh/internal/testbed/ledgertest"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/services/ledger"
 	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
 	"github.com/paymesh/paymesh/services/router"
+	"github.com/paymesh/paymesh/services/telemetry"
 )
 
 // serve serves m's /metrics for the test and returns its URL.

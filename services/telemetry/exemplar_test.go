@@ -10,8 +10,8 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/paymesh/paymesh/internal/platform/telemetry"
 	"github.com/paymesh/paymesh/services/ledger"
+	"github.com/paymesh/paymesh/services/telemetry"
 )
 
 // TestExemplars: a measurement recorded with a sampled span in its context

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -22,7 +23,6 @@ import (
 	"go.opentelemetry.io/otel/metric/noop"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
-	"github.com/paymesh/paymesh/services/api"
 	"github.com/paymesh/paymesh/services/ledger"
 	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
@@ -298,17 +298,19 @@ func (m *Metrics) ObserveStore(region string, store *postgres.Store) error {
 
 // ObserveAPI exports the API's idempotency outcomes: the duplicates the
 // HTTP layer (ledger.LayerIdempotencyKey) caught, all of the transfer
-// topic, the only request that takes an Idempotency-Key.
-func (m *Metrics) ObserveAPI(region string, st *api.Stats) error {
+// topic, the only request that takes an Idempotency-Key. The counters are
+// api.Stats' (Replays, Mismatches, InFlight), taken one by one so that
+// what imports telemetry (every service) does not link the HTTP API.
+func (m *Metrics) ObserveAPI(region string, replays, mismatches, inFlight *atomic.Int64) error {
 	at := func(outcome string) metric.MeasurementOption {
 		return metric.WithAttributes(attribute.String("region", region), attribute.String("outcome", outcome),
 			attribute.String("layer", string(ledger.LayerIdempotencyKey)), attribute.String("topic", ledger.TopicTransfer.String()))
 	}
 	return m.observe("paymesh/api", []counter{
 		{"paymesh.idempotency.keys", "Repeated Idempotency-Keys: replays, reuse with another body (422), repeats in flight (409).", func(o metric.Observer, c metric.Int64ObservableCounter) {
-			o.ObserveInt64(c, st.Replays.Load(), at("replay"))
-			o.ObserveInt64(c, st.Mismatches.Load(), at("mismatch"))
-			o.ObserveInt64(c, st.InFlight.Load(), at("in_flight"))
+			o.ObserveInt64(c, replays.Load(), at("replay"))
+			o.ObserveInt64(c, mismatches.Load(), at("mismatch"))
+			o.ObserveInt64(c, inFlight.Load(), at("in_flight"))
 		}},
 	})
 }

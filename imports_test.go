@@ -1,0 +1,149 @@
+// Package paymesh_test holds the module's package-role rules.
+package paymesh_test
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/paymesh/paymesh"
+
+// roles, from the bottom up. A package may depend on its own role and the
+// roles listed under may; anything of the module that is not listed is
+// refused. Test files are not counted: a test may use a test bed.
+var roles = []struct {
+	role   string
+	prefix []string
+	may    []string
+}{
+	// Libraries anyone could import: nothing of the module but each other.
+	{"library", []string{"pkg/"}, nil},
+	// What the services share: logins, connections, migrations, telemetry.
+	{"platform", []string{"internal/platform/"}, []string{"library"}},
+	// The shipped services.
+	{"service", []string{"services/"}, []string{"library", "platform"}},
+	// Per-region configuration, read by the services' commands and by tests.
+	{"deploy", []string{"deploy/"}, []string{"library", "platform", "service"}},
+	// Test beds: clusters, embedded NATS, fault proxy, per-test databases.
+	{"testbed", []string{"internal/testbed/"}, []string{"library", "platform", "service", "deploy"}},
+	// The lab: demo, bench, chaos, dashboard, load, simulation.
+	{"lab", []string{"internal/lab/"}, []string{"library", "platform", "service", "deploy", "testbed"}},
+	// The command: every service, and the lab's commands.
+	{"command", []string{"cmd/"}, []string{"library", "platform", "service", "deploy", "testbed", "lab"}},
+}
+
+// roleOf returns the role of a package of the module, or "".
+func roleOf(pkg string) string {
+	rel := strings.TrimPrefix(pkg, module+"/") + "/"
+	for _, r := range roles {
+		for _, p := range r.prefix {
+			if strings.HasPrefix(rel, p) {
+				return r.role
+			}
+		}
+	}
+	return ""
+}
+
+// violations returns, for each package, the imports that break its role's
+// rule (non-test dependencies, direct and indirect).
+func violations(pkgs map[string][]string) []string {
+	allowed := map[string]map[string]bool{}
+	for _, r := range roles {
+		allowed[r.role] = map[string]bool{r.role: true}
+		for _, m := range r.may {
+			allowed[r.role][m] = true
+		}
+	}
+	var out []string
+	for pkg, deps := range pkgs {
+		role := roleOf(pkg)
+		if pkg == module {
+			continue // this test's own package
+		}
+		if role == "" {
+			out = append(out, pkg+" has no role (see roles)")
+			continue
+		}
+		for _, d := range deps {
+			if !strings.HasPrefix(d, module+"/") && d != module {
+				continue
+			}
+			if dr := roleOf(d); !allowed[role][dr] {
+				out = append(out, pkg+" ("+role+") depends on "+d+" ("+dr+")")
+			}
+		}
+	}
+	return out
+}
+
+// TestPackageRoles fails when a package depends on a role above its own:
+// for example a shipped service on a test bed or the lab, or the platform
+// on a service.
+func TestPackageRoles(t *testing.T) {
+	pkgs := goList(t, "./...")
+	if len(pkgs) < 20 {
+		t.Fatalf("go list found %d packages of the module: want them all", len(pkgs))
+	}
+	for _, v := range violations(pkgs) {
+		t.Error(v)
+	}
+}
+
+// TestPackageRolesCatch: the rule refuses a service that imports the lab
+// or a test bed, and the platform importing a service.
+func TestPackageRolesCatch(t *testing.T) {
+	bad := map[string][]string{
+		module + "/services/ledger/server": {module + "/internal/lab/chaos"},
+		module + "/services/api":           {module + "/internal/testbed/cluster"},
+		module + "/internal/platform/pgdb": {module + "/services/ledger"},
+		module + "/pkg/dedup":              {module + "/internal/platform/pgdb"},
+	}
+	if got := violations(bad); len(got) != len(bad) {
+		t.Fatalf("got %d violations, want %d: %q", len(got), len(bad), got)
+	}
+	ok := map[string][]string{
+		module + "/internal/lab/chaos":     {module + "/internal/testbed/cluster", module + "/services/ledger"},
+		module + "/services/ledger/server": {module + "/internal/platform/pgdb", module + "/pkg/dedup", "github.com/jackc/pgx/v5"},
+	}
+	if got := violations(ok); len(got) != 0 {
+		t.Fatalf("got violations %q, want none", got)
+	}
+}
+
+// goList returns every package of patterns with its non-test dependencies.
+func goList(t *testing.T, patterns ...string) map[string][]string {
+	t.Helper()
+	cmd := exec.Command("go", append([]string{"list", "-deps=false", "-json=ImportPath,Deps"}, patterns...)...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pkgs := map[string][]string{}
+	dec := json.NewDecoder(out)
+	for {
+		var p struct {
+			ImportPath string
+			Deps       []string
+		}
+		if err := dec.Decode(&p); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		pkgs[p.ImportPath] = p.Deps
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("go list: %v: %s", err, stderr.String())
+	}
+	return pkgs
+}

@@ -1,0 +1,76 @@
+package chaos
+
+import (
+	"context"
+
+	"github.com/paymesh/paymesh/internal/testbed/cluster"
+	"github.com/paymesh/paymesh/services/api"
+	apiserver "github.com/paymesh/paymesh/services/api/server"
+	"github.com/paymesh/paymesh/services/ledger"
+)
+
+// wrapAPIStore installs wrap around every region's API store, after the
+// decorators installed before it (through the API's WrapStore seam).
+func wrapAPIStore(c *cluster.Config, wrap func(api.Store) api.Store) {
+	prev := c.API
+	c.API = func(region string, ac *apiserver.Config) {
+		if prev != nil {
+			prev(region, ac)
+		}
+		inner := ac.WrapStore
+		ac.WrapStore = func(s api.Store) api.Store {
+			if inner != nil {
+				s = inner(s)
+			}
+			return wrap(s)
+		}
+	}
+}
+
+// ignoreKeyBody is scenario 1's bug: an idempotency key's fingerprint is
+// not compared, so an answered key sent again with another body is
+// replayed the first request's response instead of refused (422). A
+// mismatch is resolved again as if the request had the stored
+// fingerprint: what the store would answer without the comparison (a key
+// in flight still gets its 409, one taken over or expired is claimed).
+type ignoreKeyBody struct{ api.Store }
+
+func (s ignoreKeyBody) ResolveKey(ctx context.Context, c api.KeyClaim) (api.IdempotencyKey, api.KeyOutcome, error) {
+	k, out, err := s.Store.ResolveKey(ctx, c)
+	if err == nil && out == api.KeyMismatch {
+		c.Fingerprint = k.Fingerprint
+		return s.Store.ResolveKey(ctx, c)
+	}
+	return k, out, err
+}
+
+// forgetKeyTransfer is scenario 10's bug: the lookup of the transfer a
+// client's key made finds nothing, so a request repeated after its
+// idempotency key expired is submitted again under a new transfer ID
+// instead of answered with the transfer it made.
+type forgetKeyTransfer struct{ api.Store }
+
+func (s forgetKeyTransfer) StartKey(ctx context.Context, c api.KeyClaim, source string) (api.KeyStart, error) {
+	st, err := s.Store.StartKey(ctx, c, source)
+	st.Prior = ledger.Transfer{}
+	return st, err
+}
+
+func (forgetKeyTransfer) TransferByKey(context.Context, string, string) (ledger.Transfer, bool, error) {
+	return ledger.Transfer{}, false, nil
+}
+
+// skipOwnerCheck is scenario 11's bug (BOLA): the source account of a
+// transfer is reported as the caller's customer account whoever owns it,
+// so the API's owner check passes and any client can move another
+// client's money. StartKey, which claims a key only for an own account,
+// then leaves the key unclaimed, and the API claims it with ResolveKey.
+type skipOwnerCheck struct{ api.Store }
+
+func (s skipOwnerCheck) StartKey(ctx context.Context, c api.KeyClaim, source string) (api.KeyStart, error) {
+	st, err := s.Store.StartKey(ctx, c, source)
+	if err == nil && st.SourceFound {
+		st.Source.ClientID, st.Source.Kind = c.Client, ledger.KindCustomer
+	}
+	return st, err
+}

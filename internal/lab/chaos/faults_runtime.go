@@ -1,0 +1,81 @@
+package chaos
+
+import (
+	"context"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/paymesh/paymesh/services/ledger"
+)
+
+// This file holds the faulty runtime of scenarios 2, 7 and 8: hooks and
+// decorators installed through the ledger consumer's and the router's
+// seams (see bugs.go), which remove the protection each scenario attacks.
+
+// ackBeforeApply is a ledger consumer's BeforeApply that acks the batch's
+// messages before the store applies them (scenario 2): a worker that dies
+// before its COMMIT has acknowledged transfers it never applied.
+func ackBeforeApply(_ context.Context, msgs []jetstream.Msg) {
+	for _, m := range msgs {
+		_ = m.Ack()
+	}
+}
+
+// ackedAnyway is a router's JetStream whose asynchronous publishes of the
+// messages fake picks are answered at once with a PubAck, whether or not
+// the stream stored them (scenarios 7 and 8): the message is still sent,
+// but its real PubAck, an error and even a publish that could not be
+// queued are ignored. Every other call goes to the handle it wraps.
+// (The forwarder and the relay publish with PublishMsgAsync only.)
+type ackedAnyway struct {
+	jetstream.JetStream
+	fake func(*nats.Msg) bool
+}
+
+// PublishMsgAsync publishes m; when fake picks it, it returns a future that
+// is already acknowledged, and never an error.
+func (j ackedAnyway) PublishMsgAsync(m *nats.Msg, opts ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
+	if !j.fake(m) {
+		return j.JetStream.PublishMsgAsync(m, opts...)
+	}
+	_, _ = j.JetStream.PublishMsgAsync(m, opts...)
+	return newAckedFuture(m), nil
+}
+
+// ackedFuture is a PubAckFuture answered with a PubAck no stream sent.
+type ackedFuture struct {
+	msg *nats.Msg
+	ok  chan *jetstream.PubAck
+	err chan error
+}
+
+func newAckedFuture(m *nats.Msg) ackedFuture {
+	f := ackedFuture{msg: m, ok: make(chan *jetstream.PubAck, 1), err: make(chan error)}
+	f.ok <- &jetstream.PubAck{}
+	return f
+}
+
+// Ok returns the faked PubAck.
+func (f ackedFuture) Ok() <-chan *jetstream.PubAck { return f.ok }
+
+// Err returns a channel that never yields an error.
+func (f ackedFuture) Err() <-chan error { return f.err }
+
+// Msg returns the message published.
+func (f ackedFuture) Msg() *nats.Msg { return f.msg }
+
+// relayed picks the relay's publishes: saga steps (credit, confirm,
+// refuse), which only the relay sends. The forwarder's are the commands
+// clients submitted.
+func relayed(m *nats.Msg) bool {
+	cmd, err := ledger.DecodeCommand(m.Data)
+	return err == nil && cmd.IsStep()
+}
+
+// forwarded picks the forwarder's publishes: the client commands it moves
+// from the route stream to their home region.
+func forwarded(m *nats.Msg) bool {
+	cmd, err := ledger.DecodeCommand(m.Data)
+	return err == nil && !cmd.IsStep()
+}

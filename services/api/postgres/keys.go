@@ -1,0 +1,226 @@
+package postgres
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/paymesh/paymesh/services/api"
+	"github.com/paymesh/paymesh/services/ledger"
+	ledgerpg "github.com/paymesh/paymesh/services/ledger/postgres"
+)
+
+const keyColumns = `client_id, key, fingerprint, transfer_id, state = 'in_flight', lease_until,
+	coalesce(response_status, 0), coalesce(response_body, ''), response_final, created_at, expires_at`
+
+// insertArgs are insertKeySQL's $1 to $7.
+func insertArgs(c api.KeyClaim) []any {
+	return []any{c.Client, c.Key, c.Fingerprint, c.TransferID, c.Now.Add(c.Lease), c.Now, c.Now.Add(c.TTL)}
+}
+
+func scanKey(row pgx.CollectableRow) (api.IdempotencyKey, error) {
+	var k api.IdempotencyKey
+	err := row.Scan(&k.ClientID, &k.Key, &k.Fingerprint, &k.TransferID, &k.InFlight, &k.LeaseUntil,
+		&k.Status, &k.Body, &k.Final, &k.CreatedAt, &k.ExpiresAt)
+	return k, err
+}
+
+// BeginKey claims an idempotency key and says what to do, as ResolveKey,
+// but a key never seen costs one statement: ResolveKey runs only when the
+// key exists or the insert's outcome is unknown. It returns an error only
+// when the database fails.
+func (s *Store) BeginKey(ctx context.Context, c api.KeyClaim) (api.IdempotencyKey, api.KeyOutcome, error) {
+	rows, err := s.pool.Query(ctx, insertKeySQL+` ON CONFLICT (client_id, key) DO NOTHING RETURNING `+keyColumns, insertArgs(c)...)
+	if err == nil {
+		var k api.IdempotencyKey
+		if k, err = pgx.CollectExactlyOneRow(rows, scanKey); err == nil {
+			return k, api.KeyNew, nil
+		}
+	}
+	// The key exists, or the insert's outcome is unknown.
+	return s.ResolveKey(ctx, c)
+}
+
+// ResolveKey locks the key's row in a transaction and says what to do with
+// it. A missing or expired key is claimed with a lease for c.TransferID; an
+// in-flight key whose lease expired is taken over (its transfer ID is kept,
+// so a repeat submission is deduplicated by the ledger). It finds this
+// call's own claim (an insert whose answer was lost) by its transfer ID. It
+// returns an error only when the database fails.
+func (s *Store) ResolveKey(ctx context.Context, c api.KeyClaim) (api.IdempotencyKey, api.KeyOutcome, error) {
+	var k api.IdempotencyKey
+	var out api.KeyOutcome
+	err := s.transact(ctx, "begin idempotency key", func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `SELECT `+keyColumns+` FROM idempotency_keys WHERE client_id = $1 AND key = $2 FOR UPDATE`, c.Client, c.Key)
+		if err != nil {
+			return err
+		}
+		k, err = pgx.CollectExactlyOneRow(rows, scanKey)
+		found := err == nil
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		switch {
+		case found && k.InFlight && k.TransferID == c.TransferID:
+			// This call's own claim, made by an attempt whose answer was
+			// lost: transfer IDs are never reused.
+			out = api.KeyNew
+			return nil
+		case found && k.ExpiresAt.Before(c.Now):
+			if _, err := tx.Exec(ctx, `DELETE FROM idempotency_keys WHERE client_id = $1 AND key = $2`, c.Client, c.Key); err != nil {
+				return err
+			}
+		case found && !bytes.Equal(k.Fingerprint, c.Fingerprint):
+			out = api.KeyMismatch
+			return nil
+		case found && !k.InFlight:
+			out = api.KeyReplay
+			return nil
+		case found && k.LeaseUntil.After(c.Now):
+			out = api.KeyInFlight
+			return nil
+		case found:
+			rows, err := tx.Query(ctx, `UPDATE idempotency_keys SET lease_until = $3 WHERE client_id = $1 AND key = $2 RETURNING `+keyColumns,
+				c.Client, c.Key, c.Now.Add(c.Lease))
+			if err != nil {
+				return err
+			}
+			k, err = pgx.CollectExactlyOneRow(rows, scanKey)
+			out = api.KeyTakenOver
+			return err
+		}
+		rows, err = tx.Query(ctx, insertKeySQL+` RETURNING `+keyColumns, insertArgs(c)...)
+		if err != nil {
+			return err
+		}
+		k, err = pgx.CollectExactlyOneRow(rows, scanKey)
+		out = api.KeyNew
+		return err
+	}, func(ctx context.Context) (bool, error) {
+		// The COMMIT went unanswered. A new key committed if its row names
+		// this call's transfer ID; otherwise the retry sees what is there
+		// (after a take-over that did commit: its own lease, a 409).
+		if out != api.KeyNew {
+			return false, nil
+		}
+		cur, ok, err := s.Key(ctx, c.Client, c.Key)
+		return ok && cur.TransferID == c.TransferID, err
+	})
+	return k, out, err
+}
+
+// StartKey is the first step of a transfer request, in one round trip: it
+// reads the source account, claims the key as new (as BeginKey would) only
+// if the source is a customer account of the client, and reads the
+// transfer the client's key already made. The reads of the ledger's tables
+// are the ledger adapter's (ledgerpg.QueueAccount, QueueTransferByKey). It
+// returns an error only when the database fails.
+func (s *Store) StartKey(ctx context.Context, c api.KeyClaim, source string) (api.KeyStart, error) {
+	var st api.KeyStart
+	var priorFound bool
+	b := &pgx.Batch{}
+	ledgerpg.QueueAccount(b, source, &st.Source, &st.SourceFound)
+	b.Queue(insertKeySQL+`
+		WHERE `+ledgerpg.CustomerOfSQL("$8", "$1")+`
+		ON CONFLICT (client_id, key) DO NOTHING RETURNING `+keyColumns,
+		append(insertArgs(c), source)...).Query(func(rows pgx.Rows) error {
+		k, err := pgx.CollectExactlyOneRow(rows, scanKey)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		st.Key, st.Claimed = k, err == nil
+		return err
+	})
+	ledgerpg.QueueTransferByKey(b, c.Client, c.Key, &st.Prior, &priorFound)
+	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
+		return api.KeyStart{}, fmt.Errorf("start idempotency key: %w", err)
+	}
+	return st, nil
+}
+
+// TransferByKey returns the transfer a client's idempotency key made, or
+// false (the ledger adapter's read, on its own).
+func (s *Store) TransferByKey(ctx context.Context, client, key string) (ledger.Transfer, bool, error) {
+	var t ledger.Transfer
+	var found bool
+	b := &pgx.Batch{}
+	ledgerpg.QueueTransferByKey(b, client, key, &t, &found)
+	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
+		return ledger.Transfer{}, false, fmt.Errorf("read transfer: %w", err)
+	}
+	return t, found, nil
+}
+
+// AnsweredKeys returns, of the keys clients[i]/keys[i], those that are
+// answered (no longer in flight).
+func (s *Store) AnsweredKeys(ctx context.Context, clients, keys []string) ([]api.IdempotencyKey, error) {
+	rows, err := s.pool.Query(ctx, `
+		SELECT `+keyColumns+` FROM idempotency_keys
+		WHERE (client_id, key) IN (SELECT * FROM unnest($1::text[], $2::text[])) AND state = 'done'`, clients, keys)
+	if err != nil {
+		return nil, fmt.Errorf("read idempotency keys: %w", err)
+	}
+	ks, err := pgx.CollectRows(rows, scanKey)
+	if err != nil {
+		return nil, fmt.Errorf("read idempotency keys: %w", err)
+	}
+	return ks, nil
+}
+
+// insertKeySQL claims a new key, in flight with a lease (a SELECT, so that
+// StartKey can make it conditional); its arguments are insertArgs'.
+const insertKeySQL = `
+	INSERT INTO idempotency_keys (client_id, key, fingerprint, transfer_id, state, lease_until, created_at, expires_at)
+	SELECT $1, $2, $3, $4, 'in_flight', $5::timestamptz, $6::timestamptz, $7::timestamptz`
+
+// Key reads an idempotency key; false when there is none.
+func (s *Store) Key(ctx context.Context, client, key string) (api.IdempotencyKey, bool, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+keyColumns+` FROM idempotency_keys WHERE client_id = $1 AND key = $2`, client, key)
+	if err != nil {
+		return api.IdempotencyKey{}, false, fmt.Errorf("read idempotency key: %w", err)
+	}
+	k, err := pgx.CollectExactlyOneRow(rows, scanKey)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return api.IdempotencyKey{}, false, nil
+	}
+	if err != nil {
+		return api.IdempotencyKey{}, false, fmt.Errorf("read idempotency key: %w", err)
+	}
+	return k, true, nil
+}
+
+// Answer stores the response the caller is about to send, unless one is
+// already stored, and returns the key as stored: send what it holds. With
+// replace set, a stored response that is not final yet (the ledger's
+// provisional 202 of a cross-region transfer) is replaced. Either way the
+// stored response becomes final.
+func (s *Store) Answer(ctx context.Context, client, key string, status int, body []byte, replace bool) (api.IdempotencyKey, error) {
+	rows, err := s.pool.Query(ctx, `
+		UPDATE idempotency_keys SET state = 'done', response_final = true,
+		       response_status = CASE WHEN state = 'in_flight' OR ($5 AND NOT response_final) THEN $3 ELSE response_status END,
+		       response_body   = CASE WHEN state = 'in_flight' OR ($5 AND NOT response_final) THEN $4 ELSE response_body END
+		WHERE client_id = $1 AND key = $2
+		RETURNING `+keyColumns, client, key, status, body, replace)
+	if err != nil {
+		return api.IdempotencyKey{}, fmt.Errorf("answer idempotency key: %w", err)
+	}
+	k, err := pgx.CollectExactlyOneRow(rows, scanKey)
+	if err != nil {
+		return api.IdempotencyKey{}, fmt.Errorf("answer idempotency key: %w", err)
+	}
+	return k, nil
+}
+
+// DeleteExpiredKeys removes idempotency keys whose retention ended before
+// now, and returns how many.
+func (s *Store) DeleteExpiredKeys(ctx context.Context, now time.Time) (int64, error) {
+	tag, err := s.pool.Exec(ctx, `DELETE FROM idempotency_keys WHERE expires_at < $1`, now)
+	if err != nil {
+		return 0, fmt.Errorf("delete expired idempotency keys: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}

@@ -1,0 +1,317 @@
+package postgres_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"testing/fstest"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/paymesh/paymesh/internal/platform/pgdb"
+	"github.com/paymesh/paymesh/internal/testbed/faultproxy"
+	"github.com/paymesh/paymesh/internal/testbed/ledgertest"
+	"github.com/paymesh/paymesh/internal/testbed/pgtest"
+	"github.com/paymesh/paymesh/pkg/dedup"
+	"github.com/paymesh/paymesh/services/api"
+	apipg "github.com/paymesh/paymesh/services/api/postgres"
+	"github.com/paymesh/paymesh/services/ledger"
+	ledgerpg "github.com/paymesh/paymesh/services/ledger/postgres"
+)
+
+// bothSets are the migration sets of a region's database: the ledger's
+// and the API's.
+func bothSets() []pgdb.Migration { return append(ledgerpg.Migrations(), apipg.Migrations()) }
+
+// previousRelease is the ledger's migration set as the release before the
+// move shipped it (testdata: 00003 and 00004 created the API's tables), up
+// to version upTo.
+func previousRelease(t *testing.T, upTo int) []pgdb.Migration {
+	t.Helper()
+	dir := os.DirFS("testdata/ledger-migrations-v6")
+	files, err := fs.Glob(dir, "*.sql")
+	if err != nil || len(files) != 6 {
+		t.Fatalf("testdata: %v %v", files, err)
+	}
+	set := fstest.MapFS{}
+	for _, name := range files {
+		var v int
+		if _, err := fmt.Sscanf(name, "%05d_", &v); err != nil {
+			t.Fatal(err)
+		}
+		if v > upTo {
+			continue
+		}
+		b, err := fs.ReadFile(dir, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		set[name] = &fstest.MapFile{Data: b}
+	}
+	return []pgdb.Migration{{FS: dedup.Migrations(), Table: dedup.MigrationTable}, {FS: set, Table: "ledger_schema_version"}}
+}
+
+// schema describes the API's tables: columns, constraints and indexes.
+func schema(t *testing.T, pool *pgxpool.Pool) string {
+	t.Helper()
+	var b strings.Builder
+	for _, q := range []string{
+		`SELECT table_name || '.' || column_name || ' ' || data_type || ' null=' || is_nullable || ' default=' || coalesce(column_default, '-') ||
+		        ' collation=' || coalesce(collation_name, '-')
+		 FROM information_schema.columns WHERE table_name IN ('clients', 'idempotency_keys') ORDER BY 1`,
+		`SELECT conrelid::regclass || ' ' || conname || ' ' || pg_get_constraintdef(oid)
+		 FROM pg_constraint WHERE conrelid IN ('clients'::regclass, 'idempotency_keys'::regclass) ORDER BY 1`,
+		`SELECT indexdef FROM pg_indexes WHERE tablename IN ('clients', 'idempotency_keys') ORDER BY 1`,
+	} {
+		rows, err := pool.Query(context.Background(), q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var line string
+			if err := rows.Scan(&line); err != nil {
+				t.Fatal(err)
+			}
+			b.WriteString(line + "\n")
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return b.String()
+}
+
+func version(t *testing.T, pool *pgxpool.Pool, table string) int64 {
+	t.Helper()
+	var v int64
+	if err := pool.QueryRow(context.Background(), `SELECT max(version_id) FROM `+table).Scan(&v); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// TestMigrations: the API's tables come out the same on a fresh database
+// (whichever set runs first) and on one migrated by the release before the
+// move (whose ledger set created them in 00003 and 00004, at either
+// version): the API's set adopts them with their rows, and the ledger's set
+// keeps its version history.
+func TestMigrations(t *testing.T) {
+	ctx := context.Background()
+	fresh, _ := pgtest.MustDatabase(t, bothSets()...)
+	want := schema(t, fresh)
+	if !strings.Contains(want, "clients.max_overdraft bigint null=NO default=0") || !strings.Contains(want, "idempotency_keys_expiry") {
+		t.Fatalf("fresh schema lacks the API's tables:\n%s", want)
+	}
+	for _, tc := range []struct {
+		name   string
+		before []pgdb.Migration // run first, then a client and a key are stored
+		after  []pgdb.Migration
+	}{
+		{"FreshAPIFirst", nil, []pgdb.Migration{apipg.Migrations(), ledgerpg.Migrations()[0], ledgerpg.Migrations()[1]}},
+		{"PreviousRelease", previousRelease(t, 6), bothSets()},
+		{"BeforeOverdraft", previousRelease(t, 3), bothSets()},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pool, _ := pgtest.MustDatabase(t, tc.before...)
+			old := tc.before != nil
+			if old {
+				if _, err := pool.Exec(ctx, `INSERT INTO clients (id, name, key_hash) VALUES ('acme', 'Acme', $1)`, api.HashKey("acme-key-0123456789")); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := pool.Exec(ctx, `INSERT INTO idempotency_keys (client_id, key, fingerprint, transfer_id, state, lease_until,
+					response_status, response_body, response_final, created_at, expires_at)
+					VALUES ('acme', 'k1', 'fp', 'eu-t1', 'done', now(), 201, '{"id":"eu-t1"}', true, now(), now() + interval '1 day')`); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := pgdb.Migrate(ctx, pool, tc.after...); err != nil {
+				t.Fatalf("migrate: %v", err)
+			}
+			if got := schema(t, pool); got != want {
+				t.Fatalf("schema:\n%s\nwant (fresh):\n%s", got, want)
+			}
+			if v := version(t, pool, "ledger_schema_version"); v != 6 {
+				t.Errorf("ledger version %d, want 6", v)
+			}
+			if v := version(t, pool, apipg.MigrationTable); v != 2 {
+				t.Errorf("API version %d, want 2", v)
+			}
+			store := apipg.New(pool)
+			if old {
+				c, ok, err := store.ClientByKey(ctx, api.HashKey("acme-key-0123456789"))
+				if err != nil || !ok || c.ID != "acme" || c.MaxOverdraft != 0 {
+					t.Fatalf("adopted client: got %+v %v %v, want acme with no overdraft", c, ok, err)
+				}
+				k, ok, err := store.Key(ctx, "acme", "k1")
+				if err != nil || !ok || k.Status != http.StatusCreated || string(k.Body) != `{"id":"eu-t1"}` {
+					t.Fatalf("adopted key: got %+v %v %v", k, ok, err)
+				}
+			}
+			if err := store.PutClient(ctx, api.RegisteredClient{ID: "beta", MaxOverdraft: 50}, "beta-key-0123456789"); err != nil {
+				t.Fatalf("put a client after the migration: %v", err)
+			}
+		})
+	}
+}
+
+// fixture is a region's database with both sets, its ledger (recording
+// first answers through apipg.Answers) and the API's store.
+func fixture(t *testing.T) (*ledgertest.Fixture, *apipg.Store) {
+	t.Helper()
+	pool, url := pgtest.MustDatabase(t, bothSets()...)
+	f := ledgertest.On(t, pool, url, func(c *ledgerpg.Config) { c.Answers = apipg.Answers{} })
+	return f, apipg.New(pool)
+}
+
+// TestStartKey: the first step of a transfer request claims a new key only
+// for the client's own source account, leaves an existing key to
+// ResolveKey, and reads the transfer the client's key already made.
+func TestStartKey(t *testing.T) {
+	f, store := fixture(t)
+	ctx := context.Background()
+	a, b := f.Account(t, "EUR", 100), f.Account(t, "EUR", 0)
+	start := func(client, key, source, id string) api.KeyStart {
+		t.Helper()
+		st, err := store.StartKey(ctx, api.KeyClaim{Client: client, Key: key, Fingerprint: []byte("fp"), TransferID: id,
+			Now: f.Clock.Now(), Lease: time.Minute, TTL: time.Hour}, source)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+
+	st := start("c1", "k1", a, "eu-t1")
+	if !st.SourceFound || st.Source.ID != a || !st.Claimed || st.Key.TransferID != "eu-t1" || !st.Key.InFlight || st.Prior.ID != "" {
+		t.Fatalf("a new key on an own account: %+v", st)
+	}
+	if st := start("c1", "k1", a, "eu-t2"); st.Claimed {
+		t.Fatalf("an existing key was claimed again: %+v", st)
+	}
+	if st := start("c2", "k2", a, "eu-t3"); st.Claimed || !st.SourceFound || st.Source.ClientID != "c1" {
+		t.Fatalf("another client's account: %+v", st)
+	}
+	if st := start("c1", "k3", "eu-nosuchaccount", "eu-t4"); st.Claimed || st.SourceFound {
+		t.Fatalf("a missing account: %+v", st)
+	}
+	if n := f.Count(t, `SELECT count(*) FROM idempotency_keys`); n != 1 {
+		t.Fatalf("%d keys, want only k1", n)
+	}
+	// A key whose transfer exists (its idempotency key expired and went).
+	cmd := f.Transfer(t, a, b, 10)
+	f.MustApply(t, cmd)
+	if st := start("c1", cmd.IdempotencyKey, a, "eu-t6"); !st.Claimed || st.Prior.ID != cmd.TransferID {
+		t.Fatalf("a key whose transfer exists: %+v", st)
+	}
+	if tr, ok, err := store.TransferByKey(ctx, "c1", cmd.IdempotencyKey); err != nil || !ok || tr.ID != cmd.TransferID {
+		t.Fatalf("TransferByKey: got %s %v %v, want %s", tr.ID, ok, err, cmd.TransferID)
+	}
+	if _, ok, err := store.TransferByKey(ctx, "c1", "no-such-key"); err != nil || ok {
+		t.Fatalf("TransferByKey of an unused key: got %v %v, want none", ok, err)
+	}
+}
+
+// TestAnswers: the ledger's apply transaction stores the API's rendering of
+// a request's result with its in-flight key, final unless a 202; a key
+// already answered (by the API) keeps its answer; a saga step answers
+// nothing.
+func TestAnswers(t *testing.T) {
+	f, store := fixture(t)
+	ctx := context.Background()
+	a, b := f.Account(t, "EUR", 100), f.Account(t, "EUR", 0)
+	claim := func(cmd ledger.Command) {
+		t.Helper()
+		if _, out, err := store.BeginKey(ctx, api.KeyClaim{Client: cmd.ClientID, Key: cmd.IdempotencyKey, Fingerprint: cmd.Fingerprint(),
+			TransferID: cmd.TransferID, Now: f.Clock.Now(), Lease: time.Minute, TTL: time.Hour}); err != nil || out != api.KeyNew {
+			t.Fatalf("claim: %v %v", out, err)
+		}
+	}
+	ok, over, answered := f.Transfer(t, a, b, 30), f.Transfer(t, a, b, 1000), f.Transfer(t, a, b, 5)
+	for _, c := range []ledger.Command{ok, over, answered} {
+		claim(c)
+	}
+	if _, err := store.Answer(ctx, "c1", answered.IdempotencyKey, http.StatusAccepted, []byte(`{"by":"api"}`), false); err != nil {
+		t.Fatal(err)
+	}
+	results := f.Apply(t, ok, over, answered)
+	for i, c := range []ledger.Command{ok, over} {
+		k, found, err := store.Key(ctx, "c1", c.IdempotencyKey)
+		if err != nil || !found {
+			t.Fatalf("key %s: %v %v", c.IdempotencyKey, found, err)
+		}
+		status, body := api.Respond(results[i])
+		if k.InFlight || !k.Final || k.Status != status || !bytes.Equal(k.Body, body) {
+			t.Errorf("key of %s: got %d %s (in flight %v, final %v), want final %d %s", c.TransferID, k.Status, k.Body, k.InFlight, k.Final, status, body)
+		}
+	}
+	if k, _, _ := store.Key(ctx, "c1", answered.IdempotencyKey); k.Status != http.StatusAccepted || string(k.Body) != `{"by":"api"}` {
+		t.Errorf("a key the API answered first: got %d %s, want its own answer kept", k.Status, k.Body)
+	}
+}
+
+// TestBeginKeyOutcomeUnknown cuts the connection while a new idempotency
+// key's insert is in flight (the trap is on its transfer ID, which only the
+// insert carries): once before the server ran it, once after it ran and
+// committed with the answer lost. Either way the caller gets the key as
+// new, with its own transfer ID: not a 409 for a key it holds itself.
+func TestBeginKeyOutcomeUnknown(t *testing.T) {
+	for _, mode := range []faultproxy.Mode{faultproxy.DropAfter, faultproxy.DropBefore} {
+		name := map[faultproxy.Mode]string{faultproxy.DropAfter: "InsertedThenCut", faultproxy.DropBefore: "CutBeforeInsert"}[mode]
+		t.Run(name, func(t *testing.T) {
+			store, proxy := proxiedStore(t)
+			ctx := context.Background()
+			now := time.Now()
+			c := api.KeyClaim{Client: "c1", Key: "k1", Fingerprint: []byte("fp"), TransferID: "eu-transfer-1", Now: now, Lease: time.Minute, TTL: time.Hour}
+			proxy.Trap([]byte("eu-transfer-1"), mode)
+			k, out, err := store.BeginKey(ctx, c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if proxy.Fired() != 1 {
+				t.Fatalf("the fault did not fire")
+			}
+			if out != api.KeyNew || k.TransferID != "eu-transfer-1" {
+				t.Fatalf("got %v with transfer %q, want a new key with eu-transfer-1", out, k.TransferID)
+			}
+			// The key is held: another request with it is told so.
+			c.TransferID = "eu-transfer-2"
+			if _, out, err := store.BeginKey(ctx, c); err != nil || out != api.KeyInFlight {
+				t.Fatalf("a second request: got %v, %v; want in flight", out, err)
+			}
+		})
+	}
+}
+
+// proxiedStore is an API store whose every connection runs through a fault
+// proxy in front of the test server.
+func proxiedStore(t *testing.T) (*apipg.Store, *faultproxy.Proxy) {
+	t.Helper()
+	_, url := pgtest.MustDatabase(t, apipg.Migrations())
+	proxy, err := faultproxy.New("127.0.0.1:5432")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := proxy.Addr()
+	var port uint16
+	if _, err := fmt.Sscanf(addr[strings.LastIndex(addr, ":")+1:], "%d", &port); err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = "127.0.0.1", port
+	cfg.ConnConfig.Fallbacks = nil
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return apipg.New(pool), proxy
+}

@@ -1,0 +1,152 @@
+package api
+
+import (
+	"context"
+	"crypto/sha256"
+	"time"
+
+	"github.com/paymesh/paymesh/services/ledger"
+)
+
+// Ledger is what the API asks of its region's ledger: open accounts and
+// read accounts, their change-log and transfers. services/ledger/postgres's
+// Store implements it.
+type Ledger interface {
+	// CreateAccount opens an account; it returns an *ledger.Error for an
+	// invalid request.
+	CreateAccount(ctx context.Context, n ledger.NewAccount) (ledger.Account, error)
+	// Account returns an account, or an *ledger.Error with
+	// ledger.CodeAccountNotFound.
+	Account(ctx context.Context, id string) (ledger.Account, error)
+	// PostingsPage returns up to limit change-log rows of an account with
+	// a version above after, in version order.
+	PostingsPage(ctx context.Context, accountID string, after int64, limit int) ([]ledger.Posting, error)
+	// Transfer returns a transfer, or an *ledger.Error with
+	// ledger.CodeNotFound.
+	Transfer(ctx context.Context, id string) (ledger.Transfer, error)
+	// TransferPostings returns a transfer's change-log rows in this region.
+	TransferPostings(ctx context.Context, transferID string) ([]ledger.Posting, error)
+}
+
+// Store is the API's own state in its region's database: its clients and
+// their idempotency keys. services/api/postgres's Store implements it.
+// Every method returns an error only when the database fails.
+type Store interface {
+	// Ping reports whether the database answers (GET /readyz).
+	Ping(ctx context.Context) error
+	// ClientByKey returns the client whose API key hashes to hash (see
+	// HashKey), or false.
+	ClientByKey(ctx context.Context, hash []byte) (RegisteredClient, bool, error)
+	// ClientByID returns a client, or false.
+	ClientByID(ctx context.Context, id string) (RegisteredClient, bool, error)
+	// StartKey is the first step of a transfer request, in one round
+	// trip: it reads the source account, claims the key as new only if
+	// the source is a customer account of the client, and reads the
+	// transfer the client's key already made (see KeyStart).
+	StartKey(ctx context.Context, c KeyClaim, source string) (KeyStart, error)
+	// ResolveKey locks the key's row and says what to do with it,
+	// claiming it when it is missing or expired (see KeyOutcome). It
+	// finds the caller's own claim (an insert whose answer was lost) by
+	// its transfer ID.
+	ResolveKey(ctx context.Context, c KeyClaim) (IdempotencyKey, KeyOutcome, error)
+	// TransferByKey returns the transfer a client's idempotency key made
+	// (the ledger's business key outlives the idempotency key), or false.
+	TransferByKey(ctx context.Context, client, key string) (ledger.Transfer, bool, error)
+	// Key reads an idempotency key, or false.
+	Key(ctx context.Context, client, key string) (IdempotencyKey, bool, error)
+	// AnsweredKeys returns, of the keys clients[i]/keys[i], those that are
+	// answered (no longer in flight).
+	AnsweredKeys(ctx context.Context, clients, keys []string) ([]IdempotencyKey, error)
+	// Answer stores the response the caller is about to send, unless one
+	// is already stored, and returns the key as stored: send what it
+	// holds. With replace set, a stored response that is not final yet
+	// (the ledger's provisional 202) is replaced. Either way the stored
+	// response becomes final.
+	Answer(ctx context.Context, client, key string, status int, body []byte, replace bool) (IdempotencyKey, error)
+	// DeleteExpiredKeys removes the keys whose retention ended before now
+	// and returns how many.
+	DeleteExpiredKeys(ctx context.Context, now time.Time) (int64, error)
+}
+
+// RegisteredClient is an API client as registered (paymesh client): who
+// may call the API with an API key, how often, and with how much overdraft.
+type RegisteredClient struct {
+	ID         string
+	Name       string
+	RatePerSec int
+	// MaxOverdraft is the most overdraft the client may give its accounts
+	// (their floor is at least -MaxOverdraft).
+	MaxOverdraft int64
+}
+
+// HashKey is how API keys are stored: their SHA-256. Keys are random and
+// long, so a fast hash is enough (no dictionary to attack).
+func HashKey(key string) []byte {
+	h := sha256.Sum256([]byte(key))
+	return h[:]
+}
+
+// IdempotencyKey is the stored state of one client's idempotency key.
+type IdempotencyKey struct {
+	ClientID, Key string
+	Fingerprint   []byte
+	TransferID    string
+	InFlight      bool
+	LeaseUntil    time.Time
+	// Status and Body are the stored response, once there is one; Final
+	// means it will not change any more.
+	Status    int
+	Body      []byte
+	Final     bool
+	CreatedAt time.Time
+	ExpiresAt time.Time
+}
+
+// KeyClaim is a request's claim on an idempotency key: a new or expired
+// key is taken for TransferID with a lease until Now+Lease, kept until
+// Now+TTL.
+type KeyClaim struct {
+	Client, Key string
+	// Fingerprint identifies the request's body: the same key with another
+	// fingerprint is KeyMismatch.
+	Fingerprint []byte
+	// TransferID is the ID the request's transfer gets if the key is new.
+	TransferID string
+	Now        time.Time
+	Lease, TTL time.Duration
+}
+
+// KeyOutcome is what a key claim found.
+type KeyOutcome int
+
+// Outcomes of a key claim.
+const (
+	// KeyNew: the key was free (or expired); the caller owns it now.
+	KeyNew KeyOutcome = iota + 1
+	// KeyTakenOver: the key was in flight under an expired lease (its
+	// holder died); the caller owns it now and must submit the same
+	// transfer again.
+	KeyTakenOver
+	// KeyReplay: the key has a stored response; return it.
+	KeyReplay
+	// KeyInFlight: another request holds the key right now.
+	KeyInFlight
+	// KeyMismatch: the key was used with a different request body.
+	KeyMismatch
+)
+
+// KeyStart is what StartKey found.
+type KeyStart struct {
+	// Source is the request's source account; SourceFound is false when
+	// it does not exist.
+	Source      ledger.Account
+	SourceFound bool
+	// Claimed is set when the key was new and is now claimed (Key); when
+	// it is not, and the source is the client's, the key exists:
+	// ResolveKey says what to do with it.
+	Claimed bool
+	Key     IdempotencyKey
+	// Prior is the transfer the client's key already made (its business
+	// key outlives the idempotency key); zero when there is none.
+	Prior ledger.Transfer
+}

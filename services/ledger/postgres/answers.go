@@ -1,0 +1,28 @@
+package postgres
+
+import (
+	"github.com/jackc/pgx/v5"
+
+	"github.com/paymesh/paymesh/services/ledger"
+)
+
+// Answers records, in the apply transaction, the first answer to the client
+// requests a batch settled, so that the answer is durable with the debit and
+// a repeat of the request gets it back unchanged. The API implements it
+// (services/api/postgres: it renders the HTTP response and stores it with
+// the request's idempotency key); the ledger only hands it the batch.
+type Answers interface {
+	// QueueAnswers queues its statements in b, the apply transaction's
+	// write batch, for the commands cmds whose outcomes are results
+	// (results[i] is cmds[i]'s). It must not send anything itself: its
+	// statements' errors abort the transaction.
+	QueueAnswers(b *pgx.Batch, cmds []ledger.Command, results []ledger.Result)
+}
+
+// queueResponses queues the first answers to the batch's client requests
+// (see Answers); without Answers nothing is recorded.
+func (s *Store) queueResponses(b *pgx.Batch, cmds []ledger.Command, results []ledger.Result) {
+	if s.cfg.Answers != nil {
+		s.cfg.Answers.QueueAnswers(b, cmds, results)
+	}
+}
