@@ -1,21 +1,23 @@
 // Package dedup is the consume-log that turns at-least-once delivery into
-// exactly-once effects. A consumer claims a message key inside the same
-// Postgres transaction as the message's effects, so the claim and the effects
-// commit or vanish together.
+// exactly-once effects. A consumer claims each message key inside the same
+// Postgres transaction as the message's effects (ClaimForTx, or
+// QueueClaimForTx to ride in the caller's pipelined batch), so the claim and
+// the effects commit or vanish together. The row is written PROCESSED at
+// once: nobody can see it before COMMIT anyway, and a concurrent claim of
+// the same key waits on the unique index, then sees PROCESSED (a Duplicate,
+// or a Conflict when the content differs) or nothing if the first
+// transaction rolled back. Release gives back the claims of messages a later
+// check found to be duplicates; IsMine reads a claim back when a COMMIT got
+// no answer.
 //
-// A row moves PROCESSING → PROCESSED (Complete). When the claim and the
-// effects share one transaction (ClaimForTx) the row is written PROCESSED at
-// once, since nobody can see it before COMMIT anyway: a concurrent claim of
-// the same key waits on the unique index and then sees PROCESSED, or nothing
-// if the first transaction rolled back. When the work cannot live in
-// the database transaction (a side effect elsewhere), Reserve commits the
-// PROCESSING row first with a lease and a fencing token. A row whose lease has
-// expired is taken over by the next claimer with a higher fence, and Complete
-// from the old holder then fails with ErrFenced.
+// Two of paymesh's dedup layers live here (Layer): the table, which is the
+// source of truth, and the optional Cache of recently committed keys, an
+// early-out for known duplicates that a miss always sends to the table.
 //
-// The optional Cache remembers recently committed keys. It is an early-out for
-// known duplicates, never the source of truth: a key missing from it always
-// goes to the table.
+// Work whose effects cannot share the database transaction needs a
+// PROCESSING row with a lease and takeover instead; paymesh keeps that
+// technique where it has such work, in the API's idempotency keys
+// (services/ledger/postgres, in_flight and lease_until).
 package dedup
 
 import (
@@ -38,7 +40,8 @@ type Querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
-// Beginner starts transactions; a *pgxpool.Pool satisfies it.
+// Beginner starts transactions; a *pgxpool.Pool satisfies it. IsMine uses
+// it to wait for a transaction still finishing on the server.
 type Beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
@@ -52,9 +55,6 @@ const (
 	// Duplicate means the key is already PROCESSED (or claimed earlier in the
 	// same batch): skip the message and ack it.
 	Duplicate
-	// InProgress means another holder has a live lease on the key: do not
-	// apply, and let the message be redelivered later.
-	InProgress
 	// Conflict means the key was processed for a message with a different
 	// fingerprint: the same key was reused for other content.
 	Conflict
@@ -66,8 +66,6 @@ func (o Outcome) String() string {
 		return "first"
 	case Duplicate:
 		return "duplicate"
-	case InProgress:
-		return "in_progress"
 	case Conflict:
 		return "conflict"
 	}
@@ -93,23 +91,17 @@ type Claim struct {
 	Outcome Outcome
 	// Layer says which layer answered a Duplicate or Conflict.
 	Layer Layer
-	// Fence is the fencing token of a First claim. Complete must present it.
-	Fence int64
-	// TakenOver is set when a First claim took over an expired lease.
-	TakenOver bool
 
-	day  time.Time
-	at   time.Time // claimed_at, which with holder and fence names this claim
-	done bool      // written PROCESSED at claim time (ClaimForTx)
+	day time.Time
+	at  time.Time // claimed_at, which with the holder names this claim
 }
 
-// Config tunes a Log. The zero value is usable: a one-minute lease, a
-// seven-day window, two days created ahead, the wall clock.
+// Config tunes a Log. The zero value is usable: a seven-day window, two
+// days created ahead, the wall clock.
 type Config struct {
-	// Holder names this claimer (process or worker) on the rows it claims.
+	// Holder names this claimer (process or worker) on the rows it claims;
+	// IsMine tells its claims from another holder's by it.
 	Holder string
-	// Lease is how long a committed PROCESSING row belongs to its holder.
-	Lease time.Duration
 	// WindowDays is how many days of partitions are kept, today included.
 	WindowDays int
 	// AheadDays is how many future days of partitions are created.
@@ -127,10 +119,6 @@ type Log struct {
 
 // Errors returned by the consume-log.
 var (
-	// ErrFenced is returned by Complete when a claim's fence is no longer the
-	// row's: its lease expired and another holder took the key over. The
-	// caller must roll back.
-	ErrFenced = errors.New("dedup: claim was fenced off by a newer holder")
 	// ErrLost is returned by a claim when a conflicting row vanished between
 	// the insert and the read (a concurrent retention drop). Retry.
 	ErrLost = errors.New("dedup: claimed row vanished; retry")
@@ -140,9 +128,6 @@ var (
 
 // New returns a Log with defaults filled in.
 func New(cfg Config) *Log {
-	if cfg.Lease <= 0 {
-		cfg.Lease = time.Minute
-	}
 	if cfg.WindowDays <= 0 {
 		cfg.WindowDays = 7
 	}
@@ -158,41 +143,15 @@ func New(cfg Config) *Log {
 	return &Log{cfg: cfg}
 }
 
-// Claim claims one key in the caller's transaction. See ClaimBatch.
-func (l *Log) Claim(ctx context.Context, tx Querier, consumer string, key Key) (Claim, error) {
-	cs, err := l.ClaimBatch(ctx, tx, consumer, []Key{key})
-	if err != nil {
-		return Claim{}, err
-	}
-	return cs[0], nil
-}
-
-// ClaimBatch claims keys for a consumer in the caller's transaction with one
-// multi-row insert, and answers each key in order. A key repeated within the
-// batch is a Duplicate of its first occurrence. Keys are inserted in sorted
-// order so concurrent batches cannot deadlock on each other's claims. It
-// returns ErrInvalidKey for an empty ID or zero origin, and any database
-// error, after which the transaction must be rolled back.
-func (l *Log) ClaimBatch(ctx context.Context, tx Querier, consumer string, keys []Key) ([]Claim, error) {
-	return l.claim(ctx, tx, consumer, keys, statusProcessing)
-}
-
-// ClaimForTx claims keys whose effects commit in this same transaction, as
-// ClaimBatch does, but writes the rows PROCESSED at once: no other
-// transaction can see them before COMMIT, when the effects become visible
-// too, so a PROCESSING step would only cost a second write of every row.
-// Complete is a no-op for these claims; Release still undoes them.
+// ClaimForTx claims keys for a consumer in the caller's transaction, whose
+// effects commit in this same transaction, with one multi-row insert, and
+// answers each key in order. A key repeated within the batch is a Duplicate
+// of its first occurrence. Keys are inserted in sorted order so concurrent
+// batches cannot deadlock on each other's claims. It returns ErrInvalidKey
+// for an empty ID or zero origin, and any database error, after which the
+// transaction must be rolled back.
 func (l *Log) ClaimForTx(ctx context.Context, tx Querier, consumer string, keys []Key) ([]Claim, error) {
-	return l.claim(ctx, tx, consumer, keys, statusProcessed)
-}
-
-const (
-	statusProcessing = "PROCESSING"
-	statusProcessed  = "PROCESSED"
-)
-
-func (l *Log) claim(ctx context.Context, tx Querier, consumer string, keys []Key, status string) ([]Claim, error) {
-	p, err := l.prepare(consumer, keys, status)
+	p, err := l.prepare(consumer, keys)
 	if err != nil {
 		return nil, err
 	}
@@ -208,12 +167,16 @@ func (l *Log) claim(ctx context.Context, tx Querier, consumer string, keys []Key
 	return p.Finish(ctx, tx)
 }
 
+// statusProcessed is the status of every row a claim writes. The schema
+// also allows PROCESSING, with a fence and a lease, for work outside the
+// transaction; no claim writes it any more (see the package doc).
+const statusProcessed = "PROCESSED"
+
 // PendingClaim is a claim whose insert rides in the caller's pipelined
 // batch (QueueClaimForTx), so that it costs no round trip of its own.
 type PendingClaim struct {
 	l        *Log
 	consumer string
-	status   string
 	now      time.Time
 	keys     []Key
 	claims   []Claim
@@ -229,7 +192,7 @@ type PendingClaim struct {
 // cache or an earlier copy in the batch settles are known at once
 // (Settled), so the caller need not read anything for them.
 func (l *Log) QueueClaimForTx(b *pgx.Batch, consumer string, keys []Key) (*PendingClaim, error) {
-	p, err := l.prepare(consumer, keys, statusProcessed)
+	p, err := l.prepare(consumer, keys)
 	if err != nil {
 		return nil, err
 	}
@@ -255,7 +218,7 @@ func (l *Log) SettledWithoutTable(consumer string, keys []Key) (claims []Claim, 
 	if fp, ok := l.cfg.Cache.get(consumer, keys[0].ID); !ok || !sameFingerprint(fp, keys[0].Fingerprint) {
 		return nil, false
 	}
-	p, err := l.prepare(consumer, keys, statusProcessed)
+	p, err := l.prepare(consumer, keys)
 	if err != nil || len(p.ask) > 0 {
 		return nil, false
 	}
@@ -268,6 +231,9 @@ func (p *PendingClaim) Settled(i int) bool {
 	return p.claims[i].Outcome != 0 || p.firstIdx[p.claims[i].Key.ID] != i
 }
 
+// claimSQL inserts the claims. The fence (1), holder and lease_until
+// columns are those of the schema's PROCESSING rows; a PROCESSED claim
+// writes its lease as its claim time.
 const claimSQL = `
 	INSERT INTO dedup_log (consumer, msg_key, origin_day, status, fence, holder, lease_until, fingerprint, claimed_at, processed_at)
 	SELECT $1, k.id, k.day, $8, 1, $2, $3, k.fp, $4, CASE WHEN $8 = 'PROCESSED' THEN $4::timestamptz END
@@ -278,9 +244,9 @@ const claimSQL = `
 
 // prepare settles what needs no table (invalid keys, repeats in the batch,
 // recent-cache hits) and lists, in key order, the keys to insert.
-func (l *Log) prepare(consumer string, keys []Key, status string) (*PendingClaim, error) {
+func (l *Log) prepare(consumer string, keys []Key) (*PendingClaim, error) {
 	now := l.cfg.Now().UTC().Truncate(time.Microsecond) // as Postgres stores it
-	p := &PendingClaim{l: l, consumer: consumer, status: status, now: now, keys: keys,
+	p := &PendingClaim{l: l, consumer: consumer, now: now, keys: keys,
 		claims: make([]Claim, len(keys)), firstIdx: make(map[string]int, len(keys))}
 	for i, k := range keys {
 		if k.ID == "" || k.Origin.IsZero() {
@@ -319,7 +285,7 @@ func (p *PendingClaim) insertArgs() []any {
 	for n, i := range p.ask {
 		ids[n], days[n], fps[n] = p.keys[i].ID, p.claims[i].day, p.keys[i].Fingerprint
 	}
-	return []any{p.consumer, p.l.cfg.Holder, p.now.Add(p.l.cfg.Lease), p.now, ids, days, fps, p.status}
+	return []any{p.consumer, p.l.cfg.Holder, p.now, p.now, ids, days, fps, statusProcessed}
 }
 
 func (p *PendingClaim) read(rows pgx.Rows) error {
@@ -332,9 +298,10 @@ func (p *PendingClaim) read(rows pgx.Rows) error {
 }
 
 // Finish returns the claims once the insert has run: a key the insert
-// skipped is resolved against the row already there (PROCESSED is a
-// duplicate, a live lease in progress, an expired lease taken over), which
-// costs one more statement only when some key was already known.
+// skipped is resolved against the row already there (a duplicate, or a
+// conflict when its fingerprint differs), which costs one more statement
+// only when some key was already known. It returns ErrLost when such a row
+// vanished meanwhile.
 func (p *PendingClaim) Finish(ctx context.Context, tx Querier) ([]Claim, error) {
 	if p.err != nil {
 		return nil, p.err
@@ -343,14 +310,12 @@ func (p *PendingClaim) Finish(ctx context.Context, tx Querier) ([]Claim, error) 
 		return p.claims, nil
 	}
 	won := make(map[string]bool, len(p.inserted))
-	done := p.status == statusProcessed
 	for _, id := range p.inserted {
 		won[id] = true
-		c := &p.claims[p.firstIdx[id]]
-		c.Outcome, c.Fence, c.done = First, 1, done
+		p.claims[p.firstIdx[id]].Outcome = First
 	}
 	if len(won) != len(p.ask) {
-		if err := p.l.resolveExisting(ctx, tx, p.consumer, p.now, p.status, p.claims, p.ask, won); err != nil {
+		if err := resolveExisting(ctx, tx, p.consumer, p.claims, p.ask, won); err != nil {
 			return nil, err
 		}
 	}
@@ -359,9 +324,8 @@ func (p *PendingClaim) Finish(ctx context.Context, tx Querier) ([]Claim, error) 
 }
 
 // resolveExisting answers the keys whose insert conflicted with a committed
-// row: PROCESSED is a duplicate, a live lease is in progress, an expired lease
-// is taken over with a higher fence.
-func (l *Log) resolveExisting(ctx context.Context, tx Querier, consumer string, now time.Time, status string, claims []Claim, ask []int, won map[string]bool) error {
+// row: a duplicate, or a conflict when the fingerprints differ.
+func resolveExisting(ctx context.Context, tx Querier, consumer string, claims []Claim, ask []int, won map[string]bool) error {
 	var ids []string
 	var days []time.Time
 	for _, i := range ask {
@@ -370,7 +334,7 @@ func (l *Log) resolveExisting(ctx context.Context, tx Querier, consumer string, 
 		}
 	}
 	rows, err := tx.Query(ctx, `
-		SELECT d.msg_key, d.status, d.fence, d.lease_until, d.fingerprint
+		SELECT d.msg_key, d.status, d.fingerprint
 		FROM dedup_log d
 		JOIN unnest($2::text[], $3::date[]) AS k(id, day) ON d.msg_key = k.id AND d.origin_day = k.day
 		WHERE d.consumer = $1`, consumer, ids, days)
@@ -379,26 +343,17 @@ func (l *Log) resolveExisting(ctx context.Context, tx Querier, consumer string, 
 	}
 	type existing struct {
 		status string
-		fence  int64
-		lease  time.Time
 		fp     []byte
 	}
 	found := map[string]existing{}
-	for rows.Next() {
-		var id string
-		var e existing
-		if err := rows.Scan(&id, &e.status, &e.fence, &e.lease, &e.fp); err != nil {
-			rows.Close()
-			return fmt.Errorf("dedup: read claims: %w", err)
-		}
+	var id string
+	var e existing
+	if _, err := pgx.ForEachRow(rows, []any{&id, &e.status, &e.fp}, func() error {
 		found[id] = e
-	}
-	if err := rows.Err(); err != nil {
+		return nil
+	}); err != nil {
 		return fmt.Errorf("dedup: read claims: %w", err)
 	}
-	var takeIDs []string
-	var takeDays []time.Time
-	var takeFences []int64
 	for _, i := range ask {
 		id := claims[i].Key.ID
 		if won[id] {
@@ -408,46 +363,15 @@ func (l *Log) resolveExisting(ctx context.Context, tx Querier, consumer string, 
 		switch {
 		case !ok:
 			return fmt.Errorf("%w: %s", ErrLost, id)
-		case e.status == "PROCESSED" && !sameFingerprint(e.fp, claims[i].Key.Fingerprint):
+		case e.status != statusProcessed:
+			return fmt.Errorf("dedup: key %s has a %s row, which no claim writes", id, e.status)
+		case !sameFingerprint(e.fp, claims[i].Key.Fingerprint):
 			claims[i].Outcome, claims[i].Layer = Conflict, LayerTable
-		case e.status == "PROCESSED":
-			claims[i].Outcome, claims[i].Layer = Duplicate, LayerTable
-		case e.lease.After(now):
-			claims[i].Outcome = InProgress
 		default:
-			takeIDs, takeDays, takeFences = append(takeIDs, id), append(takeDays, claims[i].day), append(takeFences, e.fence)
-			claims[i].Outcome = InProgress // until the takeover below succeeds
+			claims[i].Outcome, claims[i].Layer = Duplicate, LayerTable
 		}
 	}
-	if len(takeIDs) == 0 {
-		return nil
-	}
-	rows, err = tx.Query(ctx, `
-		UPDATE dedup_log d SET fence = d.fence + 1, holder = $2, lease_until = $3, claimed_at = $4, status = $8,
-		       processed_at = CASE WHEN $8 = 'PROCESSED' THEN $4::timestamptz END
-		FROM unnest($5::text[], $6::date[], $7::bigint[]) AS k(id, day, fence)
-		WHERE d.consumer = $1 AND d.msg_key = k.id AND d.origin_day = k.day AND d.fence = k.fence
-		  AND d.status = 'PROCESSING' AND d.lease_until <= $4
-		RETURNING d.msg_key, d.fence`,
-		consumer, l.cfg.Holder, now.Add(l.cfg.Lease), now, takeIDs, takeDays, takeFences, status)
-	if err != nil {
-		return fmt.Errorf("dedup: take over: %w", err)
-	}
-	idx := map[string]int{}
-	for _, i := range ask {
-		idx[claims[i].Key.ID] = i
-	}
-	for rows.Next() {
-		var id string
-		var fence int64
-		if err := rows.Scan(&id, &fence); err != nil {
-			rows.Close()
-			return fmt.Errorf("dedup: take over: %w", err)
-		}
-		c := &claims[idx[id]]
-		c.Outcome, c.Fence, c.TakenOver, c.done = First, fence, true, status == statusProcessed
-	}
-	return rows.Err()
+	return nil
 }
 
 // settleRepeats makes a key repeated in the batch follow its first
@@ -462,35 +386,6 @@ func (l *Log) settleRepeats(claims []Claim, firstIdx map[string]int) {
 			claims[i].Layer = claims[j].Layer
 		}
 	}
-}
-
-// Complete moves First claims from PROCESSING to PROCESSED in the caller's
-// transaction, checking each fence. If any claim was fenced off it returns
-// ErrFenced with the count, and the caller must roll back.
-func (l *Log) Complete(ctx context.Context, tx Querier, consumer string, claims []Claim) error {
-	var pending []Claim
-	for _, c := range claims {
-		if !c.done {
-			pending = append(pending, c)
-		}
-	}
-	ids, days, fences := firstClaims(pending)
-	if len(ids) == 0 {
-		return nil
-	}
-	tag, err := tx.Exec(ctx, `
-		UPDATE dedup_log d SET status = 'PROCESSED', processed_at = $2
-		FROM unnest($3::text[], $4::date[], $5::bigint[]) AS k(id, day, fence)
-		WHERE d.consumer = $1 AND d.msg_key = k.id AND d.origin_day = k.day
-		  AND d.fence = k.fence AND d.status = 'PROCESSING'`,
-		consumer, l.cfg.Now(), ids, days, fences)
-	if err != nil {
-		return fmt.Errorf("dedup: complete: %w", err)
-	}
-	if n := tag.RowsAffected(); n != int64(len(ids)) {
-		return fmt.Errorf("%w: %d of %d claims", ErrFenced, int64(len(ids))-n, len(ids))
-	}
-	return nil
 }
 
 // Release deletes First claims in the caller's transaction, for messages a
@@ -525,50 +420,8 @@ func (l *Log) Committed(consumer string, claims []Claim) {
 	}
 }
 
-// Reserve claims a key in a transaction of its own and commits the
-// PROCESSING row with a lease, for work whose effects cannot share the
-// database transaction. The returned First claim must later be passed to
-// Complete (in the transaction that records the outcome) before the lease
-// expires; after that another holder may take the key over.
-func (l *Log) Reserve(ctx context.Context, db Beginner, consumer string, key Key) (Claim, error) {
-	tx, err := db.Begin(ctx)
-	if err != nil {
-		return Claim{}, fmt.Errorf("dedup: reserve: %w", err)
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck // rollback after commit is a no-op
-	c, err := l.Claim(ctx, tx, consumer, key)
-	if err != nil {
-		return Claim{}, err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return Claim{}, fmt.Errorf("dedup: reserve: %w", err)
-	}
-	return c, nil
-}
-
-// Status reads the row of a key: its status ("" when absent) and fence. It is
-// how a caller resolves a commit whose outcome is unknown.
-func (l *Log) Status(ctx context.Context, q Querier, consumer string, key Key) (status string, fence int64, err error) {
-	rows, err := q.Query(ctx, `SELECT status, fence FROM dedup_log WHERE consumer = $1 AND msg_key = $2 AND origin_day = $3`,
-		consumer, key.ID, l.dayFor(key.Origin, l.cfg.Now()))
-	if err != nil {
-		return "", 0, fmt.Errorf("dedup: status: %w", err)
-	}
-	defer rows.Close()
-	if rows.Next() {
-		err = rows.Scan(&status, &fence)
-	}
-	if err == nil {
-		err = rows.Err()
-	}
-	if err != nil {
-		return "", 0, fmt.Errorf("dedup: status: %w", err)
-	}
-	return status, fence, nil
-}
-
 // IsMine reports whether claim c committed: its row is PROCESSED and still
-// carries this holder, c's fence and c's claim time. It is how a caller
+// carries this holder and c's claim time. It is how a caller
 // resolves a COMMIT whose outcome it could not see; another holder's
 // commit of the same key does not count.
 //
@@ -582,7 +435,7 @@ func (l *Log) IsMine(ctx context.Context, q Querier, consumer string, c Claim) (
 		SELECT count(*) FROM dedup_log
 		WHERE consumer = $1 AND msg_key = $2 AND origin_day = $3
 		  AND status = 'PROCESSED' AND holder = $4 AND fence = $5 AND claimed_at = $6`
-	args := []any{consumer, c.Key.ID, c.day, l.cfg.Holder, c.Fence, c.at}
+	args := []any{consumer, c.Key.ID, c.day, l.cfg.Holder, claimFence, c.at}
 	read := func(q Querier) (bool, error) {
 		rows, err := q.Query(ctx, mine, args...)
 		if err != nil {
@@ -642,10 +495,13 @@ func day(t time.Time) time.Time {
 	return time.Date(y, m, d, 0, 0, 0, 0, time.UTC)
 }
 
+// claimFence is the fence column of every row a claim writes.
+const claimFence = 1
+
 func firstClaims(claims []Claim) (ids []string, days []time.Time, fences []int64) {
 	for _, c := range claims {
 		if c.Outcome == First {
-			ids, days, fences = append(ids, c.Key.ID), append(days, c.day), append(fences, c.Fence)
+			ids, days, fences = append(ids, c.Key.ID), append(days, c.day), append(fences, claimFence)
 		}
 	}
 	return ids, days, fences

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -49,12 +48,9 @@ func claimTx(tb testing.TB, l *dedup.Log, pool *pgxpool.Pool, keys ...dedup.Key)
 	ctx := context.Background()
 	var out []dedup.Claim
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		cs, err := l.ClaimBatch(ctx, tx, "c", keys)
-		if err != nil {
-			return err
-		}
+		cs, err := l.ClaimForTx(ctx, tx, "c", keys)
 		out = cs
-		return l.Complete(ctx, tx, "c", cs)
+		return err
 	})
 	if err != nil {
 		tb.Fatalf("claim: %v", err)
@@ -77,8 +73,8 @@ func TestClaim(t *testing.T) {
 
 	t.Run("First", func(t *testing.T) {
 		c := claimTx(t, l, pool, k)[0]
-		if c.Outcome != dedup.First || c.Fence != 1 {
-			t.Fatalf("got %v fence %d, want first fence 1", c.Outcome, c.Fence)
+		if c.Outcome != dedup.First {
+			t.Fatalf("got %v, want first", c.Outcome)
 		}
 	})
 	t.Run("DuplicateAfterCommit", func(t *testing.T) {
@@ -104,7 +100,7 @@ func TestClaim(t *testing.T) {
 	t.Run("ErrInvalidKey", func(t *testing.T) {
 		for _, bad := range []dedup.Key{{ID: "", Origin: now}, {ID: "x"}} {
 			err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
-				_, err := l.Claim(context.Background(), tx, "c", bad)
+				_, err := l.ClaimForTx(context.Background(), tx, "c", []dedup.Key{bad})
 				return err
 			})
 			if !errors.Is(err, dedup.ErrInvalidKey) {
@@ -118,8 +114,8 @@ func TestClaim(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if c, err := l.Claim(ctx, tx, "c", dedup.Key{ID: "m9", Origin: now}); err != nil || c.Outcome != dedup.First {
-			t.Fatalf("got %v %v, want first", c.Outcome, err)
+		if cs, err := l.ClaimForTx(ctx, tx, "c", []dedup.Key{{ID: "m9", Origin: now}}); err != nil || cs[0].Outcome != dedup.First {
+			t.Fatalf("got %v %v, want first", cs, err)
 		}
 		_ = tx.Rollback(ctx)
 		if c := claimTx(t, l, pool, dedup.Key{ID: "m9", Origin: now})[0]; c.Outcome != dedup.First {
@@ -128,9 +124,9 @@ func TestClaim(t *testing.T) {
 	})
 }
 
-// TestConcurrentClaimWaits shows the in-transaction mode: a second claimer of
-// a key that is claimed by an open transaction waits for it, then sees the
-// key PROCESSED (first committed) or gets it (first rolled back).
+// TestConcurrentClaimWaits: a second claimer of a key that is claimed by an
+// open transaction waits for it, then sees the key PROCESSED (first
+// committed) or gets it (first rolled back).
 func TestConcurrentClaimWaits(t *testing.T) {
 	for _, commit := range []bool{true, false} {
 		name := map[bool]string{true: "FirstCommits", false: "FirstRollsBack"}[commit]
@@ -142,19 +138,20 @@ func TestConcurrentClaimWaits(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			c1, err := l.Claim(ctx, tx1, "c", k)
-			if err != nil || c1.Outcome != dedup.First {
-				t.Fatalf("tx1: got %v %v", c1.Outcome, err)
+			c1, err := l.ClaimForTx(ctx, tx1, "c", []dedup.Key{k})
+			if err != nil || c1[0].Outcome != dedup.First {
+				t.Fatalf("tx1: got %v %v", c1, err)
 			}
 			done := make(chan dedup.Claim)
 			go func() {
 				var c dedup.Claim
 				_ = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-					c, err = l.Claim(ctx, tx, "c", k)
+					cs, err := l.ClaimForTx(ctx, tx, "c", []dedup.Key{k})
 					if err != nil {
 						return err
 					}
-					return l.Complete(ctx, tx, "c", []dedup.Claim{c})
+					c = cs[0]
+					return nil
 				})
 				done <- c
 			}()
@@ -164,9 +161,6 @@ func TestConcurrentClaimWaits(t *testing.T) {
 			case <-time.After(300 * time.Millisecond):
 			}
 			if commit {
-				if err := l.Complete(ctx, tx1, "c", []dedup.Claim{c1}); err != nil {
-					t.Fatal(err)
-				}
 				if err := tx1.Commit(ctx); err != nil {
 					t.Fatal(err)
 				}
@@ -179,54 +173,6 @@ func TestConcurrentClaimWaits(t *testing.T) {
 				t.Fatalf("second claim got %v, want %v", c2.Outcome, want)
 			}
 		})
-	}
-}
-
-// TestLeaseAndFencing covers the reserve mode: a committed PROCESSING row is
-// in progress while its lease lives, is taken over with a higher fence after
-// it expires, and the old holder's late Complete is fenced off.
-func TestLeaseAndFencing(t *testing.T) {
-	ctx := context.Background()
-	pool, _ := pgtest.MustDatabase(t, pgdb.Migration{FS: dedup.Migrations(), Table: dedup.MigrationTable})
-	clk := &clock{t: time.Now().UTC()}
-	old := dedup.New(dedup.Config{Holder: "old", Lease: 10 * time.Second, Now: clk.Now})
-	next := dedup.New(dedup.Config{Holder: "new", Lease: 10 * time.Second, Now: clk.Now})
-	if _, err := old.Maintain(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
-	k := dedup.Key{ID: "job-1", Origin: clk.Now()}
-
-	c1, err := old.Reserve(ctx, pool, "c", k)
-	if err != nil || c1.Outcome != dedup.First || c1.Fence != 1 {
-		t.Fatalf("reserve: got %v fence %d err %v", c1.Outcome, c1.Fence, err)
-	}
-	if c, err := next.Reserve(ctx, pool, "c", k); err != nil || c.Outcome != dedup.InProgress {
-		t.Fatalf("live lease: got %v %v, want in_progress", c.Outcome, err)
-	}
-	clk.Step(11 * time.Second)
-	c2, err := next.Reserve(ctx, pool, "c", k)
-	if err != nil || c2.Outcome != dedup.First || !c2.TakenOver || c2.Fence != 2 {
-		t.Fatalf("expired lease: got %v takenOver=%v fence %d err %v, want first taken over with fence 2", c2.Outcome, c2.TakenOver, c2.Fence, err)
-	}
-
-	// The old holder wakes up and tries to commit its work: fenced off.
-	var effects atomic.Int64
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		effects.Add(1)
-		return old.Complete(ctx, tx, "c", []dedup.Claim{c1})
-	})
-	if !errors.Is(err, dedup.ErrFenced) {
-		t.Fatalf("late complete: got %v, want ErrFenced", err)
-	}
-	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return next.Complete(ctx, tx, "c", []dedup.Claim{c2}) }); err != nil {
-		t.Fatalf("new holder complete: %v", err)
-	}
-	if c, err := old.Reserve(ctx, pool, "c", k); err != nil || c.Outcome != dedup.Duplicate {
-		t.Fatalf("after completion: got %v %v, want duplicate", c.Outcome, err)
-	}
-	status, fence, err := old.Status(ctx, pool, "c", k)
-	if err != nil || status != "PROCESSED" || fence != 2 {
-		t.Fatalf("status: got %q fence %d err %v, want PROCESSED fence 2", status, fence, err)
 	}
 }
 
@@ -259,7 +205,7 @@ func TestCache(t *testing.T) {
 	}
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		ct := &countingTx{Tx: tx}
-		cs, err := l.ClaimBatch(ctx, ct, "c", ks[1:])
+		cs, err := l.ClaimForTx(ctx, ct, "c", ks[1:])
 		if err != nil {
 			return err
 		}
@@ -272,9 +218,9 @@ func TestCache(t *testing.T) {
 			t.Errorf("cache hits ran %d statements, want 0", ct.n)
 		}
 		// "a" was evicted: the table, not the cache, answers.
-		c, err := l.Claim(ctx, ct, "c", ks[0])
-		if err != nil || c.Outcome != dedup.Duplicate || c.Layer != dedup.LayerTable {
-			t.Errorf("evicted key: got %v/%s %v, want duplicate/dedup_table", c.Outcome, c.Layer, err)
+		cs, err = l.ClaimForTx(ctx, ct, "c", ks[:1])
+		if err != nil || cs[0].Outcome != dedup.Duplicate || cs[0].Layer != dedup.LayerTable {
+			t.Errorf("evicted key: got %v %v, want duplicate/dedup_table", cs, err)
 		}
 		return nil
 	})
@@ -342,7 +288,7 @@ func TestRetentionDoesNotBlockClaims(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer open.Rollback(ctx) //nolint:errcheck
-	if _, err := l.Claim(ctx, open, "c", dedup.Key{ID: "held", Origin: old}); err != nil {
+	if _, err := l.ClaimForTx(ctx, open, "c", []dedup.Key{{ID: "held", Origin: old}}); err != nil {
 		t.Fatal(err)
 	}
 	clk.Step(3 * 24 * time.Hour) // today's partition is now expired
@@ -368,30 +314,40 @@ func TestRetentionDoesNotBlockClaims(t *testing.T) {
 	}
 }
 
-// TestClaimForTx: rows claimed for the same transaction are PROCESSED at
-// once (Complete has nothing to do) and still answer later claims.
+// TestClaimForTx: a claim's row is PROCESSED once its transaction commits
+// (no second write), and answers later claims.
 func TestClaimForTx(t *testing.T) {
 	l, pool, _ := mustLog(t, dedup.Config{})
 	ctx := context.Background()
 	k := dedup.Key{ID: "tx-1", Origin: time.Now()}
+	if c := claimTx(t, l, pool, k)[0]; c.Outcome != dedup.First {
+		t.Fatalf("claim: got %v, want first", c.Outcome)
+	}
+	var status string
+	if err := pool.QueryRow(ctx, `SELECT status FROM dedup_log WHERE consumer = 'c' AND msg_key = $1`, k.ID).Scan(&status); err != nil || status != "PROCESSED" {
+		t.Fatalf("status: got %q %v, want PROCESSED", status, err)
+	}
+	if c := claimTx(t, l, pool, k)[0]; c.Outcome != dedup.Duplicate {
+		t.Fatalf("second claim: got %v, want duplicate", c.Outcome)
+	}
+}
+
+// TestRelease: a released claim leaves no row, so the key is claimed again.
+func TestRelease(t *testing.T) {
+	l, pool, _ := mustLog(t, dedup.Config{})
+	ctx := context.Background()
+	k := dedup.Key{ID: "rel-1", Origin: time.Now()}
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		cs, err := l.ClaimForTx(ctx, tx, "c", []dedup.Key{k})
-		if err != nil || cs[0].Outcome != dedup.First {
-			t.Fatalf("claim: got %v %v", cs, err)
+		if err != nil {
+			return err
 		}
-		ct := &countingTx{Tx: tx}
-		if err := l.Complete(ctx, ct, "c", cs); err != nil || ct.n != 0 {
-			t.Fatalf("complete: %v after %d statements, want a no-op", err, ct.n)
-		}
-		return nil
+		return l.Release(ctx, tx, "c", cs)
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st, _, err := l.Status(ctx, pool, "c", k); err != nil || st != "PROCESSED" {
-		t.Fatalf("status: got %q %v, want PROCESSED", st, err)
-	}
-	if c := claimTx(t, l, pool, k)[0]; c.Outcome != dedup.Duplicate {
-		t.Fatalf("second claim: got %v, want duplicate", c.Outcome)
+	if c := claimTx(t, l, pool, k)[0]; c.Outcome != dedup.First {
+		t.Fatalf("after release: got %v, want first", c.Outcome)
 	}
 }

@@ -60,9 +60,6 @@ type Batch struct {
 	// Issuance and Transit map a currency to this region's issuance and
 	// transit account IDs.
 	Issuance, Transit map[string]string
-	// Bugs are the fault-injection suite's deliberate bugs (tests only);
-	// Plan reads DropStateCAS.
-	Bugs Bugs
 }
 
 // Plan applies cmds in order and returns the writes; the Batch is not
@@ -224,9 +221,6 @@ func (w *work) settle(c Command) Outcome {
 		ev, done = EventRefund, StatusRefunded
 	}
 	next, err := Next(t.Status, ev)
-	if w.Bugs.DropStateCAS { // deliberate bug, tests only: any status takes the step
-		next, err = done, nil
-	}
 	if err != nil {
 		if t.Status == done {
 			return Outcome{Transfer: *t, Result: Duplicate}

@@ -93,7 +93,7 @@ type Stats struct {
 
 // LayerTopic is a dedup layer and a topic: what duplicates are counted by.
 type LayerTopic struct {
-	Layer string
+	Layer Layer
 	Topic Topic
 }
 
@@ -116,7 +116,7 @@ func (s *Stats) DeliveriesByTopic() map[Topic]int64 {
 }
 
 // Duplicate counts one duplicate of topic t caught by layer.
-func (s *Stats) Duplicate(layer string, t Topic) {
+func (s *Stats) Duplicate(layer Layer, t Topic) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.dups == nil {
@@ -131,7 +131,7 @@ func (s *Stats) Duplicates() map[string]int64 {
 	defer s.mu.Unlock()
 	out := map[string]int64{}
 	for k, n := range s.dups {
-		out[k.Layer] += n
+		out[string(k.Layer)] += n
 	}
 	return out
 }

@@ -176,7 +176,7 @@ type Result struct {
 	Transfer Transfer // for Applied, Rejected and business-key duplicates
 	Credit   *Credit  // for an applied credit step
 	Err      *Error   // the reason for Rejected, Conflict and Invalid
-	Layer    string   // the dedup layer that caught a Duplicate or Conflict
+	Layer    Layer    // the dedup layer that caught a Duplicate or Conflict
 	// DeadLetter is set when the command goes to the dead-letter stream:
 	// it can never apply as sent.
 	DeadLetter bool

@@ -23,7 +23,6 @@ import (
 	"go.opentelemetry.io/otel/metric/noop"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
-	"github.com/paymesh/paymesh/pkg/dedup"
 	"github.com/paymesh/paymesh/services/ledger"
 	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
@@ -157,12 +156,12 @@ func (m *Metrics) ObserveLedger(region, stream string, st *ledger.Stats) error {
 		simple("paymesh.state.stale.versions", "Compare-and-set refused on a stale version.", st.StaleVersions.Load),
 		{"paymesh.duplicates", "Duplicates caught, by the layer that caught them and the topic they arrived on.", func(o metric.Observer, c metric.Int64ObservableCounter) {
 			dups := st.DuplicatesByTopic()
-			for _, l := range dedup.Layers {
+			for _, l := range ledger.Layers {
 				for _, t := range ledger.Topics {
 					if t == ledger.TopicUnknown {
 						continue // a message that does not decode is dead-lettered, never a duplicate
 					}
-					o.ObserveInt64(c, dups[ledger.LayerTopic{Layer: string(l), Topic: t}],
+					o.ObserveInt64(c, dups[ledger.LayerTopic{Layer: l, Topic: t}],
 						with(attribute.String("layer", string(l)), attribute.String("topic", t.String())))
 				}
 			}
@@ -190,7 +189,7 @@ func (m *Metrics) ObserveRouter(region string, st *router.Stats) error {
 		return metric.WithAttributes(append([]attribute.KeyValue{attribute.String("region", region), attribute.String("stage", stage),
 			attribute.String("topic", topic)}, kv...)...)
 	}
-	msgID := attribute.String("layer", string(dedup.LayerMsgID))
+	msgID := attribute.String("layer", string(ledger.LayerMsgID))
 	topic := func(t string) metric.MeasurementOption {
 		return metric.WithAttributes(attribute.String("region", region), attribute.String("topic", t))
 	}
@@ -298,14 +297,14 @@ func (m *Metrics) ObserveStore(region string, store *postgres.Store) error {
 }
 
 // ObserveAPI exports the API's idempotency outcomes: the duplicates the
-// HTTP layer (dedup.LayerIdempotencyKey) caught, all of the transfer
+// HTTP layer (ledger.LayerIdempotencyKey) caught, all of the transfer
 // topic, the only request that takes an Idempotency-Key. The counters are
 // api.Stats' (Replays, Mismatches, InFlight), taken one by one so that
 // what imports telemetry (every service) does not link the HTTP API.
 func (m *Metrics) ObserveAPI(region string, replays, mismatches, inFlight *atomic.Int64) error {
 	at := func(outcome string) metric.MeasurementOption {
 		return metric.WithAttributes(attribute.String("region", region), attribute.String("outcome", outcome),
-			attribute.String("layer", string(dedup.LayerIdempotencyKey)), attribute.String("topic", ledger.TopicTransfer.String()))
+			attribute.String("layer", string(ledger.LayerIdempotencyKey)), attribute.String("topic", ledger.TopicTransfer.String()))
 	}
 	return m.observe("paymesh/api", []counter{
 		{"paymesh.idempotency.keys", "Repeated Idempotency-Keys: replays, reuse with another body (422), repeats in flight (409).", func(o metric.Observer, c metric.Int64ObservableCounter) {

@@ -5,6 +5,7 @@ import (
 
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
 	"github.com/paymesh/paymesh/services/api"
+	"github.com/paymesh/paymesh/services/ledger/postgres"
 	"github.com/paymesh/paymesh/services/ledger/server"
 	routerserver "github.com/paymesh/paymesh/services/router/server"
 )
@@ -44,13 +45,19 @@ func (b bugs) install(c *cluster.Config) {
 	}
 
 	// Scenario 3.
-	c.Bugs.SeenBeforeCommit = b.SeenBeforeCommit
+	if b.SeenBeforeCommit {
+		wrapConsumeLog(c, func(l postgres.ConsumeLog) postgres.ConsumeLog { return seenBeforeCommit{l} })
+	}
 
-	// Scenario 4.
-	c.Bugs.DedupByTransferID = b.DedupByTransferID
+	// Scenario 4 (with Config.dropBusinessKey).
+	if b.DedupByTransferID {
+		onLedger(c, func(lc *server.Config) { lc.RequestKey = keyByTransferID })
+	}
 
 	// Scenario 5.
-	c.Bugs.AssumeCommitted = b.AssumeCommitted
+	if b.AssumeCommitted {
+		wrapConsumeLog(c, func(l postgres.ConsumeLog) postgres.ConsumeLog { return assumeCommitted{l} })
+	}
 
 	// Scenario 7.
 	if b.RelayIgnoresPubAck {

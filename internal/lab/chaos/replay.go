@@ -39,7 +39,7 @@ func checkReplay(ctx context.Context, c *cluster.Cluster) (Check, error) {
 			return chk, err
 		}
 		store := postgres.New(r.Ledger.Store.Pool(), postgres.Config{Region: n, IDs: gen, Regions: c.IDs(),
-			Dedup: dedup.New(dedup.Config{Holder: "chaos-replay/" + n, Lease: 30 * time.Second}), Answers: apipg.Answers{}})
+			Dedup: dedup.New(dedup.Config{Holder: "chaos-replay/" + n}), Answers: apipg.Answers{}})
 		cmds, err := readStream(ctx, r.Ledger.JetStream(), r.Ledger.Topo.Stream())
 		if err != nil {
 			return chk, err

@@ -6,7 +6,7 @@ import (
 	"slices"
 
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
-	"github.com/paymesh/paymesh/pkg/dedup"
+	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 )
 
@@ -34,9 +34,9 @@ func (s ClusterSource) Sample(ctx context.Context) (map[string]RegionSample, err
 		if dups == nil {
 			dups = map[string]int64{}
 		}
-		dups[string(dedup.LayerMsgID)] += rs.DuplicateSubmits.Load() + rs.ForwardDuplicates.Load() + rs.RelayDuplicates.Load()
+		dups[string(ledger.LayerMsgID)] += rs.DuplicateSubmits.Load() + rs.ForwardDuplicates.Load() + rs.RelayDuplicates.Load()
 		if r.API != nil {
-			dups[string(dedup.LayerIdempotencyKey)] += r.API.Stats.Replays.Load()
+			dups[string(ledger.LayerIdempotencyKey)] += r.API.Stats.Replays.Load()
 		}
 		out[name] = RegionSample{Applied: st.Applied.Load(), Deliveries: st.Deliveries.Load(), Redeliveries: st.Redeliveries.Load(),
 			DeadLetters: st.DeadLettered.Load(), InTransit: n, Duplicates: dups}

@@ -32,7 +32,6 @@ import (
 	"github.com/paymesh/paymesh/internal/testbed/faultproxy"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/internal/testbed/pgserver"
-	"github.com/paymesh/paymesh/pkg/dedup"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/api"
 	"github.com/paymesh/paymesh/services/ledger"
@@ -629,7 +628,7 @@ func (d *driver) sendHTTP(ctx context.Context, via string, cmd ledger.Command) e
 		d.mu.Lock()
 		d.injected["HTTP retry (same Idempotency-Key, any region)"]++
 		if again.Replayed {
-			d.caught[string(dedup.LayerIdempotencyKey)]++
+			d.caught[string(ledger.LayerIdempotencyKey)]++
 		}
 		d.mu.Unlock()
 	}
@@ -683,7 +682,7 @@ func (d *driver) progress(final bool) {
 			layers[k] += v
 		}
 		rs := r.Router.Stats()
-		layers[string(dedup.LayerMsgID)] += rs.DuplicateSubmits.Load() + rs.ForwardDuplicates.Load() + rs.RelayDuplicates.Load()
+		layers[string(ledger.LayerMsgID)] += rs.DuplicateSubmits.Load() + rs.ForwardDuplicates.Load() + rs.RelayDuplicates.Load()
 	}
 	var dups []string
 	for _, k := range sortedKeys(layers) {
@@ -724,7 +723,7 @@ func (d *driver) report(ctx context.Context, elapsed time.Duration) Report {
 			rep.Caught[k] += v
 		}
 		rs := r.Router.Stats()
-		rep.Caught[string(dedup.LayerMsgID)] += rs.DuplicateSubmits.Load() + rs.ForwardDuplicates.Load() + rs.RelayDuplicates.Load()
+		rep.Caught[string(ledger.LayerMsgID)] += rs.DuplicateSubmits.Load() + rs.ForwardDuplicates.Load() + rs.RelayDuplicates.Load()
 		rep.Injected["router re-publish (same Nats-Msg-Id)"] += rs.Injected.Load()
 		var recorded int64
 		_ = r.Ledger.Store.Pool().QueryRow(ctx, `SELECT count(*) FROM transfers`).Scan(&recorded)

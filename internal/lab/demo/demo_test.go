@@ -20,7 +20,7 @@ import (
 	"github.com/paymesh/paymesh/internal/testbed/pgtest"
 	"github.com/paymesh/paymesh/internal/testbed/promcheck"
 	"github.com/paymesh/paymesh/internal/testbed/promcheck/promchecktest"
-	"github.com/paymesh/paymesh/pkg/dedup"
+	"github.com/paymesh/paymesh/services/ledger"
 )
 
 // TestDemoWithoutFaultsCountsExactly also runs with Prometheus on auto
@@ -112,7 +112,7 @@ func TestDemoPasses(t *testing.T) {
 	if !rep.OK() {
 		t.Fatalf("demo failed:\n%s", out.String())
 	}
-	for _, l := range []dedup.Layer{dedup.LayerMsgID, dedup.LayerIdempotencyKey} {
+	for _, l := range []ledger.Layer{ledger.LayerMsgID, ledger.LayerIdempotencyKey} {
 		if rep.Caught[string(l)] == 0 {
 			t.Errorf("no duplicates caught by %s: %v", l, rep.Caught)
 		}

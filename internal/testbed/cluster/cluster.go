@@ -56,10 +56,6 @@ type Config struct {
 	// COMMIT (a failpoint: an error aborts the transaction, as a crash
 	// would).
 	BeforeCommit func(ctx context.Context) error
-	// Bugs are deliberate bugs for the fault-injection suite's tests only
-	// (see ledger.Bugs), passed to the ledger, the router and the API; the
-	// zero value is the correct ledger, router and API.
-	Bugs ledger.Bugs
 	// Ledger, Router and API, if set, change a region's service
 	// configuration just before the service opens: a test installs its own
 	// hooks and decorators through the services' seams here.
@@ -212,7 +208,7 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) (err error) {
 	lcfg := server.Config{
 		Region: r.Name, Regions: c.ids, Node: 1, PostgresURL: r.URL, NATSURL: url, NATSUser: lu.Name, NATSPassword: lu.Password, Workers: 2,
 		BatchSize: c.cfg.BatchSize, AckWait: c.cfg.AckWait, MaxDeliver: 1000, Shards: c.cfg.Shards, DuplicateWindow: c.cfg.DuplicateWindow,
-		CacheSize: 10_000, AfterCommit: afterCommit, BeforeCommit: c.cfg.BeforeCommit, Bugs: c.cfg.Bugs, Log: log.With("service", "ledger"),
+		CacheSize: 10_000, AfterCommit: afterCommit, BeforeCommit: c.cfg.BeforeCommit, Log: log.With("service", "ledger"),
 		Answers: apipg.Answers{}, Stats: r.ledgerStats, MetricsListen: listen(r.metrics.Ledger), ConnectTimeout: connectTimeout,
 	}
 	if c.cfg.Ledger != nil {
@@ -241,7 +237,7 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) (err error) {
 		// The API submits through a router of its own connection,
 		// counted with the region's router.
 		RouterStats: r.Router.Stats(),
-		Wait:        c.cfg.APIWait, KeyTTL: c.cfg.KeyTTL, Now: c.cfg.Now, Bugs: c.cfg.Bugs,
+		Wait:        c.cfg.APIWait, KeyTTL: c.cfg.KeyTTL, Now: c.cfg.Now,
 		Listen: listen(r.apiAddr), MetricsListen: listen(r.metrics.API), ConnectTimeout: connectTimeout, Log: log.With("service", "api"),
 	}
 	if c.cfg.API != nil {

@@ -12,7 +12,6 @@ import (
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/internal/testbed/pgtest"
-	"github.com/paymesh/paymesh/pkg/dedup"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
@@ -213,7 +212,7 @@ func TestCrossRegionTransfers(t *testing.T) {
 		caughtByMsgID += r.Router.Stats().ForwardDuplicates.Load() + r.Router.Stats().RelayDuplicates.Load()
 		routeDups += r.Router.Stats().DuplicateSubmits.Load()
 		for layer, v := range r.Ledger.Stats.Duplicates() {
-			if layer != string(dedup.LayerMsgID) {
+			if layer != string(ledger.LayerMsgID) {
 				ledgerDups += v
 			}
 		}

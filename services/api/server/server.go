@@ -24,7 +24,6 @@ import (
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/api"
 	apipg "github.com/paymesh/paymesh/services/api/postgres"
-	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 	"github.com/paymesh/paymesh/services/router"
 	"github.com/paymesh/paymesh/services/telemetry"
@@ -53,9 +52,6 @@ type Config struct {
 	Wait   time.Duration
 	KeyTTL time.Duration
 	Now    func() time.Time
-	// Bugs are deliberate bugs for the fault-injection suite's tests only
-	// (see ledger.Bugs).
-	Bugs ledger.Bugs
 	// WrapStore, if set, decorates the API's store before the API uses it:
 	// cross-cutting concerns such as tracing, metrics or logging of every
 	// key and client lookup wrap the api.Store interface here instead of
@@ -144,7 +140,7 @@ func (s *Server) open(ctx context.Context) error {
 	if cfg.WrapStore != nil {
 		store = cfg.WrapStore(store)
 	}
-	led := postgres.New(s.pool, postgres.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen, Bugs: cfg.Bugs})
+	led := postgres.New(s.pool, postgres.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen})
 	s.api = api.New(api.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen, Ledger: led, Store: store, Router: rt, NATS: s.nc,
 		Wait: cfg.Wait, KeyTTL: cfg.KeyTTL, Now: cfg.Now, Log: cfg.Log})
 	if err := s.api.Listen(); err != nil {

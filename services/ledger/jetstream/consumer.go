@@ -306,7 +306,7 @@ func (c *Consumer) startSpan(ctx context.Context, m jetstream.Msg, md *jetstream
 func endSpan(span trace.Span, r ledger.Result) {
 	switch r.Kind {
 	case ledger.Duplicate:
-		span.SetAttributes(attribute.String("paymesh.dedup.outcome", "duplicate"), attribute.String("paymesh.dedup.layer", r.Layer))
+		span.SetAttributes(attribute.String("paymesh.dedup.outcome", "duplicate"), attribute.String("paymesh.dedup.layer", string(r.Layer)))
 	case ledger.Applied, ledger.Rejected:
 		span.SetAttributes(attribute.String("paymesh.dedup.outcome", "first"), attribute.String("paymesh.result", r.Kind.String()))
 	default:

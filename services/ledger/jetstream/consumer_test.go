@@ -15,7 +15,6 @@ import (
 
 	"github.com/paymesh/paymesh/internal/testbed/ledgertest"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
-	"github.com/paymesh/paymesh/pkg/dedup"
 	"github.com/paymesh/paymesh/services/ledger"
 	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
@@ -181,7 +180,7 @@ func TestDeliveredManyTimes(t *testing.T) {
 			t.Fatalf("publish %d: duplicate=%v err=%v, want duplicate=%v", i, dup, err, want)
 		}
 	}
-	if got := h.f.Stats.Duplicates()[string(dedup.LayerMsgID)]; got != 1 {
+	if got := h.f.Stats.Duplicates()[string(ledger.LayerMsgID)]; got != 1 {
 		t.Fatalf("msg_id duplicates: got %d, want 1", got)
 	}
 	h.drained(t)
@@ -217,7 +216,7 @@ func TestCrashAfterCommitBeforeAck(t *testing.T) {
 	if got := h.f.Stats.Redeliveries.Load(); got < 1 {
 		t.Fatalf("redeliveries: got %d, want >= 1", got)
 	}
-	if got := h.f.Stats.Duplicates()[string(dedup.LayerTable)]; got != 1 {
+	if got := h.f.Stats.Duplicates()[string(ledger.LayerConsumeLog)]; got != 1 {
 		t.Fatalf("dedup_table duplicates: got %d (%v), want 1", got, h.f.Stats.Duplicates())
 	}
 	if got := h.f.Balance(t, a); got != 60 {

@@ -7,7 +7,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/paymesh/paymesh/pkg/dedup"
 	"github.com/paymesh/paymesh/services/ledger"
 )
 
@@ -59,6 +58,6 @@ func (p *Publisher) PublishAsync(m *nats.Msg) (jetstream.PubAckFuture, error) {
 
 func (p *Publisher) count(ack *jetstream.PubAck, t ledger.Topic) {
 	if ack != nil && ack.Duplicate && p.stats != nil {
-		p.stats.Duplicate(string(dedup.LayerMsgID), t)
+		p.stats.Duplicate(ledger.LayerMsgID, t)
 	}
 }

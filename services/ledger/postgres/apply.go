@@ -1,7 +1,6 @@
 package postgres
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"slices"
@@ -14,61 +13,84 @@ import (
 	"github.com/paymesh/paymesh/services/ledger"
 )
 
+// Exactly once, layer by layer. A client request passes six layers on its
+// way to its effects, outermost first (ledger.Layers); every duplicate one
+// of them catches is counted under that layer's name:
+//
+//  1. Idempotency-Key (ledger.LayerIdempotencyKey): the API answers a
+//     repeated request with its stored response (services/api; the write
+//     stage stores the first response, queueResponses).
+//  2. Msg-Id (LayerMsgID): the route and ledger streams' Nats-Msg-Id
+//     duplicate window drops a repeated publish (JetStream; the ledger
+//     streams' window is set by jetstream.EnsureStreams).
+//  3. Recent cache (LayerRecentCache): pkg/dedup's Cache, asked by
+//     dedup.Log.SettledWithoutTable in Apply before any transaction, and by
+//     the claim; Apply fills it after COMMIT (dedup.Log.Committed).
+//  4. Consume-log table (LayerConsumeLog): pkg/dedup's dedup_log row of
+//     every message key, claimed in this transaction (claim, through
+//     dedup.Log.QueueClaimForTx).
+//  5. Business key (LayerBusinessKey): the transfer a client's idempotency
+//     key made and the credit of a transfer, read by claim and matched by
+//     classify; the unique constraints of transfers and credits back them.
+//  6. State CAS (LayerStateCAS): the transfer state machine (ledger.Next,
+//     in ledger.Batch.Plan, run by plan) and the compare-and-set on
+//     (status, version) (advanceTransfersSQL, queued by write).
+//
+// A saga step meets layers 2 to 6: a credit's business key is its transfer,
+// and a confirm or refuse is settled by the state CAS.
+
 // Apply applies a batch of valid commands (Command.Validate passed) in ONE
-// transaction of four round trips (BEGIN, steps 1-3 pipelined, step 5,
-// COMMIT) and returns one result per command, in order:
+// transaction of four round trips (BEGIN, the claim stage's reads, the
+// write stage's writes, COMMIT) and returns one result per command, in
+// order. The transaction runs in four stages (applyTx):
 //
-//  1. claim every message key in the consume-log (one multi-row insert);
-//  2. look up the business keys (client, idempotency key) and transfer IDs
-//     of the claimed commands: a hit is a duplicate the consume-log no longer
-//     knew, or a reused key, and its claim is released;
-//  3. lock every account the batch touches, in sorted ID order, so
-//     concurrent batches cannot deadlock;
-//  4. plan the batch in the domain (exact floor and overflow checks, in
-//     message order);
-//  5. write the transfers, the change-log and one balance update per
-//     account, guarded by a compare-and-set on the account version (the
-//     claims were written PROCESSED in step 1: see dedup.ClaimForTx);
-//  6. commit. If the connection dies during COMMIT, the consume-log row of
-//     a claimed key is read back to learn whether the batch committed.
+//  1. claim: claim every message key in the consume-log, read the business
+//     keys, transfer IDs and credits of the claimed commands, and lock every
+//     account the batch touches in sorted ID order (so concurrent batches
+//     cannot deadlock), pipelined in one round trip;
+//  2. classify: decide each command's fate from what claim read: a
+//     duplicate (and the layer that caught it), a conflict, a reused
+//     transfer ID (their first claims released), or to apply;
+//  3. plan: plan the commands to apply in the domain (exact floor and
+//     overflow checks, in message order) and map each outcome to its
+//     result;
+//  4. write: the transfers, the change-log, one balance update per account
+//     guarded by a compare-and-set on its version, and the first responses,
+//     in one round trip; then the releases (the claims were written
+//     PROCESSED by claim: see dedup.Log.ClaimForTx).
 //
-// The whole transaction is retried on serialization failures, deadlocks,
-// lock timeouts and unique-key races. It returns an error only when the
-// batch could not be applied at all; nothing was then committed, or the
-// outcome is unknown and the messages must not be acked.
+// If the connection dies during COMMIT, the consume-log row of a kept claim
+// is read back to learn whether the batch committed. The whole transaction
+// is retried on serialization failures, deadlocks, lock timeouts and
+// unique-key races. It returns an error only when the batch could not be
+// applied at all; nothing was then committed, or the outcome is unknown and
+// the messages must not be acked.
 func (s *Store) Apply(ctx context.Context, cmds []ledger.Command) ([]ledger.Result, error) {
 	if len(cmds) == 0 {
 		return nil, nil
 	}
 	keys := make([]dedup.Key, len(cmds))
 	for i, c := range cmds {
-		keys[i] = dedup.Key{ID: c.MsgKey(), Origin: c.CreatedAt, Fingerprint: c.Fingerprint()}
-		if s.cfg.Bugs.DedupByTransferID && !c.IsStep() { // deliberate bug, tests only
-			keys[i].ID += "#" + c.TransferID
-		}
+		keys[i] = dedup.Key{ID: s.requestKey(c), Origin: c.CreatedAt, Fingerprint: c.Fingerprint()}
 	}
 	if claims, ok := s.cfg.Dedup.SettledWithoutTable(Consumer, keys); ok {
 		// Every command is a redelivery of a recent commit (layer 3, the
 		// recent-commit cache): no transaction at all.
-		results := make([]ledger.Result, len(cmds))
-		for i, c := range claims {
-			results[i] = claimResult(cmds[i], c)
-		}
-		return results, nil
+		return resultsOf(cmds, classify(cmds, claims, knownTransfers{}, nil)), nil
 	}
 	var (
 		results []ledger.Result
-		applied []dedup.Claim
+		kept    []dedup.Claim // the first claims the transaction commits
 	)
 	committed := func(ctx context.Context) (bool, error) {
-		if len(applied) == 0 {
+		if len(kept) == 0 {
 			return false, nil
 		}
-		return s.cfg.Dedup.IsMine(ctx, s.pool, Consumer, applied[0])
+		return s.cfg.Dedup.IsMine(ctx, s.pool, Consumer, kept[0])
 	}
 	err := s.transact(ctx, "apply batch", func(tx pgx.Tx) error {
 		var err error
-		results, applied, err = s.applyTx(ctx, tx, cmds, keys)
+		results, kept, err = s.applyTx(ctx, tx, cmds, keys)
 		return err
 	}, committed)
 	if err != nil {
@@ -82,8 +104,8 @@ func (s *Store) Apply(ctx context.Context, cmds []ledger.Command) ([]ledger.Resu
 			refused[keys[i].ID] = true
 		}
 	}
-	cacheable := applied[:0:0]
-	for _, c := range applied {
+	cacheable := kept[:0:0]
+	for _, c := range kept {
 		if !refused[c.Key.ID] {
 			cacheable = append(cacheable, c)
 		}
@@ -92,17 +114,55 @@ func (s *Store) Apply(ctx context.Context, cmds []ledger.Command) ([]ledger.Resu
 	return results, nil
 }
 
+// requestKey is the command's consume-log key (Config.RequestKey).
+func (s *Store) requestKey(c ledger.Command) string {
+	if s.cfg.RequestKey != nil {
+		return s.cfg.RequestKey(c)
+	}
+	return c.MsgKey()
+}
+
+// applyTx is one attempt of the apply transaction: claim → classify → plan
+// → write. It returns the results and the first claims it keeps.
 func (s *Store) applyTx(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, keys []dedup.Key) ([]ledger.Result, []dedup.Claim, error) {
-	results := make([]ledger.Result, len(cmds))
-	// One round trip for every read: the consume-log claim, the business
-	// keys, the credits and the row locks, pipelined. The reads cover every
-	// command the recent cache did not settle; a command the claim then
-	// finds to be a duplicate was read and locked for nothing, which is
-	// cheaper than another round trip.
+	rd, err := s.claim(ctx, tx, cmds, keys)
+	if err != nil {
+		return nil, nil, err
+	}
+	fates := classify(cmds, rd.claims, rd.known, rd.credited)
+	results := resultsOf(cmds, fates)
+	if settledByClaims(cmds, rd.claims) {
+		return results, nil, nil
+	}
+	p := plan(rd.state, cmds, rd.claims, fates, results)
+	if err := s.write(ctx, tx, cmds, results, p); err != nil {
+		return nil, nil, err
+	}
+	return results, p.keep, nil
+}
+
+// claimed is what the claim stage read.
+type claimed struct {
+	claims []dedup.Claim
+	// known holds the transfers that share a business key or an ID with
+	// the claimed requests, credited the transfers whose credit is
+	// recorded.
+	known    knownTransfers
+	credited map[string]bool
+	// state holds the locked rows the batch is planned against.
+	state *ledger.Batch
+}
+
+// claim is the read stage, one round trip: the consume-log claim (layer 4),
+// the business keys and credits (layer 5), and the row locks, pipelined.
+// The reads cover every command the recent cache did not settle; a command
+// the claim then finds to be a duplicate was read and locked for nothing,
+// which is cheaper than another round trip.
+func (s *Store) claim(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, keys []dedup.Key) (claimed, error) {
 	b := &pgx.Batch{}
 	pending, err := s.cfg.Dedup.QueueClaimForTx(b, Consumer, keys)
 	if err != nil {
-		return nil, nil, err
+		return claimed{}, err
 	}
 	var open []int
 	for i := range cmds {
@@ -110,154 +170,97 @@ func (s *Store) applyTx(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, k
 			open = append(open, i)
 		}
 	}
-	known := queueExistingTransfers(b, cmds, requests(cmds, open))
+	known := s.queueExistingTransfers(b, cmds, requests(cmds, open))
 	credited := queueExistingCredits(b, cmds, open)
 	state, err := s.queueLockState(ctx, tx, b, pick(cmds, open))
 	if err != nil {
-		return nil, nil, err
+		return claimed{}, err
 	}
 	if b.Len() > 0 {
 		if err := tx.SendBatch(ctx, b).Close(); err != nil {
-			return nil, nil, fmt.Errorf("read batch: %w", err)
+			return claimed{}, fmt.Errorf("read batch: %w", err)
 		}
 	}
 	claims, err := pending.Finish(ctx, tx)
 	if err != nil {
-		return nil, nil, err
+		return claimed{}, err
 	}
-	if s.cfg.Bugs.SeenBeforeCommit { // deliberate bug, tests only: the first claims cached before COMMIT
-		s.cfg.Dedup.Committed(Consumer, claims)
-	}
-	var first, dups []int
-	for i, c := range claims {
-		switch c.Outcome {
-		case dedup.First:
-			first = append(first, i)
-		case dedup.Duplicate:
-			if c.Layer == dedup.LayerTable && !cmds[i].IsStep() {
-				dups = append(dups, i)
-			}
-		}
-		results[i] = claimResult(cmds[i], c)
-	}
-	if len(first)+len(dups) == 0 {
-		return results, nil, nil
-	}
+	return claimed{claims: claims, known: *known, credited: credited, state: state}, nil
+}
 
-	// Layer 5: business keys, and the stored outcome of the duplicates the
-	// consume-log caught (a replay answers with the first outcome).
-	for _, i := range dups {
-		if t, ok := known.byKey[[2]string{cmds[i].ClientID, cmds[i].IdempotencyKey}]; ok {
-			results[i].Transfer = t
-			// A refusal that must be dead-lettered is dead-lettered on every
-			// delivery, in case an earlier dead-letter publish failed (the
-			// dead-letter stream drops the repeats).
-			results[i].DeadLetter = deadLetterReason(t.Reason)
-			if results[i].DeadLetter {
-				results[i].Err = ledger.Errorf(t.Reason, "transfer %s was refused: %s", t.ID, t.Reason)
-			}
-		}
-	}
-	var release []dedup.Claim
-	var apply []int
-	batchIDs := map[string]bool{}
-	for _, i := range first {
-		c := cmds[i]
-		if c.Type == ledger.TypeCredit {
-			if _, ok := credited[c.TransferID]; ok {
-				release = append(release, claims[i])
-				results[i] = ledger.Result{Kind: ledger.Duplicate, Layer: string(dedup.LayerBusinessKey)}
-				continue
-			}
-			apply = append(apply, i)
-			continue
-		}
-		if c.IsStep() { // confirm, refuse: the state machine decides
-			apply = append(apply, i)
-			continue
-		}
-		if batchIDs[c.TransferID] {
-			// The same transfer ID under another key earlier in this batch.
-			release = append(release, claims[i])
-			results[i] = ledger.Result{Kind: ledger.Invalid, DeadLetter: true,
-				Err: ledger.Errorf(ledger.CodeTransferIDReused, "transfer id %s already belongs to another request in this batch", c.TransferID)}
-			continue
-		}
-		batchIDs[c.TransferID] = true
-		if t, ok := known.byKey[[2]string{c.ClientID, c.IdempotencyKey}]; ok && !s.cfg.Bugs.DedupByTransferID { // deliberate bug, tests only
-			release = append(release, claims[i])
-			if bytes.Equal(t.Fingerprint, c.Fingerprint()) {
-				results[i] = ledger.Result{Kind: ledger.Duplicate, Layer: string(dedup.LayerBusinessKey), Transfer: t}
-			} else {
-				results[i] = conflict(c, dedup.LayerBusinessKey)
-			}
-			continue
-		}
-		if _, ok := known.byID[c.TransferID]; ok {
-			release = append(release, claims[i])
-			results[i] = ledger.Result{Kind: ledger.Invalid, DeadLetter: true,
-				Err: ledger.Errorf(ledger.CodeTransferIDReused, "transfer id %s already belongs to another request", c.TransferID)}
-			continue
-		}
-		apply = append(apply, i)
-	}
+// planned is the plan stage's answer.
+type planned struct {
+	cmds []ledger.Command // the commands planned, in message order
+	plan ledger.Plan
+	// keep holds the first claims that commit with their effects, release
+	// those given back: their commands did not apply.
+	keep, release []dedup.Claim
+}
 
-	var keep []dedup.Claim
-	b = &pgx.Batch{}
-	if len(apply) > 0 {
-		batch := pick(cmds, apply)
-		plan := state.Plan(batch)
-		for n, i := range apply {
-			o := plan.Outcomes[n]
-			r := ledger.Result{Kind: o.Result, Transfer: o.Transfer, Err: o.Err, Credit: o.Credit}
-			switch o.Result {
-			case ledger.Applied, ledger.Rejected:
-				keep = append(keep, claims[i])
-				r.DeadLetter = o.Result == ledger.Rejected && deadLetterReason(o.Transfer.Reason)
-			case ledger.Duplicate: // the transfer already took this step
-				release = append(release, claims[i])
-				r.Layer = string(dedup.LayerStateCAS)
-			case ledger.Parked:
-				release = append(release, claims[i])
-			case ledger.Invalid:
-				release = append(release, claims[i])
-				r.DeadLetter = true
-			}
-			results[i] = r
+// plan is the domain stage: it plans the commands classify let through
+// against the locked rows (ledger.Batch.Plan, where the state machine of
+// layer 6 decides the saga steps), fills in their results, and sorts their
+// first claims into kept and released, after those classify released.
+func plan(state *ledger.Batch, cmds []ledger.Command, claims []dedup.Claim, fates []fate, results []ledger.Result) planned {
+	var p planned
+	var idx []int
+	for i, f := range fates {
+		switch {
+		case f.kind == fateApply:
+			idx = append(idx, i)
+		case f.release:
+			p.release = append(p.release, claims[i])
 		}
-		s.queuePlan(b, batch, plan)
+	}
+	if len(idx) == 0 {
+		return p
+	}
+	p.cmds = pick(cmds, idx)
+	p.plan = state.Plan(p.cmds)
+	for n, i := range idx {
+		o := p.plan.Outcomes[n]
+		r := ledger.Result{Kind: o.Result, Transfer: o.Transfer, Err: o.Err, Credit: o.Credit}
+		switch o.Result {
+		case ledger.Applied, ledger.Rejected:
+			p.keep = append(p.keep, claims[i])
+			r.DeadLetter = o.Result == ledger.Rejected && deadLetterReason(o.Transfer.Reason)
+		case ledger.Duplicate: // the transfer already took this step
+			p.release = append(p.release, claims[i])
+			r.Layer = ledger.LayerStateCAS
+		case ledger.Parked:
+			p.release = append(p.release, claims[i])
+		case ledger.Invalid:
+			p.release = append(p.release, claims[i])
+			r.DeadLetter = true
+		}
+		results[i] = r
+	}
+	return p
+}
+
+// write is the write stage, one round trip: the plan's writes and the first
+// responses; then the released claims are deleted and BeforeCommit runs.
+func (s *Store) write(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, results []ledger.Result, p planned) error {
+	b := &pgx.Batch{}
+	if len(p.cmds) > 0 {
+		s.queuePlan(b, p.cmds, p.plan)
 	}
 	// The first responses go in the same round trip as the writes.
 	s.queueResponses(b, cmds, results)
 	if b.Len() > 0 {
 		if err := tx.SendBatch(ctx, b).Close(); err != nil {
-			return nil, nil, fmt.Errorf("write batch: %w", err)
+			return fmt.Errorf("write batch: %w", err)
 		}
 	}
-	if err := s.cfg.Dedup.Release(ctx, tx, Consumer, release); err != nil {
-		return nil, nil, err
+	if err := s.cfg.Dedup.Release(ctx, tx, Consumer, p.release); err != nil {
+		return err
 	}
 	if s.cfg.BeforeCommit != nil {
 		if err := s.cfg.BeforeCommit(ctx); err != nil {
-			return nil, nil, err
+			return err
 		}
 	}
-	return results, keep, nil
-}
-
-// claimResult is the result a claim settles on its own: a duplicate (with
-// the layer that caught it), a key another holder has in progress, or a key
-// reused for another request. A first claim is decided later (zero Result).
-func claimResult(cmd ledger.Command, c dedup.Claim) ledger.Result {
-	switch c.Outcome {
-	case dedup.Duplicate:
-		return ledger.Result{Kind: ledger.Duplicate, Layer: string(c.Layer)}
-	case dedup.InProgress:
-		return ledger.Result{Kind: ledger.InProgress}
-	case dedup.Conflict:
-		return conflict(cmd, c.Layer)
-	}
-	return ledger.Result{}
+	return nil
 }
 
 // pick returns the commands at idx.
@@ -280,28 +283,12 @@ func requests(cmds []ledger.Command, idx []int) []int {
 	return out
 }
 
-// deadLetterReason reports whether a refusal means the command can never
-// apply as sent (it names an account that does not exist), so it also goes
-// to the dead-letter stream.
-func deadLetterReason(c ledger.Code) bool { return c == ledger.CodeAccountNotFound }
-
-// conflict answers a reuse of an idempotency key for another request. It can
-// never apply as sent, so it is dead-lettered.
-func conflict(c ledger.Command, layer dedup.Layer) ledger.Result {
-	return ledger.Result{Kind: ledger.Conflict, Layer: string(layer), DeadLetter: true,
-		Err: ledger.Errorf(ledger.CodeIdempotencyKeyReused, "idempotency key %q of client %q was used for a different request", c.IdempotencyKey, c.ClientID)}
-}
-
-type knownTransfers struct {
-	byKey map[[2]string]ledger.Transfer
-	byID  map[string]bool
-}
-
 // queueExistingTransfers queues the lookup of transfers sharing a business
 // key or an ID with the commands at idx; the result is filled in when the
-// batch runs.
-func queueExistingTransfers(b *pgx.Batch, cmds []ledger.Command, idx []int) *knownTransfers {
-	k := &knownTransfers{byKey: map[[2]string]ledger.Transfer{}, byID: map[string]bool{}}
+// batch runs. A transfer is known by its request's key (Config.RequestKey),
+// the key the consume-log claims.
+func (s *Store) queueExistingTransfers(b *pgx.Batch, cmds []ledger.Command, idx []int) *knownTransfers {
+	k := &knownTransfers{byKey: map[string]ledger.Transfer{}, byID: map[string]bool{}}
 	if len(idx) == 0 {
 		return k
 	}
@@ -322,12 +309,18 @@ func queueExistingTransfers(b *pgx.Batch, cmds []ledger.Command, idx []int) *kno
 			return fmt.Errorf("read business keys: %w", err)
 		}
 		for _, t := range ts {
-			k.byKey[[2]string{t.ClientID, t.IdempotencyKey}] = t
+			k.byKey[s.requestKey(requestOf(t))] = t
 			k.byID[t.ID] = true
 		}
 		return nil
 	})
 	return k
+}
+
+// requestOf is the request that made t, as far as its key goes (a fund
+// request is keyed as a transfer is).
+func requestOf(t ledger.Transfer) ledger.Command {
+	return ledger.Command{Type: ledger.TypeTransfer, TransferID: t.ID, ClientID: t.ClientID, IdempotencyKey: t.IdempotencyKey}
 }
 
 // queueExistingCredits queues the lookup of the credits already recorded
@@ -401,7 +394,7 @@ func (s *Store) systemAccounts(ctx context.Context, tx pgx.Tx, currencies []stri
 // system accounts.
 func (s *Store) queueLockState(ctx context.Context, tx pgx.Tx, b *pgx.Batch, cmds []ledger.Command) (*ledger.Batch, error) {
 	st := &ledger.Batch{Home: s.cfg.Region, Regions: s.cfg.Regions, Issuance: map[string]string{}, Transit: map[string]string{},
-		Accounts: map[string]ledger.Account{}, Bugs: s.cfg.Bugs}
+		Accounts: map[string]ledger.Account{}}
 	if len(cmds) == 0 {
 		return st, nil
 	}
@@ -528,11 +521,7 @@ func (s *Store) queuePlan(b *pgx.Batch, cmds []ledger.Command, p ledger.Plan) {
 			nt.id, nt.client, nt.key, nt.typ, nt.from, nt.to, nt.cur, nt.status, nt.reason, nt.fp, nt.amount, nt.version, nt.created)
 	}
 	if len(uID) > 0 {
-		advance := advanceTransfersSQL
-		if s.cfg.Bugs.DropStateCAS { // deliberate bug, tests only
-			advance = advanceTransfersNoCAS
-		}
-		b.Queue(advance, uID, uFrom, uFromV, uTo, uToV, uReason).Exec(func(tag pgconn.CommandTag) error {
+		b.Queue(advanceTransfersSQL, uID, uFrom, uFromV, uTo, uToV, uReason).Exec(func(tag pgconn.CommandTag) error {
 			if tag.RowsAffected() != int64(len(uID)) {
 				s.stats().StaleVersions.Add(1)
 				return ledger.Errorf(ledger.CodeStaleVersion, "transfer compare-and-set matched %d of %d transfers", tag.RowsAffected(), len(uID))
@@ -594,16 +583,12 @@ func optional(c ledger.Code) *string {
 
 // advanceTransfersSQL moves each transfer to its next status where it is
 // still in the status and version the batch read: the state machine's
-// compare-and-set. advanceTransfersNoCAS, without it, is the DropStateCAS
-// bug.
-const (
-	advanceTransfersNoCAS = `
+// compare-and-set (layer 6).
+const advanceTransfersSQL = `
 	UPDATE transfers t SET status = u.status, version = u.to_version, reason = nullif(u.reason, ''), settled_at = now()
 	FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::text[])
 	     AS u(id, from_status, from_version, status, to_version, reason)
-	WHERE t.id = u.id`
-	advanceTransfersSQL = advanceTransfersNoCAS + ` AND t.status = u.from_status AND t.version = u.from_version`
-)
+	WHERE t.id = u.id AND t.status = u.from_status AND t.version = u.from_version`
 
 // updateBalancesSQL sets each account's balance and version only where the
 // version is still the one the batch read.

@@ -79,8 +79,15 @@ type Config struct {
 	IDs *idgen.Generator
 	// Regions tells an ID's home region, to route saga steps.
 	Regions *idgen.Regions
-	// Dedup is the consume-log.
-	Dedup *dedup.Log
+	// Dedup is the consume-log (a *dedup.Log, or a decorator of one).
+	Dedup ConsumeLog
+	// RequestKey, if set, names a command to the apply's two request
+	// layers: it is the command's consume-log key, and for a client request
+	// the key its earlier transfer is matched by (the business key). Both
+	// layers use this one function so that they cannot disagree on what
+	// "the same request" is; the default, ledger.Command.MsgKey, is a
+	// client and its Idempotency-Key (a saga step: its transfer and type).
+	RequestKey func(ledger.Command) string
 	// MaxAttempts is how many times a transaction runs, at most, when it
 	// meets a serialization failure, deadlock, lock timeout, business-key
 	// race, lost connection or fenced claim; the last such error gives it
@@ -96,9 +103,6 @@ type Config struct {
 	// Answers, if set, records the first answer to every client request
 	// in the transaction that applies it (see Answers).
 	Answers Answers
-	// Bugs are deliberate bugs for the fault-injection suite's tests only
-	// (see ledger.Bugs); the zero value is the correct ledger.
-	Bugs ledger.Bugs
 }
 
 // Store is the ledger's Postgres adapter. It is safe for concurrent use.
@@ -207,10 +211,8 @@ func (s *Store) once(ctx context.Context, fn func(pgx.Tx) error, committed func(
 		return err
 	}
 	s.stats().CommitsUnanswered.Add(1)
-	if s.cfg.Bugs.AssumeCommitted { // deliberate bug, tests only: no read-back
-		return nil
-	}
-	// The connection died during COMMIT: read back whether it happened.
+	// The connection died during COMMIT: read back whether it happened
+	// (the consume-log's IsMine, through committed).
 	ok, rerr := committed(ctx)
 	switch {
 	case rerr != nil:
@@ -250,7 +252,7 @@ func retryable(err error) bool {
 		return fenced(err)
 	case errors.Is(err, errUnknownCommit), ctxErr(err) != nil:
 		return false
-	case errors.Is(err, dedup.ErrLost), errors.Is(err, dedup.ErrFenced), errors.Is(err, errNotApplied):
+	case errors.Is(err, dedup.ErrLost), errors.Is(err, errNotApplied):
 		return true
 	}
 	// A connection lost before COMMIT: the transaction rolled back.
@@ -258,17 +260,14 @@ func retryable(err error) bool {
 	return errors.As(err, &connErr) || pgconn.SafeToRetry(err) || isNetErr(err)
 }
 
-// fenced reports whether a transaction lost its claims before it could
-// commit: the consume-log fence moved on (a lease holder outlived its lease),
-// or Postgres ended the session because the transaction sat idle past its
-// lease (idle_in_transaction_session_timeout) or was terminated. Either way
-// its late COMMIT cannot land, and a rerun sees whoever took over.
+// fenced reports whether a transaction lost its claims and locks before it
+// could commit: Postgres ended the session because the transaction sat idle
+// past its transaction lease (idle_in_transaction_session_timeout, see
+// Connect) or was terminated. Its late COMMIT cannot land, and a rerun sees
+// whoever took over.
 func fenced(err error) bool {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return pgErr.Code == "25P03" || pgErr.Code == "57P01"
-	}
-	return errors.Is(err, dedup.ErrFenced)
+	return errors.As(err, &pgErr) && (pgErr.Code == "25P03" || pgErr.Code == "57P01")
 }
 
 func isNetErr(err error) bool {

@@ -78,7 +78,7 @@ func TestExactlyOnce(t *testing.T) {
 	}
 	f.MustVerify(t)
 	dups := f.Stats.Duplicates()
-	if dups[string(dedup.LayerTable)] == 0 {
+	if dups[string(ledger.LayerConsumeLog)] == 0 {
 		t.Errorf("duplicates by layer %v: want some caught by the dedup table", dups)
 	}
 }
@@ -197,7 +197,7 @@ func TestBusinessKeyAfterExpiry(t *testing.T) {
 		t.Fatalf("consume-log rows of the expired message: got %d, want 0", n)
 	}
 	r := f.Apply(t, cmd)[0]
-	if r.Kind != ledger.Duplicate || r.Layer != string(dedup.LayerBusinessKey) || r.Transfer.ID != cmd.TransferID {
+	if r.Kind != ledger.Duplicate || r.Layer != ledger.LayerBusinessKey || r.Transfer.ID != cmd.TransferID {
 		t.Fatalf("late redelivery: got %v/%s %s, want duplicate/business_key of %s", r.Kind, r.Layer, r.Transfer.ID, cmd.TransferID)
 	}
 	other := cmd
@@ -504,7 +504,7 @@ func TestReplayAnswers(t *testing.T) {
 	if _, err := f.Log.Maintain(context.Background(), f.Pool); err != nil {
 		t.Fatal(err)
 	}
-	if r := f.Apply(t, fund)[0]; r.Kind != ledger.Duplicate || r.Layer != string(dedup.LayerBusinessKey) {
+	if r := f.Apply(t, fund)[0]; r.Kind != ledger.Duplicate || r.Layer != ledger.LayerBusinessKey {
 		t.Errorf("late fund retry: got %v/%s %v, want duplicate/business_key", r.Kind, r.Layer, r.Err)
 	}
 	reused := fund
@@ -544,7 +544,7 @@ func TestCachedRedeliveriesNeedNoTransaction(t *testing.T) {
 		t.Fatalf("cached redeliveries went to the database: %v", err)
 	}
 	for i, r := range res {
-		if r.Kind != ledger.Duplicate || (i < 2 && r.Layer != string(dedup.LayerCache)) {
+		if r.Kind != ledger.Duplicate || (i < 2 && r.Layer != ledger.LayerRecentCache) {
 			t.Errorf("result %d: %+v, want a duplicate caught by the cache", i, r)
 		}
 	}

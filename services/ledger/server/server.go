@@ -40,7 +40,7 @@ type Config struct {
 	BatchSize    int           // most messages per transaction
 	AckWait      time.Duration // JetStream redelivery timeout
 	MaxDeliver   int           // deliveries before dead-lettering
-	Lease        time.Duration // longest a transaction may sit idle before Postgres ends it
+	Lease        time.Duration // the transaction lease: longest a transaction may sit idle before Postgres ends it (postgres.Connect)
 	WindowDays   int           // consume-log retention
 	CacheSize    int           // recent-commit cache entries; 0 disables the cache
 	Shards       int           // ledger subjects per region
@@ -64,12 +64,16 @@ type Config struct {
 	BeforeApply func(ctx context.Context, msgs []jetstream.Msg)
 	// BeforeCommit is the store's failpoint (see postgres.Config).
 	BeforeCommit func(ctx context.Context) error
+	// WrapConsumeLog, if set, decorates the consume-log the store uses
+	// (see postgres.ConsumeLog): traces or metrics of its claims, say. The
+	// retention job runs on the undecorated log.
+	WrapConsumeLog func(postgres.ConsumeLog) postgres.ConsumeLog
+	// RequestKey names a command to the consume-log and the business key
+	// (see postgres.Config); nil for the default, ledger.Command.MsgKey.
+	RequestKey func(ledger.Command) string
 	// MaxAttempts is the store's retry budget per transaction (see
 	// postgres.Config; default 8).
 	MaxAttempts uint
-	// Bugs are deliberate bugs for the fault-injection suite's tests only
-	// (see ledger.Bugs).
-	Bugs ledger.Bugs
 	// MetricsListen is where /metrics is served ("" for nowhere,
 	// "127.0.0.1:0" for a free port).
 	MetricsListen string
@@ -140,11 +144,14 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, Stats: stats, pool: pool, nc: nc, js: js,
 		Topo: ljs.Topology{Region: cfg.Region, Shards: cfg.Shards, DuplicateWindow: cfg.DuplicateWindow}}
 	s.dedup = dedup.New(dedup.Config{
-		Holder: fmt.Sprintf("%s/%s-%d/%d", cfg.Region, host, os.Getpid(), cfg.Node), Lease: cfg.Lease,
-		WindowDays: cfg.WindowDays, Cache: cache,
+		Holder: fmt.Sprintf("%s/%s-%d/%d", cfg.Region, host, os.Getpid(), cfg.Node), WindowDays: cfg.WindowDays, Cache: cache,
 	})
-	s.Store = postgres.New(pool, postgres.Config{Region: cfg.Region, IDs: gen, Regions: cfg.Regions, Dedup: s.dedup, Stats: s.Stats,
-		Answers: cfg.Answers, BeforeCommit: cfg.BeforeCommit, MaxAttempts: cfg.MaxAttempts, Bugs: cfg.Bugs,
+	var consumeLog postgres.ConsumeLog = s.dedup
+	if cfg.WrapConsumeLog != nil {
+		consumeLog = cfg.WrapConsumeLog(consumeLog)
+	}
+	s.Store = postgres.New(pool, postgres.Config{Region: cfg.Region, IDs: gen, Regions: cfg.Regions, Dedup: consumeLog, Stats: s.Stats,
+		RequestKey: cfg.RequestKey, Answers: cfg.Answers, BeforeCommit: cfg.BeforeCommit, MaxAttempts: cfg.MaxAttempts,
 		OnRetry: func(op string, attempt int, err error) {
 			cfg.Log.Debug("transaction retried", "op", op, "attempt", attempt, "err", err)
 		}})

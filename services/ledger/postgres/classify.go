@@ -1,0 +1,146 @@
+package postgres
+
+import (
+	"bytes"
+
+	"github.com/paymesh/paymesh/pkg/dedup"
+	"github.com/paymesh/paymesh/services/ledger"
+)
+
+// fateKind is what classify decides for a command.
+type fateKind uint8
+
+const (
+	// fateApply: the command goes on to plan.
+	fateApply fateKind = iota + 1
+	// fateDuplicate: the command was processed before; fate.layer caught it.
+	fateDuplicate
+	// fateConflict: the idempotency key was used for another request.
+	fateConflict
+	// fateReusedID: the transfer ID belongs to another request (an earlier
+	// one, or one earlier in this batch).
+	fateReusedID
+)
+
+// fate is classify's decision for one command.
+type fate struct {
+	kind fateKind
+	// layer is the layer that caught a duplicate or a conflict.
+	layer ledger.Layer
+	// transfer is the transfer a duplicate request made, when it is known:
+	// the replay answers with the first outcome.
+	transfer ledger.Transfer
+	// inBatch marks a transfer ID reused by an earlier request of the batch.
+	inBatch bool
+	// release marks a first claim to give back: its command does not apply,
+	// and consume-log rows and applied messages stay one to one.
+	release bool
+}
+
+// knownTransfers are the transfers that share a business key or an ID with
+// a batch's requests.
+type knownTransfers struct {
+	byKey map[string]ledger.Transfer // by the request key that made them
+	byID  map[string]bool
+}
+
+// classify decides each command's fate from its claim and what the claim
+// stage read: the consume-log's duplicates and conflicts (layers 3 and 4),
+// then, for first claims, a credit already recorded or a request whose
+// business key is known (layer 5), and a transfer ID already used. Saga
+// confirm and refuse steps, and requests nothing knows, go on to plan. It
+// is pure: no database, no store.
+func classify(cmds []ledger.Command, claims []dedup.Claim, known knownTransfers, credited map[string]bool) []fate {
+	fates := make([]fate, len(cmds))
+	batchIDs := map[string]bool{} // transfer IDs of this batch's first requests
+	for i, c := range cmds {
+		cl := claims[i]
+		switch cl.Outcome {
+		case dedup.Duplicate:
+			f := fate{kind: fateDuplicate, layer: ledger.Layer(cl.Layer)}
+			if cl.Layer == dedup.LayerTable && !c.IsStep() {
+				f.transfer = known.byKey[cl.Key.ID] // the stored outcome, for the replay
+			}
+			fates[i] = f
+			continue
+		case dedup.Conflict:
+			fates[i] = fate{kind: fateConflict, layer: ledger.Layer(cl.Layer)}
+			continue
+		}
+		switch {
+		case c.Type == ledger.TypeCredit && credited[c.TransferID]:
+			fates[i] = fate{kind: fateDuplicate, layer: ledger.LayerBusinessKey, release: true}
+		case c.IsStep(): // a new credit; confirm, refuse: the state machine decides
+			fates[i] = fate{kind: fateApply}
+		case batchIDs[c.TransferID]:
+			fates[i] = fate{kind: fateReusedID, inBatch: true, release: true}
+		default:
+			batchIDs[c.TransferID] = true
+			t, ok := known.byKey[cl.Key.ID]
+			switch {
+			case ok && bytes.Equal(t.Fingerprint, c.Fingerprint()):
+				fates[i] = fate{kind: fateDuplicate, layer: ledger.LayerBusinessKey, transfer: t, release: true}
+			case ok:
+				fates[i] = fate{kind: fateConflict, layer: ledger.LayerBusinessKey, release: true}
+			case known.byID[c.TransferID]:
+				fates[i] = fate{kind: fateReusedID, release: true}
+			default:
+				fates[i] = fate{kind: fateApply}
+			}
+		}
+	}
+	return fates
+}
+
+// resultsOf returns the result of every fate but fateApply (plan fills
+// those in).
+func resultsOf(cmds []ledger.Command, fates []fate) []ledger.Result {
+	results := make([]ledger.Result, len(cmds))
+	for i, f := range fates {
+		results[i] = f.result(cmds[i])
+	}
+	return results
+}
+
+// result is the answer to c of a command whose fate is decided.
+func (f fate) result(c ledger.Command) ledger.Result {
+	switch f.kind {
+	case fateDuplicate:
+		r := ledger.Result{Kind: ledger.Duplicate, Layer: f.layer, Transfer: f.transfer}
+		if f.layer == ledger.LayerConsumeLog && deadLetterReason(f.transfer.Reason) {
+			// A refusal that must be dead-lettered is dead-lettered on every
+			// delivery, in case an earlier dead-letter publish failed (the
+			// dead-letter stream drops the repeats).
+			r.DeadLetter = true
+			r.Err = ledger.Errorf(f.transfer.Reason, "transfer %s was refused: %s", f.transfer.ID, f.transfer.Reason)
+		}
+		return r
+	case fateConflict:
+		return ledger.Result{Kind: ledger.Conflict, Layer: f.layer, DeadLetter: true,
+			Err: ledger.Errorf(ledger.CodeIdempotencyKeyReused, "idempotency key %q of client %q was used for a different request", c.IdempotencyKey, c.ClientID)}
+	case fateReusedID:
+		err := ledger.Errorf(ledger.CodeTransferIDReused, "transfer id %s already belongs to another request", c.TransferID)
+		if f.inBatch {
+			err = ledger.Errorf(ledger.CodeTransferIDReused, "transfer id %s already belongs to another request in this batch", c.TransferID)
+		}
+		return ledger.Result{Kind: ledger.Invalid, DeadLetter: true, Err: err}
+	}
+	return ledger.Result{}
+}
+
+// settledByClaims reports whether the claims leave nothing to write: no
+// first claim, and no request the consume-log table caught (the write stage
+// stores a replayed request's response).
+func settledByClaims(cmds []ledger.Command, claims []dedup.Claim) bool {
+	for i, c := range claims {
+		if c.Outcome == dedup.First || (c.Outcome == dedup.Duplicate && c.Layer == dedup.LayerTable && !cmds[i].IsStep()) {
+			return false
+		}
+	}
+	return true
+}
+
+// deadLetterReason reports whether a refusal means the command can never
+// apply as sent (it names an account that does not exist), so it also goes
+// to the dead-letter stream.
+func deadLetterReason(c ledger.Code) bool { return c == ledger.CodeAccountNotFound }
