@@ -68,7 +68,6 @@ type Stats struct {
 	Applied            atomic.Int64
 	Rejected           atomic.Int64
 	Conflicts          atomic.Int64
-	InProgress         atomic.Int64
 	Parked             atomic.Int64 // saga steps that arrived before the state they need
 	Invalid            atomic.Int64
 	DeadLettered       atomic.Int64
@@ -153,8 +152,6 @@ func (s *Stats) Record(t Topic, r Result) {
 		s.Rejected.Add(1)
 	case Duplicate:
 		s.Duplicate(r.Layer, t)
-	case InProgress:
-		s.InProgress.Add(1)
 	case Conflict:
 		s.Conflicts.Add(1)
 	case Invalid:

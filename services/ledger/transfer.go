@@ -155,8 +155,6 @@ const (
 	Rejected
 	// Duplicate: the command was already processed; Layer says who caught it.
 	Duplicate
-	// InProgress: another worker holds the command; let it be redelivered.
-	InProgress
 	// Conflict: the idempotency key was used before for another request.
 	Conflict
 	// Invalid: the command can never apply (malformed or misrouted).
@@ -167,7 +165,7 @@ const (
 )
 
 func (k ResultKind) String() string {
-	return [...]string{"unknown", "applied", "rejected", "duplicate", "in_progress", "conflict", "invalid", "parked"}[k]
+	return [...]string{"unknown", "applied", "rejected", "duplicate", "conflict", "invalid", "parked"}[k]
 }
 
 // Result is the outcome of one command.

@@ -28,7 +28,7 @@ func (Answers) QueueAnswers(b *pgx.Batch, cmds []ledger.Command, results []ledge
 	var bodies [][]byte
 	for i, c := range cmds {
 		r := results[i]
-		if c.IsStep() || r.Kind == ledger.InProgress || r.Kind == ledger.Parked || (r.Kind == ledger.Duplicate && r.Transfer.ID == "") {
+		if c.IsStep() || r.Kind == ledger.Parked || (r.Kind == ledger.Duplicate && r.Transfer.ID == "") {
 			continue
 		}
 		status, body := api.Respond(r)

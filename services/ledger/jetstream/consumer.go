@@ -376,9 +376,6 @@ func (c *Consumer) apply(ctx context.Context, cmds []ledger.Command, valid []jet
 		switch {
 		case r.DeadLetter:
 			c.deadLetter(ctx, valid[i], r.Err)
-		case r.Kind == ledger.InProgress:
-			// Another holder owns the key: see it again once it finished.
-			_ = valid[i].NakWithDelay(c.cfg.AckWait / 4)
 		case r.Kind == ledger.Parked:
 			// A saga step ahead of the state it needs: see it again later.
 			c.retryLater(ctx, valid[i], r.Err, true)
