@@ -14,7 +14,7 @@ import (
 // HeaderReplayed marks a response replayed from an idempotency key.
 const HeaderReplayed = "Idempotent-Replayed"
 
-func (s *Server) postAccount(ctx context.Context, r *http.Request, client string) reply {
+func (s *Handler) postAccount(ctx context.Context, r *http.Request, client string) reply {
 	body, err := s.readBody(r)
 	if err != nil {
 		return errReply(err)
@@ -33,7 +33,7 @@ func (s *Server) postAccount(ctx context.Context, r *http.Request, client string
 	return s.do(ctx, home, call{Op: "create_account", Client: client, Body: body})
 }
 
-func (s *Server) createAccount(ctx context.Context, c call) reply {
+func (s *Handler) createAccount(ctx context.Context, c call) reply {
 	var req AccountRequest
 	if err := decodeStrict(c.Body, &req, "currency", "floor", "region"); err != nil {
 		return errReply(err)
@@ -54,7 +54,7 @@ func (s *Server) createAccount(ctx context.Context, c call) reply {
 	return rep
 }
 
-func (s *Server) getAccount(ctx context.Context, r *http.Request, client string) reply {
+func (s *Handler) getAccount(ctx context.Context, r *http.Request, client string) reply {
 	id := r.PathValue("id")
 	home, err := s.home(id)
 	if err != nil {
@@ -65,7 +65,7 @@ func (s *Server) getAccount(ctx context.Context, r *http.Request, client string)
 
 // ownAccount reads an account of the client. Another client's account is
 // answered exactly like a missing one: no object-level leak.
-func (s *Server) ownAccount(ctx context.Context, client, id string) (ledger.Account, error) {
+func (s *Handler) ownAccount(ctx context.Context, client, id string) (ledger.Account, error) {
 	a, err := s.cfg.Ledger.Account(ctx, id)
 	if err == nil && !ownedBy(a, client) {
 		err = notFound(id)
@@ -83,7 +83,7 @@ func notFound(account string) error {
 	return ledger.Errorf(ledger.CodeAccountNotFound, "account %s does not exist", account)
 }
 
-func (s *Server) readAccount(ctx context.Context, c call) reply {
+func (s *Handler) readAccount(ctx context.Context, c call) reply {
 	a, err := s.ownAccount(ctx, c.Client, c.ID)
 	if err != nil {
 		return errReply(err)
@@ -91,7 +91,7 @@ func (s *Server) readAccount(ctx context.Context, c call) reply {
 	return jsonReply(http.StatusOK, accountBody(a))
 }
 
-func (s *Server) getEntries(ctx context.Context, r *http.Request, client string) reply {
+func (s *Handler) getEntries(ctx context.Context, r *http.Request, client string) reply {
 	id := r.PathValue("id")
 	home, err := s.home(id)
 	if err != nil {
@@ -112,7 +112,7 @@ func (s *Server) getEntries(ctx context.Context, r *http.Request, client string)
 	return s.do(ctx, home, c)
 }
 
-func (s *Server) listEntries(ctx context.Context, c call) reply {
+func (s *Handler) listEntries(ctx context.Context, c call) reply {
 	if _, err := s.ownAccount(ctx, c.Client, c.ID); err != nil {
 		return errReply(err)
 	}
@@ -133,7 +133,7 @@ func (s *Server) listEntries(ctx context.Context, c call) reply {
 	return jsonReply(http.StatusOK, page)
 }
 
-func (s *Server) postTransfer(ctx context.Context, r *http.Request, client string) reply {
+func (s *Handler) postTransfer(ctx context.Context, r *http.Request, client string) reply {
 	if len(r.Header.Values("Idempotency-Key")) > 1 {
 		return errReply(ledger.Errorf(ledger.CodeInvalidRequest, "give the Idempotency-Key header once"))
 	}
@@ -163,7 +163,7 @@ func (s *Server) postTransfer(ctx context.Context, r *http.Request, client strin
 }
 
 // createTransfer runs in the home region of the source account.
-func (s *Server) createTransfer(ctx context.Context, c call) reply {
+func (s *Handler) createTransfer(ctx context.Context, c call) reply {
 	req, err := DecodeTransferRequest(c.Body)
 	if err != nil {
 		return errReply(err)
@@ -253,7 +253,7 @@ func (s *Server) createTransfer(ctx context.Context, c call) reply {
 // await waits for the ledger's stored response, and for a cross-region
 // transfer (stored 202) for its final state, up to Wait. Whatever it answers
 // is first stored with the key, so that a repeat gets exactly this answer.
-func (s *Server) await(ctx context.Context, cmd ledger.Command) reply {
+func (s *Handler) await(ctx context.Context, cmd ledger.Command) reply {
 	client, key, transferID := cmd.ClientID, cmd.IdempotencyKey, cmd.TransferID
 	deadline := time.Now().Add(s.cfg.Wait)
 	// Until the ledger answered, wait with every other request (one query
@@ -349,7 +349,7 @@ func validKey(key string) error {
 	return ledger.ValidIdempotencyKey(key)
 }
 
-func (s *Server) getTransfer(ctx context.Context, r *http.Request, client string) reply {
+func (s *Handler) getTransfer(ctx context.Context, r *http.Request, client string) reply {
 	id := r.PathValue("id")
 	home, err := s.home(id)
 	if err != nil {
@@ -358,7 +358,7 @@ func (s *Server) getTransfer(ctx context.Context, r *http.Request, client string
 	return s.do(ctx, home, call{Op: "get_transfer", Client: client, ID: id})
 }
 
-func (s *Server) readTransfer(ctx context.Context, c call) reply {
+func (s *Handler) readTransfer(ctx context.Context, c call) reply {
 	t, err := s.cfg.Ledger.Transfer(ctx, c.ID)
 	if err == nil && t.ClientID != c.Client {
 		err = ledger.Errorf(ledger.CodeNotFound, "transfer %s does not exist", c.ID)

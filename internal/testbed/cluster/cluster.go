@@ -92,7 +92,7 @@ type Region struct {
 	URL    string // database URL
 	Ledger *server.Server
 	Router *router.Router
-	API    *api.Server
+	API    *api.Handler
 	// APIStore is the API's own store: its clients and idempotency keys.
 	APIStore *apipg.Store
 	// APIURL is the base URL of the region's HTTP API.

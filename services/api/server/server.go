@@ -77,7 +77,7 @@ type Server struct {
 	cfg     Config
 	pool    *pgxpool.Pool
 	nc      *nats.Conn
-	api     *api.Server
+	api     *api.Handler
 	store   *apipg.Store
 	ln      net.Listener
 	http    *http.Server
@@ -174,7 +174,7 @@ var (
 func (s *Server) Store() *apipg.Store { return s.store }
 
 // API returns the region's API handler.
-func (s *Server) API() *api.Server { return s.api }
+func (s *Server) API() *api.Handler { return s.api }
 
 // URL returns the API's base URL, http://host:port.
 func (s *Server) URL() string { return "http://" + s.ln.Addr().String() }

@@ -74,8 +74,9 @@ type Stats struct {
 	InFlight   atomic.Int64 // repeats while the first was in flight (409)
 }
 
-// Server is a region's API.
-type Server struct {
+// Handler is a region's API: the HTTP routes, and the calls other regions
+// forward to this one over NATS (Listen). It is an http.Handler.
+type Handler struct {
 	Stats    Stats
 	cfg      Config
 	mux      *http.ServeMux
@@ -87,7 +88,7 @@ type Server struct {
 
 // New returns a region's API server. Call Listen to answer forwarded
 // requests from other regions.
-func New(cfg Config) *Server {
+func New(cfg Config) *Handler {
 	if cfg.Wait <= 0 {
 		cfg.Wait = 2 * time.Second
 	}
@@ -100,7 +101,7 @@ func New(cfg Config) *Server {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, mux: http.NewServeMux(), keys: keyWaiter{store: cfg.Store}}
+	s := &Handler{cfg: cfg, mux: http.NewServeMux(), keys: keyWaiter{store: cfg.Store}}
 	s.route("POST /v1/accounts", s.authed(s.postAccount))
 	s.route("GET /v1/accounts/{id}", s.authed(s.getAccount))
 	s.route("GET /v1/accounts/{id}/entries", s.authed(s.getEntries))
@@ -115,16 +116,16 @@ func New(cfg Config) *Server {
 	return s
 }
 
-func (s *Server) route(pattern string, h http.HandlerFunc) {
+func (s *Handler) route(pattern string, h http.HandlerFunc) {
 	s.routes = append(s.routes, pattern)
 	s.mux.HandleFunc(pattern, h)
 }
 
 // Routes lists the method and path patterns the server handles.
-func (s *Server) Routes() []string { return append([]string(nil), s.routes...) }
+func (s *Handler) Routes() []string { return append([]string(nil), s.routes...) }
 
 // ServeHTTP serves the API.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+func (s *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
 
 // call is one operation, run in the home region of what it touches; it
 // travels between regions as JSON.
@@ -156,7 +157,7 @@ func jsonReply(status int, v any) reply {
 }
 
 // do runs c in region home: here, or over NATS in the home region.
-func (s *Server) do(ctx context.Context, home string, c call) reply {
+func (s *Handler) do(ctx context.Context, home string, c call) reply {
 	if home == s.cfg.Region {
 		return s.run(ctx, c)
 	}
@@ -185,7 +186,7 @@ func ForwardSubject(region string) string { return subjects.API(region) }
 const maxForwarded = 256
 
 // Listen answers operations forwarded by other regions until Close.
-func (s *Server) Listen() error {
+func (s *Handler) Listen() error {
 	// A subscription's callback runs one message at a time, and a transfer
 	// may wait for its final state: each call gets a goroutine of its own,
 	// up to maxForwarded at once.
@@ -213,13 +214,13 @@ func (s *Server) Listen() error {
 }
 
 // Close stops answering forwarded operations.
-func (s *Server) Close() {
+func (s *Handler) Close() {
 	if s.sub != nil {
 		_ = s.sub.Unsubscribe()
 	}
 }
 
-func (s *Server) run(ctx context.Context, c call) reply {
+func (s *Handler) run(ctx context.Context, c call) reply {
 	switch c.Op {
 	case "create_account":
 		return s.createAccount(ctx, c)
@@ -248,7 +249,7 @@ func write(w http.ResponseWriter, rep reply) {
 
 // authed authenticates the client (Authorization: Bearer <API key>),
 // applies its rate limit, and logs every refused or failed write.
-func (s *Server) authed(h func(context.Context, *http.Request, string) reply) http.HandlerFunc {
+func (s *Handler) authed(h func(context.Context, *http.Request, string) reply) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		reqID := r.Header.Get("X-Request-Id")
 		if reqID == "" {
@@ -288,7 +289,7 @@ func (s *Server) authed(h func(context.Context, *http.Request, string) reply) ht
 	}
 }
 
-func (s *Server) logRefused(r *http.Request, client, reqID string, err error) {
+func (s *Handler) logRefused(r *http.Request, client, reqID string, err error) {
 	s.cfg.Log.Warn("request refused", "method", r.Method, "path", r.URL.Path, "client", client, "request_id", reqID, "reason", err.Error())
 }
 
@@ -303,7 +304,7 @@ func bearer(r *http.Request) (string, bool) {
 
 // limit takes a token from the client's bucket and returns how long to
 // wait when there is none.
-func (s *Server) limit(c RegisteredClient) time.Duration {
+func (s *Handler) limit(c RegisteredClient) time.Duration {
 	v, _ := s.limiters.LoadOrStore(c.ID, rate.NewLimiter(rate.Limit(c.RatePerSec), c.RatePerSec))
 	l := v.(*rate.Limiter)
 	res := l.Reserve()
@@ -316,7 +317,7 @@ func (s *Server) limit(c RegisteredClient) time.Duration {
 
 // readBody reads a request's JSON body. A body sent with a Content-Type
 // other than JSON is refused (a request without one is read as JSON).
-func (s *Server) readBody(r *http.Request) ([]byte, error) {
+func (s *Handler) readBody(r *http.Request) ([]byte, error) {
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		mt, _, err := mime.ParseMediaType(ct)
 		if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
@@ -333,7 +334,7 @@ func (s *Server) readBody(r *http.Request) ([]byte, error) {
 	return b, nil
 }
 
-func (s *Server) home(id string) (string, error) {
+func (s *Handler) home(id string) (string, error) {
 	r, err := s.cfg.Regions.HomeRegion(id)
 	if err != nil {
 		return "", ledger.Errorf(ledger.CodeNotFound, "no such object %q", id)
@@ -341,7 +342,7 @@ func (s *Server) home(id string) (string, error) {
 	return r, nil
 }
 
-func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+func (s *Handler) readyz(w http.ResponseWriter, r *http.Request) {
 	if err := s.cfg.Store.Ping(r.Context()); err != nil || !s.cfg.NATS.IsConnected() {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		return
@@ -351,13 +352,13 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 
 // CleanupKeys deletes the idempotency keys expired by the API's clock, and
 // returns how many.
-func (s *Server) CleanupKeys(ctx context.Context) (int64, error) {
+func (s *Handler) CleanupKeys(ctx context.Context) (int64, error) {
 	return s.cfg.Store.DeleteExpiredKeys(ctx, s.cfg.Now())
 }
 
 // RunCleanup deletes expired idempotency keys now and then every interval
 // until ctx ends.
-func (s *Server) RunCleanup(ctx context.Context, every time.Duration) {
+func (s *Handler) RunCleanup(ctx context.Context, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
