@@ -176,7 +176,8 @@ func (c *ledgerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 	srv, err := server.Open(ctx, server.Config{OwnShards: own,
 		Region: reg.Name, Regions: ids, Node: c.Node, PostgresURL: url, NATSURL: c.NATSURL, NATSUser: c.NATSUser, NATSPassword: c.NATSPassword, Workers: c.Workers,
 		BatchSize: c.BatchSize, AckWait: c.AckWait, MaxDeliver: c.MaxDeliver, Lease: c.Lease,
-		WindowDays: c.WindowDays, CacheSize: c.CacheSize, Shards: c.Shards, Log: log.With("service", "ledger"), Answers: apipg.Answers{},
+		WindowDays: c.WindowDays, CacheSize: c.CacheSize, Shards: c.Shards, Log: log.With("service", "ledger"),
+		Answers: apipg.Answers{}, AnswersSchema: new(apipg.Migrations()),
 		MetricsListen: metricsListen(c.Metrics, reg.MetricsPort), ConnectTimeout: c.ConnectTimeout,
 	})
 	if err != nil {

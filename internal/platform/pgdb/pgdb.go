@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
 )
 
 // DefaultURL is the server the demo and the tests use when nothing else is set.
@@ -79,8 +80,11 @@ type Migration struct {
 	Table string // version table, one per set
 }
 
-// Migrate applies every set in order, each migration in its own transaction.
-// It returns the first error, naming the set.
+// Migrate applies every set in order, each migration in its own transaction,
+// holding a Postgres advisory lock (goose's session locker) while it runs a
+// set, so that processes migrating one database at the same time (a
+// region's ledgers and APIs at start) take turns. It returns the first
+// error, naming the set.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, sets ...Migration) error {
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
@@ -93,8 +97,12 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, sets ...Migration) error {
 }
 
 func up(ctx context.Context, db *sql.DB, m Migration) error {
+	locker, err := lock.NewPostgresSessionLocker()
+	if err != nil {
+		return err
+	}
 	p, err := goose.NewProvider(goose.DialectPostgres, db, m.FS,
-		goose.WithTableName(m.Table), goose.WithDisableGlobalRegistry(true))
+		goose.WithTableName(m.Table), goose.WithDisableGlobalRegistry(true), goose.WithSessionLocker(locker))
 	if err != nil {
 		return err
 	}

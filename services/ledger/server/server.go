@@ -54,6 +54,12 @@ type Config struct {
 	// in the transaction that applies it (see postgres.Answers): whoever
 	// runs the ledger with the API hands in the API's (services/api/postgres).
 	Answers postgres.Answers
+	// AnswersSchema is the migration set of the tables Answers writes,
+	// applied at Open after the ledger's own, so that the ledger can commit
+	// whether or not the API has started yet (services/api/postgres's
+	// Migrations). The API applies the same set; the two are serialized by
+	// pgdb.Migrate's lock.
+	AnswersSchema *pgdb.Migration
 	// Observe receives the applied batches and saga stages (default: the
 	// histograms of /metrics when MetricsListen is set).
 	Observe ljs.Observer
@@ -157,6 +163,11 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		}})
 	if err := s.Store.Migrate(ctx); err != nil {
 		return nil, errors.Join(fmt.Errorf("ledger %s: %w", cfg.Region, err), s.Close())
+	}
+	if cfg.AnswersSchema != nil {
+		if err := pgdb.Migrate(ctx, pool, *cfg.AnswersSchema); err != nil {
+			return nil, errors.Join(fmt.Errorf("ledger %s: %w", cfg.Region, err), s.Close())
+		}
 	}
 	if err := ljs.EnsureStreams(ctx, js, s.Topo); err != nil {
 		return nil, errors.Join(fmt.Errorf("ledger %s: %w", cfg.Region, err), s.Close())
