@@ -1,0 +1,196 @@
+package dlq_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/paymesh/paymesh/internal/platform/pgdb"
+	"github.com/paymesh/paymesh/internal/testbed/ledgertest"
+	"github.com/paymesh/paymesh/internal/testbed/natsembed"
+	"github.com/paymesh/paymesh/services/ledger"
+	"github.com/paymesh/paymesh/services/ledger/dlq"
+	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
+)
+
+// failing is an applier whose database is always down.
+type failing struct{}
+
+func (failing) Apply(context.Context, []ledger.Command) ([]ledger.Result, error) {
+	return nil, errors.New("database unavailable")
+}
+
+// worker runs a ledger consumer until stop is called.
+func worker(tb testing.TB, js jetstream.JetStream, app ljs.Applier, topo ljs.Topology, f *ledgertest.Fixture) (stop func()) {
+	tb.Helper()
+	c := ljs.NewConsumer(js, app, ljs.ConsumerConfig{Topology: topo, Regions: f.Regions, Stats: f.Stats,
+		AckWait: time.Second, MaxDeliver: 2, BatchSize: 64})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	stopped := false
+	stop = func() {
+		if !stopped {
+			stopped = true
+			cancel()
+			if err := <-done; err != nil {
+				tb.Errorf("worker: %v", err)
+			}
+		}
+	}
+	tb.Cleanup(stop)
+	return stop
+}
+
+func waitLetters(tb testing.TB, ops *dlq.Ops, n int) []dlq.Letter {
+	tb.Helper()
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		p, err := ops.List(context.Background(), dlq.Filter{})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if len(p.Letters) >= n {
+			return p.Letters
+		}
+	}
+	tb.Fatalf("fewer than %d dead letters after 30s", n)
+	return nil
+}
+
+// TestRoundTrip: a transfer that could not be applied (max_deliveries) is
+// applied exactly once by replay, once the Msg-Id window is past; a
+// second replay adds nothing; a replay of a command applied after all is a
+// duplicate with its layer; a transfer to a missing account is refused
+// again with its reason; a discard is recorded once.
+func TestRoundTrip(t *testing.T) {
+	ctx := context.Background()
+	_, nc := natsembed.MustStart(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	topo := ljs.Topology{Region: "eu", Shards: 4, DuplicateWindow: time.Second}
+	if err := ljs.EnsureStreams(ctx, js, topo); err != nil {
+		t.Fatal(err)
+	}
+	f := ledgertest.New(t)
+	if err := pgdb.Migrate(ctx, f.Pool, dlq.Migrations()); err != nil {
+		t.Fatal(err)
+	}
+	ops := &dlq.Ops{Region: "eu", JS: js, Pool: f.Pool, Wait: 20 * time.Second}
+	pub := ljs.NewPublisher(js, topo, f.Stats)
+	a, b := f.Account(t, "EUR", 100), f.Account(t, "EUR", 0)
+
+	// The database is down for two deliveries: dead-lettered.
+	stop := worker(t, js, failing{}, topo, f)
+	lost := f.Transfer(t, a, b, 10)
+	if _, err := pub.Publish(ctx, lost); err != nil {
+		t.Fatal(err)
+	}
+	waitLetters(t, ops, 1)
+	stop()
+
+	worker(t, js, f.Store, topo, f)
+	ghost := f.Transfer(t, a, f.ID(t), 5) // unknown destination
+	if _, err := pub.Publish(ctx, ghost); err != nil {
+		t.Fatal(err)
+	}
+	letters := waitLetters(t, ops, 2)
+	lostSeq, ghostSeq := letters[0].Seq, letters[1].Seq
+	if letters[0].Reason != ljs.ReasonMaxDeliveries || letters[1].Reason != string(ledger.CodeAccountNotFound) {
+		t.Fatalf("reasons: got %s %s, want %s %s", letters[0].Reason, letters[1].Reason, ljs.ReasonMaxDeliveries, ledger.CodeAccountNotFound)
+	}
+	if p, err := ops.List(ctx, dlq.Filter{Reason: string(ledger.CodeAccountNotFound)}); err != nil || len(p.Letters) != 1 || p.Letters[0].Seq != ghostSeq {
+		t.Fatalf("list --reason: got %+v %v, want %d", p, err, ghostSeq)
+	}
+	if p, err := ops.List(ctx, dlq.Filter{Limit: 1}); err != nil || len(p.Letters) != 1 || p.Next != lostSeq {
+		t.Fatalf("list --limit 1: got %+v %v, want one letter and next %d", p, err, lostSeq)
+	}
+	if p, err := ops.List(ctx, dlq.Filter{OlderThan: time.Hour}); err != nil || len(p.Letters) != 0 {
+		t.Fatalf("list --older-than 1h: got %+v %v, want none", p, err)
+	}
+	l, err := ops.Show(ctx, lostSeq)
+	if err != nil || l.Command != lost || l.Deliveries != 2 || l.FirstAt.IsZero() || l.Subject != topo.Subject(a) {
+		t.Fatalf("show: got %+v %v", l, err)
+	}
+	if _, err := ops.Show(ctx, 999); !errors.Is(err, dlq.ErrNotFound) {
+		t.Fatalf("show 999: got %v, want ErrNotFound", err)
+	}
+
+	// Within the Msg-Id window the stream drops the replay: deferred, not
+	// reported as a duplicate (nothing was applied).
+	out, err := ops.Replay(ctx, lostSeq, "alice")
+	if err == nil && out.Kind == dlq.Deferred {
+		time.Sleep(time.Until(out.RetryAt) + 200*time.Millisecond)
+		out, err = ops.Replay(ctx, lostSeq, "alice")
+	}
+	if err != nil || out.Kind != dlq.Applied {
+		t.Fatalf("replay: got %v %v, want applied", out, err)
+	}
+	if got := f.Balance(t, b); got != 10 {
+		t.Fatalf("destination: got %d, want 10", got)
+	}
+	out, err = ops.Replay(ctx, lostSeq, "bob")
+	if err != nil || out.Kind != dlq.Replayed || out.Operator != "alice" {
+		t.Fatalf("second replay: got %v %v, want replayed by alice", out, err)
+	}
+	if got := f.Balance(t, b); got != 10 {
+		t.Fatalf("destination after a second replay: got %d, want 10", got)
+	}
+
+	// The ghost: refused again, with its reason; the refusal was final
+	// (the consume-log holds it).
+	time.Sleep(time.Second)
+	out, err = ops.Replay(ctx, ghostSeq, "alice")
+	if err != nil || out.Kind != dlq.Refused || out.Reason != string(ledger.CodeAccountNotFound) || out.Layer != ledger.LayerConsumeLog || out.NewSeq == 0 {
+		t.Fatalf("replay of a refusal: got %v %v, want refused account_not_found by dedup_table", out, err)
+	}
+
+	// A command applied after all: dead-lettered although applied (its
+	// dead letter is written here as the consumer writes one).
+	done := f.Transfer(t, a, b, 1)
+	f.MustApply(t, done)
+	m := pub.Msg(done)
+	m.Subject = topo.DLQSubject()
+	m.Header.Del(jetstream.MsgIDHeader)
+	m.Header.Set(ljs.HeaderDLQReason, ljs.ReasonMaxDeliveries)
+	m.Header.Set(ljs.HeaderDLQSubject, topo.Subject(a))
+	m.Header.Set(ljs.HeaderDLQSequence, "1")
+	ack, err := js.PublishMsg(ctx, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err = ops.Replay(ctx, ack.Sequence, "alice")
+	if err != nil || out.Kind != dlq.Duplicate || out.Layer != ledger.LayerConsumeLog {
+		t.Fatalf("replay of an applied command: got %v %v, want duplicate by dedup_table", out, err)
+	}
+	if got := f.Balance(t, b); got != 11 {
+		t.Fatalf("destination: got %d, want 11", got)
+	}
+
+	// Discard: recorded once, from any number of terminals.
+	if _, err := ops.Discard(ctx, out.Seq, "alice", ""); err == nil {
+		t.Fatal("discard without a reason: no error")
+	}
+	d1, err := ops.Discard(ctx, ghostSeq+0, "alice", "customer closed the account")
+	if err != nil || d1.Kind != dlq.Replayed {
+		t.Fatalf("discard of a replayed letter: got %v %v, want its replay", d1, err)
+	}
+	newGhost := waitLetters(t, ops, 1)[0].Seq
+	for _, who := range []string{"alice", "bob"} {
+		d, err := ops.Discard(ctx, newGhost, who, "customer closed the account")
+		if err != nil || d.Kind != dlq.Discarded || d.Operator != "alice" || d.Why != "customer closed the account" {
+			t.Fatalf("discard by %s: got %v %v, want discarded by alice", who, d, err)
+		}
+	}
+	if n := f.Count(t, `SELECT count(*) FROM dlq_audit WHERE action = 'discard'`); n != 1 {
+		t.Fatalf("discard records: got %d, want 1", n)
+	}
+	if p, err := ops.List(ctx, dlq.Filter{}); err != nil || len(p.Letters) != 0 {
+		t.Fatalf("dead letters left: got %+v %v, want none", p.Letters, err)
+	}
+	f.MustVerify(t)
+}
