@@ -6,18 +6,24 @@
 //
 // The model: permissions are enforced by the region's own server, the one
 // every service of the region connects to. Each region's server has one user
-// per service (ledger-<r>, router-<r>, api-<r>), and no anonymous access. A
+// per service (ledger-<r>, router-<r>, api-<r>, and ops-<r> for the
+// operator), and no anonymous access. A
 // message that another region's server receives over the leafnode link was
 // already checked against its publisher's permissions in the publisher's
 // region. So:
 //
-//   - only a router may publish to ledger.<any region>.<shard>, the subjects
-//     of the regions' LEDGER_<R> streams (its forward and outbox-relay path);
-//     a region's ledger and API may not, not even to their own region's;
+//   - of the services, only a router may publish to ledger.<any
+//     region>.<shard>, the subjects of the regions' LEDGER_<R> streams (its
+//     forward and outbox-relay path); a region's ledger and API may not,
+//     not even to their own region's;
 //   - the ledger reaches only its own streams (LEDGER_<R>, DLQ_<R>) and the
 //     router only ROUTE_<R>, through the local JetStream API ($JS.API.>);
 //     no user may use another domain's API ($JS.<domain>.API.>), so no region
 //     reads, purges or deletes another's streams;
+//   - the operator's user (ops-<r>, paymesh dlq) reads DLQ_<R> and
+//     deletes from it, reads LEDGER_<R> and its consumers' progress, and
+//     publishes to its own region's ledger subjects, the one path besides
+//     the router's: a replay of a dead letter goes back where it came from;
 //   - only API users may send forwarded API calls (paymesh.api.<region>), and
 //     only region <r>'s API user may receive those for <r>; it answers them
 //     through allow_responses, not through a publish right on _INBOX.>;
@@ -46,10 +52,12 @@ const (
 	Ledger = "ledger"
 	Router = "router"
 	API    = "api"
+	// Ops is the operator's dead-letter tool (paymesh dlq).
+	Ops = "ops"
 )
 
 // Services lists the services that have a user on every region's server.
-var Services = []string{Ledger, Router, API}
+var Services = []string{Ledger, Router, API, Ops}
 
 // User is one user of a server.
 type User struct {
@@ -120,7 +128,8 @@ const accountInfo = "$JS.API.INFO"
 
 // Users are the users of region's server.
 func Users(region string) []User {
-	ledger, router, api := UserName(Ledger, region), UserName(Router, region), UserName(API, region)
+	ledger, router, api, ops := UserName(Ledger, region), UserName(Router, region), UserName(API, region), UserName(Ops, region)
+	ledgerStream, dlqStream := subjects.LedgerStream(region), subjects.DLQStream(region)
 	inbox := func(user string) string { return InboxPrefix(user) + ".>" }
 	return []User{
 		{
@@ -152,6 +161,17 @@ func Users(region string) []User {
 					"$JS.API.STREAM.UPDATE." + subjects.RouteStream(region)},
 				SubscribeAllow: []string{subjects.API(region), inbox(api)},
 				AllowResponses: true,
+			},
+		},
+		{
+			Name: ops, Password: DevPassword(ops),
+			Permissions: &Permissions{
+				PublishAllow: []string{accountInfo, subjects.Ledger(region),
+					"$JS.API.STREAM.INFO." + dlqStream, "$JS.API.STREAM.MSG.GET." + dlqStream,
+					"$JS.API.STREAM.MSG.DELETE." + dlqStream,
+					"$JS.API.STREAM.INFO." + ledgerStream, "$JS.API.STREAM.MSG.GET." + ledgerStream,
+					"$JS.API.CONSUMER.INFO." + ledgerStream + ".*"},
+				SubscribeAllow: []string{inbox(ops)},
 			},
 		},
 	}
