@@ -6,8 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/paymesh/paymesh/internal/platform/natsauth"
 	"github.com/paymesh/paymesh/internal/platform/pgdb"
 	"github.com/paymesh/paymesh/internal/testbed/ledgertest"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
@@ -45,6 +47,25 @@ func worker(tb testing.TB, js jetstream.JetStream, app ljs.Applier, topo ljs.Top
 	return stop
 }
 
+// connect connects to region eu's server as service's user.
+func connect(tb testing.TB, nt *natsembed.Topology, service string) jetstream.JetStream {
+	tb.Helper()
+	u, err := natsauth.UserOf("eu", service)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	nc, err := nats.Connect(nt.ClientURL("eu"), natsauth.ConnectOptions(u.Name, u.Password)...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return js
+}
+
 func waitLetters(tb testing.TB, ops *dlq.Ops, n int) []dlq.Letter {
 	tb.Helper()
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
@@ -67,11 +88,10 @@ func waitLetters(tb testing.TB, ops *dlq.Ops, n int) []dlq.Letter {
 // again with its reason; a discard is recorded once.
 func TestRoundTrip(t *testing.T) {
 	ctx := context.Background()
-	_, nc := natsembed.MustStart(t)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Each side connects as its own user: the ledger, the router that
+	// publishes commands, and the operator.
+	nt := natsembed.MustStartTopology(t, "eu")
+	js, routerJS, opsJS := connect(t, nt, natsauth.Ledger), connect(t, nt, natsauth.Router), connect(t, nt, natsauth.Ops)
 	topo := ljs.Topology{Region: "eu", Shards: 4, DuplicateWindow: time.Second}
 	if err := ljs.EnsureStreams(ctx, js, topo); err != nil {
 		t.Fatal(err)
@@ -80,8 +100,8 @@ func TestRoundTrip(t *testing.T) {
 	if err := pgdb.Migrate(ctx, f.Pool, dlq.Migrations()); err != nil {
 		t.Fatal(err)
 	}
-	ops := &dlq.Ops{Region: "eu", JS: js, Pool: f.Pool, Wait: 20 * time.Second}
-	pub := ljs.NewPublisher(js, topo, f.Stats)
+	ops := &dlq.Ops{Region: "eu", JS: opsJS, Pool: f.Pool, Wait: 20 * time.Second}
+	pub := ljs.NewPublisher(routerJS, topo, f.Stats)
 	a, b := f.Account(t, "EUR", 100), f.Account(t, "EUR", 0)
 
 	// The database is down for two deliveries: dead-lettered.
