@@ -37,6 +37,7 @@ import (
 	apipg "github.com/paymesh/paymesh/services/api/postgres"
 	apiserver "github.com/paymesh/paymesh/services/api/server"
 	"github.com/paymesh/paymesh/services/ledger"
+	"github.com/paymesh/paymesh/services/ledger/dlq"
 	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 	"github.com/paymesh/paymesh/services/ledger/server"
@@ -64,6 +65,7 @@ type cli struct {
 	Verify    verifyCmd    `cmd:"" help:"Check a region's ledger invariants and print PASS/FAIL for each."`
 	Migrate   migrateCmd   `cmd:"" help:"Apply a region's database migrations (the ledger's and the API's) and create its consume-log partitions."`
 	WAN       wanCmd       `cmd:"" name:"wan" help:"Run a region's WAN link to the hub: a TCP proxy with the table's latency, jitter, resets, cut and heal, and a control API."`
+	DLQ       dlqCmd       `cmd:"" name:"dlq" help:"List, show, replay and discard a region's dead letters."`
 	Sim       simCmd       `cmd:"" help:"Run docker-compose.yml's topology as processes on this machine, with load, a fault schedule, Prometheus and alerts, then a PASS/FAIL report."`
 }
 
@@ -611,6 +613,9 @@ func (c *migrateCmd) Run(ctx context.Context, t regions.Table) error {
 		return err
 	}
 	if err := apipg.New(pool).Migrate(ctx); err != nil {
+		return err
+	}
+	if err := pgdb.Migrate(ctx, pool, dlq.Migrations()); err != nil {
 		return err
 	}
 	fmt.Printf("region %s: database migrated\n", reg.Name)
