@@ -127,12 +127,12 @@ func Acquire(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Lease, error
 	// the floor this holder must mint after.
 	err := pool.QueryRow(ctx, `
 INSERT INTO node_leases AS l (region, node, holder, token, lease_until, high_water)
-VALUES ($1, $2, $3, $4, now() + $5::interval, 'epoch')
+VALUES ($1, $2, $3, $4, now() + $5 * interval '1 microsecond', 'epoch')
 ON CONFLICT (region, node) DO UPDATE
    SET holder = excluded.holder, token = excluded.token, lease_until = excluded.lease_until,
        acquired_at = now(), renewed_at = now()
  WHERE l.lease_until <= now()
-RETURNING l.high_water`, cfg.Region, int(cfg.Node), cfg.Holder, l.token, cfg.TTL.String()).Scan(&l.floor)
+RETURNING l.high_water`, cfg.Region, int(cfg.Node), cfg.Holder, l.token, cfg.TTL.Microseconds()).Scan(&l.floor)
 	if errors.Is(err, pgx.ErrNoRows) {
 		var holder string
 		var until time.Time
@@ -262,8 +262,8 @@ func (l *Lease) Renew(ctx context.Context) error {
 	}
 	start := time.Since(l.base)
 	tag, err := l.pool.Exec(ctx, `
-UPDATE node_leases SET lease_until = now() + $4::interval, renewed_at = now(), high_water = greatest(high_water, $5)
- WHERE region = $1 AND node = $2 AND token = $3`, l.cfg.Region, int(l.cfg.Node), l.token, l.cfg.TTL.String(), l.reserve())
+UPDATE node_leases SET lease_until = now() + $4 * interval '1 microsecond', renewed_at = now(), high_water = greatest(high_water, $5)
+ WHERE region = $1 AND node = $2 AND token = $3`, l.cfg.Region, int(l.cfg.Node), l.token, l.cfg.TTL.Microseconds(), l.reserve())
 	if err != nil {
 		return fmt.Errorf("node lease %s/%d: renew: %w", l.cfg.Region, l.cfg.Node, err)
 	}

@@ -214,3 +214,34 @@ func TestTakeoverAfterExpiry(t *testing.T) {
 		_ = l.Release(ctx)
 	})
 }
+
+// TestLostToAnotherHolder: a holder whose lease expired and was taken
+// cannot renew it back; it stays lost.
+func TestLostToAnotherHolder(t *testing.T) {
+	ctx := context.Background()
+	_, url := pgtest.MustDatabase(t, nodelease.Migrations())
+	cfg := nodelease.Config{Region: "eu", Node: 9, Holder: "a", TTL: 300 * time.Millisecond}
+	a, err := nodelease.Acquire(ctx, process(t, url), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(400 * time.Millisecond) // a stalls past its TTL
+	if err := a.Err(); !errors.Is(err, nodelease.ErrLost) {
+		t.Fatalf("a.Err past its TTL = %v, want ErrLost", err)
+	}
+	cfg.Holder = "b"
+	b, err := nodelease.Acquire(ctx, process(t, url), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Release(ctx)
+	if err := a.Renew(ctx); !errors.Is(err, nodelease.ErrLost) {
+		t.Fatalf("a.Renew after b took the node = %v, want ErrLost", err)
+	}
+	if err := a.Err(); !errors.Is(err, nodelease.ErrLost) || !strings.Contains(err.Error(), "taken") {
+		t.Fatalf("a.Err after b took the node = %v, want ErrLost (taken)", err)
+	}
+	if err := b.Err(); err != nil {
+		t.Fatalf("b.Err = %v, want nil", err)
+	}
+}
