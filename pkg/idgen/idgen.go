@@ -33,8 +33,9 @@
 //     for an ID to its home region from the ID alone (see Regions.HomeRegion).
 //   - No collisions across regions or nodes: every (region, node) pair has a
 //     distinct sonyflake machine id, and sonyflake IDs from different machine
-//     ids never collide. Operators must still ensure that at most one
-//     Generator runs for each (region, node) at a time.
+//     ids never collide, provided at most one Generator runs for each
+//     (region, node) at a time: the services lease their node id
+//     (internal/platform/nodelease) and mint under GeneratorConfig.Permit.
 //   - Monotonic per node: a Generator's successive IDs strictly increase,
 //     because sonyflake keeps an in-memory high-water time and sequence; if
 //     the wall clock steps back it keeps counting from the high-water mark
