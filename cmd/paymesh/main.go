@@ -136,7 +136,7 @@ type ledgerCmd struct {
 	regionDB
 	NATSURL string `name:"nats-url" env:"PAYMESH_NATS_URL" default:"nats://127.0.0.1:4222" help:"NATS server of the region."`
 	natsLogin
-	Node       uint16        `env:"PAYMESH_NODE" default:"1" help:"Node id (0-1023), unique per running ledger process in the region."`
+	Node       uint16        `env:"PAYMESH_NODE" default:"1" help:"Node id (0-1023) for the account IDs this process mints; leased in the region's database at start (refused while another live process holds it)."`
 	Workers    int           `env:"PAYMESH_WORKERS" default:"2" help:"Consumers in this process."`
 	BatchSize  int           `name:"batch-size" env:"PAYMESH_BATCH_SIZE" default:"${default_batch}" help:"Most messages applied in one transaction."`
 	AckWait    time.Duration `name:"ack-wait" env:"PAYMESH_ACK_WAIT" default:"30s" help:"JetStream redelivery timeout."`
@@ -248,7 +248,7 @@ type apiCmd struct {
 	NATSURL string `name:"nats-url" env:"PAYMESH_NATS_URL" default:"nats://127.0.0.1:4222" help:"NATS server of the region."`
 	natsLogin
 	Listen  string        `env:"PAYMESH_API_LISTEN" help:"Address to listen on (default: 127.0.0.1:<the region's api_port>)."`
-	Node    uint16        `env:"PAYMESH_API_NODE" default:"2" help:"Node id (0-1023) for the transfer IDs this process mints; unique per process in the region."`
+	Node    uint16        `env:"PAYMESH_API_NODE" default:"2" help:"Node id (0-1023) for the transfer IDs this process mints; leased in the region's database at start (refused while another live process holds it)."`
 	Shards  int           `env:"PAYMESH_SHARDS" default:"16" help:"Ledger subjects per region (as the ledgers)."`
 	Wait    time.Duration `env:"PAYMESH_API_WAIT" default:"2s" help:"How long POST /v1/transfers waits for a final state before answering 202."`
 	KeyTTL  time.Duration `name:"key-ttl" env:"PAYMESH_KEY_TTL" default:"24h" help:"How long idempotency keys are kept."`

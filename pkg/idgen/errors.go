@@ -25,6 +25,11 @@ var (
 	// different region from the region code embedded in its bits, for
 	// example an eu ID relabelled "us-…".
 	ErrRegionMismatch = errors.New("region prefix does not match id bits")
+
+	// ErrClockBehind reports a Generator whose clock is not past the
+	// high-water time of its machine id (GeneratorConfig.Floor): minting
+	// then could repeat an ID minted before.
+	ErrClockBehind = errors.New("clock behind the node's high-water time")
 )
 
 // maxQuoted is the longest input quoted verbatim in an error message.

@@ -33,16 +33,20 @@
 //     for an ID to its home region from the ID alone (see Regions.HomeRegion).
 //   - No collisions across regions or nodes: every (region, node) pair has a
 //     distinct sonyflake machine id, and sonyflake IDs from different machine
-//     ids never collide. Operators must still ensure that at most one
-//     Generator runs for each (region, node) at a time.
+//     ids never collide, provided at most one Generator runs for each
+//     (region, node) at a time: the services lease their node id
+//     (internal/platform/nodelease) and mint under GeneratorConfig.Permit.
 //   - Monotonic per node: a Generator's successive IDs strictly increase,
 //     because sonyflake keeps an in-memory high-water time and sequence; if
 //     the wall clock steps back it keeps counting from the high-water mark
 //     instead of reusing earlier values. Two caveats follow from that: after
 //     a backwards clock step, a Generator that exhausts its 256 sequence
 //     numbers blocks in Next until the wall clock catches up; and the
-//     high-water mark is not persisted, so a process restarted while the
-//     clock is behind the last ID it minted could reissue IDs for its node.
+//     high-water mark lives in memory. A Generator made with a Floor (the
+//     high-water time a node lease persisted for its machine id, see
+//     GeneratorConfig) never mints at or below it, so a process restarted
+//     while its clock is behind the last ID minted for its node refuses to
+//     mint instead of reissuing IDs.
 package idgen
 
 import (
@@ -50,6 +54,7 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -356,19 +361,47 @@ func badChar(body string, i, off int) string {
 
 // Generator mints IDs for one (region, node). It is safe for concurrent use.
 // At most one Generator may exist for a given (region, node) across the whole
-// deployment at any time, or IDs will collide.
+// deployment at any time, or IDs will collide: a node lease
+// (GeneratorConfig.Permit) is how a deployment makes sure of it.
 type Generator struct {
 	sf      *sonyflake.Sonyflake
 	regions *Regions
 	region  string
 	node    uint16
+	// floorTicks: every ID minted has more time ticks than this.
+	floorTicks uint64
+	permit     func() error
+	last       atomic.Uint64 // the greatest ID minted, 0 if none
 }
 
-// NewGenerator returns a Generator for the named region and node id. It
-// returns an error wrapping ErrUnknownRegion if regions is nil or region is
-// not in it, and an error if node is greater than MaxNode or sonyflake cannot
-// be set up (for example if Epoch is in the future).
+// GeneratorConfig holds what a Generator takes from the process that runs
+// it, beyond its machine id. The zero value is a Generator trusted to be
+// alone on its machine id with a clock that never went back.
+type GeneratorConfig struct {
+	// Floor is the high-water time of the machine id: the time of the last
+	// ID any earlier Generator may have minted for it (persisted by a node
+	// lease). Next returns an error wrapping ErrClockBehind rather than mint
+	// an ID whose time is not after Floor's 10 ms tick. Zero: no floor.
+	Floor time.Time
+	// Permit, if set, is asked before each ID; a non-nil error (a lost
+	// node lease, say) stops minting and Next returns it wrapped. It must
+	// be cheap: it runs on every ID.
+	Permit func() error
+}
+
+// NewGenerator returns a Generator for the named region and node id, with
+// no floor and no permit (see NewGeneratorWith). It returns an error
+// wrapping ErrUnknownRegion if regions is nil or region is not in it, and an
+// error if node is greater than MaxNode or sonyflake cannot be set up (for
+// example if Epoch is in the future).
 func NewGenerator(r *Regions, region string, node uint16) (*Generator, error) {
+	return NewGeneratorWith(r, region, node, GeneratorConfig{})
+}
+
+// NewGeneratorWith returns a Generator for the named region and node id
+// that mints only after gc.Floor and while gc.Permit allows. It returns the
+// errors of NewGenerator.
+func NewGeneratorWith(r *Regions, region string, node uint16, gc GeneratorConfig) (*Generator, error) {
 	if r == nil {
 		return nil, fmt.Errorf("idgen: new generator for region %q: nil Regions: %w", region, ErrUnknownRegion)
 	}
@@ -387,23 +420,53 @@ func NewGenerator(r *Regions, region string, node uint16) (*Generator, error) {
 	if err != nil {
 		return nil, fmt.Errorf("idgen: new generator for region %q node %d: %w", region, node, err)
 	}
-	return &Generator{sf: sf, regions: r, region: region, node: node}, nil
+	g := &Generator{sf: sf, regions: r, region: region, node: node, permit: gc.Permit}
+	if gc.Floor.After(Epoch) {
+		g.floorTicks = uint64(gc.Floor.Sub(Epoch) / timeUnit)
+	}
+	return g, nil
 }
 
 // Next returns a new ID, strictly greater than every ID this Generator
 // returned before. It may sleep up to 10 ms when 256 IDs were already minted
 // in the current tick. It returns 0 and an error if the Generator was not
-// made by NewGenerator or sonyflake fails (its 39-bit time, about 174 years
-// after Epoch, has run out).
+// made by NewGenerator, its Permit refuses, the clock is not past its Floor
+// (wrapping ErrClockBehind), or sonyflake fails (its 39-bit time, about 174
+// years after Epoch, has run out).
 func (g *Generator) Next() (ID, error) {
 	if g == nil || g.sf == nil {
 		return 0, errors.New("idgen: Generator not created by NewGenerator")
+	}
+	if g.permit != nil {
+		if err := g.permit(); err != nil {
+			return 0, fmt.Errorf("idgen: next id for region %q node %d: %w", g.region, g.node, err)
+		}
 	}
 	v, err := g.sf.NextID()
 	if err != nil {
 		return 0, fmt.Errorf("idgen: next id for region %q node %d: %w", g.region, g.node, err)
 	}
+	if ticks := v >> timeShift; ticks <= g.floorTicks {
+		return 0, fmt.Errorf("idgen: next id for region %q node %d: clock at %s, not after the node's high-water time %s: %w",
+			g.region, g.node, ID(v).Time().Format(time.RFC3339Nano), Epoch.Add(time.Duration(g.floorTicks)*timeUnit).Format(time.RFC3339Nano), ErrClockBehind)
+	}
+	for {
+		last := g.last.Load()
+		if v <= last || g.last.CompareAndSwap(last, v) {
+			break
+		}
+	}
 	return ID(v), nil
+}
+
+// HighWater returns the time of the greatest ID this Generator minted (its
+// 10 ms tick), or the zero time if it minted none. A node lease persists it.
+func (g *Generator) HighWater() time.Time {
+	v := g.last.Load()
+	if v == 0 {
+		return time.Time{}
+	}
+	return ID(v).Time()
 }
 
 // NextString returns a new ID in text form, as Next followed by Format. It

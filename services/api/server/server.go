@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 
 	"github.com/paymesh/paymesh/internal/platform/natsconn"
+	"github.com/paymesh/paymesh/internal/platform/nodelease"
 	"github.com/paymesh/paymesh/internal/platform/pgdb"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/api"
@@ -31,9 +33,15 @@ import (
 
 // Config is everything a region's API needs.
 type Config struct {
-	Region       string
-	Regions      *idgen.Regions
-	Node         uint16 // node id in the region for the transfer IDs this process mints, unique per process
+	Region  string
+	Regions *idgen.Regions
+	// Node is the node id in the region for the transfer IDs this process
+	// mints. Open leases it in the region's database (nodelease) and
+	// fails, naming the holder, while another live process holds it.
+	Node uint16
+	// NodeTTL is how long the node lease outlives this process after a
+	// crash (default nodelease.DefaultTTL).
+	NodeTTL      time.Duration
 	PostgresURL  string // the region's database
 	NATSURL      string // a server of the region
 	NATSUser     string // the API's user on that server (internal/platform/natsauth); empty if it has none
@@ -76,6 +84,7 @@ const defaultWait = 2 * time.Second
 type Server struct {
 	cfg     Config
 	pool    *pgxpool.Pool
+	lease   *nodelease.Lease
 	nc      *nats.Conn
 	api     *api.Handler
 	store   *apipg.Store
@@ -107,16 +116,23 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 
 func (s *Server) open(ctx context.Context) error {
 	cfg := s.cfg
-	gen, err := idgen.NewGenerator(cfg.Regions, cfg.Region, cfg.Node)
-	if err != nil {
+	if _, err := idgen.NewGenerator(cfg.Regions, cfg.Region, cfg.Node); err != nil {
 		return err
 	}
 	if err := pgdb.Wait(ctx, cfg.PostgresURL, cfg.ConnectTimeout, cfg.Log); err != nil {
 		return err
 	}
+	var err error
 	if s.pool, err = postgres.Connect(ctx, cfg.PostgresURL, time.Minute, 0); err != nil {
 		return err
 	}
+	host, _ := os.Hostname()
+	gen, lease, err := nodelease.OpenGenerator(ctx, s.pool, cfg.Regions, nodelease.Config{Region: cfg.Region, Node: cfg.Node,
+		Holder: fmt.Sprintf("api %s pid %d", host, os.Getpid()), TTL: cfg.NodeTTL, Log: cfg.Log})
+	if err != nil {
+		return err
+	}
+	s.lease = lease
 	s.nc, err = natsconn.Connect(ctx, natsconn.Config{URL: cfg.NATSURL, User: cfg.NATSUser, Password: cfg.NATSPassword,
 		Name: "paymesh-api-" + cfg.Region, Timeout: cfg.ConnectTimeout, Log: cfg.Log})
 	if err != nil {
@@ -210,8 +226,9 @@ func (s *Server) Run(ctx context.Context) error {
 }
 
 // Close stops /metrics, the HTTP server and the answering of forwarded
-// calls, then closes the NATS connection and the database pool. It returns
-// the errors of the servers, joined.
+// calls, then closes the NATS connection, releases the node lease and
+// closes the database pool. It returns the errors of the servers and the
+// release, joined.
 func (s *Server) Close() error {
 	var errs []error
 	if s.metrics != nil {
@@ -230,6 +247,11 @@ func (s *Server) Close() error {
 	}
 	if s.nc != nil {
 		s.nc.Close()
+	}
+	if s.lease != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		errs = append(errs, s.lease.Release(ctx))
 	}
 	if s.pool != nil {
 		s.pool.Close()

@@ -2,12 +2,14 @@ package server_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/paymesh/paymesh/internal/platform/nodelease"
 	"github.com/paymesh/paymesh/internal/testbed/apicheck"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/internal/testbed/pgtest"
@@ -96,9 +98,41 @@ func TestAPIOpenErrors(t *testing.T) {
 	}
 	defer first.Close()
 	taken := strings.TrimPrefix(first.URL(), "http://")
-	if _, err := server.Open(ctx, server.Config{Region: "eu", Regions: ids, PostgresURL: url, NATSURL: ns.ClientURL(), Listen: taken}); err == nil || !strings.Contains(err.Error(), "listen") {
+	if _, err := server.Open(ctx, server.Config{Region: "eu", Regions: ids, Node: 1, PostgresURL: url, NATSURL: ns.ClientURL(), Listen: taken}); err == nil || !strings.Contains(err.Error(), "listen") {
 		t.Fatalf("address in use: got %v, want a listen error", err)
 	}
+}
+
+// TestAPINodeLeased: a second API asking for the node id a live API holds
+// is refused with an error naming the holder (on a build without node
+// leases it opened, and the two minted the same transfer IDs); after the
+// first closes, the node is free at once.
+func TestAPINodeLeased(t *testing.T) {
+	ns, _ := natsembed.MustStart(t)
+	_, url := pgtest.MustDatabase(t)
+	ids, _ := idgen.NewRegions(map[string]uint8{"eu": 1})
+	ctx := context.Background()
+	cfg := server.Config{Region: "eu", Regions: ids, Node: 2, PostgresURL: url, NATSURL: ns.ClientURL()}
+	first, err := server.Open(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := server.Open(ctx, cfg)
+	if err == nil {
+		second.Close()
+		t.Fatal("second API on node 2 opened; want it refused while the first holds the node")
+	}
+	if !errors.Is(err, nodelease.ErrHeld) || !strings.Contains(err.Error(), "held by \"api ") {
+		t.Fatalf("second API on node 2: got %v, want ErrHeld naming the first API", err)
+	}
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	again, err := server.Open(ctx, cfg)
+	if err != nil {
+		t.Fatalf("open after the holder closed: %v", err)
+	}
+	_ = again.Close()
 }
 
 func get(t *testing.T, url string) string {

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/paymesh/paymesh/internal/platform/natsconn"
+	"github.com/paymesh/paymesh/internal/platform/nodelease"
 	"github.com/paymesh/paymesh/internal/platform/pgdb"
 	"github.com/paymesh/paymesh/pkg/dedup"
 	"github.com/paymesh/paymesh/pkg/idgen"
@@ -28,9 +29,15 @@ import (
 
 // Config is everything a region's ledger needs.
 type Config struct {
-	Region       string
-	Regions      *idgen.Regions
-	Node         uint16 // node id in the region, unique per running ledger process
+	Region  string
+	Regions *idgen.Regions
+	// Node is the node id in the region this process mints account IDs
+	// with. Open leases it in the region's database (nodelease) and fails,
+	// naming the holder, while another live process holds it.
+	Node uint16
+	// NodeTTL is how long the node lease outlives this process after a
+	// crash (default nodelease.DefaultTTL).
+	NodeTTL      time.Duration
 	PostgresURL  string // the region's database
 	NATSURL      string // a server of the region
 	NATSUser     string // the ledger's user on that server (internal/platform/natsauth); empty if it has none
@@ -96,6 +103,7 @@ type Server struct {
 	Stats *ledger.Stats
 	Topo  ljs.Topology
 	pool  *pgxpool.Pool
+	lease *nodelease.Lease
 	nc    *nats.Conn
 	js    jetstream.JetStream
 	dedup *dedup.Log
@@ -115,8 +123,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.Lease <= 0 {
 		cfg.Lease = 30 * time.Second
 	}
-	gen, err := idgen.NewGenerator(cfg.Regions, cfg.Region, cfg.Node)
-	if err != nil {
+	if _, err := idgen.NewGenerator(cfg.Regions, cfg.Region, cfg.Node); err != nil {
 		return nil, err
 	}
 	if err := pgdb.Wait(ctx, cfg.PostgresURL, cfg.ConnectTimeout, cfg.Log); err != nil {
@@ -126,28 +133,35 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ledger %s: %w", cfg.Region, err)
 	}
-	nc, err := natsconn.Connect(ctx, natsconn.Config{URL: cfg.NATSURL, User: cfg.NATSUser, Password: cfg.NATSPassword,
-		Name: "paymesh-ledger-" + cfg.Region, Timeout: cfg.ConnectTimeout, Log: cfg.Log})
+	host, _ := os.Hostname()
+	gen, lease, err := nodelease.OpenGenerator(ctx, pool, cfg.Regions, nodelease.Config{Region: cfg.Region, Node: cfg.Node,
+		Holder: fmt.Sprintf("ledger %s pid %d", host, os.Getpid()), TTL: cfg.NodeTTL, Log: cfg.Log})
 	if err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("ledger %s: %w", cfg.Region, err)
 	}
+	release := func() { _ = lease.Release(context.WithoutCancel(ctx)); pool.Close() }
+	nc, err := natsconn.Connect(ctx, natsconn.Config{URL: cfg.NATSURL, User: cfg.NATSUser, Password: cfg.NATSPassword,
+		Name: "paymesh-ledger-" + cfg.Region, Timeout: cfg.ConnectTimeout, Log: cfg.Log})
+	if err != nil {
+		release()
+		return nil, fmt.Errorf("ledger %s: %w", cfg.Region, err)
+	}
 	js, err := jetstream.New(nc)
 	if err != nil {
-		pool.Close()
 		nc.Close()
+		release()
 		return nil, fmt.Errorf("ledger %s: %w", cfg.Region, err)
 	}
 	var cache *dedup.Cache
 	if cfg.CacheSize > 0 {
 		cache = dedup.NewCache(cfg.CacheSize)
 	}
-	host, _ := os.Hostname()
 	stats := cfg.Stats
 	if stats == nil {
 		stats = &ledger.Stats{}
 	}
-	s := &Server{cfg: cfg, Stats: stats, pool: pool, nc: nc, js: js,
+	s := &Server{cfg: cfg, Stats: stats, pool: pool, lease: lease, nc: nc, js: js,
 		Topo: ljs.Topology{Region: cfg.Region, Shards: cfg.Shards, DuplicateWindow: cfg.DuplicateWindow}}
 	s.dedup = dedup.New(dedup.Config{
 		Holder: fmt.Sprintf("%s/%s-%d/%d", cfg.Region, host, os.Getpid(), cfg.Node), WindowDays: cfg.WindowDays, Cache: cache,
@@ -241,14 +255,18 @@ func (s *Server) Run(ctx context.Context) error {
 	return errors.Join(<-errs)
 }
 
-// Close stops /metrics and closes the NATS connection and the database
-// pool, in that order. It returns the metrics server's error.
+// Close stops /metrics, closes the NATS connection, releases the node
+// lease and closes the database pool, in that order. It returns the
+// errors of the metrics server and the release, joined.
 func (s *Server) Close() error {
-	var err error
+	var errs []error
 	if s.metrics != nil {
-		err = s.metrics.Close()
+		errs = append(errs, s.metrics.Close())
 	}
 	s.nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	errs = append(errs, s.lease.Release(ctx))
 	s.pool.Close()
-	return err
+	return errors.Join(errs...)
 }

@@ -2,12 +2,14 @@ package server_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/paymesh/paymesh/internal/platform/nodelease"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/internal/testbed/pgtest"
 	"github.com/paymesh/paymesh/pkg/idgen"
@@ -98,5 +100,28 @@ func TestServerOpenErrors(t *testing.T) {
 	_, url := pgtest.MustDatabase(t)
 	if _, err := server.Open(ctx, server.Config{Region: "eu", Regions: ids, PostgresURL: url, NATSURL: "nats://127.0.0.1:1"}); err == nil {
 		t.Fatal("unreachable NATS: want an error")
+	}
+}
+
+// TestLedgerNodeLeased: a second ledger on the node id a live ledger holds
+// is refused with an error naming the holder.
+func TestLedgerNodeLeased(t *testing.T) {
+	ns, _ := natsembed.MustStart(t)
+	_, url := pgtest.MustDatabase(t)
+	ids, _ := idgen.NewRegions(map[string]uint8{"eu": 1})
+	ctx := context.Background()
+	cfg := server.Config{Region: "eu", Regions: ids, Node: 1, PostgresURL: url, NATSURL: ns.ClientURL(), Shards: 2}
+	first, err := server.Open(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+	second, err := server.Open(ctx, cfg)
+	if err == nil {
+		second.Close()
+		t.Fatal("second ledger on node 1 opened; want it refused while the first holds the node")
+	}
+	if !errors.Is(err, nodelease.ErrHeld) || !strings.Contains(err.Error(), "held by \"ledger ") {
+		t.Fatalf("second ledger on node 1: got %v, want ErrHeld naming the first ledger", err)
 	}
 }

@@ -1,0 +1,36 @@
+package nodelease
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/paymesh/paymesh/internal/platform/pgdb"
+	"github.com/paymesh/paymesh/pkg/idgen"
+)
+
+// OpenGenerator is how a service gets its ID generator: it checks the
+// region and node against regions, applies the lease migrations, leases
+// cfg.Node (Acquire) and returns a Generator that mints after the node's
+// high-water time and only while the lease holds, with the lease's renewals
+// started. The caller releases the lease at Close. It returns the errors of
+// idgen.NewGenerator, the migration's, or Acquire's.
+func OpenGenerator(ctx context.Context, pool *pgxpool.Pool, regions *idgen.Regions, cfg Config) (*idgen.Generator, *Lease, error) {
+	if _, err := idgen.NewGenerator(regions, cfg.Region, cfg.Node); err != nil {
+		return nil, nil, err
+	}
+	if err := pgdb.Migrate(ctx, pool, Migrations()); err != nil {
+		return nil, nil, err
+	}
+	l, err := Acquire(ctx, pool, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	gen, err := idgen.NewGeneratorWith(regions, cfg.Region, cfg.Node, idgen.GeneratorConfig{Floor: l.Floor(), Permit: l.Err})
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w (lease: %w)", err, l.Release(context.WithoutCancel(ctx)))
+	}
+	l.Start(gen.HighWater)
+	return gen, l, nil
+}
