@@ -2,7 +2,9 @@ package nodelease
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -23,7 +25,7 @@ func OpenGenerator(ctx context.Context, pool *pgxpool.Pool, regions *idgen.Regio
 	if err := pgdb.Migrate(ctx, pool, Migrations()); err != nil {
 		return nil, nil, err
 	}
-	l, err := Acquire(ctx, pool, cfg)
+	l, err := acquireWaiting(ctx, pool, cfg)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -33,4 +35,35 @@ func OpenGenerator(ctx context.Context, pool *pgxpool.Pool, regions *idgen.Regio
 	}
 	l.Start(gen.HighWater)
 	return gen, l, nil
+}
+
+// acquireWaiting is Acquire, waiting up to cfg.HeldWait for a lease held by
+// another holder to end. It logs the wait once.
+func acquireWaiting(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Lease, error) {
+	wait := cfg.HeldWait
+	if wait <= 0 {
+		ttl := cfg.TTL
+		if ttl <= 0 {
+			ttl = DefaultTTL
+		}
+		wait = 2 * ttl
+	}
+	deadline := time.Now().Add(wait)
+	logged := false
+	for {
+		l, err := acquireWaiting(ctx, pool, cfg)
+		if !errors.Is(err, ErrHeld) || time.Now().After(deadline) {
+			return l, err
+		}
+		if !logged && cfg.Log != nil {
+			cfg.Log.Info("waiting for the node lease to end (a crashed holder's lease ends a TTL after its last renewal)",
+				"region", cfg.Region, "node", cfg.Node, "err", err, "up_to", time.Until(deadline).Round(time.Second))
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w (%w)", err, ctx.Err())
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
 }

@@ -77,6 +77,12 @@ type Config struct {
 	// node's high-water time (default DefaultMaxClockWait); past it Acquire
 	// refuses with ErrClockBehind.
 	MaxClockWait time.Duration
+	// HeldWait bounds how long OpenGenerator waits for a lease held by
+	// another holder to end (default 2 TTL): a process restarted after a
+	// crash finds its own dead lease, which ends a TTL after its last
+	// renewal. A live holder renews, so a second process on its node is
+	// still refused, after HeldWait.
+	HeldWait time.Duration
 	// Now is the clock IDs are minted by (default time.Now).
 	Now func() time.Time
 	Log *slog.Logger

@@ -245,3 +245,48 @@ func TestLostToAnotherHolder(t *testing.T) {
 		t.Fatalf("b.Err = %v, want nil", err)
 	}
 }
+
+// TestRestartAfterCrashWaitsForItsOldLease: a process killed without
+// releasing its lease is restarted at once (as a supervisor does) and
+// finds its dead lease: OpenGenerator waits for it to end and then mints
+// after the old holder's IDs, where a live holder's node stays refused.
+func TestRestartAfterCrashWaitsForItsOldLease(t *testing.T) {
+	_, url := pgtest.MustDatabase(t)
+	ctx := context.Background()
+	ttl := 500 * time.Millisecond
+	cfg := nodelease.Config{Region: "eu", Node: 7, Holder: "crashed", TTL: ttl}
+	oldPool := process(t, url)
+	oldGen, _, err := nodelease.OpenGenerator(ctx, oldPool, regions(t), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, err := oldGen.Next()
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldPool.Close() // it crashes: no more renewals, no release, as after kill -9
+
+	cfg.Holder = "restarted"
+	start := time.Now()
+	gen, l, err := nodelease.OpenGenerator(ctx, process(t, url), regions(t), cfg)
+	if err != nil {
+		t.Fatalf("restart after a crash: got %v, want the old lease waited out", err)
+	}
+	defer l.Release(ctx)
+	if waited := time.Since(start); waited > 3*ttl {
+		t.Errorf("waited %s for a lease of %s", waited, ttl)
+	}
+	id, err := gen.Next()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id <= last {
+		t.Fatalf("got ID %d after the crashed holder's %d, want a later one", id, last)
+	}
+
+	// A live holder is not waited out: after HeldWait the node is refused.
+	cfg.Holder, cfg.HeldWait = "second", 2*ttl
+	if _, _, err := nodelease.OpenGenerator(ctx, process(t, url), regions(t), cfg); !errors.Is(err, nodelease.ErrHeld) {
+		t.Fatalf("node held by a live process: got %v, want ErrHeld", err)
+	}
+}

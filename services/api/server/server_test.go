@@ -112,7 +112,7 @@ func TestAPINodeLeased(t *testing.T) {
 	_, url := pgtest.MustDatabase(t)
 	ids, _ := idgen.NewRegions(map[string]uint8{"eu": 1})
 	ctx := context.Background()
-	cfg := server.Config{Region: "eu", Regions: ids, Node: 2, PostgresURL: url, NATSURL: ns.ClientURL()}
+	cfg := server.Config{Region: "eu", Regions: ids, Node: 2, PostgresURL: url, NATSURL: ns.ClientURL(), NodeTTL: time.Second}
 	first, err := server.Open(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -110,7 +110,8 @@ func TestLedgerNodeLeased(t *testing.T) {
 	_, url := pgtest.MustDatabase(t)
 	ids, _ := idgen.NewRegions(map[string]uint8{"eu": 1})
 	ctx := context.Background()
-	cfg := server.Config{Region: "eu", Regions: ids, Node: 1, PostgresURL: url, NATSURL: ns.ClientURL(), Shards: 2}
+	// A short lease: the second ledger waits two of them for the first to end.
+	cfg := server.Config{Region: "eu", Regions: ids, Node: 1, PostgresURL: url, NATSURL: ns.ClientURL(), Shards: 2, NodeTTL: time.Second}
 	first, err := server.Open(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
