@@ -51,7 +51,7 @@ func acquireWaiting(ctx context.Context, pool *pgxpool.Pool, cfg Config) (*Lease
 	deadline := time.Now().Add(wait)
 	logged := false
 	for {
-		l, err := acquireWaiting(ctx, pool, cfg)
+		l, err := Acquire(ctx, pool, cfg)
 		if !errors.Is(err, ErrHeld) || time.Now().After(deadline) {
 			return l, err
 		}
