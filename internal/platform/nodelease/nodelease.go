@@ -56,9 +56,12 @@ var (
 	ErrLost = errors.New("node lease lost")
 )
 
-// Defaults of Config.
+// Defaults of Config. The TTL is short because a process restarted after
+// a crash waits for its dead lease to end, and costs little: a holder that
+// cannot renew for a TTL has lost its Postgres, without which neither the
+// ledger nor the API can serve anyway.
 const (
-	DefaultTTL          = 15 * time.Second
+	DefaultTTL          = 5 * time.Second
 	DefaultMaxClockWait = 5 * time.Second
 )
 
