@@ -145,6 +145,7 @@ type ledgerCmd struct {
 	WindowDays int           `name:"dedup-window-days" env:"PAYMESH_DEDUP_WINDOW_DAYS" default:"7" help:"Days of consume-log kept."`
 	CacheSize  int           `name:"cache-size" env:"PAYMESH_CACHE_SIZE" default:"100000" help:"Recently committed keys kept in memory (0 disables)."`
 	Shards     int           `env:"PAYMESH_SHARDS" default:"16" help:"Ledger subjects per region."`
+	OutboxKeep time.Duration `name:"outbox-retention" env:"PAYMESH_OUTBOX_RETENTION" default:"24h" help:"How long sent outbox rows are kept before they are deleted (negative keeps them all)."`
 	ShardSet   string        `name:"shard-set" env:"PAYMESH_SHARD_SET" default:"0/1" help:"i/n: this process applies the shards k with k mod n = i. Give each ledger replica of a region its own i."`
 	Metrics    string        `name:"metrics-listen" env:"PAYMESH_METRICS_LISTEN" help:"Address of /metrics (default: 127.0.0.1:<the region's metrics_port>; 'off' for none)."`
 	dependencyWait
@@ -178,7 +179,7 @@ func (c *ledgerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 	srv, err := server.Open(ctx, server.Config{OwnShards: own,
 		Region: reg.Name, Regions: ids, Node: c.Node, PostgresURL: url, NATSURL: c.NATSURL, NATSUser: c.NATSUser, NATSPassword: c.NATSPassword, Workers: c.Workers,
 		BatchSize: c.BatchSize, AckWait: c.AckWait, MaxDeliver: c.MaxDeliver, Lease: c.Lease,
-		WindowDays: c.WindowDays, CacheSize: c.CacheSize, Shards: c.Shards, Log: log.With("service", "ledger"),
+		WindowDays: c.WindowDays, OutboxRetention: c.OutboxKeep, CacheSize: c.CacheSize, Shards: c.Shards, Log: log.With("service", "ledger"),
 		Answers: apipg.Answers{}, AnswersSchema: new(apipg.Migrations()),
 		MetricsListen: metricsListen(c.Metrics, reg.MetricsPort), ConnectTimeout: c.ConnectTimeout,
 	})

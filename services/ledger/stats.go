@@ -83,6 +83,8 @@ type Stats struct {
 	// read back: apply batches (their consume-log rows) and new
 	// idempotency keys (the key's row).
 	CommitsUnanswered atomic.Int64
+	// OutboxPruned counts sent outbox rows deleted by the retention job.
+	OutboxPruned atomic.Int64
 
 	delivered [numTopics]atomic.Int64
 

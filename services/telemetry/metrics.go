@@ -151,6 +151,7 @@ func (m *Metrics) ObserveLedger(region, stream string, st *ledger.Stats) error {
 		simple("paymesh.apply.fenced", "Late commits refused because their claims were fenced off.", st.Fenced.Load),
 		simple("paymesh.apply.gave.up", "Transactions given up on a retryable error: the retry budget spent.", st.GaveUp.Load),
 		simple("paymesh.apply.commits.unanswered", "COMMITs the server never answered; the consume-log was read back to learn the outcome.", st.CommitsUnanswered.Load),
+		simple("paymesh.outbox.pruned", "Sent outbox rows deleted after their retention.", st.OutboxPruned.Load),
 		simple("paymesh.saga.parked", "Saga steps that arrived before the state they need.", st.Parked.Load),
 		simple("paymesh.state.illegal.transitions", "State machine steps refused as illegal.", st.IllegalTransitions.Load),
 		simple("paymesh.state.stale.versions", "Compare-and-set refused on a stale version.", st.StaleVersions.Load),

@@ -103,3 +103,58 @@ func (s *Store) InTransitOldest(ctx context.Context) (time.Duration, error) {
 	}
 	return *age, nil
 }
+
+// DefaultOutboxRetention is how long PruneOutbox keeps a sent row: a day of
+// relayed steps stays readable (attempts, trace parent, payload) for
+// debugging an incident before it is deleted.
+const DefaultOutboxRetention = 24 * time.Hour
+
+// DefaultPruneBatch is the most rows one PruneOutbox statement deletes.
+const DefaultPruneBatch = 5000
+
+// pruneOutboxSQL deletes, in id order after $1, up to $3 rows that were
+// sent (acked by their destination stream) more than $2 ago. Rows locked
+// by a concurrent pruner are skipped, not waited for.
+const pruneOutboxSQL = `
+	DELETE FROM outbox WHERE id IN (
+		SELECT id FROM outbox
+		WHERE id > $1 AND sent_at IS NOT NULL AND sent_at < now() - $2::interval
+		ORDER BY id LIMIT $3
+		FOR UPDATE SKIP LOCKED)
+	RETURNING id`
+
+// PruneOutbox deletes the outbox rows whose steps were sent more than
+// retention ago, batch rows per statement (DefaultPruneBatch when batch is
+// not positive), each statement its own short transaction, and returns how
+// many it deleted. A sent row is never read again: the relay reads only
+// unsent rows, a duplicate step cannot queue its row again (the transfer's
+// compare-and-set and the credits key refuse it before the outbox is
+// written), and the invariants count only unsent rows. Unsent rows are
+// never deleted, however old. It returns the first database error, with
+// the count deleted before it.
+func (s *Store) PruneOutbox(ctx context.Context, retention time.Duration, batch int) (int64, error) {
+	if retention < 0 {
+		return 0, fmt.Errorf("prune outbox: negative retention %v", retention)
+	}
+	if batch <= 0 {
+		batch = DefaultPruneBatch
+	}
+	var total, after int64
+	for {
+		rows, err := s.pool.Query(ctx, pruneOutboxSQL, after, retention, batch)
+		if err != nil {
+			return total, fmt.Errorf("prune outbox: %w", err)
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return total, fmt.Errorf("prune outbox: %w", err)
+		}
+		total += int64(len(ids))
+		for _, id := range ids {
+			after = max(after, id)
+		}
+		if len(ids) < batch || ctx.Err() != nil {
+			return total, nil
+		}
+	}
+}

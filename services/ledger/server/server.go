@@ -54,6 +54,10 @@ type Config struct {
 	// DuplicateWindow is the ledger streams' Nats-Msg-Id window (default
 	// ljs.DefaultDuplicateWindow).
 	DuplicateWindow time.Duration
+	// OutboxRetention is how long a sent outbox row is kept before the
+	// maintenance job deletes it (default postgres.DefaultOutboxRetention;
+	// negative keeps every row).
+	OutboxRetention time.Duration
 	// Stats, if set, receives the counters (kept across restarts by the
 	// caller); a new one is made otherwise.
 	Stats *ledger.Stats
@@ -122,6 +126,9 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	if cfg.Lease <= 0 {
 		cfg.Lease = 30 * time.Second
+	}
+	if cfg.OutboxRetention == 0 {
+		cfg.OutboxRetention = postgres.DefaultOutboxRetention
 	}
 	if _, err := idgen.NewGenerator(cfg.Regions, cfg.Region, cfg.Node); err != nil {
 		return nil, err
@@ -224,14 +231,17 @@ func (s *Server) MetricsURL() string {
 // JetStream returns the server's JetStream handle.
 func (s *Server) JetStream() jetstream.JetStream { return s.js }
 
-// Run runs the retention job and the consumers until ctx ends. It returns
-// the first consumer set-up error.
+// Run runs the retention jobs (consume-log partitions, outbox pruning) and
+// the consumers until ctx ends. It returns the first consumer set-up error.
 func (s *Server) Run(ctx context.Context) error {
 	s.cfg.Log.Info("ledger running", "region", s.cfg.Region, "stream", s.Topo.Stream(), "shards", s.cfg.OwnShards, "workers", s.cfg.Workers, "metrics", s.MetricsURL())
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
 	wg.Go(func() { s.dedup.RunRetention(ctx, s.pool, time.Hour, s.cfg.Log) })
+	if s.cfg.OutboxRetention > 0 {
+		wg.Go(func() { s.runOutboxPrune(ctx, time.Hour) })
+	}
 	errs := make(chan error, max(s.cfg.Workers, 1))
 	own := s.cfg.OwnShards
 	if len(own) == 0 {
@@ -253,6 +263,30 @@ func (s *Server) Run(ctx context.Context) error {
 	wg.Wait()
 	close(errs)
 	return errors.Join(<-errs)
+}
+
+// runOutboxPrune deletes sent outbox rows older than the retention now and
+// then every interval until ctx ends, counting them in Stats.OutboxPruned
+// and logging each run that deleted any; a failed run is retried at the
+// next tick.
+func (s *Server) runOutboxPrune(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		n, err := s.Store.PruneOutbox(ctx, s.cfg.OutboxRetention, 0)
+		s.Stats.OutboxPruned.Add(n)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			s.cfg.Log.Error("outbox prune failed", "err", err, "pruned", n)
+		case n > 0:
+			s.cfg.Log.Info("outbox pruned", "rows", n, "retention", s.cfg.OutboxRetention)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // Close stops /metrics, closes the NATS connection, releases the node

@@ -20,10 +20,11 @@ import (
 
 // TestServerRuns opens a region ledger on an empty database (it migrates it
 // and creates its streams), runs it, and applies a funded transfer sent
-// through JetStream. Its /metrics counts it.
+// through JetStream. Its /metrics counts it. Its maintenance prunes an
+// outbox row sent longer ago than the retention.
 func TestServerRuns(t *testing.T) {
 	ns, _ := natsembed.MustStart(t)
-	_, url := pgtest.MustDatabase(t) // empty: the server migrates it
+	pool, url := pgtest.MustDatabase(t) // empty: the server migrates it
 	ids, err := idgen.NewRegions(map[string]uint8{"eu": 1, "us": 2, "ap": 3})
 	if err != nil {
 		t.Fatal(err)
@@ -37,6 +38,10 @@ func TestServerRuns(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer srv.Close()
+	if _, err := pool.Exec(ctx, `INSERT INTO outbox (msg_id, region, account, payload, sent_at)
+		VALUES ('old', 'us', 'x', '', now() - interval '25 hours'), ('recent', 'us', 'x', '', now())`); err != nil {
+		t.Fatal(err)
+	}
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(ctx) }()
 
@@ -60,7 +65,7 @@ func TestServerRuns(t *testing.T) {
 		}
 	}
 	deadline := time.Now().Add(20 * time.Second)
-	for srv.Stats.Applied.Load() < 2 && time.Now().Before(deadline) {
+	for (srv.Stats.Applied.Load() < 2 || srv.Stats.OutboxPruned.Load() < 1) && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	got, err := srv.Store.Account(ctx, b.ID)
@@ -71,13 +76,18 @@ func TestServerRuns(t *testing.T) {
 	if err != nil || !rep.OK() {
 		t.Fatalf("verify: %v\n%s", err, rep)
 	}
+	var left []string
+	if err := pool.QueryRow(ctx, `SELECT array_agg(msg_id) FROM outbox`).Scan(&left); err != nil || len(left) != 1 || left[0] != "recent" {
+		t.Errorf("outbox after the maintenance: got %v %v, want [recent]", left, err)
+	}
 	resp, err := http.Get(srv.MetricsURL())
 	if err != nil {
 		t.Fatal(err)
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, want := range []string{`paymesh_transfers_applied_total{consumer="ledger",region="eu",stream="LEDGER_EU"} 2`, "paymesh_apply_batch_size_bucket"} {
+	for _, want := range []string{`paymesh_transfers_applied_total{consumer="ledger",region="eu",stream="LEDGER_EU"} 2`,
+		`paymesh_outbox_pruned_total{consumer="ledger",region="eu",stream="LEDGER_EU"} 1`, "paymesh_apply_batch_size_bucket"} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics at %s: no %s in\n%s", srv.MetricsURL(), want, body)
 		}
