@@ -3,11 +3,13 @@ package telemetry
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/paymesh/paymesh/services/ledger/dlq"
 	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
 	"github.com/paymesh/paymesh/services/router"
 )
@@ -67,4 +69,44 @@ func RoutePending(js jetstream.JetStream, region string) Pending {
 		}
 		return int64(info.State.Msgs), nil
 	}
+}
+
+// ObserveDeadLetters exports, at each scrape, a region's dead letters by
+// reason as paymesh_dlq_depth{region, reason} and the age of the oldest of
+// each reason as paymesh_dlq_oldest_seconds{region, reason}. A reason
+// whose dead letters are gone reports a depth of 0 and no age; when the
+// dead letters are not known, both are left out. It returns an error when
+// the gauges cannot be registered. The census is read, not refreshed: a
+// scrape makes no round trip (the caller runs census.Run).
+func (m *Metrics) ObserveDeadLetters(region string, census *dlq.Census) error {
+	meter := m.provider.Meter("paymesh/streams")
+	depth, err := meter.Int64ObservableGauge("paymesh.dlq.depth",
+		metric.WithDescription("Dead letters held in the region's dead-letter stream, by reason."))
+	if err != nil {
+		return fmt.Errorf("telemetry: %w", err)
+	}
+	oldest, err := meter.Float64ObservableGauge("paymesh.dlq.oldest.seconds",
+		metric.WithDescription("Age of the oldest dead letter held, by reason, since it was dead-lettered."))
+	if err != nil {
+		return fmt.Errorf("telemetry: %w", err)
+	}
+	_, err = meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		ds, ok := census.Depths()
+		if !ok {
+			return nil
+		}
+		now := time.Now()
+		for _, d := range ds {
+			set := metric.WithAttributes(attribute.String("region", region), attribute.String("reason", d.Reason))
+			o.ObserveInt64(depth, d.Count, set)
+			if d.Count > 0 && !d.Oldest.IsZero() {
+				o.ObserveFloat64(oldest, max(now.Sub(d.Oldest).Seconds(), 0), set)
+			}
+		}
+		return nil
+	}, depth, oldest)
+	if err != nil {
+		return fmt.Errorf("telemetry: %w", err)
+	}
+	return nil
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/paymesh/paymesh/pkg/dedup"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/ledger"
+	"github.com/paymesh/paymesh/services/ledger/dlq"
 	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 	"github.com/paymesh/paymesh/services/telemetry"
@@ -113,7 +114,14 @@ type Server struct {
 	dedup *dedup.Log
 	// metrics serves /metrics; nil when it is not served.
 	metrics *telemetry.Served
+	// census counts the region's dead letters for /metrics; nil when it
+	// is not served.
+	census *dlq.Census
 }
+
+// censusEvery is how often the dead-letter census reads DLQ_<R>: one
+// stream info when nothing changed.
+const censusEvery = 5 * time.Second
 
 // Open connects to Postgres and NATS, migrates the database and creates the
 // streams. It returns an error naming what could not be reached.
@@ -217,6 +225,10 @@ func (s *Server) observe(m *telemetry.Metrics) error {
 	if err := m.ObserveBacklog(s.cfg.Region, s.Topo.Stream(), telemetry.LedgerPending(s.js, s.Topo)); err != nil {
 		return err
 	}
+	s.census = dlq.NewCensus(s.js, s.cfg.Region)
+	if err := m.ObserveDeadLetters(s.cfg.Region, s.census); err != nil {
+		return err
+	}
 	return m.ObserveStore(s.cfg.Region, s.Store)
 }
 
@@ -231,8 +243,9 @@ func (s *Server) MetricsURL() string {
 // JetStream returns the server's JetStream handle.
 func (s *Server) JetStream() jetstream.JetStream { return s.js }
 
-// Run runs the retention jobs (consume-log partitions, outbox pruning) and
-// the consumers until ctx ends. It returns the first consumer set-up error.
+// Run runs the retention jobs (consume-log partitions, outbox pruning), the
+// dead-letter census (when /metrics is served) and the consumers until ctx
+// ends. It returns the first consumer set-up error.
 func (s *Server) Run(ctx context.Context) error {
 	s.cfg.Log.Info("ledger running", "region", s.cfg.Region, "stream", s.Topo.Stream(), "shards", s.cfg.OwnShards, "workers", s.cfg.Workers, "metrics", s.MetricsURL())
 	ctx, cancel := context.WithCancel(ctx)
@@ -241,6 +254,9 @@ func (s *Server) Run(ctx context.Context) error {
 	wg.Go(func() { s.dedup.RunRetention(ctx, s.pool, time.Hour, s.cfg.Log) })
 	if s.cfg.OutboxRetention > 0 {
 		wg.Go(func() { s.runOutboxPrune(ctx, time.Hour) })
+	}
+	if s.census != nil {
+		wg.Go(func() { s.census.Run(ctx, censusEvery, s.cfg.Log) })
 	}
 	errs := make(chan error, max(s.cfg.Workers, 1))
 	own := s.cfg.OwnShards
