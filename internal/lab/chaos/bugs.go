@@ -7,7 +7,6 @@ import (
 	"github.com/paymesh/paymesh/services/api"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 	"github.com/paymesh/paymesh/services/ledger/server"
-	routerserver "github.com/paymesh/paymesh/services/router/server"
 )
 
 // bugs are the deliberate bugs of the suite's own tests (bugs_test.go):
@@ -35,13 +34,7 @@ func (b bugs) install(c *cluster.Config) {
 
 	// Scenario 2.
 	if b.AckBeforeCommit {
-		prev := c.Ledger
-		c.Ledger = func(region string, lc *server.Config) {
-			if prev != nil {
-				prev(region, lc)
-			}
-			lc.BeforeApply = ackBeforeApply
-		}
+		onLedger(c, func(lc *server.Config) { lc.BeforeApply = ackBeforeApply })
 	}
 
 	// Scenario 3.
@@ -61,47 +54,17 @@ func (b bugs) install(c *cluster.Config) {
 
 	// Scenario 7.
 	if b.RelayIgnoresPubAck {
-		prev := c.Router
-		c.Router = func(region string, rc *routerserver.Config) {
-			if prev != nil {
-				prev(region, rc)
-			}
-			wrap := rc.WrapJetStream
-			rc.WrapJetStream = func(js jetstream.JetStream) jetstream.JetStream {
-				if wrap != nil {
-					js = wrap(js)
-				}
-				return ackedAnyway{JetStream: js, fake: relayed}
-			}
-		}
+		wrapRouterJetStream(c, func(js jetstream.JetStream) jetstream.JetStream { return ackedAnyway{JetStream: js, fake: relayed} })
 	}
 
 	// Scenario 8.
 	if b.ForwardIgnoresPubAck {
-		prev := c.Router
-		c.Router = func(region string, rc *routerserver.Config) {
-			if prev != nil {
-				prev(region, rc)
-			}
-			wrap := rc.WrapJetStream
-			rc.WrapJetStream = func(js jetstream.JetStream) jetstream.JetStream {
-				if wrap != nil {
-					js = wrap(js)
-				}
-				return ackedAnyway{JetStream: js, fake: forwarded}
-			}
-		}
+		wrapRouterJetStream(c, func(js jetstream.JetStream) jetstream.JetStream { return ackedAnyway{JetStream: js, fake: forwarded} })
 	}
 
 	// Scenario 9.
 	if b.NoRetry {
-		prev := c.Ledger
-		c.Ledger = func(region string, lc *server.Config) {
-			if prev != nil {
-				prev(region, lc)
-			}
-			lc.MaxAttempts = 1 // no retry: the first retryable error gives up
-		}
+		onLedger(c, func(lc *server.Config) { lc.MaxAttempts = 1 }) // the first retryable error gives up
 	}
 
 	// Scenario 10.

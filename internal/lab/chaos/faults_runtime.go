@@ -3,9 +3,12 @@ package chaos
 import (
 	"context"
 
+	routerserver "github.com/paymesh/paymesh/services/router/server"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/paymesh/paymesh/internal/testbed/cluster"
 	"github.com/paymesh/paymesh/services/ledger"
 )
 
@@ -78,4 +81,23 @@ func relayed(m *nats.Msg) bool {
 func forwarded(m *nats.Msg) bool {
 	cmd, err := ledger.DecodeCommand(m.Data)
 	return err == nil && !cmd.IsStep()
+}
+
+// wrapRouterJetStream makes every region's router publish through wrap,
+// around the decorators installed before it (through the router's
+// WrapJetStream seam).
+func wrapRouterJetStream(c *cluster.Config, wrap func(jetstream.JetStream) jetstream.JetStream) {
+	prev := c.Router
+	c.Router = func(region string, rc *routerserver.Config) {
+		if prev != nil {
+			prev(region, rc)
+		}
+		inner := rc.WrapJetStream
+		rc.WrapJetStream = func(js jetstream.JetStream) jetstream.JetStream {
+			if inner != nil {
+				js = inner(js)
+			}
+			return wrap(js)
+		}
+	}
 }
