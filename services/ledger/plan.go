@@ -25,7 +25,7 @@ type Outcome struct {
 	// Err is the reason a command was refused.
 	Err *Error
 	// Result classifies the outcome for the caller (Applied, Rejected,
-	// Duplicate by state, Parked or Invalid).
+	// Duplicate by state, Parked, Invalid or AwaitingAccount).
 	Result ResultKind
 }
 
@@ -145,6 +145,11 @@ func (w *work) request(c Command) Outcome {
 		t.From = w.Issuance[c.Currency]
 	}
 	reject := func(err *Error) Outcome {
+		if err.Code == CodeAccountNotFound {
+			// Not a refusal: the account may be created later, and a
+			// replay of the dead letter must then apply the request.
+			return Outcome{Err: err, Result: AwaitingAccount}
+		}
 		t.Status, _ = Next(StatusPending, EventReject)
 		t.Reason = err.Code
 		return Outcome{Transfer: t, Err: err, Result: Rejected}

@@ -70,6 +70,7 @@ type Stats struct {
 	Conflicts          atomic.Int64
 	Parked             atomic.Int64 // saga steps that arrived before the state they need
 	Invalid            atomic.Int64
+	AwaitingAccount    atomic.Int64 // requests naming an account that does not exist, dead-lettered unrecorded
 	DeadLettered       atomic.Int64
 	Redeliveries       atomic.Int64
 	Retries            atomic.Int64 // transaction attempts retried
@@ -160,5 +161,7 @@ func (s *Stats) Record(t Topic, r Result) {
 		s.Invalid.Add(1)
 	case Parked:
 		s.Parked.Add(1)
+	case AwaitingAccount:
+		s.AwaitingAccount.Add(1)
 	}
 }

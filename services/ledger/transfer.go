@@ -162,10 +162,15 @@ const (
 	// Parked: a saga step arrived before the state it needs; let it be
 	// redelivered later.
 	Parked
+	// AwaitingAccount: the request names an account that does not exist
+	// (yet). Nothing was recorded and its claim was given back; it goes to
+	// the dead-letter stream, from which a replay applies it once the
+	// account exists (paymesh dlq replay).
+	AwaitingAccount
 )
 
 func (k ResultKind) String() string {
-	return [...]string{"unknown", "applied", "rejected", "duplicate", "conflict", "invalid", "parked"}[k]
+	return [...]string{"unknown", "applied", "rejected", "duplicate", "conflict", "invalid", "parked", "awaiting_account"}[k]
 }
 
 // Result is the outcome of one command.
@@ -173,7 +178,7 @@ type Result struct {
 	Kind     ResultKind
 	Transfer Transfer // for Applied, Rejected and business-key duplicates
 	Credit   *Credit  // for an applied credit step
-	Err      *Error   // the reason for Rejected, Conflict and Invalid
+	Err      *Error   // the reason for Rejected, Conflict, Invalid and AwaitingAccount
 	Layer    Layer    // the dedup layer that caught a Duplicate or Conflict
 	// DeadLetter is set when the command goes to the dead-letter stream:
 	// it can never apply as sent.

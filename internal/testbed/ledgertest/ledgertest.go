@@ -107,6 +107,17 @@ func (f *Fixture) Account(tb testing.TB, currency string, funds int64) string {
 	return a.ID
 }
 
+// AccountAs opens a customer account under an ID already minted: an account
+// that comes to exist after commands named it (restored from a backup, or
+// imported with its ID). Accounts of the currency must exist already (for
+// its issuance and transit accounts).
+func (f *Fixture) AccountAs(tb testing.TB, id, currency string) {
+	tb.Helper()
+	if _, err := f.Pool.Exec(context.Background(), `INSERT INTO accounts (id, client_id, kind, currency, floor) VALUES ($1, 'c1', 'customer', $2, 0)`, id, currency); err != nil {
+		tb.Fatalf("account %s: %v", id, err)
+	}
+}
+
 // Transfer builds a EUR transfer command with fresh IDs and key.
 func (f *Fixture) Transfer(tb testing.TB, from, to string, amount int64) ledger.Command {
 	tb.Helper()

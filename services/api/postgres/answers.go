@@ -20,15 +20,16 @@ var _ ledgerpg.Answers = Answers{}
 // (api.Respond) to every client request of cmds whose idempotency key is
 // still in flight. It is final (the API stores nothing after it) unless it
 // is a 202, which the API replaces with the transfer's final state if it
-// sees it in time. Saga steps, and commands parked or still in progress,
-// have no answer yet.
+// sees it in time. Saga steps, commands parked or still in progress, and
+// requests awaiting an account (dead-lettered unrecorded, so that a replay
+// may still apply them) have no answer yet.
 func (Answers) QueueAnswers(b *pgx.Batch, cmds []ledger.Command, results []ledger.Result) {
 	var clients, keys []string
 	var statuses []int32
 	var bodies [][]byte
 	for i, c := range cmds {
 		r := results[i]
-		if c.IsStep() || r.Kind == ledger.Parked || (r.Kind == ledger.Duplicate && r.Transfer.ID == "") {
+		if c.IsStep() || r.Kind == ledger.Parked || r.Kind == ledger.AwaitingAccount || (r.Kind == ledger.Duplicate && r.Transfer.ID == "") {
 			continue
 		}
 		status, body := api.Respond(r)

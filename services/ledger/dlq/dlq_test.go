@@ -85,7 +85,8 @@ func waitLetters(tb testing.TB, ops *dlq.Ops, n int) []dlq.Letter {
 // applied exactly once by replay, once the Msg-Id window is past; a
 // second replay adds nothing; a replay of a command applied after all is a
 // duplicate with its layer; a transfer to a missing account is refused
-// again with its reason; a discard is recorded once.
+// again with its reason until the account exists, and then applied exactly
+// once by a replay; a discard is recorded once.
 func TestRoundTrip(t *testing.T) {
 	ctx := context.Background()
 	// Each side connects as its own user: the ledger, the router that
@@ -114,7 +115,8 @@ func TestRoundTrip(t *testing.T) {
 	stop()
 
 	worker(t, js, f.Store, topo, f)
-	ghost := f.Transfer(t, a, f.ID(t), 5) // unknown destination
+	later := f.ID(t)                   // an account that does not exist yet
+	ghost := f.Transfer(t, a, later, 5) // to it
 	if _, err := pub.Publish(ctx, ghost); err != nil {
 		t.Fatal(err)
 	}
@@ -161,12 +163,35 @@ func TestRoundTrip(t *testing.T) {
 		t.Fatalf("destination after a second replay: got %d, want 10", got)
 	}
 
-	// The ghost: refused again, with its reason; the refusal was final
-	// (the consume-log holds it).
+	// The ghost, while its account is still missing: refused again with its
+	// reason, and dead-lettered again (nothing was recorded).
 	time.Sleep(time.Second)
 	out, err = ops.Replay(ctx, ghostSeq, "alice")
-	if err != nil || out.Kind != dlq.Refused || out.Reason != string(ledger.CodeAccountNotFound) || out.Layer != ledger.LayerConsumeLog || out.NewSeq == 0 {
-		t.Fatalf("replay of a refusal: got %v %v, want refused account_not_found by dedup_table", out, err)
+	if err != nil || out.Kind != dlq.Refused || out.Reason != string(ledger.CodeAccountNotFound) || out.Layer != "" || out.NewSeq == 0 {
+		t.Fatalf("replay before the account exists: got %v %v, want refused account_not_found, dead-lettered again", out, err)
+	}
+	// Once the account exists, replaying the new dead letter applies the
+	// transfer, exactly once; replaying either dead letter again adds nothing.
+	f.AccountAs(t, later, "EUR")
+	ghostSeq = out.NewSeq
+	out, err = ops.Replay(ctx, ghostSeq, "alice")
+	if err == nil && out.Kind == dlq.Deferred {
+		time.Sleep(time.Until(out.RetryAt) + 200*time.Millisecond)
+		out, err = ops.Replay(ctx, ghostSeq, "alice")
+	}
+	if err != nil || out.Kind != dlq.Applied {
+		t.Fatalf("replay after the account exists: got %v %v, want applied", out, err)
+	}
+	for _, seq := range []uint64{ghostSeq, letters[1].Seq} {
+		if out, err := ops.Replay(ctx, seq, "bob"); err != nil || out.Kind != dlq.Replayed {
+			t.Fatalf("replay %d again: got %v %v, want replayed", seq, out, err)
+		}
+	}
+	if got := f.Balance(t, later); got != 5 {
+		t.Fatalf("the account that came to exist: got %d, want 5 (applied once)", got)
+	}
+	if p, err := ops.List(ctx, dlq.Filter{Reason: string(ledger.CodeAccountNotFound)}); err != nil || len(p.Letters) != 0 {
+		t.Fatalf("account_not_found dead letters after the replay: got %+v %v, want none", p, err)
 	}
 
 	// A command applied after all: dead-lettered although applied (its
@@ -199,9 +224,13 @@ func TestRoundTrip(t *testing.T) {
 	if err != nil || d1.Kind != dlq.Replayed {
 		t.Fatalf("discard of a replayed letter: got %v %v, want its replay", d1, err)
 	}
-	newGhost := waitLetters(t, ops, 1)[0].Seq
+	stray := f.Transfer(t, a, f.ID(t), 3) // to an account that will never exist
+	if _, err := pub.Publish(ctx, stray); err != nil {
+		t.Fatal(err)
+	}
+	strayLetter := waitLetters(t, ops, 1)[0].Seq
 	for _, who := range []string{"alice", "bob"} {
-		d, err := ops.Discard(ctx, newGhost, who, "customer closed the account")
+		d, err := ops.Discard(ctx, strayLetter, who, "customer closed the account")
 		if err != nil || d.Kind != dlq.Discarded || d.Operator != "alice" || d.Why != "customer closed the account" {
 			t.Fatalf("discard by %s: got %v %v, want discarded by alice", who, d, err)
 		}

@@ -223,7 +223,11 @@ func plan(state *ledger.Batch, cmds []ledger.Command, claims []dedup.Claim, fate
 		switch o.Result {
 		case ledger.Applied, ledger.Rejected:
 			p.keep = append(p.keep, claims[i])
-			r.DeadLetter = o.Result == ledger.Rejected && deadLetterReason(o.Transfer.Reason)
+		case ledger.AwaitingAccount:
+			// Nothing is recorded, so that a replay after the account is
+			// created applies the request: its claim is given back.
+			p.release = append(p.release, claims[i])
+			r.DeadLetter = true
 		case ledger.Duplicate: // the transfer already took this step
 			p.release = append(p.release, claims[i])
 			r.Layer = ledger.LayerStateCAS

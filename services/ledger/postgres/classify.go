@@ -140,7 +140,8 @@ func settledByClaims(cmds []ledger.Command, claims []dedup.Claim) bool {
 	return true
 }
 
-// deadLetterReason reports whether a refusal means the command can never
-// apply as sent (it names an account that does not exist), so it also goes
-// to the dead-letter stream.
+// deadLetterReason reports whether a recorded refusal is one that is
+// dead-lettered on every delivery. Releases before the AwaitingAccount
+// result recorded a request naming an unknown account as a REJECTED
+// transfer; their redeliveries are still dead-lettered, with the reason.
 func deadLetterReason(c ledger.Code) bool { return c == ledger.CodeAccountNotFound }

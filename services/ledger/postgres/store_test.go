@@ -83,10 +83,79 @@ func TestExactlyOnce(t *testing.T) {
 	}
 }
 
+// TestAwaitingAccount: a request naming an account that does not exist is
+// no refusal. Nothing is recorded and its consume-log claim is given back,
+// so every delivery dead-letters it again, and once the account exists the
+// same command applies, exactly once; the rest of its batch is unaffected.
+func TestAwaitingAccount(t *testing.T) {
+	f := ledgertest.New(t)
+	a, b := f.Account(t, "EUR", 100), f.Account(t, "EUR", 0)
+	later := f.ID(t) // an account that will exist
+	tests := []struct {
+		name   string
+		cmd    ledger.Command
+		create func(t *testing.T) // makes the missing account exist
+	}{
+		{"UnknownDestination", f.Transfer(t, a, later, 7), func(t *testing.T) { f.AccountAs(t, later, "EUR") }},
+		{"UnknownSource", f.Transfer(t, f.ID(t), b, 1), nil},
+		{"FundUnknownCurrency", ledger.Command{Type: ledger.TypeFund, TransferID: f.ID(t), ClientID: "c1", IdempotencyKey: "jpy",
+			To: a, Amount: 1, Currency: "JPY", CreatedAt: f.Clock.Now()}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for delivery := 1; delivery <= 3; delivery++ {
+				before := []int64{f.Balance(t, a), f.Balance(t, b)}
+				ok := f.Transfer(t, a, b, 1)
+				rs := f.Apply(t, tt.cmd, ok)
+				r := rs[0]
+				if r.Kind != ledger.AwaitingAccount || !r.DeadLetter || r.Err == nil || r.Err.Code != ledger.CodeAccountNotFound || r.Transfer.ID != "" {
+					t.Fatalf("delivery %d: got %v %v deadLetter=%v transfer %q, want awaiting_account account_not_found, dead-lettered, nothing recorded",
+						delivery, r.Kind, r.Err, r.DeadLetter, r.Transfer.ID)
+				}
+				if !strings.Contains(r.Err.Error(), "does not exist") && !strings.Contains(r.Err.Error(), "no issuance account") {
+					t.Errorf("reason %q is not clear", r.Err.Error())
+				}
+				if rs[1].Kind != ledger.Applied {
+					t.Fatalf("the rest of the batch: got %v %v, want applied", rs[1].Kind, rs[1].Err)
+				}
+				if got := []int64{f.Balance(t, a), f.Balance(t, b)}; got[0] != before[0]-1 || got[1] != before[1]+1 {
+					t.Fatalf("balances: got %v, want %v moved by the good transfer only", got, before)
+				}
+				if n := f.Count(t, `SELECT count(*) FROM transfers WHERE id = $1`, tt.cmd.TransferID); n != 0 {
+					t.Fatalf("delivery %d: %d transfer rows, want none", delivery, n)
+				}
+				if n := f.Count(t, `SELECT count(*) FROM dedup_log WHERE msg_key = $1`, tt.cmd.MsgKey()); n != 0 {
+					t.Fatalf("delivery %d: %d consume-log rows, want the claim given back", delivery, n)
+				}
+			}
+			if tt.create == nil {
+				return
+			}
+			tt.create(t)
+			before := f.Balance(t, a)
+			if r := f.Apply(t, tt.cmd)[0]; r.Kind != ledger.Applied || r.DeadLetter {
+				t.Fatalf("after the account exists: got %v %v deadLetter=%v, want applied", r.Kind, r.Err, r.DeadLetter)
+			}
+			if r := f.Apply(t, tt.cmd)[0]; r.Kind != ledger.Duplicate {
+				t.Fatalf("applied, then redelivered: got %v %v, want duplicate", r.Kind, r.Err)
+			}
+			if got := f.Balance(t, a); got != before-tt.cmd.Amount {
+				t.Fatalf("source: got %d, want %d (moved exactly once)", got, before-tt.cmd.Amount)
+			}
+			if got := f.Balance(t, later); got != tt.cmd.Amount {
+				t.Fatalf("the new account: got %d, want %d", got, tt.cmd.Amount)
+			}
+		})
+	}
+	if got := f.Stats.AwaitingAccount.Load(); got != 9 {
+		t.Errorf("awaiting-account count: got %d, want 9 (three deliveries of three requests)", got)
+	}
+	f.MustVerify(t)
+}
+
 func TestRefusals(t *testing.T) {
 	f := ledgertest.New(t)
 	a, b, usd := f.Account(t, "EUR", 100), f.Account(t, "EUR", 0), f.Account(t, "USD", 0)
-	ghost := f.ID(t)
 	huge := f.Account(t, "EUR", 0)
 	// Fill huge to the top of int64 through the issuance account.
 	f.MustApply(t, ledger.Command{Type: ledger.TypeFund, TransferID: f.ID(t), ClientID: "c1", IdempotencyKey: "top",
@@ -98,18 +167,13 @@ func TestRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	tests := []struct {
-		name       string
-		cmd        ledger.Command
-		code       ledger.Code
-		deadLetter bool
+		name string
+		cmd  ledger.Command
+		code ledger.Code
 	}{
-		{"ErrInsufficientFunds", f.Transfer(t, a, b, 101), ledger.CodeInsufficientFunds, false},
-		{"ErrUnknownSource", f.Transfer(t, ghost, b, 1), ledger.CodeAccountNotFound, true},
-		{"ErrUnknownDestination", f.Transfer(t, a, ghost, 1), ledger.CodeAccountNotFound, true},
-		{"ErrCurrencyMismatch", f.Transfer(t, a, usd, 1), ledger.CodeCurrencyMismatch, false},
-		{"ErrBalanceOverflow", f.Transfer(t, od.ID, huge, 500), ledger.CodeBalanceOverflow, false},
-		{"ErrFundUnknownCurrency", ledger.Command{Type: ledger.TypeFund, TransferID: f.ID(t), ClientID: "c1", IdempotencyKey: "jpy",
-			To: a, Amount: 1, Currency: "JPY", CreatedAt: f.Clock.Now()}, ledger.CodeAccountNotFound, true},
+		{"ErrInsufficientFunds", f.Transfer(t, a, b, 101), ledger.CodeInsufficientFunds},
+		{"ErrCurrencyMismatch", f.Transfer(t, a, usd, 1), ledger.CodeCurrencyMismatch},
+		{"ErrBalanceOverflow", f.Transfer(t, od.ID, huge, 500), ledger.CodeBalanceOverflow},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -118,8 +182,8 @@ func TestRefusals(t *testing.T) {
 			ok := f.Transfer(t, a, b, 1)
 			rs := f.Apply(t, tt.cmd, ok)
 			r := rs[0]
-			if r.Kind != ledger.Rejected || r.Err == nil || r.Err.Code != tt.code || r.DeadLetter != tt.deadLetter {
-				t.Fatalf("got %v %v deadLetter=%v, want rejected %s deadLetter=%v", r.Kind, r.Err, r.DeadLetter, tt.code, tt.deadLetter)
+			if r.Kind != ledger.Rejected || r.Err == nil || r.Err.Code != tt.code || r.DeadLetter {
+				t.Fatalf("got %v %v deadLetter=%v, want rejected %s, not dead-lettered", r.Kind, r.Err, r.DeadLetter, tt.code)
 			}
 			if r.Err.Message == "" || !strings.Contains(r.Err.Error(), string(tt.code)) {
 				t.Errorf("reason %q is not clear", r.Err.Error())
@@ -476,7 +540,7 @@ func TestBatchIsolation(t *testing.T) {
 }
 
 // TestReplayAnswers: a duplicate caught by the consume-log answers with the
-// stored transfer; a refusal that was dead-lettered is dead-lettered again
+// stored transfer; a transfer to a missing account is dead-lettered again
 // (in case the first dead-letter publish was lost); a repeated fund is a
 // duplicate, not a conflict; a reused key is dead-lettered.
 func TestReplayAnswers(t *testing.T) {
@@ -492,8 +556,8 @@ func TestReplayAnswers(t *testing.T) {
 	if r := rs[0]; r.Kind != ledger.Duplicate || r.Transfer.ID != ok.TransferID || r.Transfer.Status != ledger.StatusCompleted || r.DeadLetter {
 		t.Errorf("replayed transfer: got %v %s %s deadLetter=%v", r.Kind, r.Transfer.ID, r.Transfer.Status, r.DeadLetter)
 	}
-	if r := rs[1]; r.Kind != ledger.Duplicate || !r.DeadLetter || r.Err == nil || r.Err.Code != ledger.CodeAccountNotFound {
-		t.Errorf("replayed refusal: got %v deadLetter=%v %v, want duplicate, dead-lettered again", r.Kind, r.DeadLetter, r.Err)
+	if r := rs[1]; r.Kind != ledger.AwaitingAccount || !r.DeadLetter || r.Err == nil || r.Err.Code != ledger.CodeAccountNotFound {
+		t.Errorf("redelivered transfer to a missing account: got %v deadLetter=%v %v, want awaiting_account, dead-lettered again", r.Kind, r.DeadLetter, r.Err)
 	}
 	if r := rs[2]; r.Kind != ledger.Duplicate {
 		t.Errorf("replayed fund: got %v %v, want duplicate", r.Kind, r.Err)
