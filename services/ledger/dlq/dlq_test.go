@@ -115,7 +115,7 @@ func TestRoundTrip(t *testing.T) {
 	stop()
 
 	worker(t, js, f.Store, topo, f)
-	later := f.ID(t)                   // an account that does not exist yet
+	later := f.ID(t)                    // an account that does not exist yet
 	ghost := f.Transfer(t, a, later, 5) // to it
 	if _, err := pub.Publish(ctx, ghost); err != nil {
 		t.Fatal(err)
