@@ -238,7 +238,7 @@ func (s *sim) degradeFault(at, d time.Duration) fault {
 func describe(fs []fault) string {
 	var b strings.Builder
 	for _, f := range fs {
-		fmt.Fprintf(&b, "  at %5s  %-15s %s\n", f.At, f.Name, f.What)
+		fmt.Fprintf(&b, "  at %5s  %-20s %s\n", f.At, f.Name, f.What)
 	}
 	return b.String()
 }
