@@ -101,6 +101,23 @@ type natsLogin struct {
 	NATSPassword string `name:"nats-password" env:"PAYMESH_NATS_PASSWORD" help:"Password of --nats-user."`
 }
 
+// regionNATS is a service's region on NATS: its servers, its user there,
+// and how many replicas the streams it creates keep.
+type regionNATS struct {
+	NATSURL string `name:"nats-url" env:"PAYMESH_NATS_URL" default:"nats://127.0.0.1:4222" help:"NATS servers of the region: one URL, or a comma-separated list (every server of the region's JetStream cluster, so the service survives the loss of one)."`
+	natsLogin
+	StreamReplicas int `name:"stream-replicas" env:"PAYMESH_STREAM_REPLICAS" default:"1" help:"Replicas of the streams this service creates or updates (1 to 5; 3 on a region cluster of three servers). An existing stream is scaled to it."`
+}
+
+// replicas returns --stream-replicas, or an error outside 1 to
+// ljs.MaxReplicas (0 is refused: the flag says what it means).
+func (r regionNATS) replicas() (int, error) {
+	if err := ljs.CheckReplicas(r.StreamReplicas); err != nil {
+		return 0, fmt.Errorf("--stream-replicas: %w", err)
+	}
+	return r.StreamReplicas, nil
+}
+
 // dependencyWait bounds how long a service waits at start for its Postgres
 // and nats-server (docker-compose starts them together).
 type dependencyWait struct {
@@ -134,8 +151,7 @@ func run(ctx context.Context, a app) error {
 
 type ledgerCmd struct {
 	regionDB
-	NATSURL string `name:"nats-url" env:"PAYMESH_NATS_URL" default:"nats://127.0.0.1:4222" help:"NATS server of the region."`
-	natsLogin
+	regionNATS
 	Node       uint16        `env:"PAYMESH_NODE" default:"1" help:"Node id (0-1023) for the account IDs this process mints; leased in the region's database at start (refused while another live process holds it)."`
 	Workers    int           `env:"PAYMESH_WORKERS" default:"2" help:"Consumers in this process."`
 	BatchSize  int           `name:"batch-size" env:"PAYMESH_BATCH_SIZE" default:"${default_batch}" help:"Most messages applied in one transaction."`
@@ -176,7 +192,11 @@ func (c *ledgerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 	if err != nil {
 		return err
 	}
-	srv, err := server.Open(ctx, server.Config{OwnShards: own,
+	replicas, err := c.replicas()
+	if err != nil {
+		return err
+	}
+	srv, err := server.Open(ctx, server.Config{OwnShards: own, StreamReplicas: replicas,
 		Region: reg.Name, Regions: ids, Node: c.Node, PostgresURL: url, NATSURL: c.NATSURL, NATSUser: c.NATSUser, NATSPassword: c.NATSPassword, Workers: c.Workers,
 		BatchSize: c.BatchSize, AckWait: c.AckWait, MaxDeliver: c.MaxDeliver, Lease: c.Lease,
 		WindowDays: c.WindowDays, OutboxRetention: c.OutboxKeep, CacheSize: c.CacheSize, Shards: c.Shards, Log: log.With("service", "ledger"),
@@ -246,8 +266,7 @@ func (c *verifyCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 
 type apiCmd struct {
 	regionDB
-	NATSURL string `name:"nats-url" env:"PAYMESH_NATS_URL" default:"nats://127.0.0.1:4222" help:"NATS server of the region."`
-	natsLogin
+	regionNATS
 	Listen  string        `env:"PAYMESH_API_LISTEN" help:"Address to listen on (default: 127.0.0.1:<the region's api_port>)."`
 	Node    uint16        `env:"PAYMESH_API_NODE" default:"2" help:"Node id (0-1023) for the transfer IDs this process mints; leased in the region's database at start (refused while another live process holds it)."`
 	Shards  int           `env:"PAYMESH_SHARDS" default:"16" help:"Ledger subjects per region (as the ledgers)."`
@@ -262,11 +281,15 @@ func (c *apiCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, l
 	if err != nil {
 		return err
 	}
+	replicas, err := c.replicas()
+	if err != nil {
+		return err
+	}
 	listen := c.Listen
 	if listen == "" {
 		listen = fmt.Sprintf("127.0.0.1:%d", reg.APIPort)
 	}
-	srv, err := apiserver.Open(ctx, apiserver.Config{Region: reg.Name, Regions: ids, Node: c.Node, PostgresURL: url,
+	srv, err := apiserver.Open(ctx, apiserver.Config{StreamReplicas: replicas, Region: reg.Name, Regions: ids, Node: c.Node, PostgresURL: url,
 		NATSURL: c.NATSURL, NATSUser: c.NATSUser, NATSPassword: c.NATSPassword, Shards: c.Shards, Wait: c.Wait, KeyTTL: c.KeyTTL,
 		Listen: listen, MetricsListen: metricsListen(c.Metrics, reg.APIMetricsPort), ConnectTimeout: c.ConnectTimeout,
 		Log: log.With("service", "api")})
@@ -558,8 +581,7 @@ func regionURLs(flag string, items []string) (map[string]string, error) {
 
 type routerCmd struct {
 	regionDB
-	NATSURL string `name:"nats-url" env:"PAYMESH_NATS_URL" default:"nats://127.0.0.1:4222" help:"NATS server of the region."`
-	natsLogin
+	regionNATS
 	Shards  int           `env:"PAYMESH_SHARDS" default:"16" help:"Ledger subjects per region (as the ledgers)."`
 	AckWait time.Duration `name:"ack-wait" env:"PAYMESH_ROUTER_ACK_WAIT" default:"10s" help:"How long a forward may take before it is retried."`
 	Metrics string        `name:"metrics-listen" env:"PAYMESH_ROUTER_METRICS_LISTEN" help:"Address of /metrics (default: 127.0.0.1:<the region's router_metrics_port>; 'off' for none)."`
@@ -571,7 +593,11 @@ func (c *routerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 	if err != nil {
 		return err
 	}
-	srv, err := routerserver.Open(ctx, routerserver.Config{Region: reg.Name, Regions: ids, PostgresURL: url,
+	replicas, err := c.replicas()
+	if err != nil {
+		return err
+	}
+	srv, err := routerserver.Open(ctx, routerserver.Config{StreamReplicas: replicas, Region: reg.Name, Regions: ids, PostgresURL: url,
 		NATSURL: c.NATSURL, NATSUser: c.NATSUser, NATSPassword: c.NATSPassword, Shards: c.Shards, AckWait: c.AckWait,
 		MetricsListen: metricsListen(c.Metrics, reg.RouterMetricsPort), ConnectTimeout: c.ConnectTimeout, Log: log})
 	if err != nil {
@@ -776,6 +802,9 @@ func (c *chaosCmd) Run(ctx context.Context) error {
 	return nil
 }
 
+// cliVars are the defaults the flags' help and default tags name.
+var cliVars = kong.Vars{"default_pg": pgdb.DefaultURL, "default_batch": fmt.Sprint(ljs.DefaultBatchSize), "default_shards": fmt.Sprint(ljs.DefaultShards)}
+
 func dashboardAddr(flag string) string {
 	if flag == "off" {
 		return ""
@@ -788,8 +817,7 @@ func main() {
 	k := kong.Parse(&c,
 		kong.Name("paymesh"),
 		kong.Description("A multi-region payment ledger that turns at-least-once messaging into exactly-once effects."),
-		kong.Vars{"default_pg": pgdb.DefaultURL, "default_batch": fmt.Sprint(ljs.DefaultBatchSize), "default_shards": fmt.Sprint(ljs.DefaultShards)},
-		kong.UsageOnError())
+		cliVars, kong.UsageOnError())
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	level := slog.LevelInfo

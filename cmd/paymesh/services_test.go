@@ -144,7 +144,7 @@ func TestLedgerWaitsForNATS(t *testing.T) {
 	tab, ids := defaultRegions(t)
 	natsAddr, metricsAddr := freeAddr(t), freeAddr(t)
 	var logged syncBuffer
-	c := &ledgerCmd{regionDB: db, NATSURL: "nats://" + natsAddr, Workers: 1, BatchSize: 16, AckWait: 5 * time.Second, MaxDeliver: 3,
+	c := &ledgerCmd{regionDB: db, regionNATS: regionNATS{NATSURL: "nats://" + natsAddr, StreamReplicas: 1}, Workers: 1, BatchSize: 16, AckWait: 5 * time.Second, MaxDeliver: 3,
 		Lease: 30 * time.Second, WindowDays: 2, Shards: 2, ShardSet: "0/1", Metrics: metricsAddr, dependencyWait: dependencyWait{ConnectTimeout: 20 * time.Second}}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

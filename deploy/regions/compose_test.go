@@ -63,6 +63,28 @@ func service(t *testing.T, p *compose.Project, name string) compose.Service {
 // hubService is the compose service of the leafnode hub.
 const hubService = "nats-hub"
 
+// regionOf returns the region of regions.yaml a compose service belongs
+// to: the one whose name ends it ("ledger-eu"), or whose cluster has it
+// as a node ("nats-eu-2"); "" for none.
+func regionOf(tab regions.Table, name string) string {
+	for _, r := range tab.Regions {
+		if strings.HasSuffix(name, "-"+r.Name) || slices.Contains(r.NodeNames(), name) {
+			return r.Name
+		}
+	}
+	return ""
+}
+
+// natsURLs is the PAYMESH_NATS_URL of a region's services: every node of
+// its cluster, in table order.
+func natsURLs(r regions.Region) string {
+	var urls []string
+	for _, n := range r.NodeNames() {
+		urls = append(urls, "nats://"+n+":4222")
+	}
+	return strings.Join(urls, ",")
+}
+
 // The services outside the regions besides the hub and the observability
 // stack (observability_test.go): the load profile's.
 var loadServices = []string{"setup", "loadgen"}
@@ -133,8 +155,7 @@ func TestComposeMatchesRegions(t *testing.T) {
 		if name == hubService || slices.Contains(loadServices, name) || slices.Contains(observabilityServices, name) {
 			continue
 		}
-		i := strings.LastIndex(name, "-")
-		if _, ok := tab.Get(name[i+1:]); i < 0 || !ok {
+		if regionOf(tab, name) == "" {
 			t.Errorf("service %s does not belong to a region of regions.yaml", name)
 		}
 	}
@@ -156,11 +177,8 @@ func TestComposeMatchesRegions(t *testing.T) {
 	}
 	for _, r := range tab.Regions {
 		svc := func(kind string) compose.Service { return service(t, p, kind+"-"+r.Name) }
-		natsSvc, pg, ledger, verify, rt, apiSvc := svc("nats"), svc("postgres"), svc("ledger"), svc("verify"), svc("router"), svc("api")
-
-		if c, m := natsSvc.Ports, []compose.Port{{Host: r.NATS.ClientPort, Container: 4222, Protocol: "tcp"}, {Host: r.NATS.MonitorPort, Container: 8222, Protocol: "tcp"}}; !slices.Equal(c, m) {
-			t.Errorf("nats-%s: ports %v, want %v", r.Name, c, m)
-		}
+		pg, ledger, verify, rt, apiSvc := svc("postgres"), svc("ledger"), svc("verify"), svc("router"), svc("api")
+		checkNATSNodes(t, p, r, hub.Image)
 		if got := pg.Environment["POSTGRES_DB"]; got != r.Postgres.Database {
 			t.Errorf("postgres-%s: POSTGRES_DB %q, want %q", r.Name, got, r.Postgres.Database)
 		}
@@ -184,8 +202,16 @@ func TestComposeMatchesRegions(t *testing.T) {
 			}
 		}
 		for name, s := range map[string]compose.Service{natsauth.Ledger: ledger, natsauth.Router: rt, natsauth.API: apiSvc} {
-			if got, want := s.Environment["PAYMESH_NATS_URL"], "nats://nats-"+r.Name+":4222"; got != want {
-				t.Errorf("%s-%s: PAYMESH_NATS_URL %q, want %q", name, r.Name, got, want)
+			if got, want := s.Environment["PAYMESH_NATS_URL"], natsURLs(r); got != want {
+				t.Errorf("%s-%s: PAYMESH_NATS_URL %q, want %q (every node of its cluster)", name, r.Name, got, want)
+			}
+			if got, want := s.Environment["PAYMESH_STREAM_REPLICAS"], strconv.Itoa(len(r.NATS.Nodes)); got != want {
+				t.Errorf("%s-%s: PAYMESH_STREAM_REPLICAS %q, want %s (a replica on every node of the cluster)", name, r.Name, got, want)
+			}
+			for _, node := range r.NodeNames() {
+				if cond := s.DependsOn[node]; cond != compose.ServiceHealthy {
+					t.Errorf("%s-%s: depends on %s with condition %q, want %s", name, r.Name, node, cond, compose.ServiceHealthy)
+				}
 			}
 			// Each service logs in as its own user of deploy/regions/nats.
 			u, err := natsauth.UserOf(r.Name, name)
@@ -209,21 +235,56 @@ func TestComposeMatchesRegions(t *testing.T) {
 		if !slices.Equal(rt.Command, []string{"router"}) || !slices.Equal(apiSvc.Command, []string{"api"}) {
 			t.Errorf("region %s: router command %v, api command %v", r.Name, rt.Command, apiSvc.Command)
 		}
-		if want := natsCommand(r.Name); !slices.Equal(natsSvc.Command, want) {
-			t.Errorf("nats-%s: command %v, want %v", r.Name, natsSvc.Command, want)
-		}
-		checkNATSMount(t, p, "nats-"+r.Name, r.Name)
-		if _, ok := natsSvc.DependsOn["wan-"+r.Name]; !ok {
-			t.Errorf("nats-%s: depends_on %v, want its WAN link wan-%s", r.Name, natsSvc.DependsOn, r.Name)
-		}
-		if natsSvc.Image != hub.Image {
-			t.Errorf("nats-%s: image %q, want the hub's %q", r.Name, natsSvc.Image, hub.Image)
-		}
 		if pg.Image != service(t, p, "postgres-"+tab.Regions[0].Name).Image {
 			t.Errorf("postgres-%s: image %q, want the same as every region's", r.Name, pg.Image)
 		}
 		if !slices.Equal(ledger.Command, []string{"ledger"}) || !slices.Equal(verify.Command, []string{"verify"}) {
 			t.Errorf("region %s: ledger command %v, verify command %v", r.Name, ledger.Command, verify.Command)
+		}
+	}
+}
+
+// checkNATSNodes: a region's cluster is one compose service per node of
+// regions.yaml (nats-<region>-<n>, no other nats service of the region),
+// each running the region's one config with its own name in
+// NATS_SERVER_NAME, its own named volume for the JetStream store, the
+// table's client and monitor ports, the hub's image, and a dependency on
+// the region's WAN link.
+func checkNATSNodes(t *testing.T, p *compose.Project, r regions.Region, image string) {
+	t.Helper()
+	for _, name := range p.ServiceNames() {
+		if strings.HasPrefix(name, "nats-") && regionOf(mustTable(t), name) == r.Name && !slices.Contains(r.NodeNames(), name) {
+			t.Errorf("%s: a nats service of region %s that is not a node of its cluster in regions.yaml (%v)", name, r.Name, r.NodeNames())
+		}
+	}
+	stores := map[string]string{}
+	for i, node := range r.NATS.Nodes {
+		name := r.NodeName(i)
+		s := service(t, p, name)
+		if got, want := s.Ports, []compose.Port{{Host: node.ClientPort, Container: 4222, Protocol: "tcp"}, {Host: node.MonitorPort, Container: 8222, Protocol: "tcp"}}; !slices.Equal(got, want) {
+			t.Errorf("%s: ports %v, want %v (regions.yaml)", name, got, want)
+		}
+		if want := natsCommand(r.Name); !slices.Equal(s.Command, want) {
+			t.Errorf("%s: command %v, want %v (the region's one config)", name, s.Command, want)
+		}
+		checkNATSMount(t, p, name, r.Name)
+		if got := s.Environment["NATS_SERVER_NAME"]; got != name {
+			t.Errorf("%s: NATS_SERVER_NAME %q, want %q (its server_name)", name, got, name)
+		}
+		v, ok := s.Mount("/data")
+		switch {
+		case !ok || v.Type != "volume" || v.ReadOnly:
+			t.Errorf("%s: /data is %+v, want a writable named volume for its JetStream store", name, v)
+		case stores[v.Source] != "":
+			t.Errorf("%s: shares its store volume %s with %s", name, v.Source, stores[v.Source])
+		default:
+			stores[v.Source] = name
+		}
+		if _, ok := s.DependsOn["wan-"+r.Name]; !ok {
+			t.Errorf("%s: depends_on %v, want its WAN link wan-%s", name, s.DependsOn, r.Name)
+		}
+		if s.Image != image {
+			t.Errorf("%s: image %q, want the hub's %q", name, s.Image, image)
 		}
 	}
 }
@@ -284,8 +345,13 @@ func TestComposePortsFromRegions(t *testing.T) {
 	tab := mustTable(t)
 	owner := map[int]string{tab.Hub.ClientPort: "hub", tab.Hub.MonitorPort: "hub", tab.Hub.LeafPort: "hub"}
 	for _, r := range tab.Regions {
-		for _, port := range []int{r.NATS.ClientPort, r.NATS.MonitorPort, r.Postgres.Port, r.APIPort, r.MetricsPort, r.RouterMetricsPort, r.APIMetricsPort, r.WANPort, r.WANControlPort} {
+		for _, port := range []int{r.Postgres.Port, r.APIPort, r.MetricsPort, r.RouterMetricsPort, r.APIMetricsPort, r.WANPort, r.WANControlPort} {
 			owner[port] = r.Name
+		}
+		for _, n := range r.NATS.Nodes {
+			for _, port := range []int{n.ClientPort, n.MonitorPort, n.RoutePort} {
+				owner[port] = r.Name
+			}
 		}
 	}
 	if got, want := ports(service(t, p, hubService)), []string{fmt.Sprintf("%d:8222", tab.Hub.MonitorPort)}; !slices.Equal(got, want) {
@@ -293,12 +359,7 @@ func TestComposePortsFromRegions(t *testing.T) {
 	}
 	for _, name := range p.ServiceNames() {
 		s := p.Services[name]
-		region := ""
-		if i := strings.LastIndex(name, "-"); i >= 0 {
-			if _, ok := tab.Get(name[i+1:]); ok {
-				region = name[i+1:]
-			}
-		}
+		region := regionOf(tab, name)
 		for _, port := range s.Ports {
 			switch {
 			case name == hubService:
@@ -356,7 +417,9 @@ func TestComposeImagesMatchSimulation(t *testing.T) {
 	pgImage := "postgres:" + localPostgresMajor(t)
 	images := map[string]string{hubService: natsImage}
 	for _, r := range tab.Regions {
-		images["nats-"+r.Name] = natsImage
+		for _, n := range r.NodeNames() {
+			images[n] = natsImage
+		}
 		images["postgres-"+r.Name] = pgImage
 	}
 	for name, want := range images {
@@ -451,11 +514,15 @@ func pgDirVersion(bin string) int {
 
 // hostMappings are the ports that docker-compose.yml keeps inside its
 // network, on the host ports the process simulation gives them: the hub's
-// leaf port, and each region's WAN link on its wan_port.
+// leaf port, each region's WAN link on its wan_port, and each node's
+// cluster port on its route_port.
 func hostMappings(tab regions.Table) map[string]string {
 	m := map[string]string{fmt.Sprintf("%s:%d", hubService, tab.Hub.LeafPort): fmt.Sprintf("127.0.0.1:%d", tab.Hub.LeafPort)}
 	for _, r := range tab.Regions {
 		m[fmt.Sprintf("wan-%s:%d", r.Name, tab.Hub.LeafPort)] = fmt.Sprintf("127.0.0.1:%d", r.WANPort)
+		for i, n := range r.NATS.Nodes {
+			m[fmt.Sprintf("%s:%d", r.NodeName(i), clusterPort)] = fmt.Sprintf("127.0.0.1:%d", n.RoutePort)
+		}
 	}
 	return m
 }
@@ -463,9 +530,10 @@ func hostMappings(tab regions.Table) map[string]string {
 // TestComposeEnvironmentMapsToHost: the environment of every service and
 // the nats-server configs map to the host (what the process simulation
 // starts the services with): every address they name is published or
-// mapped, a region's paymesh services reach its Postgres and nats-server
-// and listen on the table's ports, and its nats-server joins the hub
-// through its WAN link's host port.
+// mapped, a region's paymesh services reach its Postgres and every node of
+// its nats cluster and listen on the table's ports, and its nodes route to
+// each other on their route ports and join the hub through its WAN link's
+// host port.
 func TestComposeEnvironmentMapsToHost(t *testing.T) {
 	p := loadCompose(t)
 	tab := mustTable(t)
@@ -495,8 +563,13 @@ func TestComposeEnvironmentMapsToHost(t *testing.T) {
 				"PAYMESH_WAN_CONTROL": fmt.Sprintf("127.0.0.1:%d", r.WANControlPort),
 			},
 		}
+		var clients, routes []string
+		for _, n := range r.NATS.Nodes {
+			clients = append(clients, fmt.Sprintf("nats://127.0.0.1:%d", n.ClientPort))
+			routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d\n", n.RoutePort))
+		}
 		for _, kind := range []string{"ledger", "router", "api"} {
-			want[kind+"-"+r.Name]["PAYMESH_NATS_URL"] = fmt.Sprintf("nats://127.0.0.1:%d", r.NATS.ClientPort)
+			want[kind+"-"+r.Name]["PAYMESH_NATS_URL"] = strings.Join(clients, ",")
 			want[kind+"-"+r.Name]["PAYMESH_POSTGRES_URL"] = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", r.Postgres.Port)
 		}
 		for svc, vars := range want {
@@ -516,6 +589,11 @@ func TestComposeEnvironmentMapsToHost(t *testing.T) {
 		}
 		if link := fmt.Sprintf("@127.0.0.1:%d\"", r.WANPort); !strings.Contains(text, link) {
 			t.Errorf("%s.conf: mapped to the host, its leaf remote does not go to %s", r.Name, link)
+		}
+		for _, route := range routes {
+			if !strings.Contains(text, route) {
+				t.Errorf("%s.conf: mapped to the host, it has no route %s", r.Name, strings.TrimSpace(route))
+			}
 		}
 	}
 }
@@ -608,7 +686,7 @@ func TestComposeHealthchecksAnswer(t *testing.T) {
 	monitor := srv.MonitorAddr().String()
 	natsServices := []string{hubService}
 	for _, r := range tab.Regions {
-		natsServices = append(natsServices, "nats-"+r.Name)
+		natsServices = append(natsServices, r.NodeNames()...)
 	}
 	for _, name := range natsServices {
 		hc := service(t, p, name).Healthcheck

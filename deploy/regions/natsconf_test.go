@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -27,6 +28,9 @@ func checkUsers(t *testing.T, what string, got []*server.User, want []natsauth.U
 // natsConfDir holds the nats-server configs that docker-compose.yml mounts.
 const natsConfDir = "nats"
 
+// clusterPort is where a region's nodes listen for each other's routes.
+const clusterPort = 6222
+
 // loadNATSConf parses a config with nats-server's own parser, so a config
 // that the server would refuse fails here too.
 func loadNATSConf(t *testing.T, name string) *server.Options {
@@ -39,17 +43,23 @@ func loadNATSConf(t *testing.T, name string) *server.Options {
 	return o
 }
 
+// serverNameEnv is the environment variable from which every node of a
+// region's cluster takes its server_name (docker-compose sets it to the
+// node's service name).
+const serverNameEnv = "NATS_SERVER_NAME"
+
 // TestNATSConfigs checks deploy/regions/nats against the region table: the
 // hub listens for leafnodes on 7422 without JetStream and without advertising
-// its address, every region's server
-// is named after the region, runs JetStream in the region's domain on the
-// ports docker-compose publishes, and has exactly one leaf remote, the hub
-// reached through the region's WAN link (compose service wan-<region>, which
-// listens on the hub's leaf port);
-// every server has the users and permissions of internal/platform/natsauth (the
-// hub: a client user that may do nothing and one leafnode user per region,
-// with which each region joins); and there is no config for a region the
-// table does not know.
+// its address; every node of a region's cluster (regions.yaml's nats.nodes)
+// runs the region's one config, named after its node from the environment,
+// with JetStream in the region's domain on the ports docker-compose
+// publishes, a cluster named after the region that routes to every node of
+// the table on 6222, and exactly one leaf remote, the hub reached through the
+// region's WAN link (compose service wan-<region>, which listens on the hub's
+// leaf port); every server has the users and permissions of
+// internal/platform/natsauth (the hub: a client user that may do nothing and
+// one leafnode user per region, with which each region joins); and there is
+// no config for a region the table does not know.
 func TestNATSConfigs(t *testing.T) {
 	tab := mustTable(t)
 
@@ -63,34 +73,49 @@ func TestNATSConfigs(t *testing.T) {
 	}
 
 	for _, r := range tab.Regions {
-		o := loadNATSConf(t, r.Name)
-		if o.ServerName != r.Name {
-			t.Errorf("%s.conf: server_name %q, want %q", r.Name, o.ServerName, r.Name)
+		var wantRoutes []string
+		for _, n := range r.NodeNames() {
+			wantRoutes = append(wantRoutes, fmt.Sprintf("nats-route://%s:%d", n, clusterPort))
 		}
-		if !o.JetStream || o.JetStreamDomain != r.Name || o.StoreDir != "/data" {
-			t.Errorf("%s.conf: jetstream %v, domain %q, store_dir %q; want JetStream in domain %q on /data",
-				r.Name, o.JetStream, o.JetStreamDomain, o.StoreDir, r.Name)
-		}
-		if o.Port != 4222 || o.HTTPPort != 8222 {
-			t.Errorf("%s.conf: port %d, http %d; want 4222, 8222 (the ports docker-compose publishes)", r.Name, o.Port, o.HTTPPort)
-		}
-		if o.Cluster.Port != 0 || o.Gateway.Name != "" || o.LeafNode.Port != 0 {
-			t.Errorf("%s.conf: a region joins only the hub, as a leafnode: cluster port %d, gateway %q, leafnode port %d",
-				r.Name, o.Cluster.Port, o.Gateway.Name, o.LeafNode.Port)
-		}
-		var urls []string
-		for _, rem := range o.LeafNode.Remotes {
-			for _, u := range rem.URLs {
-				urls = append(urls, u.String())
+		for _, node := range r.NodeNames() {
+			t.Setenv(serverNameEnv, node)
+			o := loadNATSConf(t, r.Name)
+			conf := r.Name + ".conf as " + node
+			if o.ServerName != node {
+				t.Errorf("%s: server_name %q, want %q (from %s)", conf, o.ServerName, node, serverNameEnv)
 			}
+			if !o.JetStream || o.JetStreamDomain != r.Name || o.StoreDir != "/data" {
+				t.Errorf("%s: jetstream %v, domain %q, store_dir %q; want JetStream in domain %q on /data",
+					conf, o.JetStream, o.JetStreamDomain, o.StoreDir, r.Name)
+			}
+			if o.Port != 4222 || o.HTTPPort != 8222 {
+				t.Errorf("%s: port %d, http %d; want 4222, 8222 (the ports docker-compose publishes)", conf, o.Port, o.HTTPPort)
+			}
+			var routes []string
+			for _, u := range o.Routes {
+				routes = append(routes, u.String())
+			}
+			if o.Cluster.Name != r.Name || o.Cluster.Port != clusterPort || !slices.Equal(routes, wantRoutes) {
+				t.Errorf("%s: cluster %q on port %d with routes %v; want %q on %d with routes %v (every node of regions.yaml)",
+					conf, o.Cluster.Name, o.Cluster.Port, routes, r.Name, clusterPort, wantRoutes)
+			}
+			if o.Gateway.Name != "" || o.LeafNode.Port != 0 {
+				t.Errorf("%s: a region joins the hub only as a leafnode: gateway %q, leafnode port %d", conf, o.Gateway.Name, o.LeafNode.Port)
+			}
+			var urls []string
+			for _, rem := range o.LeafNode.Remotes {
+				for _, u := range rem.URLs {
+					urls = append(urls, u.String())
+				}
+			}
+			leaf := natsauth.LeafUserName(r.Name)
+			link := fmt.Sprintf("wan-%s:%d", r.Name, tab.Hub.LeafPort)
+			wantURL := "nats-leaf://" + leaf + ":" + natsauth.DevPassword(leaf) + "@" + link
+			if len(urls) != 1 || urls[0] != wantURL {
+				t.Errorf("%s: leaf remotes %v, want exactly nats-leaf://%s (the region's WAN link to the hub) as %s", conf, urls, link, leaf)
+			}
+			checkUsers(t, conf+" users", o.Users, natsauth.Users(r.Name))
 		}
-		leaf := natsauth.LeafUserName(r.Name)
-		link := fmt.Sprintf("wan-%s:%d", r.Name, tab.Hub.LeafPort)
-		wantURL := "nats-leaf://" + leaf + ":" + natsauth.DevPassword(leaf) + "@" + link
-		if len(urls) != 1 || urls[0] != wantURL {
-			t.Errorf("%s.conf: leaf remotes %v, want exactly nats-leaf://%s (the region's WAN link to the hub) as %s", r.Name, urls, link, leaf)
-		}
-		checkUsers(t, r.Name+".conf users", o.Users, natsauth.Users(r.Name))
 	}
 	checkUsers(t, "hub.conf users", hub.Users, natsauth.HubUsers())
 	var names []string
@@ -114,5 +139,20 @@ func TestNATSConfigs(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(natsConfDir, "mars.conf")); !os.IsNotExist(err) {
 		t.Errorf("mars.conf: got %v, want no config for an unknown region", err)
+	}
+}
+
+// TestNATSConfigNeedsNodeName: a region's config started without a node
+// name in the environment is refused by nats-server's parser, naming the
+// variable, rather than starting a node without its name.
+func TestNATSConfigNeedsNodeName(t *testing.T) {
+	tab := mustTable(t)
+	r := tab.Regions[0]
+	path := filepath.Join(natsConfDir, r.Name+".conf")
+	t.Setenv(serverNameEnv, "")
+	os.Unsetenv(serverNameEnv)
+	_, err := server.ProcessConfigFile(path)
+	if err == nil || !strings.Contains(err.Error(), serverNameEnv) {
+		t.Fatalf("%s without %s: got %v, want an error naming it", path, serverNameEnv, err)
 	}
 }

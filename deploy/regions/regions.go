@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -50,10 +52,41 @@ type Hub struct {
 	LeafPort    int `yaml:"leaf_port"`
 }
 
-// NATS holds a region's nats-server ports as published by docker-compose.
+// NATS is a region's JetStream cluster: the nats-servers that hold its
+// domain's streams, each replica of an R3 stream on its own node.
 type NATS struct {
+	// Nodes are the cluster's servers, nats-<region>-1..N in
+	// docker-compose (NodeName), with their host ports.
+	Nodes []Node `yaml:"nodes"`
+}
+
+// Node is one nats-server of a region's cluster, by the host ports it is
+// reached on: docker-compose publishes the client and monitor ports (the
+// route port stays inside its network); the process simulation listens on
+// all three.
+type Node struct {
 	ClientPort  int `yaml:"client_port"`
 	MonitorPort int `yaml:"monitor_port"`
+	RoutePort   int `yaml:"route_port"`
+}
+
+// ClusterSizes are the node counts a region's cluster may have: one
+// server, or an odd number that keeps a Raft majority when one node is
+// lost (an even count tolerates no more losses than the odd one below
+// it), up to JetStream's largest replica count, 5.
+var ClusterSizes = []int{1, 3, 5}
+
+// NodeName returns the name of node i (0-based) of the region's cluster:
+// its docker-compose service and its server_name, "nats-eu-1".
+func (r Region) NodeName(i int) string { return fmt.Sprintf("nats-%s-%d", r.Name, i+1) }
+
+// NodeNames returns the names of the region's nodes, in table order.
+func (r Region) NodeNames() []string {
+	out := make([]string, len(r.NATS.Nodes))
+	for i := range r.NATS.Nodes {
+		out[i] = r.NodeName(i)
+	}
+	return out
 }
 
 // Postgres holds a region's database name and published port.
@@ -101,7 +134,8 @@ func Load(path string) (Table, error) {
 }
 
 // Parse decodes and validates a region table. Unknown fields, duplicate or
-// malformed names, codes outside 1..MaxCode and duplicate codes or ports are
+// malformed names, codes outside 1..MaxCode, a NATS cluster whose node
+// count is not one of ClusterSizes, and duplicate codes or ports are
 // errors.
 func Parse(b []byte) (Table, error) {
 	var t Table
@@ -199,17 +233,45 @@ func (t Table) validate() error {
 		if r.Postgres.Database == "" {
 			return fmt.Errorf("region %q: postgres.database is empty", r.Name)
 		}
-		for _, p := range []int{r.NATS.ClientPort, r.NATS.MonitorPort, r.Postgres.Port, r.APIPort, r.MetricsPort, r.RouterMetricsPort, r.APIMetricsPort, r.WANPort, r.WANControlPort} {
-			if p <= 0 || p > 65535 {
-				return fmt.Errorf("region %q: port %d out of range", r.Name, p)
+		if n := len(r.NATS.Nodes); !slices.Contains(ClusterSizes, n) {
+			return fmt.Errorf("region %q: nats.nodes: %d nodes, want %s (a majority must survive a lost node)", r.Name, n, sizes())
+		}
+		for _, p := range []int{r.Postgres.Port, r.APIPort, r.MetricsPort, r.RouterMetricsPort, r.APIMetricsPort, r.WANPort, r.WANControlPort} {
+			if err := claim(ports, p, r.Name); err != nil {
+				return fmt.Errorf("region %q: %w", r.Name, err)
 			}
-			if other, ok := ports[p]; ok {
-				return fmt.Errorf("region %q: port %d already used by %q", r.Name, p, other)
+		}
+		for i, n := range r.NATS.Nodes {
+			for _, p := range []int{n.ClientPort, n.MonitorPort, n.RoutePort} {
+				if err := claim(ports, p, r.NodeName(i)); err != nil {
+					return fmt.Errorf("region %q: nats node %d: %w", r.Name, i+1, err)
+				}
 			}
-			ports[p] = r.Name
 		}
 	}
 	return nil
+}
+
+// claim records that owner uses port p, and returns an error when p is
+// out of range or another owner already uses it.
+func claim(ports map[int]string, p int, owner string) error {
+	if p <= 0 || p > 65535 {
+		return fmt.Errorf("port %d out of range", p)
+	}
+	if other, ok := ports[p]; ok {
+		return fmt.Errorf("port %d already used by %q", p, other)
+	}
+	ports[p] = owner
+	return nil
+}
+
+// sizes lists ClusterSizes as "1, 3 or 5".
+func sizes() string {
+	s := make([]string, len(ClusterSizes))
+	for i, n := range ClusterSizes {
+		s[i] = strconv.Itoa(n)
+	}
+	return strings.Join(s[:len(s)-1], ", ") + " or " + s[len(s)-1]
 }
 
 // Get returns the region with the given name, or false.

@@ -24,13 +24,19 @@ func TestDefault(t *testing.T) {
 	if c := tab.Codes(); c["eu"] != 1 || c["us"] != 2 || c["ap"] != 3 {
 		t.Fatalf("codes: got %v", c)
 	}
+	// Every region runs a three-node cluster, for R3 streams.
+	for _, r := range tab.Regions {
+		if got, want := strings.Join(r.NodeNames(), ","), fmt.Sprintf("nats-%[1]s-1,nats-%[1]s-2,nats-%[1]s-3", r.Name); got != want {
+			t.Errorf("region %s: nodes %s, want %s", r.Name, got, want)
+		}
+	}
 }
 
 func TestParseRejects(t *testing.T) {
 	const ok = `
   - name: eu
     code: 1
-    nats: {client_port: 1, monitor_port: 3}
+    nats: {nodes: [{client_port: 1, monitor_port: 3, route_port: 2}]}
     postgres: {database: paymesh_eu, port: 4}
     api_port: 5
     metrics_port: 6
@@ -43,7 +49,7 @@ func TestParseRejects(t *testing.T) {
 		t.Fatalf("valid table: %v", err)
 	}
 	second := strings.NewReplacer("name: eu", "name: us", "code: 1", "code: 2", "paymesh_eu", "paymesh_us", "client_port: 1,", "client_port: 11,",
-		": 3}", ": 13}", "port: 4}", "port: 14}", "api_port: 5", "api_port: 15", "metrics_port: 6", "metrics_port: 16",
+		"monitor_port: 3,", "monitor_port: 13,", "route_port: 2}", "route_port: 12}", "port: 4}", "port: 14}", "api_port: 5", "api_port: 15", "metrics_port: 6", "metrics_port: 16",
 		"router_metrics_port: 7", "router_metrics_port: 17", "api_metrics_port: 8", "api_metrics_port: 18",
 		"wan_port: 9", "wan_port: 19", "wan_control_port: 10", "wan_control_port: 20")
 	tests := map[string]struct{ yaml, want string }{
@@ -63,6 +69,14 @@ func TestParseRejects(t *testing.T) {
 		"NoWANControl":    {hub + "regions:" + strings.Replace(ok, "wan_control_port: 10", "wan_control_port: 0", 1), "port 0 out of range"},
 		"NoHub":           {"regions:" + ok, "hub: port 0 out of range"},
 		"HubPortShared":   {strings.Replace(hub, "leaf_port: 102", "leaf_port: 9", 1) + "regions:" + ok, "port 9 already used by \"hub\""},
+		"TwoNodes":        {hub + "regions:" + strings.Replace(ok, "}]}", "}, {client_port: 21, monitor_port: 22, route_port: 23}]}", 1), `"eu": nats.nodes: 2 nodes, want 1, 3 or 5`},
+		"NoNodes":         {hub + "regions:" + strings.Replace(ok, "nats: {nodes: [{client_port: 1, monitor_port: 3, route_port: 2}]}", "nats: {}", 1), "nats.nodes: 0 nodes"},
+		"OldNATSLayout":   {hub + "regions:" + strings.Replace(ok, "nodes: [{client_port: 1, monitor_port: 3, route_port: 2}]", "client_port: 1, monitor_port: 3", 1), "client_port"},
+		"NodePortShared": {hub + "regions:" + strings.Replace(ok, "}]}", "}, {client_port: 21, monitor_port: 1, route_port: 23}, {client_port: 24, monitor_port: 25, route_port: 26}]}", 1),
+			`nats node 2: port 1 already used by "nats-eu-1"`},
+		"NodePortIsAService": {hub + "regions:" + strings.Replace(ok, "route_port: 2}", "route_port: 5}", 1), `"eu": nats node 1: port 5 already used by "eu"`},
+		"NoRoutePort":        {hub + "regions:" + strings.Replace(ok, ", route_port: 2}", "}", 1), "nats node 1: port 0 out of range"},
+		"UnknownNodeField":   {hub + "regions:" + strings.Replace(ok, "route_port: 2}", "route_port: 2, gateway_port: 7}", 1), "gateway_port"},
 	}
 	for name, tt := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -111,9 +125,9 @@ func table(t *testing.T, wan string, names ...string) (regions.Table, error) {
 	b.WriteString("hub: {client_port: 100, monitor_port: 101, leaf_port: 102}\nregions:\n")
 	for i, n := range names {
 		p := 1000 + 10*i
-		fmt.Fprintf(&b, "  - {name: %s, code: %d, nats: {client_port: %d, monitor_port: %d}, postgres: {database: db_%s, port: %d},"+
+		fmt.Fprintf(&b, "  - {name: %s, code: %d, nats: {nodes: [{client_port: %d, monitor_port: %d, route_port: %d}]}, postgres: {database: db_%s, port: %d},"+
 			" api_port: %d, metrics_port: %d, router_metrics_port: %d, api_metrics_port: %d, wan_port: %d, wan_control_port: %d}\n",
-			n, i+1, p, p+1, n, p+2, p+3, p+4, p+5, p+6, p+7, p+8)
+			n, i+1, p, p+1, p+9, n, p+2, p+3, p+4, p+5, p+6, p+7, p+8)
 	}
 	b.WriteString(wan)
 	return regions.Parse([]byte(b.String()))

@@ -44,12 +44,21 @@ import (
 func Stream(region string) string { return subjects.RouteStream(region) }
 
 // EnsureStream creates or updates the region's route stream (file storage,
-// a Nats-Msg-Id window). It is a work queue: a command stays, with no age
-// limit, until the forwarder acks it after the home region acked, then it is
-// removed. It is idempotent.
-func EnsureStream(ctx context.Context, js jetstream.JetStream, region string, window time.Duration) error {
+// a Nats-Msg-Id window of window, replicas replicas; 0 for either takes the
+// default: ljs.DefaultDuplicateWindow, one replica). It is a work queue: a
+// command stays, with no age limit, until the forwarder acks it after the
+// home region acked, then it is removed. It is idempotent, and sets an
+// existing stream's replica count to replicas. It returns an error for a
+// replica count ljs.CheckReplicas refuses, and JetStream's errors.
+func EnsureStream(ctx context.Context, js jetstream.JetStream, region string, window time.Duration, replicas int) error {
 	if window <= 0 {
 		window = ljs.DefaultDuplicateWindow
+	}
+	if replicas == 0 {
+		replicas = 1
+	}
+	if err := ljs.CheckReplicas(replicas); err != nil {
+		return fmt.Errorf("ensure stream %s: %w", Stream(region), err)
 	}
 	_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:        Stream(region),
@@ -58,6 +67,7 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, region string, wi
 		Storage:     jetstream.FileStorage,
 		Retention:   jetstream.WorkQueuePolicy,
 		Duplicates:  window,
+		Replicas:    replicas,
 	})
 	if err != nil {
 		return fmt.Errorf("ensure stream %s: %w", Stream(region), err)

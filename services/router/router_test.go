@@ -37,7 +37,7 @@ func TestSubmitAndForward(t *testing.T) {
 	if err := ljs.EnsureStreams(ctx, js, topo); err != nil {
 		t.Fatal(err)
 	}
-	if err := EnsureStream(ctx, js, "eu", 0); err != nil {
+	if err := EnsureStream(ctx, js, "eu", 0, 0); err != nil {
 		t.Fatal(err)
 	}
 	r := New(js, Config{Region: "eu", Regions: ids, Shards: 4, AckWait: 2 * time.Second})

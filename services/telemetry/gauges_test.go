@@ -64,7 +64,7 @@ func TestConsumerPending(t *testing.T) {
 	if err := ljs.EnsureStreams(ctx, js, topo); err != nil {
 		t.Fatal(err)
 	}
-	if err := router.EnsureStream(ctx, js, "eu", time.Minute); err != nil {
+	if err := router.EnsureStream(ctx, js, "eu", time.Minute, 0); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 5 {

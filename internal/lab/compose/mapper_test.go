@@ -135,3 +135,17 @@ func TestMapperText(t *testing.T) {
 		t.Errorf("Text with an unmapped port: %v", err)
 	}
 }
+
+// TestMapperTextURLList: a list of servers' URLs (a region's
+// PAYMESH_NATS_URL, every node of its cluster) maps each URL, and one URL
+// that cannot be mapped fails the whole value, naming its service and port.
+func TestMapperTextURLList(t *testing.T) {
+	m := goodMapper(t)
+	got, err := m.Text("nats://hub:4222,nats://db:5432,nats://app:8101")
+	if want := "nats://127.0.0.1:4200,nats://127.0.0.1:5501,nats://127.0.0.1:8101"; err != nil || got != want {
+		t.Errorf("got %q, %v; want %q", got, err, want)
+	}
+	if _, err := m.Text("nats://hub:4222,nats://hub:6222"); err == nil || !strings.Contains(err.Error(), "service hub publishes no port 6222") {
+		t.Errorf("a list with an unmapped URL: got %v, want an error naming hub's port 6222", err)
+	}
+}

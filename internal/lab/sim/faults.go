@@ -20,7 +20,10 @@ const (
 	FaultKillLedger = "kill-ledger-eu"
 	FaultKillRouter = "kill-router-ap"
 	FaultKillAPI    = "kill-api-us"
-	FaultKillNATS   = "kill-nats-ap"
+	FaultKillNATS   = "kill-nats-ap" // one node of ap's cluster, nats-ap-1
+	// FaultKillLeader kills the node leading eu's ledger stream
+	// (leaderKillFault).
+	FaultKillLeader = "kill-nats-leader-eu"
 	FaultCut        = "cut-eu"
 	FaultDegrade    = "degrade-us"
 	// FaultLose loses commands on purpose (Config.LoseCommands); it is
@@ -32,7 +35,7 @@ const (
 const NoFaults = "none"
 
 // FaultNames are the faults of the schedule, in the order they fire.
-var FaultNames = []string{FaultKillLedger, FaultKillRouter, FaultKillAPI, FaultKillNATS, FaultCut, FaultDegrade}
+var FaultNames = []string{FaultKillLedger, FaultKillRouter, FaultKillAPI, FaultKillNATS, FaultCut, FaultKillLeader, FaultDegrade}
 
 // degradeLatency is added to the degraded link's latency: long enough that
 // the resets (at the rate of paymesh load's degrade) catch PubAcks in
@@ -50,8 +53,9 @@ type fault struct {
 }
 
 // schedule returns the faults of cfg.Faults spread over a load of length
-// d: the kills early, the cut in the middle, the degraded link over the
-// last third (long enough for the duplicate-rate alert to fire).
+// d: the kills early, the cut in the middle, eu's ledger stream leader
+// killed once the cut is healed, the degraded link over the last third
+// (long enough for the duplicate-rate alert to fire).
 func (s *sim) schedule(d time.Duration) []fault {
 	at := func(f float64) time.Duration { return time.Duration(f * float64(d)).Round(time.Second) }
 	cutFor := max(4*time.Second, at(0.08))
@@ -59,8 +63,9 @@ func (s *sim) schedule(d time.Duration) []fault {
 		s.killFault(FaultKillLedger, "ledger-eu", at(0.04)),
 		s.killFault(FaultKillRouter, "router-ap", at(0.08)),
 		s.killFault(FaultKillAPI, "api-us", at(0.12)),
-		s.killFault(FaultKillNATS, "nats-ap", at(0.16)),
+		s.killFault(FaultKillNATS, "nats-ap-1", at(0.16)),
 		s.cutFault(at(0.22), cutFor),
+		s.leaderKillFault("eu", max(at(0.22)+cutFor+time.Second, at(0.34))),
 		s.degradeFault(at(0.42), at(0.36)),
 	}
 	var out []fault
@@ -233,7 +238,7 @@ func (s *sim) degradeFault(at, d time.Duration) fault {
 func describe(fs []fault) string {
 	var b strings.Builder
 	for _, f := range fs {
-		fmt.Fprintf(&b, "  at %5s  %-15s %s\n", f.At, f.Name, f.What)
+		fmt.Fprintf(&b, "  at %5s  %-20s %s\n", f.At, f.Name, f.What)
 	}
 	return b.String()
 }

@@ -54,18 +54,19 @@ type addrMapper interface {
 }
 
 var (
-	confPort     = regexp.MustCompile(`(?m)^port: *([0-9]+) *$`)
-	confHTTP     = regexp.MustCompile(`(?m)^http: *([0-9]+) *$`)
-	confStoreDir = regexp.MustCompile(`(?m)^(\s*)store_dir: *\S+ *$`)
-	confLeafPort = regexp.MustCompile(`(?m)^(\s+)port: *([0-9]+) *$`)
-	confRemote   = regexp.MustCompile(`nats-leaf://[^"\s]+`)
+	confPort      = regexp.MustCompile(`(?m)^port: *([0-9]+) *$`)
+	confHTTP      = regexp.MustCompile(`(?m)^http: *([0-9]+) *$`)
+	confStoreDir  = regexp.MustCompile(`(?m)^(\s*)store_dir: *\S+ *$`)
+	confBlockPort = regexp.MustCompile(`(?m)^(\s+)port: *([0-9]+) *$`)
+	confRemote    = regexp.MustCompile(`nats-(?:leaf|route)://[^"\s]+`)
 )
 
 // rewriteConf rewrites a nats-server config of docker-compose service
-// service for loopback: its client, monitor and leafnode ports listen on
-// 127.0.0.1 at the host ports the mapper gives for service:port, the
-// JetStream store goes to storeDir, and leafnode remote URLs point at the
-// mapped addresses. It returns an error when the config has no client
+// service for loopback: its client, monitor, leafnode and cluster ports
+// listen on 127.0.0.1 at the host ports the mapper gives for service:port,
+// the JetStream store goes to storeDir, and leafnode remote and cluster
+// route URLs point at the mapped addresses. A region's nodes share one
+// config; each gets its own rewritten copy, with its own ports. It returns an error when the config has no client
 // port, or a port or remote the mapper cannot map.
 func rewriteConf(conf []byte, service string, m addrMapper, storeDir string) ([]byte, error) {
 	s := string(conf)
@@ -86,10 +87,10 @@ func rewriteConf(conf []byte, service string, m addrMapper, storeDir string) ([]
 	s = confHTTP.ReplaceAllStringFunc(s, func(line string) string {
 		return "http: " + listen(confHTTP.FindStringSubmatch(line)[1])
 	})
-	// Indented port lines are the leafnodes block's (the only block with
-	// a port in these configs).
-	s = confLeafPort.ReplaceAllStringFunc(s, func(line string) string {
-		sub := confLeafPort.FindStringSubmatch(line)
+	// Indented port lines are a block's: the hub's leafnodes block, a
+	// region's cluster block.
+	s = confBlockPort.ReplaceAllStringFunc(s, func(line string) string {
+		sub := confBlockPort.FindStringSubmatch(line)
 		return sub[1] + "listen: " + listen(sub[2])
 	})
 	s = confStoreDir.ReplaceAllStringFunc(s, func(line string) string {

@@ -6,9 +6,11 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/paymesh/paymesh/deploy/regions"
 	"github.com/paymesh/paymesh/internal/lab/compose"
 )
 
@@ -36,9 +38,11 @@ func mapperOf(t *testing.T) (*sim, *compose.Mapper) {
 	return s, m
 }
 
-// TestRewriteConf: every nats config of docker-compose.yml listens on
-// loopback at the ports of regions.yaml, stores JetStream in the run
-// folder, and a region's leafnode remote goes to its mapped address.
+// TestRewriteConf: every nats config of docker-compose.yml, as each node
+// that runs it, listens on loopback at the node's ports of regions.yaml
+// (client, monitor and cluster route), stores JetStream in the run folder,
+// routes to every node of its region at their route ports, and a region's
+// leafnode remote goes to its mapped address.
 func TestRewriteConf(t *testing.T) {
 	s, m := mapperOf(t)
 	for _, name := range s.plan.of(kindNATS) {
@@ -62,9 +66,13 @@ func TestRewriteConf(t *testing.T) {
 			want = []string{fmt.Sprintf("listen: 127.0.0.1:%d\n", s.table.Hub.ClientPort), fmt.Sprintf("http: 127.0.0.1:%d\n", s.table.Hub.MonitorPort),
 				fmt.Sprintf("listen: 127.0.0.1:%d\n", s.table.Hub.LeafPort)}
 		} else {
-			r, _ := s.table.Get(strings.TrimPrefix(name, "nats-"))
-			want = []string{fmt.Sprintf("listen: 127.0.0.1:%d\n", r.NATS.ClientPort), fmt.Sprintf("http: 127.0.0.1:%d\n", r.NATS.MonitorPort),
-				`store_dir: "/run/x"`, "@127.0.0.1:"}
+			r, i := nodeOf(t, s, name)
+			n := r.NATS.Nodes[i]
+			want = []string{fmt.Sprintf("listen: 127.0.0.1:%d\n", n.ClientPort), fmt.Sprintf("http: 127.0.0.1:%d\n", n.MonitorPort),
+				fmt.Sprintf("  listen: 127.0.0.1:%d\n", n.RoutePort), `store_dir: "/run/x"`, "@127.0.0.1:"}
+			for _, other := range r.NATS.Nodes {
+				want = append(want, fmt.Sprintf("nats-route://127.0.0.1:%d\n", other.RoutePort)) // every node's route port
+			}
 			if _, ok := s.plan.project.Services[wanServicePrefix+r.Name]; ok {
 				want = append(want, fmt.Sprintf("@127.0.0.1:%d\"", r.WANPort)) // through the region's WAN link
 			}
@@ -78,13 +86,26 @@ func TestRewriteConf(t *testing.T) {
 			if strings.HasPrefix(strings.TrimSpace(line), "#") {
 				continue
 			}
-			for _, bad := range []string{"0.0.0.0", "nats-hub:", "wan-", "/data"} {
+			for _, bad := range []string{"0.0.0.0", "nats-hub:", "wan-", "/data", "://nats-"} {
 				if strings.Contains(line, bad) {
 					t.Errorf("%s: rewritten config still has %q: %s", name, bad, line)
 				}
 			}
 		}
 	}
+}
+
+// nodeOf returns the region and node index of a nats service of a
+// region's cluster, failing the test for any other name.
+func nodeOf(t *testing.T, s *sim, name string) (regions.Region, int) {
+	t.Helper()
+	for _, r := range s.table.Regions {
+		if i := slices.Index(r.NodeNames(), name); i >= 0 {
+			return r, i
+		}
+	}
+	t.Fatalf("%s: not a node of a region's cluster in regions.yaml", name)
+	return regions.Region{}, 0
 }
 
 // TestRewriteConfBadInput: a config without a client port, or with a
@@ -95,6 +116,7 @@ func TestRewriteConfBadInput(t *testing.T) {
 		"server_name: eu\nhttp: 8222\n",
 		"port: 4222\nleafnodes { remotes = [ { url: \"nats-leaf://u:p@nowhere:7422\" } ] }\n",
 		"port: 4999\n",
+		"port: 4222\ncluster { port: 6222, routes: [nats-route://nats-mars-1:6222] }\n",
 	} {
 		if _, err := rewriteConf([]byte(conf), "nats-eu", m, "/x"); err == nil || !strings.Contains(err.Error(), "nats-eu") {
 			t.Errorf("config %q: got %v, want an error naming nats-eu", conf, err)

@@ -38,6 +38,10 @@ type Report struct {
 	Scheduled     []string // the faults of the schedule
 	Fired         []string // the faults that fired
 	FaultErrors   []string
+	// LeaderKills are the kills of a stream's leader node (FaultKillLeader)
+	// that were undone: which node led the stream, and which led it while
+	// that one was down.
+	LeaderKills []LeaderKill
 	// Verify is the global invariant report (postgres.VerifyGlobal on each
 	// region's database, nothing in transit required); Tools says
 	// whether each verify-<region> process passed.
@@ -118,6 +122,10 @@ func (r *Report) judge() {
 	}
 	add(len(missing) == 0 && len(r.FaultErrors) == 0, fmt.Sprintf("every scheduled fault fired and was undone (%d of %d)", len(r.Fired), len(r.Scheduled)),
 		strings.Join(append(missing, r.FaultErrors...), "; "))
+	for _, k := range r.LeaderKills {
+		add(k.LeaderWhileDown != k.Killed && strings.HasPrefix(k.LeaderWhileDown, "nats-"),
+			fmt.Sprintf("%s kept a leader while its leader %s was down (%s)", k.Stream, k.Killed, k.LeaderWhileDown), "")
+	}
 	add(r.Acknowledged > 0, fmt.Sprintf("the load was acknowledged (%d keys)", r.Acknowledged), "")
 	add(len(r.Lost) == 0, fmt.Sprintf("every acknowledged key is in its home ledger (%d lost)", len(r.Lost)), strings.Join(r.Lost, "\n"))
 	add(len(r.Doubled) == 0, fmt.Sprintf("no acknowledged key applied twice (%d doubled)", len(r.Doubled)), strings.Join(r.Doubled, "\n"))
@@ -176,6 +184,9 @@ func (r *Report) Print(w io.Writer) {
 		fired = "none"
 	}
 	fmt.Fprintf(w, "faults fired: %s\n", fired)
+	for _, k := range r.LeaderKills {
+		fmt.Fprintf(w, "%s: leader %s killed; led by %s while it was down\n", k.Stream, k.Killed, k.LeaderWhileDown)
+	}
 	if !r.DegradedFrom.IsZero() {
 		fmt.Fprintf(w, "us's link degraded from %s to %s\n", r.DegradedFrom.Format(time.TimeOnly), r.DegradedTo.Format(time.TimeOnly))
 	}

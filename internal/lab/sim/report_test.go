@@ -19,6 +19,7 @@ func passing() *Report {
 		Alerts: []AlertSeen{{Name: duplicateAlert, Labels: map[string]string{"region": "us", "topic": "relay"}, Fired: true,
 			FiredAt: t0.Add(25 * time.Second), Cleared: true, ClearedAt: t0.Add(50 * time.Second)}},
 		PanelsChecked: 3,
+		LeaderKills:   []LeaderKill{{Stream: "LEDGER_EU", Killed: "nats-eu-2", LeaderWhileDown: "nats-eu-3"}},
 	}
 }
 
@@ -47,6 +48,12 @@ func TestJudge(t *testing.T) {
 		{"EmptyPanel", func(r *Report) { r.PanelsEmpty = []string{`panel "Lag": no data`} }, `panel "Lag"`},
 		{"NothingAcknowledged", func(r *Report) { r.Acknowledged = 0 }, "acknowledged"},
 		{"LoadFailed", func(r *Report) { r.LoadError = "exit status 1" }, "exit status 1"},
+		{"LeaderNotMoved", func(r *Report) {
+			r.LeaderKills = []LeaderKill{{Stream: "LEDGER_EU", Killed: "nats-eu-2", LeaderWhileDown: "nats-eu-2"}}
+		}, "LEDGER_EU kept a leader while its leader nats-eu-2 was down"},
+		{"NoLeaderWhileDown", func(r *Report) {
+			r.LeaderKills = []LeaderKill{{Stream: "LEDGER_EU", Killed: "nats-eu-2", LeaderWhileDown: "none (no leader)"}}
+		}, "none (no leader)"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			r := passing()

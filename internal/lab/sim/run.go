@@ -200,7 +200,9 @@ type jsz struct {
 
 // inFlight returns the messages the regions' streams still hold for a
 // consumer (route streams: every message left; every consumer: pending
-// and unacknowledged), read from each nats-server's monitoring port.
+// and unacknowledged), read from each nats-server's monitoring port; a
+// node of a cluster reports only the streams it leads, so each replicated
+// stream counts once.
 func (s *sim) inFlight(ctx context.Context) (uint64, error) {
 	var n uint64
 	for _, name := range s.plan.of(kindNATS) {
@@ -211,7 +213,7 @@ func (s *sim) inFlight(ctx context.Context) (uint64, error) {
 		if err != nil {
 			return 0, err
 		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+mon+"/jsz?accounts=true&streams=true&consumers=true", nil)
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+mon+"/jsz?accounts=true&streams=true&consumers=true&stream-leader-only=true", nil)
 		if err != nil {
 			return 0, err
 		}

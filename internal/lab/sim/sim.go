@@ -1,15 +1,16 @@
 // Package sim runs the docker-compose topology as separate OS processes on
-// this machine: the hub's and each region's nats-server (built from the
-// version go.mod pins, configured from deploy/regions/nats with loopback
-// ports), a throwaway Postgres per region on its compose host port, a
-// `paymesh wan` per region link, and per region the `paymesh ledger`,
-// `router` and `api` processes with the environment docker-compose.yml
-// gives them. It registers the load client and runs `paymesh load` as
-// compose's setup and loadgen services do, fires a fault schedule (kill -9
-// and restart of services and a nats-server, a cut WAN link, a degraded
-// one), scrapes everything with Prometheus, and ends with a report:
-// outcomes, latency, duplicates, alerts, invariants, and whether every
-// acknowledged request was applied exactly once.
+// this machine: the hub's nats-server and each region's JetStream cluster of
+// three (built from the version go.mod pins, configured from
+// deploy/regions/nats with loopback ports), a throwaway Postgres per region
+// on its compose host port, a `paymesh wan` per region link, and per region
+// the `paymesh ledger`, `router` and `api` processes with the environment
+// docker-compose.yml gives them. It registers the load client and runs
+// `paymesh load` as compose's setup and loadgen services do, fires a fault
+// schedule (kill -9 and restart of services and of nats nodes, among them
+// the node leading eu's ledger stream, a cut WAN link, a degraded one),
+// scrapes everything with Prometheus, and ends with a report: outcomes,
+// latency, duplicates, alerts, invariants, and whether every acknowledged
+// request was applied exactly once.
 package sim
 
 import (
@@ -75,6 +76,7 @@ const (
 	natsClientPort    = 4222
 	natsMonitorPort   = 8222
 	leafPort          = 7422
+	clusterPort       = 6222 // where a region's nodes listen for each other's routes
 	hubService        = "nats-hub"
 	wanServicePrefix  = "wan-"
 	otelEndpointEnv   = "OTEL_EXPORTER_OTLP_ENDPOINT"
@@ -114,6 +116,8 @@ type sim struct {
 	phase     string
 	loadStart time.Time
 	degraded  [2]time.Time // when the degraded link began and ended
+	// leaderKills are the stream leader kills undone so far.
+	leaderKills []LeaderKill
 }
 
 // Run runs the simulation, writing progress and the report to out. It
@@ -196,7 +200,8 @@ func newSim(cfg Config, out io.Writer, pl *plan) (*sim, error) {
 }
 
 // extraMappings places the ports compose does not publish: the hub's
-// (regions.yaml hub) and each wan link's leafnode side (its wan_port).
+// (regions.yaml hub), each wan link's leafnode side (its wan_port) and each
+// nats node's cluster port (its route_port).
 func (s *sim) extraMappings() map[string]string {
 	at := func(port int) string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) }
 	m := map[string]string{}
@@ -208,6 +213,11 @@ func (s *sim) extraMappings() map[string]string {
 	for _, r := range s.table.Regions {
 		if _, ok := s.plan.project.Services[wanServicePrefix+r.Name]; ok {
 			m[wanServicePrefix+r.Name+":"+strconv.Itoa(leafPort)] = at(r.WANPort)
+		}
+		for i, n := range r.NATS.Nodes {
+			if _, ok := s.plan.project.Services[r.NodeName(i)]; ok {
+				m[r.NodeName(i)+":"+strconv.Itoa(clusterPort)] = at(n.RoutePort)
+			}
 		}
 	}
 	return m
@@ -332,6 +342,7 @@ func (s *sim) run(ctx context.Context) (*Report, error) {
 	}
 	s.mu.Lock()
 	rep.Fired = slices.Clone(s.fired)
+	rep.LeaderKills = slices.Clone(s.leaderKills)
 	s.mu.Unlock()
 	if rep.Verify, err = s.drain(ctx); err != nil {
 		return nil, err
@@ -399,9 +410,14 @@ func (s *sim) startPostgres(ctx context.Context, name string) error {
 
 // startNATS writes the service's config files, rewritten for loopback,
 // and starts nats-server with compose's command, its container paths
-// replaced by the rewritten files.
+// replaced by the rewritten files, and compose's environment (a node's
+// NATS_SERVER_NAME).
 func (s *sim) startNATS(ctx context.Context, name string) error {
 	svc := s.plan.project.Services[name]
+	env, err := s.env(name)
+	if err != nil {
+		return err
+	}
 	confDir := filepath.Join(s.dir, "nats")
 	args := slices.Clone(svc.Command)
 	for i, a := range args {
@@ -426,12 +442,16 @@ func (s *sim) startNATS(ctx context.Context, name string) error {
 		}
 		args[i] = path
 	}
-	return s.startProc(ctx, procSpec{Name: name, Path: s.natsBin, Args: args})
+	return s.startProc(ctx, procSpec{Name: name, Path: s.natsBin, Args: args, Env: env})
 }
 
 // startService starts a paymesh service with its compose command and
-// mapped environment.
+// mapped environment, once the nats-servers it waits for in compose are
+// healthy.
 func (s *sim) startService(ctx context.Context, name string) error {
+	if err := s.waitHealthy(ctx, name); err != nil {
+		return err
+	}
 	env, err := s.env(name)
 	if err != nil {
 		return err

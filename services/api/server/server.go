@@ -26,6 +26,7 @@ import (
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/api"
 	apipg "github.com/paymesh/paymesh/services/api/postgres"
+	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 	"github.com/paymesh/paymesh/services/router"
 	"github.com/paymesh/paymesh/services/telemetry"
@@ -43,7 +44,7 @@ type Config struct {
 	// crash (default nodelease.DefaultTTL).
 	NodeTTL      time.Duration
 	PostgresURL  string // the region's database
-	NATSURL      string // a server of the region
+	NATSURL      string // the region's servers: one URL, or a comma-separated list (every server of a cluster)
 	NATSUser     string // the API's user on that server (internal/platform/natsauth); empty if it has none
 	NATSPassword string
 	Shards       int           // ledger subjects per region, as the ledgers
@@ -51,6 +52,12 @@ type Config struct {
 	// DuplicateWindow is the route stream's Nats-Msg-Id window (default
 	// ljs.DefaultDuplicateWindow); the API makes sure the stream exists.
 	DuplicateWindow time.Duration
+	// StreamReplicas is how many servers of the region's JetStream
+	// cluster keep ROUTE_<R>, which the API creates or updates as the
+	// region's router does (0 means 1; give both the same count, or each
+	// start scales the stream to its own). Open fails for a count outside
+	// 1 to ljs.MaxReplicas or above the region's servers.
+	StreamReplicas int
 	// Inject asks, per publish, for a duplicate (see router.Config).
 	Inject func() bool
 	// RouterStats, if set, counts the API's submissions (with the region
@@ -98,6 +105,12 @@ type Server struct {
 // starts /metrics. It returns an error naming what could not be reached or
 // bound.
 func Open(ctx context.Context, cfg Config) (*Server, error) {
+	if cfg.StreamReplicas != 0 {
+		// Refused before anything is opened.
+		if err := ljs.CheckReplicas(cfg.StreamReplicas); err != nil {
+			return nil, fmt.Errorf("api %s: %w", cfg.Region, err)
+		}
+	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
@@ -142,7 +155,7 @@ func (s *Server) open(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := router.EnsureStream(ctx, js, cfg.Region, cfg.DuplicateWindow); err != nil {
+	if err := router.EnsureStream(ctx, js, cfg.Region, cfg.DuplicateWindow, cfg.StreamReplicas); err != nil {
 		return err
 	}
 	rt := router.New(js, router.Config{Region: cfg.Region, Regions: cfg.Regions, Shards: cfg.Shards, AckWait: cfg.AckWait,

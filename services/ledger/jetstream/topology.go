@@ -33,6 +33,10 @@ type Topology struct {
 	// MaxAge bounds how long commands stay in the stream, so a new consumer
 	// can replay them (an invariant check replays from the start).
 	MaxAge time.Duration
+	// Replicas is how many servers of the region's JetStream cluster keep
+	// each stream (0 means 1; at most MaxReplicas). EnsureStreams sets it
+	// on an existing stream too, so a stream scales up or down with it.
+	Replicas int
 }
 
 // Defaults for a Topology's zero fields.
@@ -40,7 +44,19 @@ const (
 	DefaultShards          = 16
 	DefaultDuplicateWindow = 2 * time.Minute
 	DefaultMaxAge          = 7 * 24 * time.Hour
+	// MaxReplicas is the most replicas JetStream keeps of a stream.
+	MaxReplicas = 5
 )
+
+// CheckReplicas returns an error unless n is a stream replica count
+// JetStream accepts, 1 to MaxReplicas. Callers that take 0 to mean 1 map it
+// first.
+func CheckReplicas(n int) error {
+	if n < 1 || n > MaxReplicas {
+		return fmt.Errorf("stream replicas %d: want 1 to %d (3 for a region cluster of three servers)", n, MaxReplicas)
+	}
+	return nil
+}
 
 func (t Topology) withDefaults() Topology {
 	if t.Shards <= 0 {
@@ -51,6 +67,9 @@ func (t Topology) withDefaults() Topology {
 	}
 	if t.MaxAge <= 0 {
 		t.MaxAge = DefaultMaxAge
+	}
+	if t.Replicas == 0 {
+		t.Replicas = 1
 	}
 	return t
 }
@@ -151,10 +170,16 @@ func Backlog(ctx context.Context, js jetstream.JetStream, t Topology) (uint64, e
 }
 
 // EnsureStreams creates or updates the region's ledger and dead-letter
-// streams (file storage, limits retention). It is idempotent and returns the
-// first JetStream error.
+// streams (file storage, limits retention, t.Replicas replicas). It is
+// idempotent, and changes an existing stream's replica count to t.Replicas
+// (JetStream adds or removes peers, and the stream's consumers follow). It
+// returns an error for a replica count CheckReplicas refuses, and the first
+// JetStream error (such as more replicas than the region has servers).
 func EnsureStreams(ctx context.Context, js jetstream.JetStream, t Topology) error {
 	t = t.withDefaults()
+	if err := CheckReplicas(t.Replicas); err != nil {
+		return fmt.Errorf("ensure streams of %s: %w", t.Region, err)
+	}
 	for _, cfg := range []jetstream.StreamConfig{
 		{
 			Name:        t.Stream(),
@@ -164,6 +189,7 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, t Topology) erro
 			Retention:   jetstream.LimitsPolicy,
 			MaxAge:      t.MaxAge,
 			Duplicates:  t.DuplicateWindow,
+			Replicas:    t.Replicas,
 		},
 		{
 			Name:        t.DLQStream(),
@@ -172,6 +198,7 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, t Topology) erro
 			Storage:     jetstream.FileStorage,
 			Retention:   jetstream.LimitsPolicy,
 			Duplicates:  t.DuplicateWindow,
+			Replicas:    t.Replicas,
 		},
 	} {
 		if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {

@@ -40,7 +40,7 @@ type Config struct {
 	// crash (default nodelease.DefaultTTL).
 	NodeTTL      time.Duration
 	PostgresURL  string // the region's database
-	NATSURL      string // a server of the region
+	NATSURL      string // the region's servers: one URL, or a comma-separated list (every server of a cluster)
 	NATSUser     string // the ledger's user on that server (internal/platform/natsauth); empty if it has none
 	NATSPassword string
 	Workers      int           // consumers in this process; each applies its own shards in order
@@ -55,6 +55,11 @@ type Config struct {
 	// DuplicateWindow is the ledger streams' Nats-Msg-Id window (default
 	// ljs.DefaultDuplicateWindow).
 	DuplicateWindow time.Duration
+	// StreamReplicas is how many servers of the region's JetStream
+	// cluster keep LEDGER_<R> and DLQ_<R> (0 means 1; 3 for a cluster of
+	// three). Open sets it on existing streams too; it fails for a count
+	// outside 1 to ljs.MaxReplicas or above the region's servers.
+	StreamReplicas int
 	// OutboxRetention is how long a sent outbox row is kept before the
 	// maintenance job deletes it (default postgres.DefaultOutboxRetention;
 	// negative keeps every row).
@@ -126,6 +131,12 @@ const censusEvery = 5 * time.Second
 // Open connects to Postgres and NATS, migrates the database and creates the
 // streams. It returns an error naming what could not be reached.
 func Open(ctx context.Context, cfg Config) (*Server, error) {
+	if cfg.StreamReplicas != 0 {
+		// Refused before anything is opened.
+		if err := ljs.CheckReplicas(cfg.StreamReplicas); err != nil {
+			return nil, fmt.Errorf("ledger %s: %w", cfg.Region, err)
+		}
+	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
@@ -177,7 +188,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		stats = &ledger.Stats{}
 	}
 	s := &Server{cfg: cfg, Stats: stats, pool: pool, lease: lease, nc: nc, js: js,
-		Topo: ljs.Topology{Region: cfg.Region, Shards: cfg.Shards, DuplicateWindow: cfg.DuplicateWindow}}
+		Topo: ljs.Topology{Region: cfg.Region, Shards: cfg.Shards, DuplicateWindow: cfg.DuplicateWindow, Replicas: cfg.StreamReplicas}}
 	s.dedup = dedup.New(dedup.Config{
 		Holder: fmt.Sprintf("%s/%s-%d/%d", cfg.Region, host, os.Getpid(), cfg.Node), WindowDays: cfg.WindowDays, Cache: cache,
 	})

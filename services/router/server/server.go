@@ -19,6 +19,7 @@ import (
 	"github.com/paymesh/paymesh/internal/platform/natsconn"
 	"github.com/paymesh/paymesh/internal/platform/pgdb"
 	"github.com/paymesh/paymesh/pkg/idgen"
+	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 	"github.com/paymesh/paymesh/services/router"
 	"github.com/paymesh/paymesh/services/telemetry"
@@ -29,7 +30,7 @@ type Config struct {
 	Region       string
 	Regions      *idgen.Regions
 	PostgresURL  string // the region's database, whose outbox the relay reads
-	NATSURL      string // a server of the region
+	NATSURL      string // the region's servers: one URL, or a comma-separated list (every server of a cluster)
 	NATSUser     string // the router's user on that server (internal/platform/natsauth); empty if it has none
 	NATSPassword string
 	Shards       int           // ledger subjects per region, as the ledgers
@@ -37,6 +38,12 @@ type Config struct {
 	// DuplicateWindow is the route stream's Nats-Msg-Id window (default
 	// ljs.DefaultDuplicateWindow).
 	DuplicateWindow time.Duration
+	// StreamReplicas is how many servers of the region's JetStream
+	// cluster keep ROUTE_<R> (0 means 1; 3 for a cluster of three), as the
+	// region's API has it. Open sets it on an existing stream too; it fails
+	// for a count outside 1 to ljs.MaxReplicas or above the region's
+	// servers.
+	StreamReplicas int
 	// Inject asks, per publish, for a duplicate (see router.Config).
 	Inject func() bool
 	// WrapJetStream, if set, wraps the JetStream handle the router builds
@@ -72,6 +79,12 @@ type Server struct {
 // up to cfg.ConnectTimeout, creates the route stream and starts /metrics.
 // It returns an error naming what could not be reached.
 func Open(ctx context.Context, cfg Config) (*Server, error) {
+	if cfg.StreamReplicas != 0 {
+		// Refused before anything is opened.
+		if err := ljs.CheckReplicas(cfg.StreamReplicas); err != nil {
+			return nil, fmt.Errorf("router %s: %w", cfg.Region, err)
+		}
+	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
@@ -102,7 +115,7 @@ func (s *Server) open(ctx context.Context) error {
 	if cfg.WrapJetStream != nil {
 		s.js = cfg.WrapJetStream(s.js)
 	}
-	if err := router.EnsureStream(ctx, s.js, cfg.Region, cfg.DuplicateWindow); err != nil {
+	if err := router.EnsureStream(ctx, s.js, cfg.Region, cfg.DuplicateWindow, cfg.StreamReplicas); err != nil {
 		return err
 	}
 	s.rt = router.New(s.js, router.Config{Region: cfg.Region, Regions: cfg.Regions, Shards: cfg.Shards, AckWait: cfg.AckWait,
