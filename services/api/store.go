@@ -68,15 +68,37 @@ type Store interface {
 	DeleteExpiredKeys(ctx context.Context, now time.Time) (int64, error)
 }
 
-// RegisteredClient is an API client as registered (paymesh client): who
-// may call the API with an API key, how often, and with how much overdraft.
+// RegisteredClient is an API key's holder as registered (paymesh client):
+// who may call the API with it, in which role, how often, and with how
+// much overdraft.
 type RegisteredClient struct {
 	ID         string
 	Name       string
+	Role       Role // RoleClient when empty
 	RatePerSec int
 	// MaxOverdraft is the most overdraft the client may give its accounts
-	// (their floor is at least -MaxOverdraft).
+	// (their floor is at least -MaxOverdraft); an operator has none.
 	MaxOverdraft int64
+}
+
+// Role is what an API key may do.
+type Role string
+
+// The roles of an API key.
+const (
+	// RoleClient: accounts and transfers (/v1/accounts, /v1/transfers).
+	RoleClient Role = "client"
+	// RoleOperator: the region's dead letters (/v1/ops/...); no accounts,
+	// no transfers.
+	RoleOperator Role = "operator"
+)
+
+// RoleOf returns c's role (RoleClient when it is not set).
+func (c RegisteredClient) RoleOf() Role {
+	if c.Role == "" {
+		return RoleClient
+	}
+	return c.Role
 }
 
 // HashKey is how API keys are stored: their SHA-256. Keys are random and
