@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/paymesh/paymesh/services/ledger"
+	"github.com/paymesh/paymesh/services/ledger/dlq"
 )
 
 // Ledger is what the API asks of its region's ledger: open accounts and
@@ -26,6 +27,18 @@ type Ledger interface {
 	Transfer(ctx context.Context, id string) (ledger.Transfer, error)
 	// TransferPostings returns a transfer's change-log rows in this region.
 	TransferPostings(ctx context.Context, transferID string) ([]ledger.Posting, error)
+}
+
+// DeadLetters is what the operator endpoints ask of the region's
+// dead-letter operations, with their semantics (paged list, show, replay
+// under the original key, discard with an audit record; each safe to run
+// twice). services/ledger/dlq's Ops implements it; its ErrNotFound,
+// ErrNotCommand and ErrUnsettled are answered with their own codes.
+type DeadLetters interface {
+	List(ctx context.Context, f dlq.Filter) (dlq.Page, error)
+	Show(ctx context.Context, seq uint64) (dlq.Letter, error)
+	Replay(ctx context.Context, seq uint64, operator string) (dlq.Outcome, error)
+	Discard(ctx context.Context, seq uint64, operator, why string) (dlq.Outcome, error)
 }
 
 // Store is the API's own state in its region's database: its clients and
