@@ -58,7 +58,7 @@ type cli struct {
 	Ledger    ledgerCmd    `cmd:"" help:"Run a region's ledger: consume its JetStream stream and apply transfers exactly once."`
 	Router    routerCmd    `cmd:"" help:"Run a region's router: forward its route stream to the home regions and relay its ledger's outbox."`
 	API       apiCmd       `cmd:"" name:"api" help:"Serve a region's HTTP API."`
-	Client    clientCmd    `cmd:"" help:"Register an API client in every region (or those of --region) and print its API key."`
+	Client    clientCmd    `cmd:"" help:"Register an API client (or, with --operator, an operator) in every region (or those of --region) and print its API key."`
 	Accounts  accountsCmd  `cmd:"" help:"Open and show accounts through the HTTP API."`
 	Load      loadCmd      `cmd:"" help:"Drive transfers through running regions' HTTP APIs (the demo's with --stay, or docker-compose)."`
 	Transfers transfersCmd `cmd:"" help:"Send and show transfers through the HTTP API."`
@@ -267,12 +267,14 @@ func (c *verifyCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 type apiCmd struct {
 	regionDB
 	regionNATS
-	Listen  string        `env:"PAYMESH_API_LISTEN" help:"Address to listen on (default: 127.0.0.1:<the region's api_port>)."`
-	Node    uint16        `env:"PAYMESH_API_NODE" default:"2" help:"Node id (0-1023) for the transfer IDs this process mints; leased in the region's database at start (refused while another live process holds it)."`
-	Shards  int           `env:"PAYMESH_SHARDS" default:"16" help:"Ledger subjects per region (as the ledgers)."`
-	Wait    time.Duration `env:"PAYMESH_API_WAIT" default:"2s" help:"How long POST /v1/transfers waits for a final state before answering 202."`
-	KeyTTL  time.Duration `name:"key-ttl" env:"PAYMESH_KEY_TTL" default:"24h" help:"How long idempotency keys are kept."`
-	Metrics string        `name:"metrics-listen" env:"PAYMESH_API_METRICS_LISTEN" help:"Address of /metrics (default: 127.0.0.1:<the region's api_metrics_port>; 'off' for none)."`
+	OpsNATSUser     string        `name:"ops-nats-user" env:"PAYMESH_OPS_NATS_USER" help:"The region's operator user on the same nats-servers (ops-<region>): serve the operator endpoints on the region's dead letters (/v1/ops/...). Without it they answer 503."`
+	OpsNATSPassword string        `name:"ops-nats-password" env:"PAYMESH_OPS_NATS_PASSWORD" help:"Password of --ops-nats-user."`
+	Listen          string        `env:"PAYMESH_API_LISTEN" help:"Address to listen on (default: 127.0.0.1:<the region's api_port>)."`
+	Node            uint16        `env:"PAYMESH_API_NODE" default:"2" help:"Node id (0-1023) for the transfer IDs this process mints; leased in the region's database at start (refused while another live process holds it)."`
+	Shards          int           `env:"PAYMESH_SHARDS" default:"16" help:"Ledger subjects per region (as the ledgers)."`
+	Wait            time.Duration `env:"PAYMESH_API_WAIT" default:"2s" help:"How long POST /v1/transfers waits for a final state before answering 202."`
+	KeyTTL          time.Duration `name:"key-ttl" env:"PAYMESH_KEY_TTL" default:"24h" help:"How long idempotency keys are kept."`
+	Metrics         string        `name:"metrics-listen" env:"PAYMESH_API_METRICS_LISTEN" help:"Address of /metrics (default: 127.0.0.1:<the region's api_metrics_port>; 'off' for none)."`
 	dependencyWait
 }
 
@@ -290,7 +292,8 @@ func (c *apiCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, l
 		listen = fmt.Sprintf("127.0.0.1:%d", reg.APIPort)
 	}
 	srv, err := apiserver.Open(ctx, apiserver.Config{StreamReplicas: replicas, Region: reg.Name, Regions: ids, Node: c.Node, PostgresURL: url,
-		NATSURL: c.NATSURL, NATSUser: c.NATSUser, NATSPassword: c.NATSPassword, Shards: c.Shards, Wait: c.Wait, KeyTTL: c.KeyTTL,
+		NATSURL: c.NATSURL, NATSUser: c.NATSUser, NATSPassword: c.NATSPassword, OpsNATSUser: c.OpsNATSUser, OpsNATSPassword: c.OpsNATSPassword,
+		Shards: c.Shards, Wait: c.Wait, KeyTTL: c.KeyTTL,
 		Listen: listen, MetricsListen: metricsListen(c.Metrics, reg.APIMetricsPort), ConnectTimeout: c.ConnectTimeout,
 		Log: log.With("service", "api")})
 	if err != nil {
@@ -308,6 +311,7 @@ type clientCmd struct {
 	Name        string        `help:"Display name." default:""`
 	Rate        int           `help:"Requests per second allowed." default:"100"`
 	Overdraft   int64         `name:"max-overdraft" help:"Most overdraft (minor units) the client may give its accounts." default:"0"`
+	Operator    bool          `help:"Register an operator instead of a client: its key reaches the operator endpoints (/v1/ops/..., the region's dead letters) and no account or transfer. The id is the operator's name in the dead-letter audit."`
 	Key         string        `env:"PAYMESH_CLIENT_KEY" help:"Use this API key instead of a new random one (at least 16 characters)."`
 	Wait        time.Duration `name:"connect-timeout" env:"PAYMESH_CONNECT_TIMEOUT" default:"60s" help:"How long to wait for a region's API to migrate its tables (docker-compose starts them together)."`
 }
@@ -315,6 +319,13 @@ type clientCmd struct {
 func (c *clientCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, log *slog.Logger) error {
 	if err := ledger.ValidClientID(c.ID); err != nil {
 		return err
+	}
+	role := api.RoleClient
+	if c.Operator {
+		role = api.RoleOperator
+		if c.Overdraft != 0 {
+			return errors.New("--max-overdraft with --operator: an operator moves no money")
+		}
 	}
 	key := c.Key
 	if key == "" {
@@ -385,7 +396,7 @@ func (c *clientCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 	}
 	for _, name := range names {
 		put := func() error {
-			return stores[name].PutClient(ctx, api.RegisteredClient{ID: c.ID, Name: c.Name, RatePerSec: c.Rate, MaxOverdraft: c.Overdraft}, key)
+			return stores[name].PutClient(ctx, api.RegisteredClient{ID: c.ID, Name: c.Name, Role: role, RatePerSec: c.Rate, MaxOverdraft: c.Overdraft}, key)
 		}
 		if err := untilMigrated(ctx, name, c.Wait, log, put); err != nil {
 			return fmt.Errorf("region %s: %w", name, err)

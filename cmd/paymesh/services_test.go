@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -20,6 +21,7 @@ import (
 	"github.com/paymesh/paymesh/internal/platform/pgdb"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/internal/testbed/pgtest"
+	"github.com/paymesh/paymesh/services/api"
 	apipg "github.com/paymesh/paymesh/services/api/postgres"
 )
 
@@ -77,6 +79,53 @@ func TestClientOneRegion(t *testing.T) {
 }
 
 var discard = slog.New(slog.DiscardHandler)
+
+// TestClientOperator: `paymesh client alice --operator` registers an
+// operator (its key authenticates in that role); an operator with an
+// overdraft is refused before anything is written, and so is an id of
+// the other role.
+func TestClientOperator(t *testing.T) {
+	ctx := context.Background()
+	tab, ids := defaultRegions(t)
+	prefix := fmt.Sprintf("pmtest_clientop_%d_", os.Getpid())
+	db := prefix + "eu"
+	url, err := pgdb.Create(ctx, pgtest.AdminURL(), db, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pgdb.Drop(context.Background(), pgtest.AdminURL(), db) })
+	if err := (&migrateCmd{regionDB: regionDB{Region: "eu", PostgresURL: pgtest.AdminURL(), Database: db}, WindowDays: 7}).Run(ctx, tab); err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	eu := apipg.New(pool)
+	cmd := func(id string, operator bool, overdraft int64) *clientCmd {
+		return &clientCmd{PostgresURL: pgtest.AdminURL(), DBPrefix: prefix, ID: id, Rate: 100, Regions: []string{"eu"},
+			Operator: operator, Overdraft: overdraft, Key: id + "-key-0123456789"}
+	}
+	if err := cmd("alice", true, 0).Run(ctx, tab, ids, discard); err != nil {
+		t.Fatalf("--operator: %v", err)
+	}
+	if c, ok, err := eu.ClientByKey(ctx, api.HashKey("alice-key-0123456789")); err != nil || !ok || c.Role != api.RoleOperator {
+		t.Fatalf("alice: got %+v %v %v, want an operator", c, ok, err)
+	}
+	if err := cmd("bob", true, 5).Run(ctx, tab, ids, discard); err == nil || !strings.Contains(err.Error(), "an operator moves no money") {
+		t.Fatalf("--operator --max-overdraft 5: got %v, want it refused", err)
+	}
+	if _, ok, _ := eu.ClientByID(ctx, "bob"); ok {
+		t.Fatal("the refused operator bob is registered")
+	}
+	if err := cmd("acme", false, 0).Run(ctx, tab, ids, discard); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd("acme", true, 0).Run(ctx, tab, ids, discard); !errors.Is(err, apipg.ErrRoleTaken) {
+		t.Fatalf("client acme registered again with --operator: got %v, want ErrRoleTaken", err)
+	}
+}
 
 // TestClientWaitsForMigrations: `paymesh client` started on a database its
 // API has not migrated yet (docker-compose starts them together) waits

@@ -55,6 +55,10 @@ type Config struct {
 	Store  Store
 	Router Submitter
 	NATS   *nats.Conn
+	// DeadLetters, if set, serves the operator endpoints (/v1/ops/...) on
+	// the region's dead letters; without it they answer 503
+	// operator_api_disabled.
+	DeadLetters DeadLetters
 	// Wait is how long POST /v1/transfers waits for a final state before it
 	// answers 202 (default 2 s).
 	Wait time.Duration
@@ -107,6 +111,10 @@ func New(cfg Config) *Handler {
 	s.route("GET /v1/accounts/{id}/entries", s.authed(s.getEntries))
 	s.route("POST /v1/transfers", s.authed(s.postTransfer))
 	s.route("GET /v1/transfers/{id}", s.authed(s.getTransfer))
+	s.route("GET /v1/ops/dead-letters", s.operator(s.listDeadLetters))
+	s.route("GET /v1/ops/dead-letters/{seq}", s.operator(s.showDeadLetter))
+	s.route("POST /v1/ops/dead-letters/{seq}/replay", s.operator(s.replayDeadLetter))
+	s.route("POST /v1/ops/dead-letters/{seq}/discard", s.operator(s.discardDeadLetter))
 	s.route("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	s.route("GET /readyz", s.readyz)
 	s.route("GET /openapi.yaml", func(w http.ResponseWriter, _ *http.Request) {
@@ -247,9 +255,28 @@ func write(w http.ResponseWriter, rep reply) {
 	_, _ = w.Write(rep.Body)
 }
 
-// authed authenticates the client (Authorization: Bearer <API key>),
-// applies its rate limit, and logs every refused or failed write.
+// authed serves a client endpoint: the key must be a client's (an
+// operator's is refused with 403 client_only: operators move no money).
 func (s *Handler) authed(h func(context.Context, *http.Request, string) reply) http.HandlerFunc {
+	return s.keyed(RoleClient, func(ctx context.Context, r *http.Request, c RegisteredClient) reply { return h(ctx, r, c.ID) })
+}
+
+// operator serves an operator endpoint: the key must be an operator's (a
+// client's is refused with 403 operator_only).
+func (s *Handler) operator(h func(context.Context, *http.Request, RegisteredClient) reply) http.HandlerFunc {
+	return s.keyed(RoleOperator, h)
+}
+
+// forbidden is the refusal of a key of the wrong role.
+var forbidden = map[Role]*ledger.Error{
+	RoleClient:   ledger.Errorf(CodeClientOnly, "this endpoint takes a client's API key; an operator key moves no money"),
+	RoleOperator: ledger.Errorf(CodeOperatorOnly, "this endpoint takes an operator's API key (paymesh client --operator)"),
+}
+
+// keyed authenticates the caller (Authorization: Bearer <API key>),
+// requires its key to have role, applies its rate limit, and logs every
+// refused or failed write.
+func (s *Handler) keyed(role Role, h func(context.Context, *http.Request, RegisteredClient) reply) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		reqID := r.Header.Get("X-Request-Id")
 		if reqID == "" {
@@ -274,6 +301,12 @@ func (s *Handler) authed(h func(context.Context, *http.Request, string) reply) h
 			write(w, errReply(err))
 			return
 		}
+		if client.RoleOf() != role {
+			err := forbidden[role]
+			s.logRefused(r, client.ID, reqID, err)
+			write(w, errReply(err))
+			return
+		}
 		if wait := s.limit(client); wait > 0 {
 			err := ledger.Errorf(CodeRateLimited, "over %d requests per second", client.RatePerSec)
 			s.logRefused(r, client.ID, reqID, err)
@@ -281,7 +314,7 @@ func (s *Handler) authed(h func(context.Context, *http.Request, string) reply) h
 			write(w, errReply(err))
 			return
 		}
-		rep := h(r.Context(), r, client.ID)
+		rep := h(r.Context(), r, client)
 		if r.Method != http.MethodGet && rep.Status >= 400 {
 			s.logRefused(r, client.ID, reqID, errors.New(string(rep.Body)))
 		}

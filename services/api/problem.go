@@ -18,6 +18,22 @@ const (
 	CodeUnsupportedMediaType   ledger.Code = "unsupported_media_type"
 	CodeRegionUnavailable      ledger.Code = "region_unavailable"
 	CodeInternal               ledger.Code = "internal"
+	// CodeOperatorOnly: a client's key on an operator endpoint.
+	CodeOperatorOnly ledger.Code = "operator_only"
+	// CodeClientOnly: an operator's key on a client endpoint.
+	CodeClientOnly ledger.Code = "client_only"
+	// CodeOperatorAPIDisabled: the API was started without the region's
+	// operator NATS user, so it cannot reach the dead letters.
+	CodeOperatorAPIDisabled ledger.Code = "operator_api_disabled"
+	// CodeDeadLetterNotFound: no such dead letter, and no operator acted
+	// on that sequence.
+	CodeDeadLetterNotFound ledger.Code = "dead_letter_not_found"
+	// CodeDeadLetterNotCommand: the dead letter's payload is not a
+	// command; it cannot be replayed, only discarded.
+	CodeDeadLetterNotCommand ledger.Code = "dead_letter_not_a_command"
+	// CodeReplayUnsettled: the ledger did not settle a replay in time;
+	// replaying again is safe.
+	CodeReplayUnsettled ledger.Code = "replay_unsettled"
 )
 
 // statusOf is the one place where error codes meet HTTP statuses. Every
@@ -44,6 +60,12 @@ var statusOf = map[ledger.Code]int{
 	CodeUnsupportedMediaType:        http.StatusUnsupportedMediaType,
 	CodeRegionUnavailable:           http.StatusServiceUnavailable,
 	CodeInternal:                    http.StatusInternalServerError,
+	CodeOperatorOnly:                http.StatusForbidden,
+	CodeClientOnly:                  http.StatusForbidden,
+	CodeOperatorAPIDisabled:         http.StatusServiceUnavailable,
+	CodeDeadLetterNotFound:          http.StatusNotFound,
+	CodeDeadLetterNotCommand:        http.StatusUnprocessableEntity,
+	CodeReplayUnsettled:             http.StatusServiceUnavailable,
 }
 
 // Codes lists every error code the API answers with.

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/paymesh/paymesh/services/ledger"
+	"github.com/paymesh/paymesh/services/ledger/dlq"
 )
 
 // Ledger is what the API asks of its region's ledger: open accounts and
@@ -26,6 +27,18 @@ type Ledger interface {
 	Transfer(ctx context.Context, id string) (ledger.Transfer, error)
 	// TransferPostings returns a transfer's change-log rows in this region.
 	TransferPostings(ctx context.Context, transferID string) ([]ledger.Posting, error)
+}
+
+// DeadLetters is what the operator endpoints ask of the region's
+// dead-letter operations, with their semantics (paged list, show, replay
+// under the original key, discard with an audit record; each safe to run
+// twice). services/ledger/dlq's Ops implements it; its ErrNotFound,
+// ErrNotCommand and ErrUnsettled are answered with their own codes.
+type DeadLetters interface {
+	List(ctx context.Context, f dlq.Filter) (dlq.Page, error)
+	Show(ctx context.Context, seq uint64) (dlq.Letter, error)
+	Replay(ctx context.Context, seq uint64, operator string) (dlq.Outcome, error)
+	Discard(ctx context.Context, seq uint64, operator, why string) (dlq.Outcome, error)
 }
 
 // Store is the API's own state in its region's database: its clients and
@@ -68,15 +81,37 @@ type Store interface {
 	DeleteExpiredKeys(ctx context.Context, now time.Time) (int64, error)
 }
 
-// RegisteredClient is an API client as registered (paymesh client): who
-// may call the API with an API key, how often, and with how much overdraft.
+// RegisteredClient is an API key's holder as registered (paymesh client):
+// who may call the API with it, in which role, how often, and with how
+// much overdraft.
 type RegisteredClient struct {
 	ID         string
 	Name       string
+	Role       Role // RoleClient when empty
 	RatePerSec int
 	// MaxOverdraft is the most overdraft the client may give its accounts
-	// (their floor is at least -MaxOverdraft).
+	// (their floor is at least -MaxOverdraft); an operator has none.
 	MaxOverdraft int64
+}
+
+// Role is what an API key may do.
+type Role string
+
+// The roles of an API key.
+const (
+	// RoleClient: accounts and transfers (/v1/accounts, /v1/transfers).
+	RoleClient Role = "client"
+	// RoleOperator: the region's dead letters (/v1/ops/...); no accounts,
+	// no transfers.
+	RoleOperator Role = "operator"
+)
+
+// RoleOf returns c's role (RoleClient when it is not set).
+func (c RegisteredClient) RoleOf() Role {
+	if c.Role == "" {
+		return RoleClient
+	}
+	return c.Role
 }
 
 // HashKey is how API keys are stored: their SHA-256. Keys are random and

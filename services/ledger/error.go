@@ -49,6 +49,13 @@ const (
 	CodeNotFound Code = "not_found"
 )
 
+// Codes returns every Code, in the order they are declared.
+func Codes() []Code {
+	return []Code{CodeInvalidRequest, CodeInvalidAmount, CodeInvalidCurrency, CodeSameAccount, CodeAccountNotFound,
+		CodeAccountClosed, CodeCurrencyMismatch, CodeInsufficientFunds, CodeBalanceOverflow, CodeWrongRegion,
+		CodeIdempotencyKeyReused, CodeTransferIDReused, CodeIllegalTransition, CodeStaleVersion, CodeNotFound}
+}
+
 // Error is a domain error with a stable code and a message safe to show to
 // clients.
 type Error struct {

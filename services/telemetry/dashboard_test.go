@@ -11,9 +11,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/paymesh/paymesh/internal/testbed/ledgertest"
+	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/services/api"
 	"github.com/paymesh/paymesh/services/ledger"
+	"github.com/paymesh/paymesh/services/ledger/dlq"
+	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
 	"github.com/paymesh/paymesh/services/router"
 	"github.com/paymesh/paymesh/services/telemetry"
 )
@@ -39,6 +45,10 @@ func TestDashboardQueriesExist(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := m.ObserveBacklog("eu", "LEDGER_EU", func(context.Context) (int64, error) { return 0, nil }); err != nil {
+		t.Fatal(err)
+	}
+	// The dead-letter census exports its gauges once it knows a dead letter.
+	if err := m.ObserveDeadLetters("eu", census(t)); err != nil {
 		t.Fatal(err)
 	}
 	observe, err := m.LedgerObserver("eu", "LEDGER_EU")
@@ -74,10 +84,12 @@ func TestDashboardQueriesExist(t *testing.T) {
 	}
 	name := regexp.MustCompile(`paymesh_[a-z_]+`)
 	var queries int
+	queried := map[string]bool{}
 	for _, p := range dash.Panels {
 		for _, tg := range p.Targets {
 			queries++
 			for _, n := range name.FindAllString(tg.Expr, -1) {
+				queried[n] = true
 				if !exported[n] {
 					t.Errorf("panel %q queries %s, which no service exports", p.Title, n)
 				}
@@ -87,6 +99,38 @@ func TestDashboardQueriesExist(t *testing.T) {
 	if queries == 0 || len(exported) == 0 {
 		t.Fatalf("%d queries checked against %d exported metrics", queries, len(exported))
 	}
+	for _, n := range []string{"paymesh_dlq_depth", "paymesh_dlq_oldest_seconds"} {
+		if !queried[n] {
+			t.Errorf("no panel queries %s", n)
+		}
+	}
+}
+
+// census returns region eu's dead-letter census, refreshed on an embedded
+// JetStream whose DLQ_EU holds one dead letter.
+func census(t *testing.T) *dlq.Census {
+	t.Helper()
+	ctx := context.Background()
+	_, nc := natsembed.MustStart(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	topo := ljs.Topology{Region: "eu", Shards: 1}
+	if err := ljs.EnsureStreams(ctx, js, topo); err != nil {
+		t.Fatal(err)
+	}
+	m := nats.NewMsg(topo.DLQSubject())
+	m.Data = []byte("not a command")
+	m.Header.Set(ljs.HeaderDLQReason, string(ledger.CodeInvalidRequest))
+	if _, err := js.PublishMsg(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	c := dlq.NewCensus(js, "eu")
+	if err := c.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 // TestDashboardRegionVariable: the dashboard has a region variable (all

@@ -236,3 +236,54 @@ func TestStartFails(t *testing.T) {
 		t.Error("no config file: got no error")
 	}
 }
+
+// TestDeadLetterPanels: the dashboard's dead-letter panels, evaluated by
+// promtool on series of four regions (testdata/dead_letter_panels_test.yml):
+// a region's dead letters by reason and the age of the oldest; 0 with
+// reason "none" for a region whose ledger is scraped and holds none, so a
+// clean run still has data; nothing for a region whose census has no
+// numbers.
+func TestDeadLetterPanels(t *testing.T) {
+	promchecktest.Require(t)
+	qs, err := promcheck.PanelQueries(dashboardFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules := map[string]string{}
+	for _, q := range qs {
+		switch {
+		case strings.Contains(q.Expr, "max by (region, reason) (paymesh_dlq_depth"):
+			rules["panel:depth"] = q.Expr
+		case strings.Contains(q.Expr, "max by (region, reason) (paymesh_dlq_oldest_seconds"):
+			rules["panel:oldest"] = q.Expr
+		}
+	}
+	if len(rules) != 2 {
+		t.Fatalf("dead-letter panel queries found: %v, want paymesh_dlq_depth and paymesh_dlq_oldest_seconds by region and reason", rules)
+	}
+	var group struct {
+		Groups []map[string]any `yaml:"groups"`
+	}
+	var list []map[string]string
+	for _, name := range []string{"panel:depth", "panel:oldest"} {
+		list = append(list, map[string]string{"record": name, "expr": rules[name]})
+	}
+	group.Groups = []map[string]any{{"name": "panels", "rules": list}}
+	b, err := yaml.Marshal(group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	test, err := os.ReadFile("testdata/dead_letter_panels_test.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range map[string][]byte{"panels.yml": b, "panels_test.yml": test} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := promcheck.TestRules(context.Background(), filepath.Join(dir, "panels_test.yml")); err != nil {
+		t.Fatal(err)
+	}
+}

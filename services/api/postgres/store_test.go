@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"net/http"
@@ -105,7 +106,8 @@ func TestMigrations(t *testing.T) {
 	ctx := context.Background()
 	fresh, _ := pgtest.MustDatabase(t, bothSets()...)
 	want := schema(t, fresh)
-	if !strings.Contains(want, "clients.max_overdraft bigint null=NO default=0") || !strings.Contains(want, "idempotency_keys_expiry") {
+	if !strings.Contains(want, "clients.max_overdraft bigint null=NO default=0") || !strings.Contains(want, "idempotency_keys_expiry") ||
+		!strings.Contains(want, "clients.role text null=NO default='client'::text") || !strings.Contains(want, "role = ANY (ARRAY['client'::text, 'operator'::text])") {
 		t.Fatalf("fresh schema lacks the API's tables:\n%s", want)
 	}
 	for _, tc := range []struct {
@@ -139,14 +141,14 @@ func TestMigrations(t *testing.T) {
 			if v := version(t, pool, "ledger_schema_version"); v != 6 {
 				t.Errorf("ledger version %d, want 6", v)
 			}
-			if v := version(t, pool, apipg.MigrationTable); v != 2 {
-				t.Errorf("API version %d, want 2", v)
+			if v := version(t, pool, apipg.MigrationTable); v != 3 {
+				t.Errorf("API version %d, want 3", v)
 			}
 			store := apipg.New(pool)
 			if old {
 				c, ok, err := store.ClientByKey(ctx, api.HashKey("acme-key-0123456789"))
-				if err != nil || !ok || c.ID != "acme" || c.MaxOverdraft != 0 {
-					t.Fatalf("adopted client: got %+v %v %v, want acme with no overdraft", c, ok, err)
+				if err != nil || !ok || c.ID != "acme" || c.MaxOverdraft != 0 || c.Role != api.RoleClient {
+					t.Fatalf("adopted client: got %+v %v %v, want client acme with no overdraft", c, ok, err)
 				}
 				k, ok, err := store.Key(ctx, "acme", "k1")
 				if err != nil || !ok || k.Status != http.StatusCreated || string(k.Body) != `{"id":"eu-t1"}` {
@@ -157,6 +159,62 @@ func TestMigrations(t *testing.T) {
 				t.Fatalf("put a client after the migration: %v", err)
 			}
 		})
+	}
+}
+
+// TestOperatorRole: an operator is stored and read back in its role; an
+// id keeps its role (a client cannot be turned into an operator, nor the
+// reverse, and the refused write changes nothing); an operator has no
+// overdraft and an unknown role is refused.
+func TestOperatorRole(t *testing.T) {
+	ctx := context.Background()
+	pool, _ := pgtest.MustDatabase(t, bothSets()...)
+	store := apipg.New(pool)
+	if err := store.PutClient(ctx, api.RegisteredClient{ID: "alice", Name: "Alice", Role: api.RoleOperator}, "alice-key-0123456789"); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.PutClient(ctx, api.RegisteredClient{ID: "acme", MaxOverdraft: 10}, "acme-key-0123456789"); err != nil {
+		t.Fatal(err)
+	}
+	if c, ok, err := store.ClientByKey(ctx, api.HashKey("alice-key-0123456789")); err != nil || !ok || c.ID != "alice" || c.Role != api.RoleOperator {
+		t.Fatalf("operator: got %+v %v %v, want alice as operator", c, ok, err)
+	}
+	if c, ok, err := store.ClientByID(ctx, "acme"); err != nil || !ok || c.Role != api.RoleClient {
+		t.Fatalf("client: got %+v %v %v, want acme as client", c, ok, err)
+	}
+	// A new key for the operator, in its role: allowed.
+	if err := store.PutClient(ctx, api.RegisteredClient{ID: "alice", Role: api.RoleOperator}, "alice-key-2-0123456789"); err != nil {
+		t.Fatalf("operator's new key: %v", err)
+	}
+	for _, tc := range []struct {
+		name string
+		c    api.RegisteredClient
+		key  string
+		want string
+	}{
+		{"ClientToOperator", api.RegisteredClient{ID: "acme", Role: api.RoleOperator}, "acme-key-2-0123456789", "acme is not registered as operator"},
+		{"OperatorToClient", api.RegisteredClient{ID: "alice"}, "alice-key-3-0123456789", "alice is not registered as client"},
+		{"OperatorOverdraft", api.RegisteredClient{ID: "bob", Role: api.RoleOperator, MaxOverdraft: 5}, "bob-key-0123456789", "operators move no money"},
+		{"UnknownRole", api.RegisteredClient{ID: "bob", Role: "admin"}, "bob-key-0123456789", `unknown role "admin"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := store.PutClient(ctx, tc.c, tc.key)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want an error with %q", err, tc.want)
+			}
+			if _, ok, _ := store.ClientByKey(ctx, api.HashKey(tc.key)); ok {
+				t.Fatal("the refused key authenticates")
+			}
+		})
+	}
+	if err := store.PutClient(ctx, api.RegisteredClient{ID: "acme", Role: api.RoleOperator}, "x-key-0123456789"); !errors.Is(err, apipg.ErrRoleTaken) {
+		t.Fatalf("client to operator: got %v, want ErrRoleTaken", err)
+	}
+	if c, _, _ := store.ClientByID(ctx, "acme"); c.Role != api.RoleClient || c.MaxOverdraft != 10 {
+		t.Fatalf("acme after the refused writes: got %+v, want the client as it was", c)
+	}
+	if c, _, _ := store.ClientByKey(ctx, api.HashKey("alice-key-2-0123456789")); c.ID != "alice" || c.Role != api.RoleOperator {
+		t.Fatalf("alice after the refused writes: got %+v, want the operator with its second key", c)
 	}
 }
 

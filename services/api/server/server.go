@@ -1,7 +1,9 @@
 // Package server wires one region's HTTP API: its database pool (it migrates
 // the API's own tables, services/api/postgres), its NATS connection
-// (forwarded calls and the submitting router), the HTTP listener, the
-// idempotency-key cleanup and its /metrics. cmd/paymesh and
+// (forwarded calls and the submitting router), optionally a second one as
+// the region's operator user for the dead-letter endpoints
+// (services/ledger/dlq), the HTTP listener, the idempotency-key cleanup and
+// its /metrics. cmd/paymesh and
 // internal/testbed/cluster run it.
 package server
 
@@ -18,6 +20,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 
 	"github.com/paymesh/paymesh/internal/platform/natsconn"
@@ -26,6 +29,7 @@ import (
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/api"
 	apipg "github.com/paymesh/paymesh/services/api/postgres"
+	"github.com/paymesh/paymesh/services/ledger/dlq"
 	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 	"github.com/paymesh/paymesh/services/router"
@@ -47,8 +51,18 @@ type Config struct {
 	NATSURL      string // the region's servers: one URL, or a comma-separated list (every server of a cluster)
 	NATSUser     string // the API's user on that server (internal/platform/natsauth); empty if it has none
 	NATSPassword string
-	Shards       int           // ledger subjects per region, as the ledgers
-	AckWait      time.Duration // the submitting router's publish timeout (see router.Config)
+	// OpsNATSUser is the region's operator user on the same server
+	// (ops-<region>, internal/platform/natsauth). With it the API serves
+	// the operator endpoints on the region's dead letters (/v1/ops/...,
+	// through services/ledger/dlq); without it they answer 503
+	// operator_api_disabled.
+	OpsNATSUser     string
+	OpsNATSPassword string
+	// OpsWait bounds how long a replay waits for the ledger's outcome
+	// (default 10 s, within the HTTP write timeout).
+	OpsWait time.Duration
+	Shards  int           // ledger subjects per region, as the ledgers
+	AckWait time.Duration // the submitting router's publish timeout (see router.Config)
 	// DuplicateWindow is the route stream's Nats-Msg-Id window (default
 	// ljs.DefaultDuplicateWindow); the API makes sure the stream exists.
 	DuplicateWindow time.Duration
@@ -93,6 +107,7 @@ type Server struct {
 	pool    *pgxpool.Pool
 	lease   *nodelease.Lease
 	nc      *nats.Conn
+	opsNC   *nats.Conn // the operator user's connection, when configured
 	api     *api.Handler
 	store   *apipg.Store
 	ln      net.Listener
@@ -170,8 +185,14 @@ func (s *Server) open(ctx context.Context) error {
 		store = cfg.WrapStore(store)
 	}
 	led := postgres.New(s.pool, postgres.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen})
-	s.api = api.New(api.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen, Ledger: led, Store: store, Router: rt, NATS: s.nc,
-		Wait: cfg.Wait, KeyTTL: cfg.KeyTTL, Now: cfg.Now, Log: cfg.Log})
+	acfg := api.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen, Ledger: led, Store: store, Router: rt, NATS: s.nc,
+		Wait: cfg.Wait, KeyTTL: cfg.KeyTTL, Now: cfg.Now, Log: cfg.Log}
+	if cfg.OpsNATSUser != "" {
+		if acfg.DeadLetters, err = s.openOps(ctx); err != nil {
+			return err
+		}
+	}
+	s.api = api.New(acfg)
 	if err := s.api.Listen(); err != nil {
 		return err
 	}
@@ -179,9 +200,10 @@ func (s *Server) open(ctx context.Context) error {
 		return fmt.Errorf("listen: %w", err)
 	}
 	// A transfer may wait cfg.Wait for its final state before it is
-	// answered: the write timeout leaves room for that and the write.
+	// answered, and a replay OpsWait for the ledger's outcome: the write
+	// timeout leaves room for the longer and the write.
 	s.http = &http.Server{Handler: otelhttp.NewHandler(s.api, "paymesh api"), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
-		WriteTimeout: cfg.Wait + 15*time.Second, IdleTimeout: time.Minute}
+		WriteTimeout: max(cfg.Wait, cfg.OpsWait, defaultOpsWait) + 15*time.Second, IdleTimeout: time.Minute}
 	if cfg.MetricsListen != "" {
 		s.metrics, err = telemetry.ServeNew(cfg.MetricsListen, cfg.Log, func(m *telemetry.Metrics) error {
 			st := &s.api.Stats
@@ -191,10 +213,39 @@ func (s *Server) open(ctx context.Context) error {
 	return err
 }
 
+// defaultOpsWait is how long a replay through the API waits for the
+// ledger's outcome by default.
+const defaultOpsWait = 10 * time.Second
+
+// openOps connects as the region's operator user and returns the
+// region's dead-letter operations, their audit table migrated.
+func (s *Server) openOps(ctx context.Context) (*dlq.Ops, error) {
+	cfg := s.cfg
+	var err error
+	s.opsNC, err = natsconn.Connect(ctx, natsconn.Config{URL: cfg.NATSURL, User: cfg.OpsNATSUser, Password: cfg.OpsNATSPassword,
+		Name: "paymesh-api-ops-" + cfg.Region, Timeout: cfg.ConnectTimeout, Log: cfg.Log})
+	if err != nil {
+		return nil, fmt.Errorf("operator user %s: %w", cfg.OpsNATSUser, err)
+	}
+	js, err := jetstream.New(s.opsNC)
+	if err != nil {
+		return nil, fmt.Errorf("operator user %s: %w", cfg.OpsNATSUser, err)
+	}
+	if err := pgdb.Migrate(ctx, s.pool, dlq.Migrations()); err != nil {
+		return nil, err
+	}
+	wait := cfg.OpsWait
+	if wait <= 0 {
+		wait = defaultOpsWait
+	}
+	return &dlq.Ops{Region: cfg.Region, JS: js, Pool: s.pool, Wait: wait}, nil
+}
+
 // The adapters the API is assembled from.
 var (
-	_ api.Store  = (*apipg.Store)(nil)
-	_ api.Ledger = (*postgres.Store)(nil)
+	_ api.Store       = (*apipg.Store)(nil)
+	_ api.Ledger      = (*postgres.Store)(nil)
+	_ api.DeadLetters = (*dlq.Ops)(nil)
 )
 
 // Store returns the API's own store (clients and idempotency keys), as
@@ -257,6 +308,9 @@ func (s *Server) Close() error {
 	}
 	if s.api != nil {
 		s.api.Close()
+	}
+	if s.opsNC != nil {
+		s.opsNC.Close()
 	}
 	if s.nc != nil {
 		s.nc.Close()

@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/paymesh/paymesh/internal/platform/natsauth"
 	"github.com/paymesh/paymesh/internal/platform/nodelease"
 	"github.com/paymesh/paymesh/internal/testbed/apicheck"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
@@ -147,4 +149,67 @@ func get(t *testing.T, url string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// TestOperatorAPIDisabled: an API opened without the region's operator
+// NATS user answers its operator endpoints with 503 operator_api_disabled
+// to an operator key (403 operator_only to a client's, checked first); an
+// API given the operator user with a wrong password does not open, and
+// says which user failed.
+func TestOperatorAPIDisabled(t *testing.T) {
+	topo := natsembed.MustStartTopology(t, "eu")
+	_, url := pgtest.MustDatabase(t)
+	ids, _ := idgen.NewRegions(map[string]uint8{"eu": 1})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	au, _ := natsauth.UserOf("eu", natsauth.API)
+	ou, _ := natsauth.UserOf("eu", natsauth.Ops)
+	cfg := server.Config{Region: "eu", Regions: ids, Node: 2, PostgresURL: url, NATSURL: topo.ClientURL("eu"), NATSUser: au.Name, NATSPassword: au.Password}
+	srv, err := server.Open(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	go func() { _ = srv.Run(ctx) }()
+	for id, role := range map[string]api.Role{"alice": api.RoleOperator, "acme": api.RoleClient} {
+		if err := srv.Store().PutClient(ctx, api.RegisteredClient{ID: id, Role: role}, "key-"+id+"-0123456789"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hc := apicheck.Client(t)
+	call := func(method, path, key, body string) (int, api.Problem) {
+		t.Helper()
+		req, _ := http.NewRequest(method, srv.URL()+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var p api.Problem
+		_ = json.NewDecoder(resp.Body).Decode(&p)
+		return resp.StatusCode, p
+	}
+	for _, rq := range []struct{ method, path, body string }{
+		{"GET", "/v1/ops/dead-letters", ""},
+		{"GET", "/v1/ops/dead-letters/1", ""},
+		{"POST", "/v1/ops/dead-letters/1/replay", ""},
+		{"POST", "/v1/ops/dead-letters/1/discard", `{"reason":"r"}`},
+	} {
+		if st, p := call(rq.method, rq.path, "key-alice-0123456789", rq.body); st != 503 || p.Code != api.CodeOperatorAPIDisabled || !strings.Contains(p.Detail, "--ops-nats-user") {
+			t.Errorf("operator key on %s %s: %d %+v, want 503 operator_api_disabled naming --ops-nats-user", rq.method, rq.path, st, p)
+		}
+		if st, p := call(rq.method, rq.path, "key-acme-0123456789", rq.body); st != 403 || p.Code != api.CodeOperatorOnly {
+			t.Errorf("client key on %s %s: %d %+v, want 403 operator_only", rq.method, rq.path, st, p)
+		}
+	}
+
+	bad := cfg
+	bad.Node, bad.OpsNATSUser, bad.OpsNATSPassword = 3, ou.Name, "wrong"
+	if s, err := server.Open(ctx, bad); err == nil {
+		s.Close()
+		t.Fatal("an API with a wrong operator password opened")
+	} else if !strings.Contains(err.Error(), "operator user "+ou.Name) {
+		t.Fatalf("wrong operator password: got %v, want an error naming %s", err, ou.Name)
+	}
 }

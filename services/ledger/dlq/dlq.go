@@ -44,6 +44,25 @@ func Migrations() pgdb.Migration {
 // hold and that no operator replayed or discarded.
 var ErrNotFound = errors.New("dlq: no such dead letter")
 
+// ErrNotCommand is returned by Replay for a dead letter whose payload is
+// not a command (a poison message): it can only be discarded.
+var ErrNotCommand = errors.New("dlq: the payload is not a command")
+
+// ErrUnsettled is returned by Replay when the ledger did not settle the
+// replay within Ops.Wait. The replay is in the ledger stream; replaying
+// again is safe.
+var ErrUnsettled = errors.New("dlq: the ledger did not settle the replay")
+
+// Reasons returns every reason a dead letter can carry: the ledger's
+// codes and ljs.ReasonMaxDeliveries.
+func Reasons() []string {
+	out := []string{ljs.ReasonMaxDeliveries}
+	for _, c := range ledger.Codes() {
+		out = append(out, string(c))
+	}
+	return out
+}
+
 // Ops runs the dead-letter operations of one region.
 type Ops struct {
 	Region string

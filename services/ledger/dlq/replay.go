@@ -102,9 +102,10 @@ type prior struct {
 // row and the transfer read before the publish tell a duplicate (and its
 // layer) from a first apply. The dead letter is deleted once its outcome
 // is known (a refusal's new dead letter takes its place). It returns an
-// error for a payload that is not a command, and when the ledger does not
-// settle the replay within Ops.Wait (the replay is then in the stream, and
-// a second Replay is safe).
+// ErrNotCommand for a payload that is not a command, ErrNotFound for a
+// sequence nobody knows, and ErrUnsettled when the ledger does not settle
+// the replay within Ops.Wait (the replay is then in the stream, and a
+// second Replay is safe).
 func (o *Ops) Replay(ctx context.Context, seq uint64, operator string) (Outcome, error) {
 	if operator == "" {
 		return Outcome{}, errors.New("dlq: replay needs an operator")
@@ -122,7 +123,7 @@ func (o *Ops) Replay(ctx context.Context, seq uint64, operator string) (Outcome,
 			return err
 		}
 		if l.CommandErr != nil {
-			return fmt.Errorf("dlq: dead letter %d cannot be replayed, its payload is not a command (%v); discard it", seq, l.CommandErr)
+			return fmt.Errorf("%w: dead letter %d cannot be replayed (%v); discard it", ErrNotCommand, seq, l.CommandErr)
 		}
 		out, err = o.replay(ctx, conn, l)
 		if err != nil {
@@ -259,8 +260,8 @@ func (o *Ops) settled(ctx context.Context, subject string, seq uint64) error {
 			}
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("dlq: the ledger did not settle the replay (%s sequence %d) within %s; is the ledger running? Replaying again is safe",
-				subjects.LedgerStream(o.Region), seq, wait)
+			return fmt.Errorf("%w (%s sequence %d) within %s; is the ledger running? Replaying again is safe",
+				ErrUnsettled, subjects.LedgerStream(o.Region), seq, wait)
 		}
 		select {
 		case <-ctx.Done():

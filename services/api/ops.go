@@ -1,0 +1,300 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/paymesh/paymesh/internal/platform/subjects"
+	"github.com/paymesh/paymesh/services/ledger"
+	"github.com/paymesh/paymesh/services/ledger/dlq"
+)
+
+// The operator endpoints act on the dead letters of this API's own region
+// (DLQ_<R> and its audit in the region's database); they are never
+// forwarded. Each answers with the region it acted in.
+
+// MaxDiscardReason bounds the reason of a discard, kept in the audit.
+const MaxDiscardReason = 1000
+
+// DeadLetterBody is one dead letter, as GET /v1/ops/dead-letters lists it.
+type DeadLetterBody struct {
+	Seq    uint64 `json:"seq"`
+	Reason string `json:"reason"`
+	Detail string `json:"detail,omitempty"`
+	// Subject and LedgerSeq are where the command was: its ledger subject
+	// and its sequence in LEDGER_<R>.
+	Subject    string `json:"subject"`
+	LedgerSeq  uint64 `json:"ledger_seq"`
+	Deliveries uint64 `json:"deliveries"`
+	// DeadLetteredAt is the last delivery, when the ledger gave up.
+	DeadLetteredAt time.Time `json:"dead_lettered_at"`
+	// Key is the command's message key; absent for a payload that is not
+	// a command.
+	Key string `json:"key,omitempty"`
+}
+
+// DeadLettersBody is a page of GET /v1/ops/dead-letters.
+type DeadLettersBody struct {
+	Region      string           `json:"region"`
+	DeadLetters []DeadLetterBody `json:"dead_letters"`
+	// NextAfter is the after of the next page; absent on the last.
+	NextAfter *uint64 `json:"next_after,omitempty"`
+}
+
+// DeadLetterDetailBody is GET /v1/ops/dead-letters/{seq}: the letter with
+// its first and last delivery, headers and payload.
+type DeadLetterDetailBody struct {
+	Region string `json:"region"`
+	DeadLetterBody
+	// FirstDeliveryAt is the original publish; absent when LEDGER_<R> no
+	// longer holds it.
+	FirstDeliveryAt *time.Time          `json:"first_delivery_at,omitempty"`
+	LastDeliveryAt  time.Time           `json:"last_delivery_at"`
+	Headers         map[string][]string `json:"headers"`
+	// Payload is the message as it was sent (base64 in JSON); Command is
+	// the same bytes as a JSON object when they decode as a command, and
+	// CommandError says why they do not.
+	Payload      []byte          `json:"payload"`
+	Command      json.RawMessage `json:"command,omitempty"`
+	CommandError string          `json:"command_error,omitempty"`
+}
+
+// DeadLetterOutcomeBody is the answer of a replay or a discard
+// (dlq.Outcome).
+type DeadLetterOutcomeBody struct {
+	Region string `json:"region"`
+	Seq    uint64 `json:"seq"`
+	Key    string `json:"key,omitempty"`
+	// Outcome is applied, duplicate, refused or deferred for a replay
+	// made now; discarded for a discard; replayed or discarded for a dead
+	// letter an operator settled before (Operator, Why and At say who,
+	// why and when).
+	Outcome string `json:"outcome"`
+	// Layer caught a duplicate, or a refusal again.
+	Layer string `json:"layer,omitempty"`
+	// Reason is a refusal's reason, or the reason of a dead letter settled
+	// before.
+	Reason        string     `json:"reason,omitempty"`
+	Detail        string     `json:"detail,omitempty"`
+	LedgerSeq     uint64     `json:"ledger_seq,omitempty"`
+	NewDeadLetter uint64     `json:"new_dead_letter,omitempty"`
+	RetryAt       *time.Time `json:"retry_at,omitempty"`
+	Operator      string     `json:"operator,omitempty"`
+	Why           string     `json:"why,omitempty"`
+	At            *time.Time `json:"at,omitempty"`
+}
+
+// DiscardRequest is the body of POST /v1/ops/dead-letters/{seq}/discard.
+type DiscardRequest struct {
+	Reason string `json:"reason"`
+}
+
+func (s *Handler) listDeadLetters(ctx context.Context, r *http.Request, _ RegisteredClient) reply {
+	if s.cfg.DeadLetters == nil {
+		return errReply(opsDisabled)
+	}
+	f, err := deadLetterFilter(r)
+	if err != nil {
+		return errReply(err)
+	}
+	p, err := s.cfg.DeadLetters.List(ctx, f)
+	if err != nil {
+		return s.opsErr(err)
+	}
+	page := DeadLettersBody{Region: s.cfg.Region, DeadLetters: []DeadLetterBody{}}
+	for _, l := range p.Letters {
+		page.DeadLetters = append(page.DeadLetters, letterBody(l))
+	}
+	if p.Next != 0 {
+		page.NextAfter = &p.Next
+	}
+	return jsonReply(http.StatusOK, page)
+}
+
+// deadLetterFilter reads the list's query: reason, older_than, limit
+// (1-500, default 50) and after. Unknown and repeated parameters are
+// refused.
+func deadLetterFilter(r *http.Request) (dlq.Filter, error) {
+	f := dlq.Filter{Limit: 50}
+	for k, vs := range r.URL.Query() {
+		if !slices.Contains([]string{"reason", "older_than", "limit", "after"}, k) {
+			return f, ledger.Errorf(ledger.CodeInvalidRequest, "unknown query parameter %q (reason, older_than, limit, after)", k)
+		}
+		if len(vs) > 1 {
+			return f, ledger.Errorf(ledger.CodeInvalidRequest, "query parameter %q given %d times", k, len(vs))
+		}
+		v := vs[0]
+		switch k {
+		case "reason":
+			if !slices.Contains(dlq.Reasons(), v) {
+				return f, ledger.Errorf(ledger.CodeInvalidRequest, "reason=%q is not a dead-letter reason (one of %s)", v, strings.Join(dlq.Reasons(), ", "))
+			}
+			f.Reason = v
+		case "older_than":
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 {
+				return f, ledger.Errorf(ledger.CodeInvalidRequest, "older_than=%q is not a positive duration such as 90s, 15m or 1h", v)
+			}
+			f.OlderThan = d
+		case "limit":
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > 500 {
+				return f, ledger.Errorf(ledger.CodeInvalidRequest, "limit=%q is not between 1 and 500", v)
+			}
+			f.Limit = n
+		case "after":
+			n, err := strconv.ParseUint(v, 10, 64)
+			if err != nil {
+				return f, ledger.Errorf(ledger.CodeInvalidRequest, "after=%q is not a dead-letter sequence (next_after of the previous page)", v)
+			}
+			f.After = n
+		}
+	}
+	return f, nil
+}
+
+func (s *Handler) showDeadLetter(ctx context.Context, r *http.Request, _ RegisteredClient) reply {
+	if s.cfg.DeadLetters == nil {
+		return errReply(opsDisabled)
+	}
+	seq, err := deadLetterSeq(r)
+	if err != nil {
+		return errReply(err)
+	}
+	l, err := s.cfg.DeadLetters.Show(ctx, seq)
+	if err != nil {
+		return s.opsErr(err)
+	}
+	b := DeadLetterDetailBody{Region: s.cfg.Region, DeadLetterBody: letterBody(l), LastDeliveryAt: l.At,
+		Headers: map[string][]string(l.Header), Payload: l.Data}
+	if b.Headers == nil {
+		b.Headers = map[string][]string{}
+	}
+	if !l.FirstAt.IsZero() {
+		b.FirstDeliveryAt = &l.FirstAt
+	}
+	if l.CommandErr != nil {
+		b.CommandError = l.CommandErr.Error()
+	} else {
+		b.Command = l.Data
+	}
+	return jsonReply(http.StatusOK, b)
+}
+
+func (s *Handler) replayDeadLetter(ctx context.Context, r *http.Request, op RegisteredClient) reply {
+	if s.cfg.DeadLetters == nil {
+		return errReply(opsDisabled)
+	}
+	seq, err := deadLetterSeq(r)
+	if err != nil {
+		return errReply(err)
+	}
+	body, err := s.readBody(r)
+	if err != nil {
+		return errReply(err)
+	}
+	if len(body) > 0 {
+		if err := decodeStrict(body, &struct{}{}); err != nil {
+			return errReply(err)
+		}
+	}
+	out, err := s.cfg.DeadLetters.Replay(ctx, seq, op.ID)
+	if err != nil {
+		return s.opsErr(err)
+	}
+	if out.Operator == "" && out.Kind != dlq.Deferred {
+		out.Operator = op.ID // the audit records this replay under it
+	}
+	rep := jsonReply(http.StatusOK, s.outcomeBody(out))
+	if out.Kind == dlq.Deferred {
+		wait := max(time.Until(out.RetryAt), 0)
+		rep.Header = map[string]string{"Retry-After": strconv.Itoa(int(wait.Round(time.Second).Seconds()) + 1)}
+	}
+	return rep
+}
+
+func (s *Handler) discardDeadLetter(ctx context.Context, r *http.Request, op RegisteredClient) reply {
+	if s.cfg.DeadLetters == nil {
+		return errReply(opsDisabled)
+	}
+	seq, err := deadLetterSeq(r)
+	if err != nil {
+		return errReply(err)
+	}
+	body, err := s.readBody(r)
+	if err != nil {
+		return errReply(err)
+	}
+	var req DiscardRequest
+	if err := decodeStrict(body, &req, "reason"); err != nil {
+		return errReply(err)
+	}
+	switch why := strings.TrimSpace(req.Reason); {
+	case why == "":
+		return errReply(ledger.Errorf(ledger.CodeInvalidRequest, `a discard needs a reason: {"reason": "why it is discarded"}, kept in the audit`))
+	case len(req.Reason) > MaxDiscardReason:
+		return errReply(ledger.Errorf(ledger.CodeInvalidRequest, "the reason is %d bytes, over the %d-byte limit", len(req.Reason), MaxDiscardReason))
+	}
+	out, err := s.cfg.DeadLetters.Discard(ctx, seq, op.ID, req.Reason)
+	if err != nil {
+		return s.opsErr(err)
+	}
+	return jsonReply(http.StatusOK, s.outcomeBody(out))
+}
+
+// opsDisabled answers the operator endpoints of an API started without
+// the region's operator NATS user.
+var opsDisabled = ledger.Errorf(CodeOperatorAPIDisabled,
+	"this API was started without the region's operator NATS user (--ops-nats-user, PAYMESH_OPS_NATS_USER): it cannot reach the dead letters")
+
+// deadLetterSeq reads the {seq} of the path: a positive integer.
+func deadLetterSeq(r *http.Request) (uint64, error) {
+	v := r.PathValue("seq")
+	seq, err := strconv.ParseUint(v, 10, 64)
+	if err != nil || seq == 0 {
+		return 0, ledger.Errorf(ledger.CodeInvalidRequest, "%q is not a dead-letter sequence (a positive integer)", v)
+	}
+	return seq, nil
+}
+
+// opsErr answers a failed dead-letter operation: the errors the operator
+// can act on with their codes, any other as internal (and logged).
+func (s *Handler) opsErr(err error) reply {
+	var code ledger.Code
+	switch {
+	case errors.Is(err, dlq.ErrNotFound):
+		code = CodeDeadLetterNotFound
+	case errors.Is(err, dlq.ErrNotCommand):
+		code = CodeDeadLetterNotCommand
+	case errors.Is(err, dlq.ErrUnsettled):
+		code = CodeReplayUnsettled
+	default:
+		s.cfg.Log.Error("dead-letter operation failed", "region", s.cfg.Region, "stream", subjects.DLQStream(s.cfg.Region), "err", err)
+		return errReply(err)
+	}
+	msg := strings.TrimPrefix(err.Error(), "dlq: ")
+	return errReply(ledger.Errorf(code, "%s", msg))
+}
+
+func letterBody(l dlq.Letter) DeadLetterBody {
+	return DeadLetterBody{Seq: l.Seq, Reason: l.Reason, Detail: l.Detail, Subject: l.Subject, LedgerSeq: l.OrigSeq,
+		Deliveries: l.Deliveries, DeadLetteredAt: l.At, Key: l.Key()}
+}
+
+func (s *Handler) outcomeBody(o dlq.Outcome) DeadLetterOutcomeBody {
+	b := DeadLetterOutcomeBody{Region: s.cfg.Region, Seq: o.Seq, Key: o.Key, Outcome: string(o.Kind), Layer: string(o.Layer),
+		Reason: o.Reason, Detail: o.Detail, LedgerSeq: o.LedgerSeq, NewDeadLetter: o.NewSeq, Operator: o.Operator, Why: o.Why}
+	if !o.RetryAt.IsZero() {
+		b.RetryAt = &o.RetryAt
+	}
+	if !o.At.IsZero() {
+		b.At = &o.At
+	}
+	return b
+}
