@@ -189,15 +189,28 @@ func (s *Handler) createTransfer(ctx context.Context, c call) reply {
 	}
 	claim := KeyClaim{Client: c.Client, Key: c.Key, Fingerprint: req.fingerprint(), TransferID: id, Now: now,
 		Lease: s.cfg.Wait + 5*time.Second, TTL: s.cfg.KeyTTL}
+	if home, _ := s.cfg.Regions.HomeRegion(req.To); home == s.cfg.Region {
+		// A destination here must exist before the key is claimed: the
+		// ledger would not refuse a missing one but dead-letter it, to be
+		// replayed once it exists, and the client would get a 202.
+		claim.Destination = req.To
+	}
 	// The common case in one round trip: the owner check, a new key's
 	// claim and the business-key lookup (StartKey).
 	st, err := s.cfg.Store.StartKey(ctx, claim, req.From)
-	if err != nil { // the claim's outcome is unknown: check the owner on its own (ResolveKey finds an own claim)
+	if err != nil { // the claim's outcome is unknown: check the accounts on their own (ResolveKey finds an own claim)
 		if _, err := s.ownAccount(ctx, c.Client, req.From); err != nil {
 			return errReply(err)
 		}
+		if claim.Destination != "" {
+			if _, err := s.cfg.Ledger.Account(ctx, claim.Destination); err != nil {
+				return errReply(err)
+			}
+		}
 	} else if !ownedBy(st.Source, c.Client) {
 		return errReply(notFound(req.From))
+	} else if st.DestinationMissing {
+		return errReply(notFound(req.To))
 	}
 	k, outcome, prior := st.Key, KeyNew, st.Prior // prior: the transfer the business key made (zero: none)
 	if !st.Claimed {                              // the key exists, or the claim's outcome is unknown

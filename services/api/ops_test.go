@@ -159,8 +159,19 @@ func TestOperatorEndpoints(t *testing.T) {
 	b := e.account(t, "eu", keyA, 0)
 
 	ghost := e.id(t, "eu") // no such account
+	// The API refuses it before claiming the key, so nothing is published.
 	if r := e.do(t, "eu", "POST", "/v1/transfers", keyA, "ghost-1", transferJSON(a, ghost, 5)); r.status != 404 || r.code(t) != ledger.CodeAccountNotFound {
 		t.Fatalf("transfer to a missing account: %d %s, want 404 account_not_found", r.status, r.body)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM idempotency_keys WHERE key = 'ghost-1'`); n != 0 {
+		t.Fatalf("idempotency keys of the refused request: %d, want none", n)
+	}
+	// The same command reaching the ledger another way (here straight
+	// through the router) awaits its account: dead-lettered, unrecorded.
+	ghostCmd := ledger.Command{Type: ledger.TypeTransfer, TransferID: e.id(t, "eu"), ClientID: "a", IdempotencyKey: "ghost-2",
+		From: a, To: ghost, Amount: 5, Currency: "EUR", CreatedAt: time.Now()}
+	if err := e.c.Submit(context.Background(), "eu", ghostCmd); err != nil {
+		t.Fatal(err)
 	}
 	waitLetters(t, e, 1)
 	failing.Store(true)

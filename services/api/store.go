@@ -147,8 +147,12 @@ type KeyClaim struct {
 	Fingerprint []byte
 	// TransferID is the ID the request's transfer gets if the key is new.
 	TransferID string
-	Now        time.Time
-	Lease, TTL time.Duration
+	// Destination is the request's destination account when it lives in
+	// this region: StartKey claims a new key only if it exists. Empty for
+	// a destination in another region (its credit step checks it there).
+	Destination string
+	Now         time.Time
+	Lease, TTL  time.Duration
 }
 
 // KeyOutcome is what a key claim found.
@@ -176,6 +180,9 @@ type KeyStart struct {
 	// it does not exist.
 	Source      ledger.Account
 	SourceFound bool
+	// DestinationMissing is set when KeyClaim.Destination names no account
+	// (and so no key was claimed).
+	DestinationMissing bool
 	// Claimed is set when the key was new and is now claimed (Key); when
 	// it is not, and the source is the client's, the key exists:
 	// ResolveKey says what to do with it.

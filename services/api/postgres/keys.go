@@ -115,7 +115,8 @@ func (s *Store) ResolveKey(ctx context.Context, c api.KeyClaim) (api.Idempotency
 
 // StartKey is the first step of a transfer request, in one round trip: it
 // reads the source account, claims the key as new (as BeginKey would) only
-// if the source is a customer account of the client, and reads the
+// if the source is a customer account of the client and a destination in
+// this region (c.Destination) exists, and reads the
 // transfer the client's key already made. The reads of the ledger's tables
 // are the ledger adapter's (ledgerpg.QueueAccount, QueueTransferByKey). It
 // returns an error only when the database fails.
@@ -124,10 +125,16 @@ func (s *Store) StartKey(ctx context.Context, c api.KeyClaim, source string) (ap
 	var priorFound bool
 	b := &pgx.Batch{}
 	ledgerpg.QueueAccount(b, source, &st.Source, &st.SourceFound)
+	if c.Destination != "" {
+		b.Queue(`SELECT NOT EXISTS (SELECT 1 FROM accounts WHERE id = $1)`, c.Destination).QueryRow(func(row pgx.Row) error {
+			return row.Scan(&st.DestinationMissing)
+		})
+	}
 	b.Queue(insertKeySQL+`
 		WHERE `+ledgerpg.CustomerOfSQL("$8", "$1")+`
+		  AND ($9 = '' OR EXISTS (SELECT 1 FROM accounts WHERE id = $9))
 		ON CONFLICT (client_id, key) DO NOTHING RETURNING `+keyColumns,
-		append(insertArgs(c), source)...).Query(func(rows pgx.Rows) error {
+		append(insertArgs(c), source, c.Destination)...).Query(func(rows pgx.Rows) error {
 		k, err := pgx.CollectExactlyOneRow(rows, scanKey)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
