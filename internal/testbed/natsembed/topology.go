@@ -55,6 +55,9 @@ type TopologyOptions struct {
 	// (servers <region>-1 to <region>-3, cluster name and JetStream domain
 	// the region). Other counts are refused.
 	Nodes int
+	// RegionNodes overrides Nodes for the regions it names (1 or 3 each),
+	// so that one region runs a cluster while the others run one server.
+	RegionNodes map[string]int
 	// Links gives a region's link to the hub a shape (latency, jitter,
 	// resets) from the start; a region not named has a plain link.
 	// Topology.Link changes it later.
@@ -133,6 +136,14 @@ func StartTopology(o TopologyOptions) (*Topology, error) {
 			return nil, fmt.Errorf("natsembed: topology: invalid or repeated region name %q", r)
 		}
 	}
+	for r, n := range o.RegionNodes {
+		if !slices.Contains(o.Regions, r) {
+			return nil, fmt.Errorf("natsembed: topology: nodes for %q, which is not a region (regions %v)", r, o.Regions)
+		}
+		if n != 1 && n != clusterNodes {
+			return nil, fmt.Errorf("natsembed: topology: %d nodes in region %s: want 1 (one server) or %d (a JetStream cluster)", n, r, clusterNodes)
+		}
+	}
 	for r, s := range o.Links {
 		if !slices.Contains(o.Regions, r) {
 			return nil, fmt.Errorf("natsembed: topology: link shape for %q, which is not a region (regions %v)", r, o.Regions)
@@ -181,7 +192,11 @@ func StartTopology(o TopologyOptions) (*Topology, error) {
 		proxy.SetShape(o.Links[r])
 		g := &region{name: r, proxy: proxy}
 		t.regions[r], t.order = g, append(t.order, r)
-		if g.nodes, err = newNodes(r, o.Dir, o.Nodes); err != nil {
+		count := o.Nodes
+		if n, ok := o.RegionNodes[r]; ok {
+			count = n
+		}
+		if g.nodes, err = newNodes(r, o.Dir, count); err != nil {
 			return fail(fmt.Errorf("region %s: %w", r, err))
 		}
 		if o.LinkControl {

@@ -545,3 +545,32 @@ func TestTopologyNodesRejected(t *testing.T) {
 		t.Error("StreamLeader after wiping a single server: the stream is still there")
 	}
 }
+
+// TestTopologyRegionNodes: RegionNodes runs one region as a cluster while
+// the others keep one server, and refuses counts other than 1 and 3 and
+// regions the topology does not have.
+func TestTopologyRegionNodes(t *testing.T) {
+	for name, tc := range map[string]struct {
+		nodes map[string]int
+		want  string
+	}{
+		"Two":      {map[string]int{"us": 2}, "2 nodes in region us: want 1"},
+		"NoRegion": {map[string]int{"mars": 3}, `nodes for "mars", which is not a region`},
+	} {
+		topo, err := natsembed.StartTopology(natsembed.TopologyOptions{Regions: []string{"eu", "us"}, Dir: t.TempDir(), RegionNodes: tc.nodes})
+		if err == nil {
+			topo.Shutdown()
+			t.Errorf("%s: started", name)
+		} else if !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: got %v, want an error saying %q", name, err, tc.want)
+		}
+	}
+	topo := natsembed.MustStartTopologyWith(t, natsembed.TopologyOptions{Regions: []string{"eu", "us"}, RegionNodes: map[string]int{"us": 3}})
+	for r, want := range map[string]int{"eu": 1, "us": 3} {
+		if topo.Nodes(r) != want || topo.Replicas(r) != want || len(strings.Split(topo.ClientURL(r), ",")) != want {
+			t.Errorf("region %s: %d nodes, replicas %d, client URLs %q; want %d of each", r, topo.Nodes(r), topo.Replicas(r), topo.ClientURL(r), want)
+		}
+	}
+	createR3Stream(t, connectJS(t, topo, "us", natsauth.Ledger), "LEDGER_US", "ledger.us.>")
+	publishEventually(t, connectJS(t, topo, "eu", natsauth.Router), "ledger.us.1", "from eu", 5*time.Second)
+}
