@@ -674,6 +674,7 @@ type demoCmd struct {
 	Poison        float64 `default:"0.002" help:"Rate of malformed messages."`
 	Faults        string  `default:"cut-us,restart-eu-ledger,restart-ap-nats" help:"Faults to fire during the run, comma-separated (empty for none): cut-us (3 s), restart-eu-ledger, restart-ap-nats."`
 	Report        string  `help:"Also write the report as JSON to this file."`
+	Nodes         int     `default:"1" help:"nats-servers per region: 1, or 3 for a JetStream cluster with R3 streams (starts a few seconds slower)."`
 	WAN           bool    `name:"wan" help:"Put the region table's WAN latency (deploy/regions/regions.yaml, wan round trips) on every region's link to the hub."`
 	Stay          bool    `help:"Keep the regions, their APIs and the live page running after the report, until Ctrl-C."`
 	Throwaway     bool    `name:"throwaway-postgres" help:"Use a throwaway PostgreSQL cluster from the local binaries even if a server answers."`
@@ -699,6 +700,9 @@ func (c *demoCmd) Run(ctx context.Context) error {
 	if c.Accounts < 2 || c.Transfers < 0 {
 		return fmt.Errorf("need at least 2 accounts per region and a non-negative transfer count")
 	}
+	if c.Nodes != 1 && c.Nodes != 3 {
+		return fmt.Errorf("--nodes %d: want 1 (one nats-server per region) or 3 (a JetStream cluster)", c.Nodes)
+	}
 	var faults []string
 	for _, f := range strings.Split(c.Faults, ",") {
 		if f = strings.TrimSpace(f); f == "" {
@@ -713,7 +717,7 @@ func (c *demoCmd) Run(ctx context.Context) error {
 		PostgresURL: c.PostgresURL, Accounts: c.Accounts, Transfers: c.Transfers, Seed: c.Seed, HTTPShare: c.HTTPShare,
 		CrossShare: max(c.CrossShare, 1e-9), Rate: c.Rate,
 		ClientRetry: c.ClientRetry, ProducerRetry: c.ProducerRetry, DropAck: c.DropAck, Poison: c.Poison,
-		FixedPorts: true, WAN: c.WAN, Stay: c.Stay, Keep: c.Keep, Live: isTerminal(os.Stdout), Faults: faults, ThrowawayPostgres: c.Throwaway,
+		FixedPorts: true, Nodes: c.Nodes, WAN: c.WAN, Stay: c.Stay, Keep: c.Keep, Live: isTerminal(os.Stdout), Faults: faults, ThrowawayPostgres: c.Throwaway,
 		Dashboard: dashboardAddr(c.Dashboard), Traces: c.traces, Prometheus: c.Prometheus,
 	}, os.Stdout)
 	if err != nil {

@@ -106,6 +106,21 @@ var bugCases = []struct {
 		cfg:      Config{forgeAs: "router"},
 		fails:    []failure{{I3, []string{"forged"}}, {"refused", []string{"refused"}}},
 	},
+	{
+		scenario: "13",
+		why: "the routers mark a saga step sent and ack a forwarded command whether or not the destination stream " +
+			"stored it: what they publish into us while its stream leader is down, before a new one is elected, is lost",
+		cfg:   Config{bugs: bugs{RelayIgnoresPubAck: true, ForwardIgnoresPubAck: true}, QuietWait: 3 * time.Second},
+		fails: []failure{{I3, []string{"LOST", "still DEBITED"}}},
+	},
+	{
+		scenario: "14",
+		why: "us runs one server (R1 streams), as the other regions: the disk loss takes the commands its route and " +
+			"ledger streams held, acknowledged but not yet applied, with it",
+		cfg:   Config{oneServer: true, QuietWait: 3 * time.Second},
+		fails: []failure{{I3, []string{"LOST"}}},
+		lost:  true,
+	},
 }
 
 // bugTries is how many runs a bug case gets to show its bug. Each fault

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
@@ -40,9 +41,9 @@ func checkReplay(ctx context.Context, c *cluster.Cluster) (Check, error) {
 		}
 		store := postgres.New(r.Ledger.Store.Pool(), postgres.Config{Region: n, IDs: gen, Regions: c.IDs(),
 			Dedup: dedup.New(dedup.Config{Holder: "chaos-replay/" + n}), Answers: apipg.Answers{}})
-		cmds, err := readStream(ctx, r.Ledger.JetStream(), r.Ledger.Topo.Stream())
+		cmds, err := readStreamRetrying(ctx, r.Ledger.JetStream(), r.Ledger.Topo.Stream())
 		if err != nil {
-			return chk, err
+			return chk, fmt.Errorf("read %s: %w", r.Ledger.Topo.Stream(), err)
 		}
 		for start := 0; start < len(cmds); start += replayBatch {
 			batch := cmds[start:min(start+replayBatch, len(cmds))]
@@ -79,6 +80,24 @@ func counts(ctx context.Context, s *postgres.Store) ([4]int64, error) {
 	err := s.Pool().QueryRow(ctx, `SELECT (SELECT count(*) FROM transfers), (SELECT count(*) FROM postings),
 		(SELECT count(*) FROM credits), (SELECT count(*) FROM outbox)`).Scan(&n[0], &n[1], &n[2], &n[3])
 	return n, err
+}
+
+// readStreamRetrying is readStream, tried again for up to 10 seconds while
+// JetStream answers with no responders: a clustered region's stream may
+// still be electing a leader after the R3 scenarios' faults.
+func readStreamRetrying(ctx context.Context, js jetstream.JetStream, name string) ([]ledger.Command, error) {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		cmds, err := readStream(ctx, js, name)
+		if !errors.Is(err, nats.ErrNoResponders) || time.Now().After(deadline) {
+			return cmds, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // readStream reads every command of a stream from its first message with an

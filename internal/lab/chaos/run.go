@@ -40,6 +40,11 @@ type Config struct {
 	// Postgres before its restarts: set only by this package's tests, to
 	// show the checker fails when acknowledged commits are lost.
 	asyncCommit bool
+	// oneServer runs the regions a scenario wants clustered (R3) on one
+	// server (R1), as the others: set only by this package's tests, to show
+	// the checker fails when scenario 14's disk loss takes acknowledged
+	// commands with it.
+	oneServer bool
 }
 
 // Result is one scenario run's verdict.

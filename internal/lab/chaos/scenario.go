@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/paymesh/paymesh/internal/testbed/cluster"
 	"github.com/paymesh/paymesh/internal/testbed/faultproxy"
 	"github.com/paymesh/paymesh/services/ledger"
 )
@@ -42,6 +43,13 @@ type scenario struct {
 	// cluster.Config; zero: the defaults).
 	keyTTL time.Duration
 	now    func() time.Time
+	// clustered names the regions that run a JetStream cluster of three
+	// servers, their streams kept on all three (R3); the others run one
+	// server. Config.oneServer runs them on one server too.
+	clustered []string
+	// configure changes the cluster's configuration before it starts: the
+	// scenario installs its own hooks through the services' seams.
+	configure func(e *env, c *cluster.Config)
 	// beforeCommit and dropAck are the ledger failpoints (see
 	// cluster.Config), consulted only while the workload runs.
 	beforeCommit func(ctx context.Context, e *env) error

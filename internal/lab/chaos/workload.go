@@ -104,7 +104,8 @@ func (t *tally) get(name string) int64 {
 	return 0
 }
 
-// start runs a fresh three-region cluster for the scenario.
+// start runs a fresh three-region cluster for the scenario: one NATS
+// server per region, three in the regions the scenario clusters.
 func start(ctx context.Context, cfg Config, sc *scenario, seed uint64) (_ *env, err error) {
 	table, err := regions.Default()
 	if err != nil {
@@ -123,7 +124,13 @@ func start(ctx context.Context, cfg Config, sc *scenario, seed uint64) (_ *env, 
 	if e.dir, err = os.MkdirTemp("", "paymesh-chaos-nats-"); err != nil {
 		return nil, err
 	}
-	if e.topo, err = natsembed.StartTopology(natsembed.TopologyOptions{Regions: e.names, Dir: e.dir}); err != nil {
+	nodes := map[string]int{}
+	if !cfg.oneServer {
+		for _, r := range sc.clustered {
+			nodes[r] = 3
+		}
+	}
+	if e.topo, err = natsembed.StartTopology(natsembed.TopologyOptions{Regions: e.names, Dir: e.dir, RegionNodes: nodes}); err != nil {
 		return nil, err
 	}
 	ackWait := sc.ackWait
@@ -149,6 +156,9 @@ func start(ctx context.Context, cfg Config, sc *scenario, seed uint64) (_ *env, 
 		KeyTTL: sc.keyTTL, Now: sc.now,
 	}
 	cfg.bugs.install(&ccfg)
+	if sc.configure != nil {
+		sc.configure(e, &ccfg)
+	}
 	if sc.beforeCommit != nil {
 		ccfg.BeforeCommit = func(ctx context.Context) error {
 			if !e.active.Load() {

@@ -69,6 +69,10 @@ type Config struct {
 	// Faults lists the faults to fire while the transfers are sent (see
 	// FaultNames); each fires once, at an even spread over the run.
 	Faults []string
+	// Nodes is how many nats-servers each region runs: 0 or 1 for one
+	// server (the default: it starts fastest), 3 for a JetStream cluster
+	// with R3 streams (natsembed.TopologyOptions.Nodes).
+	Nodes int
 	// WAN puts the region table's network latency on every region's link
 	// to the hub (regions.Table.LinkDelay); without it the links are plain
 	// loopback and the demo runs fast.
@@ -108,6 +112,11 @@ type Report struct {
 	Injected                                                     map[string]int64
 	Caught                                                       map[string]int64
 	Elapsed                                                      time.Duration
+	// Nodes is the servers per region; NATSStart is how long the NATS
+	// topology took to start (JetStream usable in every region) and
+	// RegionsStart the regions' services after it.
+	Nodes                   int
+	NATSStart, RegionsStart time.Duration
 	Verify                                                       postgres.Report
 	Alerts                                                       AlertsReport
 }
@@ -189,16 +198,18 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 	}
 	defer os.RemoveAll(dir)
 	// With Stay the links serve their control API, for paymesh load --faults.
-	topts := natsembed.TopologyOptions{Regions: names, Dir: dir, LinkControl: cfg.Stay}
+	topts := natsembed.TopologyOptions{Regions: names, Dir: dir, Nodes: cfg.Nodes, LinkControl: cfg.Stay}
 	if cfg.WAN {
 		topts.Links = wanLinks(table)
 		fmt.Fprintf(out, "WAN latency on the links to the hub (one way): %s\n", describeLinks(names, topts.Links))
 	}
+	natsAt := time.Now()
 	topo, err := natsembed.StartTopology(topts)
 	if err != nil {
 		return Report{}, err
 	}
 	defer topo.Shutdown()
+	natsStart := time.Since(natsAt)
 
 	rng := mrand.New(mrand.NewPCG(cfg.Seed, 0x9e3779b9))
 	var rngMu sync.Mutex
@@ -211,6 +222,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 	}
 	var dropped atomic.Int64
 	dropAck := coin(cfg.DropAck)
+	regionsAt := time.Now()
 	c, err := cluster.Start(ctx, cluster.Config{
 		Regions: table.Codes(), Topology: topo, PostgresURL: cfg.PostgresURL, DatabasePrefix: cfg.DatabasePrefix,
 		Shards: 8, BatchSize: 128, AckWait: 2 * time.Second, APIWait: 2 * time.Second, APIAddrs: addrs, MetricsAddrs: metricsAddrs,
@@ -233,12 +245,17 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 			_ = c.Drop(context.Background())
 		}
 	}()
+	regionsStart := time.Since(regionsAt)
 	apiKey, err := registerClient(ctx, c)
 	if err != nil {
 		return Report{}, err
 	}
+	nodes := topo.Nodes(names[0])
 	fmt.Fprintf(out, "paymesh demo: regions %s on one embedded NATS topology (hub + leafnodes), databases %s<region>\n",
 		strings.Join(names, ", "), cfg.DatabasePrefix)
+	fmt.Fprintf(out, "  NATS: %s per region, streams R%d; started in %s, the regions' services in %s\n",
+		map[bool]string{true: "one server", false: fmt.Sprintf("a JetStream cluster of %d", nodes)}[nodes == 1], nodes,
+		natsStart.Round(time.Millisecond), regionsStart.Round(time.Millisecond))
 	for _, n := range names {
 		r := c.Region(n)
 		fmt.Fprintf(out, "  %s: API %s\n", n, r.APIURL)
@@ -293,6 +310,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 	d.injected["ledger redelivery (acks dropped)"] = dropped.Load()
 	rep := d.report(rctx, time.Since(start))
 	rep.Faults, rep.Postgres, rep.Interrupted = d.fired, pgWhere, interrupted
+	rep.Nodes, rep.NATSStart, rep.RegionsStart = nodes, natsStart, regionsStart
 	rep.Alerts = prom.report(rctx)
 	rep.Verify, err = postgres.VerifyGlobal(rctx, c.Stores(), !interrupted)
 	d.setPhase("done")
@@ -767,6 +785,8 @@ func (d *driver) report(ctx context.Context, elapsed time.Duration) Report {
 // Print writes the final report.
 func (r Report) Print(w io.Writer) {
 	fmt.Fprintf(w, "\n== paymesh demo report (%s) ==\n", r.Elapsed.Round(time.Millisecond))
+	fmt.Fprintf(w, "NATS: %d server(s) per region (R%d streams), started in %s; the regions' services in %s\n",
+		r.Nodes, r.Nodes, r.NATSStart.Round(time.Millisecond), r.RegionsStart.Round(time.Millisecond))
 	if r.Interrupted {
 		fmt.Fprintln(w, "INTERRUPTED: the report covers what ran; work still in flight shows as unfinished")
 	}

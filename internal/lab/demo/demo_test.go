@@ -283,3 +283,27 @@ func TestDemoWAN(t *testing.T) {
 		t.Errorf("the demo does not say which latency it plays:\n%s", out.String())
 	}
 }
+
+// TestDemoR3 runs the demo on a JetStream cluster of three servers per
+// region, with the NATS restart and the cut among its faults, and reports
+// the start times it measured.
+func TestDemoR3(t *testing.T) {
+	t.Setenv("PATH", t.TempDir()) // no prometheus
+	var out strings.Builder
+	rep, err := demo.Run(context.Background(), demo.Config{
+		PostgresURL: pgtest.AdminURL(), DatabasePrefix: fmt.Sprintf("pmtest_demo_r3_%d_", os.Getpid()),
+		Accounts: 5, Transfers: 400, Seed: 3, HTTPShare: 0.2, ClientRetry: 0.1, ProducerRetry: 0.1,
+		Nodes: 3, Faults: []string{"cut-us", "restart-ap-nats"}, Prometheus: demo.PrometheusOff,
+	}, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep.Print(&out)
+	if !rep.OK() || rep.Nodes != 3 || len(rep.Faults) != 2 {
+		t.Fatalf("R3 demo: ok %v, %d nodes, faults %v:\n%s", rep.OK(), rep.Nodes, rep.Faults, out.String())
+	}
+	if !strings.Contains(out.String(), "NATS: a JetStream cluster of 3 per region, streams R3; started in ") {
+		t.Errorf("want the start line naming the cluster:\n%s", out.String())
+	}
+	t.Logf("R3: NATS started in %s, the regions' services in %s", rep.NATSStart, rep.RegionsStart)
+}

@@ -35,7 +35,10 @@ import (
 type Config struct {
 	// Regions maps region names to codes (from deploy/regions).
 	Regions map[string]uint8
-	// Topology is the running NATS topology, one server per region.
+	// Topology is the running NATS topology. Each region's services
+	// connect to all its servers (Topology.ClientURL) and keep their
+	// streams at Topology.Replicas: one replica on a single server, three
+	// on a cluster of three (natsembed.TopologyOptions.Nodes).
 	Topology *natsembed.Topology
 	// PostgresURL is the admin URL on which each region's database is
 	// created as DatabasePrefix + region (dropped first).
@@ -181,7 +184,10 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) (err error) {
 			return nil
 		}
 	}
+	// Every server of the region, and as many stream replicas as it has
+	// servers: a cluster region's services survive the loss of one.
 	url := c.cfg.Topology.ClientURL(r.Name)
+	replicas := c.cfg.Topology.Replicas(r.Name)
 	// Each service connects as its own user of the region's server
 	// (internal/platform/natsauth), so it runs with the permissions it has in
 	// docker-compose.
@@ -207,7 +213,7 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) (err error) {
 	lu := user(natsauth.Ledger)
 	lcfg := server.Config{
 		Region: r.Name, Regions: c.ids, Node: 1, PostgresURL: r.URL, NATSURL: url, NATSUser: lu.Name, NATSPassword: lu.Password, Workers: 2,
-		BatchSize: c.cfg.BatchSize, AckWait: c.cfg.AckWait, MaxDeliver: 1000, Shards: c.cfg.Shards, DuplicateWindow: c.cfg.DuplicateWindow,
+		BatchSize: c.cfg.BatchSize, AckWait: c.cfg.AckWait, MaxDeliver: 1000, Shards: c.cfg.Shards, DuplicateWindow: c.cfg.DuplicateWindow, StreamReplicas: replicas,
 		CacheSize: 10_000, AfterCommit: afterCommit, BeforeCommit: c.cfg.BeforeCommit, Log: log.With("service", "ledger"),
 		Answers: apipg.Answers{}, AnswersSchema: new(apipg.Migrations()), Stats: r.ledgerStats, MetricsListen: listen(r.metrics.Ledger), ConnectTimeout: connectTimeout,
 	}
@@ -220,7 +226,7 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) (err error) {
 	ru := user(natsauth.Router)
 	rcfg := routerserver.Config{
 		Region: r.Name, Regions: c.ids, PostgresURL: r.URL, NATSURL: url, NATSUser: ru.Name, NATSPassword: ru.Password,
-		Shards: c.cfg.Shards, AckWait: c.cfg.AckWait, DuplicateWindow: c.cfg.DuplicateWindow, Inject: c.cfg.Inject,
+		Shards: c.cfg.Shards, AckWait: c.cfg.AckWait, DuplicateWindow: c.cfg.DuplicateWindow, StreamReplicas: replicas, Inject: c.cfg.Inject,
 		Stats: r.routerStats, MetricsListen: listen(r.metrics.Router), ConnectTimeout: connectTimeout, Log: log,
 	}
 	if c.cfg.Router != nil {
@@ -233,7 +239,7 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) (err error) {
 	au := user(natsauth.API)
 	acfg := apiserver.Config{
 		Region: r.Name, Regions: c.ids, Node: 2, PostgresURL: r.URL, NATSURL: url, NATSUser: au.Name, NATSPassword: au.Password,
-		Shards: c.cfg.Shards, AckWait: c.cfg.AckWait, DuplicateWindow: c.cfg.DuplicateWindow, Inject: c.cfg.Inject,
+		Shards: c.cfg.Shards, AckWait: c.cfg.AckWait, DuplicateWindow: c.cfg.DuplicateWindow, StreamReplicas: replicas, Inject: c.cfg.Inject,
 		// The API submits through a router of its own connection,
 		// counted with the region's router.
 		RouterStats: r.Router.Stats(),

@@ -1,0 +1,152 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/paymesh/paymesh/internal/platform/subjects"
+	"github.com/paymesh/paymesh/internal/testbed/cluster"
+	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
+	"github.com/paymesh/paymesh/services/ledger/server"
+)
+
+// backlogBuild is how long scenario 14 holds the ledger of its region
+// before the disk loss, so that its ledger stream holds commands not yet
+// applied.
+const backlogBuild = time.Second
+
+// diskLoss is scenario 14's state.
+type diskLoss struct {
+	gate    gate
+	wiped   atomic.Int64 // the server whose store was deleted, +1 (0: none yet)
+	backlog atomic.Int64 // commands waiting in the ledger stream when it was
+}
+
+// gate holds a ledger's batches while it is shut.
+type gate struct {
+	mu   sync.Mutex
+	shut chan struct{} // nil: open
+}
+
+func (g *gate) close() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.shut == nil {
+		g.shut = make(chan struct{})
+	}
+}
+
+func (g *gate) open() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.shut != nil {
+		close(g.shut)
+		g.shut = nil
+	}
+}
+
+// wait returns once the gate is open or ctx ends.
+func (g *gate) wait(ctx context.Context) {
+	g.mu.Lock()
+	ch := g.shut
+	g.mu.Unlock()
+	if ch == nil {
+		return
+	}
+	select {
+	case <-ch:
+	case <-ctx.Done():
+	}
+}
+
+func diskLossScenario() *scenario {
+	st := &diskLoss{}
+	r := clusteredRegion
+	stream := subjects.LedgerStream(r)
+	return &scenario{
+		name: "14-disk-loss",
+		what: fmt.Sprintf("region %s runs a JetStream cluster of three servers (R3 streams); at 20%% of the run its ledger "+
+			"stops applying for %v (a backlog builds in %s), then the server leading %s is stopped, its store directory "+
+			"deleted, and it is started again empty; the ledger resumes, and the server must catch up from the other two",
+			r, backlogBuild, stream, stream),
+		counts:    "servers whose store was deleted (and the ledger stream must have held a backlog then)",
+		clustered: []string{r},
+		minRun:    3 * time.Second,
+		configure: func(e *env, c *cluster.Config) {
+			prev := c.Ledger
+			c.Ledger = func(region string, lc *server.Config) {
+				if prev != nil {
+					prev(region, lc)
+				}
+				if region != r {
+					return
+				}
+				inner := lc.BeforeApply
+				lc.BeforeApply = func(ctx context.Context, msgs []jetstream.Msg) {
+					st.gate.wait(ctx)
+					if inner != nil {
+						inner(ctx, msgs)
+					}
+				}
+			}
+		},
+		fault: func(ctx context.Context, e *env, d time.Duration) error {
+			if !at(ctx, time.Now(), d, 0.2) {
+				return nil
+			}
+			st.gate.close()
+			time.Sleep(backlogBuild)
+			ctx = context.WithoutCancel(ctx)
+			led := e.c.Region(r).Ledger
+			if n, err := ljs.Backlog(ctx, led.JetStream(), led.Topo); err == nil {
+				st.backlog.Store(int64(n))
+			}
+			node, err := e.topo.StreamLeader(r, stream)
+			if err != nil {
+				st.gate.open()
+				return fmt.Errorf("leader of %s: %w", stream, err)
+			}
+			if err := e.topo.StopNode(r, node); err != nil {
+				st.gate.open()
+				return err
+			}
+			err = e.topo.WipeNode(r, node)
+			if err == nil {
+				err = e.topo.StartNode(r, node)
+			}
+			st.gate.open()
+			if err != nil {
+				return err
+			}
+			e.fired.Add(1)
+			st.wiped.Store(int64(node) + 1)
+			if e.topo.Replicas(r) == 1 {
+				// The region's only server lost its streams and consumers:
+				// its services create them again when they start.
+				if err := e.c.RestartRegion(ctx, r); err != nil {
+					return err
+				}
+			}
+			return e.waitCurrent(ctx, r)
+		},
+		extra: func(ctx context.Context, e *env) ([]Check, error) {
+			wiped := "no server"
+			if n := st.wiped.Load(); n > 0 {
+				wiped = e.topo.NodeName(r, int(n-1))
+			}
+			chk := Check{Name: "backlog", Checked: st.backlog.Load(), OK: true,
+				What: fmt.Sprintf("%s held %d commands not yet applied when the store of %s was deleted", stream, st.backlog.Load(), wiped)}
+			if st.backlog.Load() == 0 {
+				chk.fail("the ledger stream held no backlog at the disk loss: the fault lost nothing it could have")
+			}
+			return []Check{chk, e.currentCheck(ctx, r)}, nil
+		},
+	}
+}
+
+func init() { registry = append(registry, diskLossScenario) }

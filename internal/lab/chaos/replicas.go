@@ -1,0 +1,83 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/paymesh/paymesh/internal/platform/subjects"
+)
+
+// waitCurrent waits, at most currentWait, until every replica of the
+// region's streams has caught up with its leader.
+func (e *env) waitCurrent(ctx context.Context, region string) error {
+	ctx, cancel := context.WithTimeout(ctx, currentWait)
+	defer cancel()
+	if err := e.topo.WaitStreamsCurrent(ctx, region); err != nil {
+		return fmt.Errorf("region %s: replicas not current: %w", region, err)
+	}
+	return nil
+}
+
+// currentCheck is the R3 scenarios' "current" check: every running server
+// of the region holds the leader's last sequence and message count of
+// every stream (Topology.WaitStreamsCurrent), and every stream (ledger,
+// dead letters, route) has a leader and as many replicas as the region has
+// servers, each current, none offline or lagging.
+func (e *env) currentCheck(ctx context.Context, region string) Check {
+	want := e.topo.Replicas(region)
+	chk := Check{Name: "current", OK: true,
+		What: fmt.Sprintf("every stream of %s is kept by all %d of its servers, each replica current", region, want)}
+	// Every running server holds the leader's last sequence and message
+	// count of every stream.
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	err := e.topo.WaitStreamsCurrent(wctx, region)
+	cancel()
+	chk.Checked++
+	if err != nil {
+		chk.fail("%v", err)
+	}
+	// And JetStream counts every server as a current replica.
+	r := e.c.Region(region)
+	for _, s := range []struct {
+		name string
+		js   jetstream.JetStream
+	}{
+		{subjects.LedgerStream(region), r.Ledger.JetStream()},
+		{subjects.DLQStream(region), r.Ledger.JetStream()},
+		{subjects.RouteStream(region), r.RouterJetStream()},
+	} {
+		chk.Checked++
+		stream, err := s.js.Stream(ctx, s.name)
+		if err != nil {
+			chk.fail("%s: %v", s.name, err)
+			continue
+		}
+		info, err := stream.Info(ctx)
+		if err != nil {
+			chk.fail("%s: %v", s.name, err)
+			continue
+		}
+		if info.Config.Replicas != want {
+			chk.fail("%s has %d replicas, want %d", s.name, info.Config.Replicas, want)
+		}
+		if want == 1 {
+			continue
+		}
+		if info.Cluster == nil || info.Cluster.Leader == "" {
+			chk.fail("%s has no leader", s.name)
+			continue
+		}
+		if len(info.Cluster.Replicas) != want-1 {
+			chk.fail("%s: leader %s and %d followers, want %d", s.name, info.Cluster.Leader, len(info.Cluster.Replicas), want-1)
+		}
+		for _, p := range info.Cluster.Replicas {
+			if !p.Current || p.Offline || p.Lag > 0 {
+				chk.fail("%s: replica on %s is not current (current %t, offline %t, lag %d)", s.name, p.Name, p.Current, p.Offline, p.Lag)
+			}
+		}
+	}
+	return chk
+}
