@@ -46,10 +46,13 @@ const (
 	// LedgerProcess runs uniform with `paymesh ledger` in a process of its
 	// own, for the ledger's own peak RSS and CPU.
 	LedgerProcess = "ledger-process"
+	// Replicas starts the embedded topology with one server and with a
+	// JetStream cluster of three, and runs uniform again at R3.
+	Replicas = "replicas"
 )
 
 // Scenarios lists every scenario in running order.
-var Scenarios = []string{Uniform, Replay, Latency, Hot, Dedup, Naive, TPCB, Cross, API, LedgerProcess}
+var Scenarios = []string{Uniform, Replay, Latency, Replicas, Hot, Dedup, Naive, TPCB, Cross, API, LedgerProcess}
 
 // Config sizes a bench run. Defaults fills in its zero fields.
 type Config struct {
@@ -220,14 +223,15 @@ type Result struct {
 	Config  Config      `json:"config"`
 	Runs    []LedgerRun `json:"runs"`
 	// Sweep holds the uniform run at each --batch-sizes size.
-	Sweep     []LedgerRun `json:"sweep,omitempty"`
-	BestBatch int         `json:"best_batch,omitempty"`
-	TPCB      *TPCBResult `json:"tpcb,omitempty"`
-	Cross     *CrossRun   `json:"cross,omitempty"`
-	API       *APIRun     `json:"api,omitempty"`
-	Process   *ProcessRun `json:"ledger_process,omitempty"`
-	Figures   []Figure    `json:"figures"`
-	Elapsed   float64     `json:"elapsed_seconds"`
+	Sweep     []LedgerRun  `json:"sweep,omitempty"`
+	BestBatch int          `json:"best_batch,omitempty"`
+	TPCB      *TPCBResult  `json:"tpcb,omitempty"`
+	Cross     *CrossRun    `json:"cross,omitempty"`
+	API       *APIRun      `json:"api,omitempty"`
+	Process   *ProcessRun  `json:"ledger_process,omitempty"`
+	Replicas  *ReplicasRun `json:"replicas,omitempty"`
+	Figures   []Figure     `json:"figures"`
+	Elapsed   float64      `json:"elapsed_seconds"`
 }
 
 // RunOf returns the first run of a scenario.
@@ -244,9 +248,8 @@ func (r Result) RunOf(scenario string) (LedgerRun, bool) {
 type env struct {
 	cfg     Config
 	out     io.Writer
-	natsURL string
+	nats    natsTarget // where the ledger runs go: the bench's server, or the replicas scenario's cluster
 	nc      *nats.Conn
-	js      jetstream.JetStream
 	table   regions.Table
 	regions *idgen.Regions
 	gens    []*idgen.Generator            // the single-region runs' transfer IDs
@@ -314,12 +317,12 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Result, error) {
 		return res, err
 	}
 	defer ns.Shutdown()
-	e.natsURL = ns.ClientURL()
-	if e.nc, err = nats.Connect(e.natsURL, nats.Name("paymesh-bench")); err != nil {
+	e.nats.url = ns.ClientURL()
+	if e.nc, err = nats.Connect(e.nats.url, nats.Name("paymesh-bench")); err != nil {
 		return res, err
 	}
 	defer e.nc.Close()
-	if e.js, err = jetstream.New(e.nc, jetstream.WithPublishAsyncMaxPending(cfg.Window)); err != nil {
+	if e.nats.js, err = jetstream.New(e.nc, jetstream.WithPublishAsyncMaxPending(cfg.Window)); err != nil {
 		return res, err
 	}
 	fmt.Fprintf(out, "paymesh bench: %d accounts, %d transfers, batch size %d, %d workers, %d shards, window %d; Postgres %s (synchronous_commit=%s, fsync=%s), %d CPUs, load %s\n",
@@ -375,6 +378,14 @@ func (e *env) runAll(ctx context.Context, res *Result) error {
 		}
 	}
 	rig.close(ctx)
+	if cfg.has(Replicas) {
+		r, err := e.replicas(ctx)
+		if err != nil {
+			return fmt.Errorf("%s: %w", Replicas, err)
+		}
+		res.Replicas = &r
+		fmt.Fprintln(e.out, r.R3.line())
+	}
 
 	for _, s := range []struct {
 		name  string

@@ -69,6 +69,14 @@ func TestBenchSmall(t *testing.T) {
 	if a := res.API; a == nil || !a.Verified || a.Completed != 80 || a.Rate <= 0 || a.P99Ms < a.P50Ms {
 		t.Errorf("api: %+v", a)
 	}
+	if p := res.Replicas; p == nil || !p.R3.Verified || p.R3.Committed != 300 || p.R3.Rate <= 0 || p.StartR1Seconds <= 0 ||
+		p.StartR3Seconds <= 0 || len(p.StartsR3) != 3 {
+		t.Errorf("replicas: %+v", p)
+	}
+	var printed strings.Builder
+	if res.Print(&printed); res.Replicas != nil && !strings.Contains(printed.String(), "R3 (a cluster of three)") {
+		t.Errorf("replicas: no R1/R3 table in\n%s", printed.String())
+	}
 	if res.Machine.SynchronousCommit == "" || res.Machine.Fsync == "" {
 		t.Errorf("machine: %+v", res.Machine)
 	}

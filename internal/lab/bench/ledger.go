@@ -61,7 +61,8 @@ func (e *env) openLedger(ctx context.Context, name string, batch, accounts int) 
 		return nil, err
 	}
 	r.srv, err = server.Open(ctx, server.Config{
-		Region: region, Regions: e.regions, Node: 1, PostgresURL: url, NATSURL: e.natsURL,
+		Region: region, Regions: e.regions, Node: 1, PostgresURL: url, NATSURL: e.nats.url,
+		NATSUser: e.nats.user, NATSPassword: e.nats.password, StreamReplicas: e.nats.replicas,
 		Workers: e.cfg.Workers, BatchSize: batch, Shards: e.cfg.Shards, CacheSize: e.cfg.CacheSize,
 		AfterCommit: r.afterCommit,
 		Observe: ljs.Observer{Batch: func(_ context.Context, size int, took time.Duration) {
@@ -354,7 +355,7 @@ func (r *ledgerRig) publish(p phase, t *tracker, topo ljs.Topology, i int) (jets
 		id += replaySuffix
 	}
 	m.Header.Set(jetstream.MsgIDHeader, id)
-	f, err := r.e.js.PublishMsgAsync(m, jetstream.WithExpectStream(topo.Stream()))
+	f, err := r.e.nats.js.PublishMsgAsync(m, jetstream.WithExpectStream(topo.Stream()))
 	if err != nil {
 		return nil, fmt.Errorf("publish %s: %w", id, err)
 	}
@@ -375,7 +376,7 @@ func (e *env) checkAcks(ctx context.Context, futures <-chan jetstream.PubAckFutu
 			var perr error
 			for range 5 {
 				pctx, c := context.WithTimeout(ctx, 5*time.Second)
-				_, perr = e.js.PublishMsg(pctx, again)
+				_, perr = e.nats.js.PublishMsg(pctx, again)
 				c()
 				if perr == nil {
 					break
@@ -470,8 +471,12 @@ func (e *env) uniformRun(ctx context.Context, name string, batch int, hot bool, 
 // resetStreams deletes the region's ledger and dead-letter streams, so
 // that a run starts on empty streams: nothing left from the previous one.
 func (e *env) resetStreams(ctx context.Context) error {
+	admin := e.nats.admin
+	if admin == nil {
+		admin = e.nats.js
+	}
 	for _, s := range []string{ljs.Topology{Region: region}.Stream(), ljs.Topology{Region: region}.DLQStream()} {
-		if err := e.js.DeleteStream(ctx, s); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		if err := admin.DeleteStream(ctx, s); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 			return fmt.Errorf("delete stream %s: %w", s, err)
 		}
 	}

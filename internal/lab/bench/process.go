@@ -54,7 +54,7 @@ func (e *env) ledgerProcess(ctx context.Context) (ProcessRun, error) {
 	}
 	// The schema, the streams and the funded accounts, from this process;
 	// the consumers run in the child only.
-	setup, err := server.Open(ctx, server.Config{Region: region, Regions: e.regions, Node: 2, PostgresURL: url, NATSURL: e.natsURL,
+	setup, err := server.Open(ctx, server.Config{Region: region, Regions: e.regions, Node: 2, PostgresURL: url, NATSURL: e.nats.url,
 		Shards: e.cfg.Shards, CacheSize: 0})
 	if err != nil {
 		return ProcessRun{}, err
@@ -68,7 +68,7 @@ func (e *env) ledgerProcess(ctx context.Context) (ProcessRun, error) {
 	defer setup.Close()
 
 	child := exec.CommandContext(ctx, e.cfg.LedgerBinary, "ledger", "--region", region,
-		"--postgres-url", e.cfg.PostgresURL, "--database", name, "--nats-url", e.natsURL, "--metrics-listen", "off",
+		"--postgres-url", e.cfg.PostgresURL, "--database", name, "--nats-url", e.nats.url, "--metrics-listen", "off",
 		"--shards", strconv.Itoa(e.cfg.Shards), "--batch-size", strconv.Itoa(e.cfg.BatchSize),
 		"--workers", strconv.Itoa(e.cfg.Workers), "--cache-size", strconv.Itoa(e.cfg.CacheSize), "--node", "3")
 	child.Env = append(os.Environ(), "OTEL_TRACES_EXPORTER=none")
@@ -98,13 +98,13 @@ func (e *env) ledgerProcess(ctx context.Context) (ProcessRun, error) {
 		m := nats.NewMsg(topo.Subject(cmd.From))
 		m.Data = cmd.Encode()
 		m.Header.Set(jetstream.MsgIDHeader, cmd.MsgKey())
-		if _, err := e.js.PublishMsgAsync(m, jetstream.WithExpectStream(topo.Stream())); err != nil {
+		if _, err := e.nats.js.PublishMsgAsync(m, jetstream.WithExpectStream(topo.Stream())); err != nil {
 			stop()
 			return ProcessRun{}, fmt.Errorf("publish: %w", err)
 		}
 	}
 	select {
-	case <-e.js.PublishAsyncComplete():
+	case <-e.nats.js.PublishAsyncComplete():
 	case <-time.After(time.Minute):
 		stop()
 		return ProcessRun{}, errors.New("publishes not acked within a minute")

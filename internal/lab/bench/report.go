@@ -73,6 +73,16 @@ func figures(r Result) []Figure {
 	if r.Cross != nil {
 		add("cross-region throughput (completed)", "transfers/s", "(reported)", true, r.Cross.Rate, true)
 	}
+	if p := r.Replicas; p != nil {
+		add("topology start, R1 (median)", "s", "(reported)", true, p.StartR1Seconds, true)
+		add("topology start, R3 (median)", "s", "(reported)", true, p.StartR3Seconds, true)
+		add("uniform throughput at R3", "transfers/s", "(reported)", true, p.R3.Rate, true)
+		v := 0.0
+		if haveU && u.Rate > 0 {
+			v = p.R3.Rate / u.Rate
+		}
+		add("uniform R3 / R1", "x", "(reported)", haveU && u.Rate > 0, v, true)
+	}
 	if a := r.API; a != nil {
 		add("HTTP API throughput (answered 201)", "transfers/s", fmt.Sprintf(">= %d/s", TargetAPIRate), true, a.Rate, a.Rate >= TargetAPIRate)
 	}
@@ -109,6 +119,7 @@ func (r Result) Print(w io.Writer) {
 		}
 		fmt.Fprintf(w, "%-38s %14s  %-12s %s\n", f.Name, value, f.Target, verdict)
 	}
+	r.printReplicas(w)
 	if len(r.Sweep) > 0 {
 		fmt.Fprintf(w, "batch-size sweep:")
 		for _, s := range r.Sweep {
@@ -133,7 +144,8 @@ func (r Result) OK() bool {
 			return false
 		}
 	}
-	return (r.Cross == nil || r.Cross.Verified) && (r.API == nil || r.API.Verified) && (r.Process == nil || r.Process.Verified)
+	return (r.Cross == nil || r.Cross.Verified) && (r.API == nil || r.API.Verified) && (r.Process == nil || r.Process.Verified) &&
+		(r.Replicas == nil || r.Replicas.R3.Verified)
 }
 
 func fmtSeconds(s float64) string { return fmt.Sprintf("%.0fs", s) }

@@ -117,8 +117,8 @@ type Report struct {
 	// RegionsStart the regions' services after it.
 	Nodes                   int
 	NATSStart, RegionsStart time.Duration
-	Verify                                                       postgres.Report
-	Alerts                                                       AlertsReport
+	Verify                  postgres.Report
+	Alerts                  AlertsReport
 }
 
 // Missed is injected duplicates minus the duplicates the layers reported.
