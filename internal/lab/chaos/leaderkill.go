@@ -66,13 +66,27 @@ func leaderKillScenario() *scenario {
 				}
 				e.fired.Add(1)
 				k := kill{stream: stream, old: leader}
-				k.next, k.err = newLeader(e, r, stream, leader)
+				follower := -1
+				if e.cfg.quorumLoss {
+					follower = (leader + 1) % e.topo.Nodes(r)
+					if err := e.topo.StopNode(r, follower); err != nil {
+						return err
+					}
+					k.next, k.err = -1, fmt.Errorf("%s stopped too: no quorum, on purpose", e.topo.NodeName(r, follower))
+				} else {
+					k.next, k.err = newLeader(e, r, stream, leader)
+				}
 				st.mu.Lock()
 				st.kills = append(st.kills, k)
 				st.mu.Unlock()
 				time.Sleep(nodeDown)
 				if err := e.topo.StartNode(r, leader); err != nil {
 					return err
+				}
+				if follower >= 0 {
+					if err := e.topo.StartNode(r, follower); err != nil {
+						return err
+					}
 				}
 				if err := e.waitCurrent(context.WithoutCancel(ctx), r); err != nil {
 					return err

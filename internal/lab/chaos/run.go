@@ -45,6 +45,12 @@ type Config struct {
 	// the checker fails when scenario 14's disk loss takes acknowledged
 	// commands with it.
 	oneServer bool
+	// quorumLoss makes scenario 13 stop a follower together with each
+	// stream leader, so that the region has no leader at all while they
+	// are down: set only by this package's tests, so that the deliberate
+	// bug of scenario 13 meets publishes into a leaderless stream on every
+	// run, not only when one happens to fall in the short election window.
+	quorumLoss bool
 }
 
 // Result is one scenario run's verdict.
