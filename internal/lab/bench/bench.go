@@ -3,8 +3,8 @@
 // a hot account, duplicate replays, a large consume-log and cross-region
 // transfers, next to baselines measured in the same run on the same
 // database server (the same ledger applying one message per transaction,
-// and TPC-B). `paymesh bench` runs it; the figures are printed with their
-// targets and can be written as JSON.
+// TPC-B, and the apply transaction's SQL alone). `paymesh bench` runs it;
+// the figures are printed with their targets and can be written as JSON.
 package bench
 
 import (
@@ -34,13 +34,16 @@ import (
 
 // Scenario names, in the order they run.
 const (
-	Uniform = "uniform"      // random transfers at full speed: the reference
-	Replay  = "replay"       // the uniform run's commands delivered again
-	Latency = "latency"      // paced at half the uniform rate
-	Hot     = "hot"          // half the transfers credit one merchant
-	Dedup   = "dedup-table"  // uniform on a pre-filled consume-log
-	Naive   = "naive"        // baseline: the same ledger, one message per transaction
-	TPCB    = "tpcb"         // baseline: TPC-B on the same server
+	Uniform = "uniform"     // random transfers at full speed: the reference
+	Replay  = "replay"      // the uniform run's commands delivered again
+	Latency = "latency"     // paced at half the uniform rate
+	Hot     = "hot"         // half the transfers credit one merchant
+	Dedup   = "dedup-table" // uniform on a pre-filled consume-log
+	Naive   = "naive"       // baseline: the same ledger, one message per transaction
+	TPCB    = "tpcb"        // baseline: TPC-B on the same server
+	// Ceiling is a baseline: the apply transaction's own SQL, 256 transfers
+	// a transaction, from a loop that does no decoding, planning or NATS.
+	Ceiling = "ceiling"
 	Cross   = "cross-region" // two regions, half the transfers between them
 	API     = "api"          // one region, transfers through its HTTP API
 	// LedgerProcess runs uniform with `paymesh ledger` in a process of its
@@ -52,7 +55,7 @@ const (
 )
 
 // Scenarios lists every scenario in running order.
-var Scenarios = []string{Uniform, Replay, Latency, Replicas, Hot, Dedup, Naive, TPCB, Cross, API, LedgerProcess}
+var Scenarios = []string{Uniform, Replay, Latency, Replicas, Hot, Dedup, Naive, Ceiling, TPCB, Cross, API, LedgerProcess}
 
 // Config sizes a bench run. Defaults fills in its zero fields.
 type Config struct {
@@ -226,6 +229,7 @@ type Result struct {
 	Sweep     []LedgerRun  `json:"sweep,omitempty"`
 	BestBatch int          `json:"best_batch,omitempty"`
 	TPCB      *TPCBResult  `json:"tpcb,omitempty"`
+	Ceiling   *CeilingRun  `json:"ceiling,omitempty"`
 	Cross     *CrossRun    `json:"cross,omitempty"`
 	API       *APIRun      `json:"api,omitempty"`
 	Process   *ProcessRun  `json:"ledger_process,omitempty"`
@@ -407,6 +411,15 @@ func (e *env) runAll(ctx context.Context, res *Result) error {
 		}
 		rig.close(ctx)
 		add(run)
+	}
+	if cfg.has(Ceiling) {
+		e.checkpoint(ctx)
+		c, err := e.ceiling(ctx)
+		if err != nil {
+			return fmt.Errorf("%s: %w", Ceiling, err)
+		}
+		res.Ceiling = &c
+		fmt.Fprintln(e.out, c.line())
 	}
 	if cfg.has(TPCB) {
 		t, err := e.tpcb(ctx)

@@ -60,6 +60,9 @@ func TestBenchSmall(t *testing.T) {
 	if n, _ := res.RunOf(bench.Naive); n.BatchSize != 1 || n.MeanBatch != 1 {
 		t.Errorf("naive: batch size %d, mean batch %v, want 1", n.BatchSize, n.MeanBatch)
 	}
+	if c := res.Ceiling; c == nil || !c.Verified || c.Transfers != 300 || c.Rate <= 0 {
+		t.Errorf("ceiling: %+v", c)
+	}
 	if res.TPCB == nil || res.TPCB.TPS <= 0 {
 		t.Errorf("tpcb: %+v", res.TPCB)
 	}
@@ -107,6 +110,32 @@ func TestBenchSmall(t *testing.T) {
 	var left int
 	if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_database WHERE datname LIKE $1`, prefix+"%").Scan(&left); err != nil || left != 0 {
 		t.Errorf("%d bench databases left (%v)", left, err)
+	}
+}
+
+// TestCeiling runs the ceiling baseline at a tiny size: every transfer
+// committed in transactions of the batch size by as many loops as the
+// ledger has workers, what the loops wrote passing the ledger's invariant
+// checks, and the uniform / ceiling figure reported.
+func TestCeiling(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out := &strings.Builder{}
+	res, err := bench.Run(ctx, bench.Config{
+		PostgresURL: pgtest.AdminURL(), DatabasePrefix: fmt.Sprintf("pmbench_ceil_%d_", os.Getpid()),
+		Scenarios: []string{bench.Ceiling}, Accounts: 50, Transfers: 1000, BatchSize: 64,
+	}, out)
+	if err != nil {
+		t.Fatalf("bench: %v\n%s", err, out)
+	}
+	c := res.Ceiling
+	if c == nil || !c.Verified || c.Transfers != 1000 || c.Transactions != 16 || c.BatchSize != 64 || c.Loops != 2 || c.Rate <= 0 || c.Capped {
+		t.Fatalf("ceiling: %+v\n%s", c, out)
+	}
+	var printed strings.Builder
+	res.Print(&printed)
+	if !strings.Contains(printed.String(), "uniform / ceiling") {
+		t.Errorf("no uniform / ceiling figure in\n%s", printed.String())
 	}
 }
 

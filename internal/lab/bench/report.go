@@ -11,6 +11,7 @@ const (
 	TargetRate       = 15_000 // uniform transfers/s
 	TargetVsTPCB     = 10     // uniform / TPC-B tps
 	TargetVsNaive    = 7      // uniform / naive
+	TargetVsCeiling  = 0.6    // uniform / ceiling
 	TargetP99Ms      = 25     // p99 at half the peak rate
 	TargetDupCost    = 0.10   // time per duplicate / time per first delivery
 	TargetHotShare   = 0.50   // hot / uniform
@@ -42,6 +43,11 @@ func figures(r Result) []Figure {
 	ratio("uniform / TPC-B", tps, r.TPCB != nil, TargetVsTPCB)
 	n, haveN := r.RunOf(Naive)
 	ratio("uniform / naive (batch 1)", n.Rate, haveN, TargetVsNaive)
+	ceil := 0.0
+	if r.Ceiling != nil {
+		ceil = r.Ceiling.Rate
+	}
+	ratio("uniform / ceiling (its SQL alone)", ceil, r.Ceiling != nil, TargetVsCeiling)
 	l, haveL := r.RunOf(Latency)
 	add("p50 at half the peak rate", "ms", "(reported)", haveL, l.P50Ms, true)
 	add("p99 at half the peak rate", "ms", fmt.Sprintf("<= %d ms", TargetP99Ms), haveL, l.P99Ms, l.P99Ms <= TargetP99Ms)
@@ -144,7 +150,7 @@ func (r Result) OK() bool {
 			return false
 		}
 	}
-	return (r.Cross == nil || r.Cross.Verified) && (r.API == nil || r.API.Verified) && (r.Process == nil || r.Process.Verified) &&
+	return (r.Ceiling == nil || r.Ceiling.Verified) && (r.Cross == nil || r.Cross.Verified) && (r.API == nil || r.API.Verified) && (r.Process == nil || r.Process.Verified) &&
 		(r.Replicas == nil || r.Replicas.R3.Verified)
 }
 
