@@ -749,7 +749,7 @@ type benchCmd struct {
 	Shards         int           `help:"Ledger subjects (default ${default_shards})."`
 	Window         int           `help:"Most transfers published but not yet committed (default 4096)."`
 	APITransfers   int           `name:"api-transfers" help:"Transfers the api scenario sends through the HTTP API (default 20000; --quick 4000)."`
-	APIConcurrency int           `name:"api-concurrency" help:"HTTP requests the api scenario keeps in flight (default 64)."`
+	APIConcurrency []int         `name:"api-concurrency" help:"Requests in flight of each api run, comma-separated (default 64,256); the first is the headline figure."`
 	DedupRows      int64         `name:"dedup-rows" help:"Consume-log rows written before the dedup-table run (default 10000000; --quick 1000000)."`
 	Limit          time.Duration `help:"Longest publish phase of a full-speed run (default 60s; --quick 15s)."`
 	Quick          bool          `help:"A run of about a minute: fewer accounts, transfers and consume-log rows, shorter baselines."`

@@ -76,7 +76,9 @@ type Config struct {
 	NaiveFor       time.Duration `json:"naive_for"`
 	CrossTransfers int           `json:"cross_transfers"`
 	APITransfers   int           `json:"api_transfers"`
-	APIConcurrency int           `json:"api_concurrency"` // requests in flight
+	// APIConcurrency lists the api scenario's runs by requests in flight;
+	// the first is the headline figure.
+	APIConcurrency []int         `json:"api_concurrency"`
 	PgbenchScale   int           `json:"pgbench_scale"`
 	PgbenchFor     time.Duration `json:"pgbench_for"`
 	Quick          bool          `json:"quick"`
@@ -119,7 +121,9 @@ func (c Config) Defaults() Config {
 	def(&c.Window, 4096, 4096)
 	def(&c.CrossTransfers, 20_000, 4_000)
 	def(&c.APITransfers, 20_000, 4_000)
-	def(&c.APIConcurrency, 64, 64)
+	if len(c.APIConcurrency) == 0 {
+		c.APIConcurrency = []int{64, 256}
+	}
 	def(&c.PgbenchScale, 10, 10)
 	if c.DedupRows <= 0 {
 		c.DedupRows = map[bool]int64{false: 10_000_000, true: 1_000_000}[c.Quick]
@@ -144,10 +148,15 @@ func (c Config) Validate() error {
 	switch {
 	case c.Accounts < 2:
 		return errors.New("need at least 2 accounts")
-	case c.Transfers < 1 || c.CrossTransfers < 1 || c.APITransfers < 1 || c.APIConcurrency < 1:
+	case c.Transfers < 1 || c.CrossTransfers < 1 || c.APITransfers < 1:
 		return errors.New("need at least 1 transfer")
 	case c.Window < 1 || c.Workers < 1 || c.Shards < 1:
 		return errors.New("window, workers and shards must be positive")
+	}
+	for _, n := range c.APIConcurrency {
+		if n < 1 {
+			return fmt.Errorf("api concurrency %d must be positive", n)
+		}
 	}
 	for _, b := range append([]int{c.BatchSize}, c.BatchSizes...) {
 		if b < 1 {
@@ -226,16 +235,19 @@ type Result struct {
 	Config  Config      `json:"config"`
 	Runs    []LedgerRun `json:"runs"`
 	// Sweep holds the uniform run at each --batch-sizes size.
-	Sweep     []LedgerRun  `json:"sweep,omitempty"`
-	BestBatch int          `json:"best_batch,omitempty"`
-	TPCB      *TPCBResult  `json:"tpcb,omitempty"`
-	Ceiling   *CeilingRun  `json:"ceiling,omitempty"`
-	Cross     *CrossRun    `json:"cross,omitempty"`
-	API       *APIRun      `json:"api,omitempty"`
-	Process   *ProcessRun  `json:"ledger_process,omitempty"`
-	Replicas  *ReplicasRun `json:"replicas,omitempty"`
-	Figures   []Figure     `json:"figures"`
-	Elapsed   float64      `json:"elapsed_seconds"`
+	Sweep     []LedgerRun `json:"sweep,omitempty"`
+	BestBatch int         `json:"best_batch,omitempty"`
+	TPCB      *TPCBResult `json:"tpcb,omitempty"`
+	Ceiling   *CeilingRun `json:"ceiling,omitempty"`
+	Cross     *CrossRun   `json:"cross,omitempty"`
+	// API is the api scenario at the first APIConcurrency, APIOther at the
+	// others.
+	API      *APIRun      `json:"api,omitempty"`
+	APIOther []APIRun     `json:"api_other,omitempty"`
+	Process  *ProcessRun  `json:"ledger_process,omitempty"`
+	Replicas *ReplicasRun `json:"replicas,omitempty"`
+	Figures  []Figure     `json:"figures"`
+	Elapsed  float64      `json:"elapsed_seconds"`
 }
 
 // RunOf returns the first run of a scenario.
@@ -438,12 +450,18 @@ func (e *env) runAll(ctx context.Context, res *Result) error {
 		fmt.Fprintln(e.out, c.line())
 	}
 	if cfg.has(API) {
-		a, err := e.api(ctx)
-		if err != nil {
-			return fmt.Errorf("%s: %w", API, err)
+		for i, n := range cfg.APIConcurrency {
+			a, err := e.api(ctx, n)
+			if err != nil {
+				return fmt.Errorf("%s at %d in flight: %w", API, n, err)
+			}
+			if i == 0 {
+				res.API = &a
+			} else {
+				res.APIOther = append(res.APIOther, a)
+			}
+			fmt.Fprintln(e.out, a.line())
 		}
-		res.API = &a
-		fmt.Fprintln(e.out, a.line())
 	}
 	if cfg.has(LedgerProcess) {
 		if cfg.LedgerBinary == "" {

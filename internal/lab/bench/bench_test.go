@@ -28,7 +28,7 @@ func TestBenchSmall(t *testing.T) {
 	out := &strings.Builder{}
 	res, err := bench.Run(ctx, bench.Config{
 		PostgresURL: pgtest.AdminURL(), DatabasePrefix: prefix,
-		Accounts: 20, Transfers: 300, CrossTransfers: 60, APITransfers: 80, APIConcurrency: 8, DedupRows: 2000, Window: 64,
+		Accounts: 20, Transfers: 300, CrossTransfers: 60, APITransfers: 80, APIConcurrency: []int{8, 16}, DedupRows: 2000, Window: 64,
 		LatencyFor: 500 * time.Millisecond, NaiveFor: 500 * time.Millisecond, PgbenchScale: 1, PgbenchFor: time.Second,
 		CPUProfile: filepath.Join(t.TempDir(), "cpu.pprof"),
 	}, out)
@@ -69,8 +69,11 @@ func TestBenchSmall(t *testing.T) {
 	if c := res.Cross; c == nil || !c.Verified || c.Completed != 60 {
 		t.Errorf("cross-region: %+v", c)
 	}
-	if a := res.API; a == nil || !a.Verified || a.Completed != 80 || a.Rate <= 0 || a.P99Ms < a.P50Ms {
+	if a := res.API; a == nil || !a.Verified || a.Completed != 80 || a.Rate <= 0 || a.P99Ms < a.P50Ms || a.Concurrency != 8 {
 		t.Errorf("api: %+v", a)
+	}
+	if o := res.APIOther; len(o) != 1 || !o[0].Verified || o[0].Completed != 80 || o[0].Concurrency != 16 {
+		t.Errorf("api at 16 in flight: %+v", o)
 	}
 	if p := res.Replicas; p == nil || !p.R3.Verified || p.R3.Committed != 300 || p.R3.Rate <= 0 || p.StartR1Seconds <= 0 ||
 		p.StartR3Seconds <= 0 || len(p.StartsR3) != 3 {
@@ -79,6 +82,10 @@ func TestBenchSmall(t *testing.T) {
 	var printed strings.Builder
 	if res.Print(&printed); res.Replicas != nil && !strings.Contains(printed.String(), "R3 (a cluster of three)") {
 		t.Errorf("replicas: no R1/R3 table in\n%s", printed.String())
+	}
+	if p := printed.String(); !strings.Contains(p, "HTTP API at 8 in flight: ") || !strings.Contains(p, "HTTP API at 16 in flight: ") ||
+		!strings.Contains(p, "× uniform's") || !strings.Contains(p, "µs Postgres = ") {
+		t.Errorf("api: no line with the API / uniform ratio and the CPU split for each run in\n%s", p)
 	}
 	if res.Machine.SynchronousCommit == "" || res.Machine.Fsync == "" {
 		t.Errorf("machine: %+v", res.Machine)

@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 )
 
@@ -18,6 +19,9 @@ const (
 	TargetDedupShare = 0.80   // with the pre-filled consume-log / uniform
 	TargetPeakRSSMB  = 200
 	TargetAPIRate    = 5_000 // transfers/s through the HTTP API
+	TargetAPIShare   = 0.4   // HTTP API / uniform
+	TargetAPIP99Ms   = 50    // p99 through the HTTP API at the first concurrency (64)
+	TargetAPICPUUs   = 350   // process + Postgres CPU per transfer through the HTTP API
 	sharingNotice    = "The publisher, the embedded nats-server and Postgres share this machine's cores with the ledger; compare runs of one invocation, and see the load average below."
 )
 
@@ -90,7 +94,15 @@ func figures(r Result) []Figure {
 		add("uniform R3 / R1", "x", "(reported)", haveU && u.Rate > 0, v, true)
 	}
 	if a := r.API; a != nil {
-		add("HTTP API throughput (answered 201)", "transfers/s", fmt.Sprintf(">= %d/s", TargetAPIRate), true, a.Rate, a.Rate >= TargetAPIRate)
+		at := fmt.Sprintf(" (%d in flight)", a.Concurrency)
+		add("HTTP API throughput"+at, "transfers/s", fmt.Sprintf(">= %d/s", TargetAPIRate), true, a.Rate, a.Rate >= TargetAPIRate)
+		add("HTTP API / uniform"+at, "x", fmt.Sprintf(">= %g", TargetAPIShare), haveU && u.Rate > 0, a.share(u), a.share(u) >= TargetAPIShare)
+		add("HTTP API p99"+at, "ms", fmt.Sprintf("<= %d ms", TargetAPIP99Ms), true, a.P99Ms, a.P99Ms <= TargetAPIP99Ms)
+		cpu := a.CPUPerTransferUs + a.PGCPUPerTransferUs
+		add("HTTP API CPU/transfer"+at, "µs", fmt.Sprintf("<= %d µs", TargetAPICPUUs), a.PGCPUPerTransferUs >= 0, cpu, cpu <= TargetAPICPUUs)
+	}
+	for _, a := range r.APIOther {
+		add(fmt.Sprintf("HTTP API throughput (%d in flight)", a.Concurrency), "transfers/s", fmt.Sprintf(">= %d/s", TargetAPIRate), true, a.Rate, a.Rate >= TargetAPIRate)
 	}
 	return out
 }
@@ -126,6 +138,7 @@ func (r Result) Print(w io.Writer) {
 		fmt.Fprintf(w, "%-38s %14s  %-12s %s\n", f.Name, value, f.Target, verdict)
 	}
 	r.printReplicas(w)
+	r.printAPI(w)
 	if len(r.Sweep) > 0 {
 		fmt.Fprintf(w, "batch-size sweep:")
 		for _, s := range r.Sweep {
@@ -143,6 +156,43 @@ func (r Result) Print(w io.Writer) {
 	fmt.Fprintln(w, "Peak RSS is the process high-water mark up to each run: ledger, publisher, nats-server and the bench's own bookkeeping.")
 }
 
+// share is the API run's rate over the uniform run's, 0 without one.
+func (a APIRun) share(u LedgerRun) float64 {
+	if u.Rate <= 0 {
+		return 0
+	}
+	return a.Rate / u.Rate
+}
+
+// printAPI writes one line per HTTP API run: its rate against the uniform
+// run of the same invocation, and where its CPU goes, next to uniform's.
+func (r Result) printAPI(w io.Writer) {
+	u, haveU := r.RunOf(Uniform)
+	runs := r.APIOther
+	if r.API != nil {
+		runs = append([]APIRun{*r.API}, runs...)
+	}
+	for _, a := range runs {
+		fmt.Fprintf(w, "HTTP API at %d in flight: %.0f/s", a.Concurrency, a.Rate)
+		if haveU && u.Rate > 0 {
+			fmt.Fprintf(w, " = %.2f × uniform's %.0f/s (target >= %g)", a.share(u), u.Rate, TargetAPIShare)
+		}
+		fmt.Fprintf(w, "; p50 %.1f ms, p99 %.1f ms; CPU per transfer %s", a.P50Ms, a.P99Ms, cpuSplit(a.CPUPerTransferUs, a.PGCPUPerTransferUs))
+		if haveU {
+			fmt.Fprintf(w, " (uniform: %s)", cpuSplit(u.CPUPerTransferUs, u.PGCPUPerTransferUs))
+		}
+		fmt.Fprintln(w)
+	}
+}
+
+// cpuSplit renders process + Postgres CPU per transfer and their sum.
+func cpuSplit(process, pg float64) string {
+	if pg < 0 {
+		return fmt.Sprintf("%.0f µs process + Postgres unread", process)
+	}
+	return fmt.Sprintf("%.0f µs process + %.0f µs Postgres = %.0f µs", process, pg, process+pg)
+}
+
 // OK reports whether every run's invariants held.
 func (r Result) OK() bool {
 	for _, x := range append(append([]LedgerRun(nil), r.Runs...), r.Sweep...) {
@@ -150,7 +200,7 @@ func (r Result) OK() bool {
 			return false
 		}
 	}
-	return (r.Ceiling == nil || r.Ceiling.Verified) && (r.Cross == nil || r.Cross.Verified) && (r.API == nil || r.API.Verified) && (r.Process == nil || r.Process.Verified) &&
+	return (r.Ceiling == nil || r.Ceiling.Verified) && (r.Cross == nil || r.Cross.Verified) && (r.API == nil || r.API.Verified) && !slices.ContainsFunc(r.APIOther, func(a APIRun) bool { return !a.Verified }) && (r.Process == nil || r.Process.Verified) &&
 		(r.Replicas == nil || r.Replicas.R3.Verified)
 }
 
