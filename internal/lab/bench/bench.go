@@ -46,6 +46,9 @@ const (
 	Ceiling = "ceiling"
 	Cross   = "cross-region" // two regions, half the transfers between them
 	API     = "api"          // one region, transfers through its HTTP API
+	// APIProcess is the api scenario against `paymesh api`, `paymesh router`
+	// and `paymesh ledger`, each in a process of its own.
+	APIProcess = "api-process"
 	// LedgerProcess runs uniform with `paymesh ledger` in a process of its
 	// own, for the ledger's own peak RSS and CPU.
 	LedgerProcess = "ledger-process"
@@ -55,7 +58,7 @@ const (
 )
 
 // Scenarios lists every scenario in running order.
-var Scenarios = []string{Uniform, Replay, Latency, Replicas, Hot, Dedup, Naive, Ceiling, TPCB, Cross, API, LedgerProcess}
+var Scenarios = []string{Uniform, Replay, Latency, Replicas, Hot, Dedup, Naive, Ceiling, TPCB, Cross, API, APIProcess, LedgerProcess}
 
 // Config sizes a bench run. Defaults fills in its zero fields.
 type Config struct {
@@ -82,8 +85,9 @@ type Config struct {
 	PgbenchScale   int           `json:"pgbench_scale"`
 	PgbenchFor     time.Duration `json:"pgbench_for"`
 	Quick          bool          `json:"quick"`
-	// LedgerBinary is the paymesh binary the ledger-process scenario runs
-	// (`<binary> ledger`); without it that scenario is skipped.
+	// LedgerBinary is the paymesh binary the ledger-process and
+	// api-process scenarios run (`<binary> ledger`, `<binary> api`, ...);
+	// without it they are skipped.
 	LedgerBinary string `json:"-"`
 	Keep         bool   `json:"keep"`
 	CPUProfile   string `json:"cpu_profile,omitempty"`
@@ -242,12 +246,14 @@ type Result struct {
 	Cross     *CrossRun   `json:"cross,omitempty"`
 	// API is the api scenario at the first APIConcurrency, APIOther at the
 	// others.
-	API      *APIRun      `json:"api,omitempty"`
-	APIOther []APIRun     `json:"api_other,omitempty"`
-	Process  *ProcessRun  `json:"ledger_process,omitempty"`
-	Replicas *ReplicasRun `json:"replicas,omitempty"`
-	Figures  []Figure     `json:"figures"`
-	Elapsed  float64      `json:"elapsed_seconds"`
+	API      *APIRun  `json:"api,omitempty"`
+	APIOther []APIRun `json:"api_other,omitempty"`
+	// APIProcess is the api-process scenario.
+	APIProcess *APIProcessRun `json:"api_process,omitempty"`
+	Process    *ProcessRun    `json:"ledger_process,omitempty"`
+	Replicas   *ReplicasRun   `json:"replicas,omitempty"`
+	Figures    []Figure       `json:"figures"`
+	Elapsed    float64        `json:"elapsed_seconds"`
 }
 
 // RunOf returns the first run of a scenario.
@@ -461,6 +467,18 @@ func (e *env) runAll(ctx context.Context, res *Result) error {
 				res.APIOther = append(res.APIOther, a)
 			}
 			fmt.Fprintln(e.out, a.line())
+		}
+	}
+	if cfg.has(APIProcess) {
+		if cfg.LedgerBinary == "" {
+			fmt.Fprintf(e.out, "%-13s skipped: no paymesh binary to run\n", APIProcess)
+		} else {
+			p, err := e.apiProcess(ctx)
+			if err != nil {
+				return fmt.Errorf("%s: %w", APIProcess, err)
+			}
+			res.APIProcess = &p
+			fmt.Fprintln(e.out, p.line())
 		}
 	}
 	if cfg.has(LedgerProcess) {

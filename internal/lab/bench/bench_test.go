@@ -150,13 +150,7 @@ func TestCeiling(t *testing.T) {
 // scenario at a tiny size: `paymesh ledger` in a process of its own
 // applies every transfer, and its peak RSS and CPU are read from /proc.
 func TestLedgerProcess(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the paymesh binary")
-	}
-	bin := filepath.Join(t.TempDir(), "paymesh")
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/paymesh/paymesh/cmd/paymesh").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := buildPaymesh(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	out := &strings.Builder{}
@@ -171,4 +165,52 @@ func TestLedgerProcess(t *testing.T) {
 	if p == nil || !p.Verified || p.Transfers != 300 || p.PeakRSSMB <= 0 || p.CPUPerTransferUs <= 0 || p.Rate <= 0 {
 		t.Fatalf("ledger process: %+v\n%s", p, out)
 	}
+}
+
+// TestAPIProcess builds the paymesh binary and runs the api-process
+// scenario at a tiny size: `paymesh ledger`, `paymesh router` and `paymesh
+// api` in processes of their own, every transfer sent from the bench
+// process answered 201 and recorded once, and each process's CPU read from
+// /proc.
+func TestAPIProcess(t *testing.T) {
+	bin := buildPaymesh(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out := &strings.Builder{}
+	res, err := bench.Run(ctx, bench.Config{
+		PostgresURL: pgtest.AdminURL(), DatabasePrefix: fmt.Sprintf("pmbench_apiproc_%d_", os.Getpid()),
+		Scenarios: []string{bench.APIProcess}, Accounts: 20, Transfers: 300, APITransfers: 101, APIConcurrency: []int{8}, LedgerBinary: bin,
+	}, out)
+	if err != nil {
+		t.Fatalf("bench: %v\n%s", err, out)
+	}
+	p := res.APIProcess
+	if p == nil || !p.Verified || p.Transfers != 100 || p.Completed != 100 || p.Concurrency != 8 || p.Rate <= 0 || p.P99Ms < p.P50Ms {
+		t.Fatalf("api process: %+v\n%s", p, out)
+	}
+	for _, s := range []string{"api", "router", "ledger"} {
+		if p.ServiceCPUUs[s] <= 0 {
+			t.Errorf("%s process: CPU per transfer %v, want > 0", s, p.ServiceCPUUs[s])
+		}
+	}
+	if p.PGCPUPerTransferUs <= 0 || p.CPUPerTransferUs <= 0 {
+		t.Errorf("api process: CPU %v + Postgres %v µs per transfer", p.CPUPerTransferUs, p.PGCPUPerTransferUs)
+	}
+	var printed strings.Builder
+	if res.Print(&printed); !strings.Contains(printed.String(), "HTTP API as processes") {
+		t.Errorf("no api-process line in\n%s", printed.String())
+	}
+}
+
+// buildPaymesh builds the paymesh binary into a temporary directory.
+func buildPaymesh(t *testing.T) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds the paymesh binary")
+	}
+	bin := filepath.Join(t.TempDir(), "paymesh")
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/paymesh/paymesh/cmd/paymesh").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
 }

@@ -104,6 +104,12 @@ func figures(r Result) []Figure {
 	for _, a := range r.APIOther {
 		add(fmt.Sprintf("HTTP API throughput (%d in flight)", a.Concurrency), "transfers/s", fmt.Sprintf(">= %d/s", TargetAPIRate), true, a.Rate, a.Rate >= TargetAPIRate)
 	}
+	if p := r.APIProcess; p != nil {
+		add("API as processes: throughput", "transfers/s", fmt.Sprintf(">= %d/s", TargetAPIRate), true, p.Rate, p.Rate >= TargetAPIRate)
+		add("API as processes: p99", "ms", "(reported)", true, p.P99Ms, true)
+		cpu := p.CPUPerTransferUs + p.PGCPUPerTransferUs
+		add("API as processes: CPU/transfer", "µs", fmt.Sprintf("<= %d µs", TargetAPICPUUs), p.CPUPerTransferUs >= 0 && p.PGCPUPerTransferUs >= 0, cpu, cpu <= TargetAPICPUUs)
+	}
 	return out
 }
 
@@ -183,6 +189,15 @@ func (r Result) printAPI(w io.Writer) {
 		}
 		fmt.Fprintln(w)
 	}
+	if p := r.APIProcess; p != nil {
+		fmt.Fprintf(w, "HTTP API as processes (api, router, ledger; the load from the bench process), %d in flight: %.0f/s", p.Concurrency, p.Rate)
+		if haveU && u.Rate > 0 {
+			fmt.Fprintf(w, " = %.2f × uniform", p.share(u))
+		}
+		fmt.Fprintf(w, "; p50 %.1f ms, p99 %.1f ms; CPU per transfer: api %.0f + router %.0f + ledger %.0f + Postgres %.0f = %.0f µs (the bench's client and nats-server: %.0f µs more)\n",
+			p.P50Ms, p.P99Ms, p.ServiceCPUUs["api"], p.ServiceCPUUs["router"], p.ServiceCPUUs["ledger"], p.PGCPUPerTransferUs,
+			p.CPUPerTransferUs+p.PGCPUPerTransferUs, p.BenchCPUUs)
+	}
 }
 
 // cpuSplit renders process + Postgres CPU per transfer and their sum.
@@ -200,7 +215,8 @@ func (r Result) OK() bool {
 			return false
 		}
 	}
-	return (r.Ceiling == nil || r.Ceiling.Verified) && (r.Cross == nil || r.Cross.Verified) && (r.API == nil || r.API.Verified) && !slices.ContainsFunc(r.APIOther, func(a APIRun) bool { return !a.Verified }) && (r.Process == nil || r.Process.Verified) &&
+	return (r.Ceiling == nil || r.Ceiling.Verified) && (r.Cross == nil || r.Cross.Verified) && (r.API == nil || r.API.Verified) && !slices.ContainsFunc(r.APIOther, func(a APIRun) bool { return !a.Verified }) &&
+		(r.APIProcess == nil || r.APIProcess.Verified) && (r.Process == nil || r.Process.Verified) &&
 		(r.Replicas == nil || r.Replicas.R3.Verified)
 }
 
