@@ -740,6 +740,7 @@ func (c *demoCmd) Run(ctx context.Context) error {
 
 type benchCmd struct {
 	PostgresURL    string        `name:"postgres-url" env:"PAYMESH_POSTGRES_URL" help:"Postgres server on which to create the bench databases (default: ${default_pg})."`
+	DBPrefix       string        `name:"database-prefix" help:"Name the bench databases <prefix><scenario> (default paymesh_bench_): two runs on one server need different prefixes, or they drop each other's databases."`
 	Scenarios      []string      `help:"Scenarios to run, comma-separated (default: all): uniform, replay, latency, replicas (topology start at R1 and R3, uniform again at R3), hot, dedup-table, naive, ceiling (the apply transaction's SQL alone), tpcb, cross-region, api, api-process (paymesh api, router and ledger as processes, the load from the bench), ledger-process. uniform always runs: the others are compared with it."`
 	Accounts       int           `help:"Accounts to open and fund (default 10000; --quick 2000)."`
 	Transfers      int           `help:"Transfers per full-speed run (default 200000; --quick 30000)."`
@@ -762,7 +763,7 @@ type benchCmd struct {
 func (c *benchCmd) Run(ctx context.Context) error {
 	self, _ := os.Executable() // the ledger-process scenario runs `paymesh ledger` from it
 	res, err := bench.Run(ctx, bench.Config{LedgerBinary: self,
-		PostgresURL: c.PostgresURL, Scenarios: c.Scenarios, Accounts: c.Accounts, Transfers: c.Transfers,
+		PostgresURL: c.PostgresURL, DatabasePrefix: c.DBPrefix, Scenarios: c.Scenarios, Accounts: c.Accounts, Transfers: c.Transfers,
 		BatchSize: c.BatchSize, BatchSizes: c.BatchSizes, Workers: c.Workers, Shards: c.Shards, Window: c.Window,
 		APITransfers: c.APITransfers, APIConcurrency: c.APIConcurrency, DedupRows: c.DedupRows, Limit: c.Limit, Quick: c.Quick, Keep: c.Keep, CPUProfile: c.CPUProfile, Seed: c.Seed,
 	}, os.Stdout)

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"runtime"
 	"slices"
 	"strings"
@@ -149,6 +150,9 @@ func (c Config) Validate() error {
 			return fmt.Errorf("unknown scenario %q (known: %s)", s, strings.Join(Scenarios, ", "))
 		}
 	}
+	if !dbPrefixRE.MatchString(c.DatabasePrefix) {
+		return fmt.Errorf("database prefix %q: want at most 40 lower-case letters, digits and underscores, starting with a letter or underscore", c.DatabasePrefix)
+	}
 	switch {
 	case c.Accounts < 2:
 		return errors.New("need at least 2 accounts")
@@ -169,6 +173,11 @@ func (c Config) Validate() error {
 	}
 	return nil
 }
+
+// dbPrefixRE is what a database prefix may be: a Postgres identifier that
+// needs no quoting, short enough that every scenario's suffix fits in 63
+// bytes.
+var dbPrefixRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,39}$`)
 
 func (c Config) has(s string) bool { return slices.Contains(c.Scenarios, s) }
 

@@ -40,3 +40,18 @@ func TestCeilingSQLIsApplys(t *testing.T) {
 
 // squash collapses every run of white space to one space.
 func squash(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// TestValidateDatabasePrefix refuses a database prefix that is not a plain
+// Postgres identifier, before anything is created.
+func TestValidateDatabasePrefix(t *testing.T) {
+	for _, p := range []string{"Bench", "my-bench_", "1bench", "bench; DROP", strings.Repeat("b", 41)} {
+		if err := (Config{DatabasePrefix: p}).Defaults().Validate(); err == nil || !strings.Contains(err.Error(), "database prefix") {
+			t.Errorf("prefix %q: got %v, want a database prefix error", p, err)
+		}
+	}
+	for _, p := range []string{"", "paymesh_bench_", "h6_", strings.Repeat("b", 40)} {
+		if err := (Config{DatabasePrefix: p}).Defaults().Validate(); err != nil {
+			t.Errorf("prefix %q: %v", p, err)
+		}
+	}
+}
