@@ -740,7 +740,8 @@ func (c *demoCmd) Run(ctx context.Context) error {
 
 type benchCmd struct {
 	PostgresURL    string        `name:"postgres-url" env:"PAYMESH_POSTGRES_URL" help:"Postgres server on which to create the bench databases (default: ${default_pg})."`
-	Scenarios      []string      `help:"Scenarios to run, comma-separated (default: all): uniform, replay, latency, replicas (topology start at R1 and R3, uniform again at R3), hot, dedup-table, naive, tpcb, cross-region, api, ledger-process. uniform always runs: the others are compared with it."`
+	DBPrefix       string        `name:"database-prefix" help:"Name the bench databases <prefix><scenario> (default paymesh_bench_): two runs on one server need different prefixes, or they drop each other's databases."`
+	Scenarios      []string      `help:"Scenarios to run, comma-separated (default: all): uniform, replay, latency, replicas (topology start at R1 and R3, uniform again at R3), hot, dedup-table, naive, ceiling (the apply transaction's SQL alone), tpcb, cross-region, api, api-process (paymesh api, router and ledger as processes, the load from the bench), ledger-process. uniform always runs: the others are compared with it."`
 	Accounts       int           `help:"Accounts to open and fund (default 10000; --quick 2000)."`
 	Transfers      int           `help:"Transfers per full-speed run (default 200000; --quick 30000)."`
 	BatchSize      int           `name:"batch-size" help:"Most messages per ledger transaction (default: the ledger's, ${default_batch})."`
@@ -749,7 +750,7 @@ type benchCmd struct {
 	Shards         int           `help:"Ledger subjects (default ${default_shards})."`
 	Window         int           `help:"Most transfers published but not yet committed (default 4096)."`
 	APITransfers   int           `name:"api-transfers" help:"Transfers the api scenario sends through the HTTP API (default 20000; --quick 4000)."`
-	APIConcurrency int           `name:"api-concurrency" help:"HTTP requests the api scenario keeps in flight (default 64)."`
+	APIConcurrency []int         `name:"api-concurrency" help:"Requests in flight of each api run, comma-separated (default 64,256); the first is the headline figure."`
 	DedupRows      int64         `name:"dedup-rows" help:"Consume-log rows written before the dedup-table run (default 10000000; --quick 1000000)."`
 	Limit          time.Duration `help:"Longest publish phase of a full-speed run (default 60s; --quick 15s)."`
 	Quick          bool          `help:"A run of about a minute: fewer accounts, transfers and consume-log rows, shorter baselines."`
@@ -762,7 +763,7 @@ type benchCmd struct {
 func (c *benchCmd) Run(ctx context.Context) error {
 	self, _ := os.Executable() // the ledger-process scenario runs `paymesh ledger` from it
 	res, err := bench.Run(ctx, bench.Config{LedgerBinary: self,
-		PostgresURL: c.PostgresURL, Scenarios: c.Scenarios, Accounts: c.Accounts, Transfers: c.Transfers,
+		PostgresURL: c.PostgresURL, DatabasePrefix: c.DBPrefix, Scenarios: c.Scenarios, Accounts: c.Accounts, Transfers: c.Transfers,
 		BatchSize: c.BatchSize, BatchSizes: c.BatchSizes, Workers: c.Workers, Shards: c.Shards, Window: c.Window,
 		APITransfers: c.APITransfers, APIConcurrency: c.APIConcurrency, DedupRows: c.DedupRows, Limit: c.Limit, Quick: c.Quick, Keep: c.Keep, CPUProfile: c.CPUProfile, Seed: c.Seed,
 	}, os.Stdout)

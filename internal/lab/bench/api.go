@@ -12,7 +12,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/paymesh/paymesh/services/api"
+	"github.com/paymesh/paymesh/services/ledger/postgres"
 )
 
 // APIRun is the HTTP API scenario's result.
@@ -20,6 +23,9 @@ type APIRun struct {
 	Transfers   int   `json:"transfers"`
 	Concurrency int   `json:"concurrency"`
 	Completed   int64 `json:"completed"` // answered 201
+	// Capped is set when the run stopped sending at the time limit (Limit)
+	// before every transfer was sent.
+	Capped bool `json:"capped,omitempty"`
 	// Other counts answers other than 201, by status; a run with any is
 	// not verified.
 	Other map[int]int64 `json:"other,omitempty"`
@@ -40,9 +46,13 @@ type APIRun struct {
 }
 
 func (a APIRun) line() string {
-	return fmt.Sprintf("%-13s %8.0f/s  %d of %d answered 201 in %.1fs (%d requests in flight)  p50 %.1f ms p99 %.1f ms  CPU %.0f µs + Postgres %.0f µs per transfer  %s",
+	capped := ""
+	if a.Capped {
+		capped = "  (sending stopped at the time limit)"
+	}
+	return fmt.Sprintf("%-13s %8.0f/s  %d of %d answered 201 in %.1fs (%d requests in flight)  p50 %.1f ms p99 %.1f ms  CPU %.0f µs + Postgres %.0f µs per transfer%s  %s",
 		API, a.Rate, a.Completed, a.Transfers, a.Seconds, a.Concurrency, a.P50Ms, a.P99Ms, a.CPUPerTransferUs, a.PGCPUPerTransferUs,
-		invariants(a.Verified, a.VerifyReport))
+		capped, invariants(a.Verified, a.VerifyReport))
 }
 
 // apiKey is the bench client's API key (the run's throwaway database only).
@@ -51,10 +61,10 @@ const apiKey = "pm_bench_0123456789abcdef"
 // api runs one region in this process (internal/testbed/cluster: ledger, router and
 // API on an embedded NATS server), and sends same-region transfers to its
 // HTTP API as a client would: POST /v1/transfers with an Idempotency-Key,
-// APIConcurrency at a time, each waiting for its answer (201 once the
-// ledger applied it).
-func (e *env) api(ctx context.Context) (APIRun, error) {
-	res := APIRun{Transfers: e.cfg.APITransfers, Concurrency: e.cfg.APIConcurrency, Other: map[int]int64{}}
+// concurrency at a time, each waiting for its answer (201 once the ledger
+// applied it).
+func (e *env) api(ctx context.Context, concurrency int) (APIRun, error) {
+	res := APIRun{Transfers: e.cfg.APITransfers, Concurrency: concurrency, Other: map[int]int64{}}
 	code, _ := e.regions.Code("eu")
 	c, stop, err := e.startCluster(ctx, map[string]uint8{"eu": code}, "api_", 10*time.Second)
 	if err != nil {
@@ -70,7 +80,31 @@ func (e *env) api(ctx context.Context) (APIRun, error) {
 	if err != nil {
 		return res, err
 	}
-	reqs := make([][]byte, res.Transfers)
+	reqs := e.apiRequests(accounts, res.Transfers)
+	e.checkpoint(ctx)
+
+	db := store.Pool().Config().ConnConfig.Database
+	pg0, cpu0 := pgBackends(ctx, store.Pool(), db), cpuTime()
+	load, err := e.driveAPI(ctx, API, region.APIURL, reqs, concurrency)
+	cpu := cpuTime() - cpu0
+	pgCPU, pgOK := pgCPUDelta(pg0, pgBackends(ctx, store.Pool(), db))
+	if err != nil {
+		return res, err
+	}
+	load.fill(&res)
+	res.CPUPerTransferUs, res.PGCPUPerTransferUs = perTransfer(cpu, true, res.Completed), perTransfer(pgCPU, pgOK, res.Completed)
+
+	rep, err := quietReport(ctx, c)
+	if err != nil {
+		return res, err
+	}
+	return res, checkAnswered(ctx, store.Pool(), rep, &res, 0)
+}
+
+// apiRequests draws n same-region transfer bodies between distinct random
+// accounts.
+func (e *env) apiRequests(accounts []string, n int) [][]byte {
+	reqs := make([][]byte, n)
 	for i := range reqs {
 		from := accounts[e.rng.IntN(len(accounts))]
 		to := from
@@ -79,36 +113,64 @@ func (e *env) api(ctx context.Context) (APIRun, error) {
 		}
 		reqs[i], _ = json.Marshal(api.TransferRequest{From: from, To: to, Amount: int64(1 + e.rng.IntN(100)), Currency: "EUR"})
 	}
-	e.checkpoint(ctx)
+	return reqs
+}
 
-	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: res.Concurrency}}
+// apiLoad is what driveAPI measured.
+type apiLoad struct {
+	completed int64
+	other     map[int]int64
+	capped    bool
+	seconds   float64
+	lat       []time.Duration // of the 201 answers, sorted
+}
+
+func (l apiLoad) fill(r *APIRun) {
+	r.Completed, r.Other, r.Capped, r.Seconds = l.completed, l.other, l.capped, l.seconds
+	if l.seconds > 0 {
+		r.Rate = float64(l.completed) / l.seconds
+	}
+	r.P50Ms, r.P99Ms = ms(percentile(l.lat, 0.5)), ms(percentile(l.lat, 0.99))
+}
+
+// driveAPI sends reqs as POST /v1/transfers to base, concurrency at a
+// time over keep-alive connections, each with an Idempotency-Key of its
+// own, until every request is answered or Limit has passed since the
+// first (then no new request starts). A request that gets no answer fails
+// the run.
+func (e *env) driveAPI(ctx context.Context, what, base string, reqs [][]byte, concurrency int) (apiLoad, error) {
+	res := apiLoad{other: map[int]int64{}, lat: make([]time.Duration, 0, len(reqs))}
+	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: concurrency}}
 	defer hc.CloseIdleConnections()
 	tag := e.seq.Add(1)
 	var next, done atomic.Int64
+	var capped atomic.Bool
 	var mu sync.Mutex
-	lat := make([]time.Duration, 0, res.Transfers)
-	progress := e.progress(API, func() (int64, int64) { return done.Load(), int64(res.Transfers) })
-	db := store.Pool().Config().ConnConfig.Database
-	pg0, cpu0 := pgBackends(ctx, store.Pool(), db), cpuTime()
+	progress := e.progress(what, func() (int64, int64) { return done.Load(), int64(len(reqs)) })
+	defer progress()
 	start := time.Now()
 	var wg sync.WaitGroup
-	errs := make(chan error, res.Concurrency)
-	for range res.Concurrency {
+	errs := make(chan error, concurrency)
+	for range concurrency {
 		wg.Go(func() {
-			for i := int(next.Add(1) - 1); i < res.Transfers && ctx.Err() == nil; i = int(next.Add(1) - 1) {
+			for i := int(next.Add(1) - 1); i < len(reqs) && ctx.Err() == nil; i = int(next.Add(1) - 1) {
+				if time.Since(start) > e.cfg.Limit {
+					capped.Store(true)
+					return
+				}
 				began := time.Now()
-				status, err := postTransfer(ctx, hc, region.APIURL, fmt.Sprintf("api%d-%d", tag, i), reqs[i])
+				status, err := postTransfer(ctx, hc, base, fmt.Sprintf("api%d-%d", tag, i), reqs[i])
 				if err != nil {
-					errs <- err
+					errs <- fmt.Errorf("%s: %w", what, err)
 					return
 				}
 				d := time.Since(began)
 				mu.Lock()
 				if status == http.StatusCreated {
-					res.Completed++
-					lat = append(lat, d)
+					res.completed++
+					res.lat = append(res.lat, d)
 				} else {
-					res.Other[status]++
+					res.other[status]++
 				}
 				mu.Unlock()
 				done.Add(1)
@@ -116,40 +178,42 @@ func (e *env) api(ctx context.Context) (APIRun, error) {
 		})
 	}
 	wg.Wait()
-	res.Seconds = time.Since(start).Seconds()
-	cpu := cpuTime() - cpu0
-	pgCPU, pgOK := pgCPUDelta(pg0, pgBackends(ctx, store.Pool(), db))
-	progress()
+	res.seconds = time.Since(start).Seconds()
+	res.capped = capped.Load()
 	close(errs)
 	if err := <-errs; err != nil {
 		return res, err
 	}
-	if res.Seconds > 0 {
-		res.Rate = float64(res.Completed) / res.Seconds
-	}
-	res.CPUPerTransferUs, res.PGCPUPerTransferUs = -1, -1
-	if res.Completed > 0 {
-		res.CPUPerTransferUs = float64(cpu.Microseconds()) / float64(res.Completed)
-		if pgOK {
-			res.PGCPUPerTransferUs = float64(pgCPU.Microseconds()) / float64(res.Completed)
-		}
-	}
-	slices.Sort(lat)
-	res.P50Ms, res.P99Ms = ms(percentile(lat, 0.5)), ms(percentile(lat, 0.99))
-
-	rep, err := quietReport(ctx, c)
-	if err != nil {
+	if err := ctx.Err(); err != nil {
 		return res, err
 	}
-	var applied int64
-	if err := store.Pool().QueryRow(ctx, `SELECT count(*) FROM transfers WHERE client_id = $1 AND type = 'transfer'`, Client).Scan(&applied); err != nil {
-		return res, err
-	}
-	res.Verified = rep.OK() && len(res.Other) == 0 && applied == res.Completed
-	if !res.Verified {
-		res.VerifyReport = fmt.Sprintf("%d transfers recorded for %d answered 201; other answers %v\n%s", applied, res.Completed, res.Other, rep)
-	}
+	slices.Sort(res.lat)
 	return res, nil
+}
+
+// perTransfer is cpu in microseconds per transfer; -1 when it could not
+// be read (ok false) or nothing was answered.
+func perTransfer(cpu time.Duration, ok bool, transfers int64) float64 {
+	if !ok || transfers <= 0 {
+		return -1
+	}
+	return float64(cpu.Microseconds()) / float64(transfers)
+}
+
+// checkAnswered sets r.Verified: the invariants held (rep), every answer
+// was a 201, and the bench client's transfers recorded in the database are
+// exactly the answered ones, each once, and extra more answered before the
+// measurement.
+func checkAnswered(ctx context.Context, pool *pgxpool.Pool, rep postgres.Report, r *APIRun, extra int64) error {
+	var applied, distinct int64
+	if err := pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT idempotency_key) FROM transfers WHERE client_id = $1 AND type = 'transfer'`, Client).Scan(&applied, &distinct); err != nil {
+		return err
+	}
+	r.Verified = rep.OK() && len(r.Other) == 0 && applied == r.Completed+extra && distinct == applied
+	if !r.Verified {
+		r.VerifyReport = fmt.Sprintf("%d transfers recorded (%d keys) for %d answered 201; other answers %v\n%s", applied, distinct, r.Completed+extra, r.Other, rep)
+	}
+	return nil
 }
 
 // postTransfer sends one POST /v1/transfers and returns its status.

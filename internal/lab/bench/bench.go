@@ -3,8 +3,8 @@
 // a hot account, duplicate replays, a large consume-log and cross-region
 // transfers, next to baselines measured in the same run on the same
 // database server (the same ledger applying one message per transaction,
-// and TPC-B). `paymesh bench` runs it; the figures are printed with their
-// targets and can be written as JSON.
+// TPC-B, and the apply transaction's SQL alone). `paymesh bench` runs it;
+// the figures are printed with their targets and can be written as JSON.
 package bench
 
 import (
@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"runtime"
 	"slices"
 	"strings"
@@ -34,15 +35,21 @@ import (
 
 // Scenario names, in the order they run.
 const (
-	Uniform = "uniform"      // random transfers at full speed: the reference
-	Replay  = "replay"       // the uniform run's commands delivered again
-	Latency = "latency"      // paced at half the uniform rate
-	Hot     = "hot"          // half the transfers credit one merchant
-	Dedup   = "dedup-table"  // uniform on a pre-filled consume-log
-	Naive   = "naive"        // baseline: the same ledger, one message per transaction
-	TPCB    = "tpcb"         // baseline: TPC-B on the same server
+	Uniform = "uniform"     // random transfers at full speed: the reference
+	Replay  = "replay"      // the uniform run's commands delivered again
+	Latency = "latency"     // paced at half the uniform rate
+	Hot     = "hot"         // half the transfers credit one merchant
+	Dedup   = "dedup-table" // uniform on a pre-filled consume-log
+	Naive   = "naive"       // baseline: the same ledger, one message per transaction
+	TPCB    = "tpcb"        // baseline: TPC-B on the same server
+	// Ceiling is a baseline: the apply transaction's own SQL, 256 transfers
+	// a transaction, from a loop that does no decoding, planning or NATS.
+	Ceiling = "ceiling"
 	Cross   = "cross-region" // two regions, half the transfers between them
 	API     = "api"          // one region, transfers through its HTTP API
+	// APIProcess is the api scenario against `paymesh api`, `paymesh router`
+	// and `paymesh ledger`, each in a process of its own.
+	APIProcess = "api-process"
 	// LedgerProcess runs uniform with `paymesh ledger` in a process of its
 	// own, for the ledger's own peak RSS and CPU.
 	LedgerProcess = "ledger-process"
@@ -52,7 +59,7 @@ const (
 )
 
 // Scenarios lists every scenario in running order.
-var Scenarios = []string{Uniform, Replay, Latency, Replicas, Hot, Dedup, Naive, TPCB, Cross, API, LedgerProcess}
+var Scenarios = []string{Uniform, Replay, Latency, Replicas, Hot, Dedup, Naive, Ceiling, TPCB, Cross, API, APIProcess, LedgerProcess}
 
 // Config sizes a bench run. Defaults fills in its zero fields.
 type Config struct {
@@ -73,12 +80,15 @@ type Config struct {
 	NaiveFor       time.Duration `json:"naive_for"`
 	CrossTransfers int           `json:"cross_transfers"`
 	APITransfers   int           `json:"api_transfers"`
-	APIConcurrency int           `json:"api_concurrency"` // requests in flight
+	// APIConcurrency lists the api scenario's runs by requests in flight;
+	// the first is the headline figure.
+	APIConcurrency []int         `json:"api_concurrency"`
 	PgbenchScale   int           `json:"pgbench_scale"`
 	PgbenchFor     time.Duration `json:"pgbench_for"`
 	Quick          bool          `json:"quick"`
-	// LedgerBinary is the paymesh binary the ledger-process scenario runs
-	// (`<binary> ledger`); without it that scenario is skipped.
+	// LedgerBinary is the paymesh binary the ledger-process and
+	// api-process scenarios run (`<binary> ledger`, `<binary> api`, ...);
+	// without it they are skipped.
 	LedgerBinary string `json:"-"`
 	Keep         bool   `json:"keep"`
 	CPUProfile   string `json:"cpu_profile,omitempty"`
@@ -116,7 +126,9 @@ func (c Config) Defaults() Config {
 	def(&c.Window, 4096, 4096)
 	def(&c.CrossTransfers, 20_000, 4_000)
 	def(&c.APITransfers, 20_000, 4_000)
-	def(&c.APIConcurrency, 64, 64)
+	if len(c.APIConcurrency) == 0 {
+		c.APIConcurrency = []int{64, 256}
+	}
 	def(&c.PgbenchScale, 10, 10)
 	if c.DedupRows <= 0 {
 		c.DedupRows = map[bool]int64{false: 10_000_000, true: 1_000_000}[c.Quick]
@@ -138,13 +150,21 @@ func (c Config) Validate() error {
 			return fmt.Errorf("unknown scenario %q (known: %s)", s, strings.Join(Scenarios, ", "))
 		}
 	}
+	if !dbPrefixRE.MatchString(c.DatabasePrefix) {
+		return fmt.Errorf("database prefix %q: want at most 40 lower-case letters, digits and underscores, starting with a letter or underscore", c.DatabasePrefix)
+	}
 	switch {
 	case c.Accounts < 2:
 		return errors.New("need at least 2 accounts")
-	case c.Transfers < 1 || c.CrossTransfers < 1 || c.APITransfers < 1 || c.APIConcurrency < 1:
+	case c.Transfers < 1 || c.CrossTransfers < 1 || c.APITransfers < 1:
 		return errors.New("need at least 1 transfer")
 	case c.Window < 1 || c.Workers < 1 || c.Shards < 1:
 		return errors.New("window, workers and shards must be positive")
+	}
+	for _, n := range c.APIConcurrency {
+		if n < 1 {
+			return fmt.Errorf("api concurrency %d must be positive", n)
+		}
 	}
 	for _, b := range append([]int{c.BatchSize}, c.BatchSizes...) {
 		if b < 1 {
@@ -153,6 +173,11 @@ func (c Config) Validate() error {
 	}
 	return nil
 }
+
+// dbPrefixRE is what a database prefix may be: a Postgres identifier that
+// needs no quoting, short enough that every scenario's suffix fits in 63
+// bytes.
+var dbPrefixRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,39}$`)
 
 func (c Config) has(s string) bool { return slices.Contains(c.Scenarios, s) }
 
@@ -223,15 +248,21 @@ type Result struct {
 	Config  Config      `json:"config"`
 	Runs    []LedgerRun `json:"runs"`
 	// Sweep holds the uniform run at each --batch-sizes size.
-	Sweep     []LedgerRun  `json:"sweep,omitempty"`
-	BestBatch int          `json:"best_batch,omitempty"`
-	TPCB      *TPCBResult  `json:"tpcb,omitempty"`
-	Cross     *CrossRun    `json:"cross,omitempty"`
-	API       *APIRun      `json:"api,omitempty"`
-	Process   *ProcessRun  `json:"ledger_process,omitempty"`
-	Replicas  *ReplicasRun `json:"replicas,omitempty"`
-	Figures   []Figure     `json:"figures"`
-	Elapsed   float64      `json:"elapsed_seconds"`
+	Sweep     []LedgerRun `json:"sweep,omitempty"`
+	BestBatch int         `json:"best_batch,omitempty"`
+	TPCB      *TPCBResult `json:"tpcb,omitempty"`
+	Ceiling   *CeilingRun `json:"ceiling,omitempty"`
+	Cross     *CrossRun   `json:"cross,omitempty"`
+	// API is the api scenario at the first APIConcurrency, APIOther at the
+	// others.
+	API      *APIRun  `json:"api,omitempty"`
+	APIOther []APIRun `json:"api_other,omitempty"`
+	// APIProcess is the api-process scenario.
+	APIProcess *APIProcessRun `json:"api_process,omitempty"`
+	Process    *ProcessRun    `json:"ledger_process,omitempty"`
+	Replicas   *ReplicasRun   `json:"replicas,omitempty"`
+	Figures    []Figure       `json:"figures"`
+	Elapsed    float64        `json:"elapsed_seconds"`
 }
 
 // RunOf returns the first run of a scenario.
@@ -408,6 +439,15 @@ func (e *env) runAll(ctx context.Context, res *Result) error {
 		rig.close(ctx)
 		add(run)
 	}
+	if cfg.has(Ceiling) {
+		e.checkpoint(ctx)
+		c, err := e.ceiling(ctx)
+		if err != nil {
+			return fmt.Errorf("%s: %w", Ceiling, err)
+		}
+		res.Ceiling = &c
+		fmt.Fprintln(e.out, c.line())
+	}
 	if cfg.has(TPCB) {
 		t, err := e.tpcb(ctx)
 		if err != nil {
@@ -425,12 +465,30 @@ func (e *env) runAll(ctx context.Context, res *Result) error {
 		fmt.Fprintln(e.out, c.line())
 	}
 	if cfg.has(API) {
-		a, err := e.api(ctx)
-		if err != nil {
-			return fmt.Errorf("%s: %w", API, err)
+		for i, n := range cfg.APIConcurrency {
+			a, err := e.api(ctx, n)
+			if err != nil {
+				return fmt.Errorf("%s at %d in flight: %w", API, n, err)
+			}
+			if i == 0 {
+				res.API = &a
+			} else {
+				res.APIOther = append(res.APIOther, a)
+			}
+			fmt.Fprintln(e.out, a.line())
 		}
-		res.API = &a
-		fmt.Fprintln(e.out, a.line())
+	}
+	if cfg.has(APIProcess) {
+		if cfg.LedgerBinary == "" {
+			fmt.Fprintf(e.out, "%-13s skipped: no paymesh binary to run\n", APIProcess)
+		} else {
+			p, err := e.apiProcess(ctx)
+			if err != nil {
+				return fmt.Errorf("%s: %w", APIProcess, err)
+			}
+			res.APIProcess = &p
+			fmt.Fprintln(e.out, p.line())
+		}
 	}
 	if cfg.has(LedgerProcess) {
 		if cfg.LedgerBinary == "" {

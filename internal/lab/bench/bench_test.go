@@ -28,7 +28,7 @@ func TestBenchSmall(t *testing.T) {
 	out := &strings.Builder{}
 	res, err := bench.Run(ctx, bench.Config{
 		PostgresURL: pgtest.AdminURL(), DatabasePrefix: prefix,
-		Accounts: 20, Transfers: 300, CrossTransfers: 60, APITransfers: 80, APIConcurrency: 8, DedupRows: 2000, Window: 64,
+		Accounts: 20, Transfers: 300, CrossTransfers: 60, APITransfers: 80, APIConcurrency: []int{8, 16}, DedupRows: 2000, Window: 64,
 		LatencyFor: 500 * time.Millisecond, NaiveFor: 500 * time.Millisecond, PgbenchScale: 1, PgbenchFor: time.Second,
 		CPUProfile: filepath.Join(t.TempDir(), "cpu.pprof"),
 	}, out)
@@ -60,14 +60,20 @@ func TestBenchSmall(t *testing.T) {
 	if n, _ := res.RunOf(bench.Naive); n.BatchSize != 1 || n.MeanBatch != 1 {
 		t.Errorf("naive: batch size %d, mean batch %v, want 1", n.BatchSize, n.MeanBatch)
 	}
+	if c := res.Ceiling; c == nil || !c.Verified || c.Transfers != 300 || c.Rate <= 0 {
+		t.Errorf("ceiling: %+v", c)
+	}
 	if res.TPCB == nil || res.TPCB.TPS <= 0 {
 		t.Errorf("tpcb: %+v", res.TPCB)
 	}
 	if c := res.Cross; c == nil || !c.Verified || c.Completed != 60 {
 		t.Errorf("cross-region: %+v", c)
 	}
-	if a := res.API; a == nil || !a.Verified || a.Completed != 80 || a.Rate <= 0 || a.P99Ms < a.P50Ms {
+	if a := res.API; a == nil || !a.Verified || a.Completed != 80 || a.Rate <= 0 || a.P99Ms < a.P50Ms || a.Concurrency != 8 {
 		t.Errorf("api: %+v", a)
+	}
+	if o := res.APIOther; len(o) != 1 || !o[0].Verified || o[0].Completed != 80 || o[0].Concurrency != 16 {
+		t.Errorf("api at 16 in flight: %+v", o)
 	}
 	if p := res.Replicas; p == nil || !p.R3.Verified || p.R3.Committed != 300 || p.R3.Rate <= 0 || p.StartR1Seconds <= 0 ||
 		p.StartR3Seconds <= 0 || len(p.StartsR3) != 3 {
@@ -76,6 +82,10 @@ func TestBenchSmall(t *testing.T) {
 	var printed strings.Builder
 	if res.Print(&printed); res.Replicas != nil && !strings.Contains(printed.String(), "R3 (a cluster of three)") {
 		t.Errorf("replicas: no R1/R3 table in\n%s", printed.String())
+	}
+	if p := printed.String(); !strings.Contains(p, "HTTP API at 8 in flight: ") || !strings.Contains(p, "HTTP API at 16 in flight: ") ||
+		!strings.Contains(p, "× uniform's") || !strings.Contains(p, "µs Postgres = ") {
+		t.Errorf("api: no line with the API / uniform ratio and the CPU split for each run in\n%s", p)
 	}
 	if res.Machine.SynchronousCommit == "" || res.Machine.Fsync == "" {
 		t.Errorf("machine: %+v", res.Machine)
@@ -110,17 +120,37 @@ func TestBenchSmall(t *testing.T) {
 	}
 }
 
+// TestCeiling runs the ceiling baseline at a tiny size: every transfer
+// committed in transactions of the batch size by as many loops as the
+// ledger has workers, what the loops wrote passing the ledger's invariant
+// checks, and the uniform / ceiling figure reported.
+func TestCeiling(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out := &strings.Builder{}
+	res, err := bench.Run(ctx, bench.Config{
+		PostgresURL: pgtest.AdminURL(), DatabasePrefix: fmt.Sprintf("pmbench_ceil_%d_", os.Getpid()),
+		Scenarios: []string{bench.Ceiling}, Accounts: 50, Transfers: 1000, BatchSize: 64,
+	}, out)
+	if err != nil {
+		t.Fatalf("bench: %v\n%s", err, out)
+	}
+	c := res.Ceiling
+	if c == nil || !c.Verified || c.Transfers != 1000 || c.Transactions != 16 || c.BatchSize != 64 || c.Loops != 2 || c.Rate <= 0 || c.Capped {
+		t.Fatalf("ceiling: %+v\n%s", c, out)
+	}
+	var printed strings.Builder
+	res.Print(&printed)
+	if !strings.Contains(printed.String(), "uniform / ceiling") {
+		t.Errorf("no uniform / ceiling figure in\n%s", printed.String())
+	}
+}
+
 // TestLedgerProcess builds the paymesh binary and runs the ledger-process
 // scenario at a tiny size: `paymesh ledger` in a process of its own
 // applies every transfer, and its peak RSS and CPU are read from /proc.
 func TestLedgerProcess(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the paymesh binary")
-	}
-	bin := filepath.Join(t.TempDir(), "paymesh")
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/paymesh/paymesh/cmd/paymesh").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := buildPaymesh(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	out := &strings.Builder{}
@@ -135,4 +165,52 @@ func TestLedgerProcess(t *testing.T) {
 	if p == nil || !p.Verified || p.Transfers != 300 || p.PeakRSSMB <= 0 || p.CPUPerTransferUs <= 0 || p.Rate <= 0 {
 		t.Fatalf("ledger process: %+v\n%s", p, out)
 	}
+}
+
+// TestAPIProcess builds the paymesh binary and runs the api-process
+// scenario at a tiny size: `paymesh ledger`, `paymesh router` and `paymesh
+// api` in processes of their own, every transfer sent from the bench
+// process answered 201 and recorded once, and each process's CPU read from
+// /proc.
+func TestAPIProcess(t *testing.T) {
+	bin := buildPaymesh(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out := &strings.Builder{}
+	res, err := bench.Run(ctx, bench.Config{
+		PostgresURL: pgtest.AdminURL(), DatabasePrefix: fmt.Sprintf("pmbench_apiproc_%d_", os.Getpid()),
+		Scenarios: []string{bench.APIProcess}, Accounts: 20, Transfers: 300, APITransfers: 101, APIConcurrency: []int{8}, LedgerBinary: bin,
+	}, out)
+	if err != nil {
+		t.Fatalf("bench: %v\n%s", err, out)
+	}
+	p := res.APIProcess
+	if p == nil || !p.Verified || p.Transfers != 100 || p.Completed != 100 || p.Concurrency != 8 || p.Rate <= 0 || p.P99Ms < p.P50Ms {
+		t.Fatalf("api process: %+v\n%s", p, out)
+	}
+	for _, s := range []string{"api", "router", "ledger"} {
+		if p.ServiceCPUUs[s] <= 0 {
+			t.Errorf("%s process: CPU per transfer %v, want > 0", s, p.ServiceCPUUs[s])
+		}
+	}
+	if p.PGCPUPerTransferUs <= 0 || p.CPUPerTransferUs <= 0 {
+		t.Errorf("api process: CPU %v + Postgres %v µs per transfer", p.CPUPerTransferUs, p.PGCPUPerTransferUs)
+	}
+	var printed strings.Builder
+	if res.Print(&printed); !strings.Contains(printed.String(), "HTTP API as processes") {
+		t.Errorf("no api-process line in\n%s", printed.String())
+	}
+}
+
+// buildPaymesh builds the paymesh binary into a temporary directory.
+func buildPaymesh(t *testing.T) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds the paymesh binary")
+	}
+	bin := filepath.Join(t.TempDir(), "paymesh")
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/paymesh/paymesh/cmd/paymesh").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
 }

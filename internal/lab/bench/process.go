@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -67,21 +68,12 @@ func (e *env) ledgerProcess(ctx context.Context) (ProcessRun, error) {
 	}
 	defer setup.Close()
 
-	child := exec.CommandContext(ctx, e.cfg.LedgerBinary, "ledger", "--region", region,
-		"--postgres-url", e.cfg.PostgresURL, "--database", name, "--nats-url", e.nats.url, "--metrics-listen", "off",
-		"--shards", strconv.Itoa(e.cfg.Shards), "--batch-size", strconv.Itoa(e.cfg.BatchSize),
-		"--workers", strconv.Itoa(e.cfg.Workers), "--cache-size", strconv.Itoa(e.cfg.CacheSize), "--node", "3")
-	child.Env = append(os.Environ(), "OTEL_TRACES_EXPORTER=none")
-	child.Cancel = func() error { return child.Process.Signal(syscall.SIGTERM) }
-	child.WaitDelay = 10 * time.Second
-	if err := child.Start(); err != nil {
-		return ProcessRun{}, fmt.Errorf("start %s ledger: %w", e.cfg.LedgerBinary, err)
+	child, err := e.startService(ctx, e.ledgerArgs(name, 3)...)
+	if err != nil {
+		return ProcessRun{}, err
 	}
-	defer func() {
-		_ = child.Process.Signal(syscall.SIGTERM)
-		_ = child.Wait()
-	}()
-	pid := child.Process.Pid
+	defer child.stop()
+	pid := child.pid()
 
 	w, err := e.newWorkload(LedgerProcess+fmt.Sprint(e.seq.Add(1)), e.cfg.Transfers, len(accounts), -1)
 	if err != nil {
@@ -145,6 +137,85 @@ func (e *env) ledgerProcess(ctx context.Context) (ProcessRun, error) {
 		run.VerifyReport = rep.String()
 	}
 	return run, nil
+}
+
+// service is a paymesh service running in a process of its own.
+type service struct {
+	name string
+	cmd  *exec.Cmd
+	out  *tail // the end of its stdout and stderr, for the error when it fails
+	done chan struct{}
+	err  error // Wait's, once done is closed
+}
+
+// startService runs `<LedgerBinary> args...` (a service: args[0] is its
+// command) with tracing off. The process gets SIGTERM when ctx ends, and
+// ten seconds to exit.
+func (e *env) startService(ctx context.Context, args ...string) (*service, error) {
+	cmd := exec.CommandContext(ctx, e.cfg.LedgerBinary, args...)
+	cmd.Env = append(os.Environ(), "OTEL_TRACES_EXPORTER=none")
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 10 * time.Second
+	s := &service{name: args[0], cmd: cmd, out: &tail{}, done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = s.out, s.out
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s %s: %w", e.cfg.LedgerBinary, args[0], err)
+	}
+	go func() {
+		s.err = cmd.Wait()
+		close(s.done)
+	}()
+	return s, nil
+}
+
+func (s *service) pid() int { return s.cmd.Process.Pid }
+
+// stop sends SIGTERM and waits for the process to exit.
+func (s *service) stop() {
+	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	<-s.done
+}
+
+// failed returns an error naming the service, its exit and its last output
+// when the process has ended, nil while it runs.
+func (s *service) failed() error {
+	select {
+	case <-s.done:
+		return fmt.Errorf("paymesh %s exited (%v): %s", s.name, s.err, s.out)
+	default:
+		return nil
+	}
+}
+
+// tail keeps the last 4 KiB written to it; it is safe for concurrent use.
+type tail struct {
+	mu sync.Mutex
+	b  []byte
+}
+
+func (t *tail) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.b = append(t.b, p...)
+	if len(t.b) > 4096 {
+		t.b = append(t.b[:0:0], t.b[len(t.b)-4096:]...)
+	}
+	return len(p), nil
+}
+
+func (t *tail) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return string(t.b)
+}
+
+// ledgerArgs is `paymesh ledger` on database db of the run's Postgres and
+// the bench's nats-server, sized as the in-process ledger runs.
+func (e *env) ledgerArgs(db string, node int) []string {
+	return []string{"ledger", "--region", region,
+		"--postgres-url", e.cfg.PostgresURL, "--database", db, "--nats-url", e.nats.url, "--metrics-listen", "off",
+		"--shards", strconv.Itoa(e.cfg.Shards), "--batch-size", strconv.Itoa(e.cfg.BatchSize),
+		"--workers", strconv.Itoa(e.cfg.Workers), "--cache-size", strconv.Itoa(e.cfg.CacheSize), "--node", strconv.Itoa(node)}
 }
 
 // vmHWM reads a process's peak resident set size, in MB, from

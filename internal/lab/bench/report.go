@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 )
 
@@ -11,12 +12,16 @@ const (
 	TargetRate       = 15_000 // uniform transfers/s
 	TargetVsTPCB     = 10     // uniform / TPC-B tps
 	TargetVsNaive    = 7      // uniform / naive
+	TargetVsCeiling  = 0.6    // uniform / ceiling
 	TargetP99Ms      = 25     // p99 at half the peak rate
 	TargetDupCost    = 0.10   // time per duplicate / time per first delivery
 	TargetHotShare   = 0.50   // hot / uniform
 	TargetDedupShare = 0.80   // with the pre-filled consume-log / uniform
 	TargetPeakRSSMB  = 200
 	TargetAPIRate    = 5_000 // transfers/s through the HTTP API
+	TargetAPIShare   = 0.4   // HTTP API / uniform
+	TargetAPIP99Ms   = 50    // p99 through the HTTP API at the first concurrency (64)
+	TargetAPICPUUs   = 350   // process + Postgres CPU per transfer through the HTTP API
 	sharingNotice    = "The publisher, the embedded nats-server and Postgres share this machine's cores with the ledger; compare runs of one invocation, and see the load average below."
 )
 
@@ -42,6 +47,11 @@ func figures(r Result) []Figure {
 	ratio("uniform / TPC-B", tps, r.TPCB != nil, TargetVsTPCB)
 	n, haveN := r.RunOf(Naive)
 	ratio("uniform / naive (batch 1)", n.Rate, haveN, TargetVsNaive)
+	ceil := 0.0
+	if r.Ceiling != nil {
+		ceil = r.Ceiling.Rate
+	}
+	ratio("uniform / ceiling (its SQL alone)", ceil, r.Ceiling != nil, TargetVsCeiling)
 	l, haveL := r.RunOf(Latency)
 	add("p50 at half the peak rate", "ms", "(reported)", haveL, l.P50Ms, true)
 	add("p99 at half the peak rate", "ms", fmt.Sprintf("<= %d ms", TargetP99Ms), haveL, l.P99Ms, l.P99Ms <= TargetP99Ms)
@@ -84,7 +94,21 @@ func figures(r Result) []Figure {
 		add("uniform R3 / R1", "x", "(reported)", haveU && u.Rate > 0, v, true)
 	}
 	if a := r.API; a != nil {
-		add("HTTP API throughput (answered 201)", "transfers/s", fmt.Sprintf(">= %d/s", TargetAPIRate), true, a.Rate, a.Rate >= TargetAPIRate)
+		at := fmt.Sprintf(" (%d in flight)", a.Concurrency)
+		add("HTTP API throughput"+at, "transfers/s", fmt.Sprintf(">= %d/s", TargetAPIRate), true, a.Rate, a.Rate >= TargetAPIRate)
+		add("HTTP API / uniform"+at, "x", fmt.Sprintf(">= %g", TargetAPIShare), haveU && u.Rate > 0, a.share(u), a.share(u) >= TargetAPIShare)
+		add("HTTP API p99"+at, "ms", fmt.Sprintf("<= %d ms", TargetAPIP99Ms), true, a.P99Ms, a.P99Ms <= TargetAPIP99Ms)
+		cpu := a.CPUPerTransferUs + a.PGCPUPerTransferUs
+		add("HTTP API CPU/transfer"+at, "µs", fmt.Sprintf("<= %d µs", TargetAPICPUUs), a.PGCPUPerTransferUs >= 0, cpu, cpu <= TargetAPICPUUs)
+	}
+	for _, a := range r.APIOther {
+		add(fmt.Sprintf("HTTP API throughput (%d in flight)", a.Concurrency), "transfers/s", fmt.Sprintf(">= %d/s", TargetAPIRate), true, a.Rate, a.Rate >= TargetAPIRate)
+	}
+	if p := r.APIProcess; p != nil {
+		add("API as processes: throughput", "transfers/s", fmt.Sprintf(">= %d/s", TargetAPIRate), true, p.Rate, p.Rate >= TargetAPIRate)
+		add("API as processes: p99", "ms", "(reported)", true, p.P99Ms, true)
+		cpu := p.CPUPerTransferUs + p.PGCPUPerTransferUs
+		add("API as processes: CPU/transfer", "µs", fmt.Sprintf("<= %d µs", TargetAPICPUUs), p.CPUPerTransferUs >= 0 && p.PGCPUPerTransferUs >= 0, cpu, cpu <= TargetAPICPUUs)
 	}
 	return out
 }
@@ -120,6 +144,7 @@ func (r Result) Print(w io.Writer) {
 		fmt.Fprintf(w, "%-38s %14s  %-12s %s\n", f.Name, value, f.Target, verdict)
 	}
 	r.printReplicas(w)
+	r.printAPI(w)
 	if len(r.Sweep) > 0 {
 		fmt.Fprintf(w, "batch-size sweep:")
 		for _, s := range r.Sweep {
@@ -137,6 +162,52 @@ func (r Result) Print(w io.Writer) {
 	fmt.Fprintln(w, "Peak RSS is the process high-water mark up to each run: ledger, publisher, nats-server and the bench's own bookkeeping.")
 }
 
+// share is the API run's rate over the uniform run's, 0 without one.
+func (a APIRun) share(u LedgerRun) float64 {
+	if u.Rate <= 0 {
+		return 0
+	}
+	return a.Rate / u.Rate
+}
+
+// printAPI writes one line per HTTP API run: its rate against the uniform
+// run of the same invocation, and where its CPU goes, next to uniform's.
+func (r Result) printAPI(w io.Writer) {
+	u, haveU := r.RunOf(Uniform)
+	runs := r.APIOther
+	if r.API != nil {
+		runs = append([]APIRun{*r.API}, runs...)
+	}
+	for _, a := range runs {
+		fmt.Fprintf(w, "HTTP API at %d in flight: %.0f/s", a.Concurrency, a.Rate)
+		if haveU && u.Rate > 0 {
+			fmt.Fprintf(w, " = %.2f × uniform's %.0f/s (target >= %g)", a.share(u), u.Rate, TargetAPIShare)
+		}
+		fmt.Fprintf(w, "; p50 %.1f ms, p99 %.1f ms; CPU per transfer %s", a.P50Ms, a.P99Ms, cpuSplit(a.CPUPerTransferUs, a.PGCPUPerTransferUs))
+		if haveU {
+			fmt.Fprintf(w, " (uniform: %s)", cpuSplit(u.CPUPerTransferUs, u.PGCPUPerTransferUs))
+		}
+		fmt.Fprintln(w)
+	}
+	if p := r.APIProcess; p != nil {
+		fmt.Fprintf(w, "HTTP API as processes (api, router, ledger; the load from the bench process), %d in flight: %.0f/s", p.Concurrency, p.Rate)
+		if haveU && u.Rate > 0 {
+			fmt.Fprintf(w, " = %.2f × uniform", p.share(u))
+		}
+		fmt.Fprintf(w, "; p50 %.1f ms, p99 %.1f ms; CPU per transfer: api %.0f + router %.0f + ledger %.0f + Postgres %.0f = %.0f µs (the bench's client and nats-server: %.0f µs more)\n",
+			p.P50Ms, p.P99Ms, p.ServiceCPUUs["api"], p.ServiceCPUUs["router"], p.ServiceCPUUs["ledger"], p.PGCPUPerTransferUs,
+			p.CPUPerTransferUs+p.PGCPUPerTransferUs, p.BenchCPUUs)
+	}
+}
+
+// cpuSplit renders process + Postgres CPU per transfer and their sum.
+func cpuSplit(process, pg float64) string {
+	if pg < 0 {
+		return fmt.Sprintf("%.0f µs process + Postgres unread", process)
+	}
+	return fmt.Sprintf("%.0f µs process + %.0f µs Postgres = %.0f µs", process, pg, process+pg)
+}
+
 // OK reports whether every run's invariants held.
 func (r Result) OK() bool {
 	for _, x := range append(append([]LedgerRun(nil), r.Runs...), r.Sweep...) {
@@ -144,7 +215,8 @@ func (r Result) OK() bool {
 			return false
 		}
 	}
-	return (r.Cross == nil || r.Cross.Verified) && (r.API == nil || r.API.Verified) && (r.Process == nil || r.Process.Verified) &&
+	return (r.Ceiling == nil || r.Ceiling.Verified) && (r.Cross == nil || r.Cross.Verified) && (r.API == nil || r.API.Verified) && !slices.ContainsFunc(r.APIOther, func(a APIRun) bool { return !a.Verified }) &&
+		(r.APIProcess == nil || r.APIProcess.Verified) && (r.Process == nil || r.Process.Verified) &&
 		(r.Replicas == nil || r.Replicas.R3.Verified)
 }
 
