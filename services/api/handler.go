@@ -37,6 +37,7 @@ import (
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/pkg/natstrace"
 	"github.com/paymesh/paymesh/services/ledger"
+	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
 )
 
 // Submitter hands a command to the region's router.
@@ -64,6 +65,15 @@ type Config struct {
 	Wait time.Duration
 	// KeyTTL is how long idempotency keys are kept (default 24 h).
 	KeyTTL time.Duration
+	// Answers, if set, is this process's subject for the ledger's answer
+	// notifications (subjects.Answers): Router must send it with each
+	// request (router.Config.AnswerTo), and Listen subscribes to it.
+	// Without it a waiting request learns of its answer from the poll
+	// alone.
+	Answers string
+	// AnswerPoll is how often the keys of waiting requests are read when
+	// no notification came (default 50 ms): the fallback for a lost one.
+	AnswerPoll time.Duration
 	// Now is the clock the idempotency keys' creation, leases, expiry and
 	// cleanup are measured by (default time.Now); the fault-injection
 	// suite steps it.
@@ -87,6 +97,7 @@ type Handler struct {
 	routes   []string
 	limiters sync.Map // client id -> *rate.Limiter
 	sub      *nats.Subscription
+	answers  *nats.Subscription
 	keys     keyWaiter
 }
 
@@ -99,13 +110,16 @@ func New(cfg Config) *Handler {
 	if cfg.KeyTTL <= 0 {
 		cfg.KeyTTL = 24 * time.Hour
 	}
+	if cfg.AnswerPoll <= 0 {
+		cfg.AnswerPoll = defaultAnswerPoll
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Handler{cfg: cfg, mux: http.NewServeMux(), keys: keyWaiter{store: cfg.Store}}
+	s := &Handler{cfg: cfg, mux: http.NewServeMux(), keys: keyWaiter{store: cfg.Store, poll: cfg.AnswerPoll}}
 	s.route("POST /v1/accounts", s.authed(s.postAccount))
 	s.route("GET /v1/accounts/{id}", s.authed(s.getAccount))
 	s.route("GET /v1/accounts/{id}/entries", s.authed(s.getEntries))
@@ -218,13 +232,37 @@ func (s *Handler) Listen() error {
 		return fmt.Errorf("api listen: %w", err)
 	}
 	s.sub = sub
+	if s.cfg.Answers != "" {
+		if s.answers, err = s.cfg.NATS.Subscribe(s.cfg.Answers, s.answered); err != nil {
+			return fmt.Errorf("api listen: %w", err)
+		}
+	}
 	return nil
 }
 
-// Close stops answering forwarded operations.
+// answered takes the ledger's notification that it answered keys: the
+// requests waiting for them read their answers now. A malformed one is
+// dropped (the poll still finds every answer).
+func (s *Handler) answered(m *nats.Msg) {
+	a, err := ljs.DecodeAnsweredKeys(m.Data)
+	if err != nil {
+		s.cfg.Log.Warn("answer notification dropped", "err", err)
+		return
+	}
+	keys := make([]clientKey, len(a.Keys))
+	for i, k := range a.Keys {
+		keys[i] = clientKey{k.Client, k.Key}
+	}
+	s.keys.answered(keys)
+}
+
+// Close stops answering forwarded operations and taking notifications.
 func (s *Handler) Close() {
 	if s.sub != nil {
 		_ = s.sub.Unsubscribe()
+	}
+	if s.answers != nil {
+		_ = s.answers.Unsubscribe()
 	}
 }
 
