@@ -16,6 +16,7 @@ package api
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -74,6 +75,10 @@ type Config struct {
 	// AnswerPoll is how often the keys of waiting requests are read when
 	// no notification came (default 50 ms): the fallback for a lost one.
 	AnswerPoll time.Duration
+	// ClientCacheTTL is how long a client found by its API key is kept in
+	// memory (default 2 s; negative: not at all). A revoked key keeps
+	// working for up to this long.
+	ClientCacheTTL time.Duration
 	// Now is the clock the idempotency keys' creation, leases, expiry and
 	// cleanup are measured by (default time.Now); the fault-injection
 	// suite steps it.
@@ -99,6 +104,7 @@ type Handler struct {
 	sub      *nats.Subscription
 	answers  *nats.Subscription
 	keys     keyWaiter
+	clients  clientCache
 }
 
 // New returns a region's API server. Call Listen to answer forwarded
@@ -113,13 +119,17 @@ func New(cfg Config) *Handler {
 	if cfg.AnswerPoll <= 0 {
 		cfg.AnswerPoll = defaultAnswerPoll
 	}
+	if cfg.ClientCacheTTL == 0 {
+		cfg.ClientCacheTTL = defaultClientCacheTTL
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Handler{cfg: cfg, mux: http.NewServeMux(), keys: keyWaiter{store: cfg.Store, poll: cfg.AnswerPoll}}
+	s := &Handler{cfg: cfg, mux: http.NewServeMux(), keys: keyWaiter{store: cfg.Store, poll: cfg.AnswerPoll},
+		clients: clientCache{ttl: cfg.ClientCacheTTL, max: defaultClientCacheMax}}
 	s.route("POST /v1/accounts", s.authed(s.postAccount))
 	s.route("GET /v1/accounts/{id}", s.authed(s.getAccount))
 	s.route("GET /v1/accounts/{id}/entries", s.authed(s.getEntries))
@@ -325,8 +335,7 @@ func (s *Handler) keyed(role Role, h func(context.Context, *http.Request, Regist
 		var client RegisteredClient
 		if ok {
 			var err error
-			client, ok, err = s.cfg.Store.ClientByKey(r.Context(), HashKey(key))
-			if err != nil {
+			if client, ok, err = s.client(r.Context(), key); err != nil {
 				s.logRefused(r, "", reqID, err)
 				write(w, errReply(err))
 				return
@@ -358,6 +367,20 @@ func (s *Handler) keyed(role Role, h func(context.Context, *http.Request, Regist
 		}
 		write(w, rep)
 	}
+}
+
+// client returns the client whose API key is key, from the cache while
+// its entry lasts, or false.
+func (s *Handler) client(ctx context.Context, key string) (RegisteredClient, bool, error) {
+	hash, now := sha256.Sum256([]byte(key)), time.Now()
+	if c, ok := s.clients.get(hash, now); ok {
+		return c, true, nil
+	}
+	c, ok, err := s.cfg.Store.ClientByKey(ctx, hash[:])
+	if ok && err == nil {
+		s.clients.put(hash, c, now)
+	}
+	return c, ok, err
 }
 
 func (s *Handler) logRefused(r *http.Request, client, reqID string, err error) {

@@ -79,11 +79,13 @@ type Config struct {
 	// RouterStats, if set, counts the API's submissions (with the region
 	// router's, in one process).
 	RouterStats *router.Stats
-	// Wait, KeyTTL, AnswerPoll and Now configure the API (see api.Config).
-	Wait       time.Duration
-	KeyTTL     time.Duration
-	AnswerPoll time.Duration
-	Now        func() time.Time
+	// Wait, KeyTTL, AnswerPoll, ClientCacheTTL and Now configure the API
+	// (see api.Config).
+	Wait           time.Duration
+	KeyTTL         time.Duration
+	AnswerPoll     time.Duration
+	ClientCacheTTL time.Duration
+	Now            func() time.Time
 	// WrapStore, if set, decorates the API's store before the API uses it:
 	// cross-cutting concerns such as tracing, metrics or logging of every
 	// key and client lookup wrap the api.Store interface here instead of
@@ -193,7 +195,7 @@ func (s *Server) open(ctx context.Context) error {
 	}
 	led := postgres.New(s.pool, postgres.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen})
 	acfg := api.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen, Ledger: led, Store: store, Router: rt, NATS: s.nc,
-		Answers: answers, AnswerPoll: cfg.AnswerPoll, Wait: cfg.Wait, KeyTTL: cfg.KeyTTL, Now: cfg.Now, Log: cfg.Log}
+		Answers: answers, AnswerPoll: cfg.AnswerPoll, ClientCacheTTL: cfg.ClientCacheTTL, Wait: cfg.Wait, KeyTTL: cfg.KeyTTL, Now: cfg.Now, Log: cfg.Log}
 	if cfg.OpsNATSUser != "" {
 		if acfg.DeadLetters, err = s.openOps(ctx); err != nil {
 			return err
