@@ -4,6 +4,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -274,6 +275,7 @@ type apiCmd struct {
 	Shards          int           `env:"PAYMESH_SHARDS" default:"16" help:"Ledger subjects per region (as the ledgers)."`
 	Wait            time.Duration `env:"PAYMESH_API_WAIT" default:"2s" help:"How long POST /v1/transfers waits for a final state before answering 202."`
 	KeyTTL          time.Duration `name:"key-ttl" env:"PAYMESH_KEY_TTL" default:"24h" help:"How long idempotency keys are kept."`
+	ClientCacheTTL  time.Duration `name:"client-cache-ttl" env:"PAYMESH_CLIENT_CACHE_TTL" default:"2s" help:"How long a client found by its API key is kept in memory; a revoked key keeps working for up to this long (0: no cache)."`
 	Metrics         string        `name:"metrics-listen" env:"PAYMESH_API_METRICS_LISTEN" help:"Address of /metrics (default: 127.0.0.1:<the region's api_metrics_port>; 'off' for none)."`
 	dependencyWait
 }
@@ -293,7 +295,7 @@ func (c *apiCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, l
 	}
 	srv, err := apiserver.Open(ctx, apiserver.Config{StreamReplicas: replicas, Region: reg.Name, Regions: ids, Node: c.Node, PostgresURL: url,
 		NATSURL: c.NATSURL, NATSUser: c.NATSUser, NATSPassword: c.NATSPassword, OpsNATSUser: c.OpsNATSUser, OpsNATSPassword: c.OpsNATSPassword,
-		Shards: c.Shards, Wait: c.Wait, KeyTTL: c.KeyTTL,
+		Shards: c.Shards, Wait: c.Wait, KeyTTL: c.KeyTTL, ClientCacheTTL: cmp.Or(c.ClientCacheTTL, -1),
 		Listen: listen, MetricsListen: metricsListen(c.Metrics, reg.APIMetricsPort), ConnectTimeout: c.ConnectTimeout,
 		Log: log.With("service", "api")})
 	if err != nil {

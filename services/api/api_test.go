@@ -48,15 +48,20 @@ func (e *env) id(tb testing.TB, region string) string {
 
 // mustEnv runs three regions with their APIs and three clients: A and B,
 // and C with a rate limit of 2 requests per second.
-func mustEnv(tb testing.TB, keyTTL time.Duration) *env {
+// Each of opts may change the cluster's configuration before it starts.
+func mustEnv(tb testing.TB, keyTTL time.Duration, opts ...func(*cluster.Config)) *env {
 	tb.Helper()
 	topo := natsembed.MustStartTopology(tb, "eu", "us", "ap")
 	ctx := context.Background()
-	c, err := cluster.Start(ctx, cluster.Config{
+	cfg := cluster.Config{
 		Regions: map[string]uint8{"eu": 1, "us": 2, "ap": 3}, Topology: topo, PostgresURL: pgtest.AdminURL(),
 		DatabasePrefix: fmt.Sprintf("pmtest_api_%d_%d_", os.Getpid(), time.Now().UnixNano()%1e6),
 		Shards:         4, BatchSize: 64, AckWait: 2 * time.Second, APIWait: 3 * time.Second, KeyTTL: keyTTL,
-	})
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	c, err := cluster.Start(ctx, cfg)
 	if err != nil {
 		tb.Fatal(err)
 	}

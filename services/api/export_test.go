@@ -1,10 +1,15 @@
 package api
 
+import "time"
+
 // KeyWaiter exposes the key waiter to the external tests.
 type KeyWaiter = keyWaiter
 
-// NewKeyWaiter returns a key waiter over store.
-func NewKeyWaiter(store Store) *KeyWaiter { return &keyWaiter{store: store} }
+// NewKeyWaiter returns a key waiter over store that reads every waited-for
+// key every poll.
+func NewKeyWaiter(store Store, poll time.Duration) *KeyWaiter {
+	return &keyWaiter{store: store, poll: poll}
+}
 
 // Done returns a channel that receives the key once it is answered, and
 // the cancel that stops waiting (keyWaiter.done).
@@ -16,5 +21,9 @@ func (w *keyWaiter) Done(client, key string) (<-chan IdempotencyKey, func()) {
 func (w *keyWaiter) Idle() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return !w.polling && len(w.wait) == 0
+	return !w.reading && len(w.wait) == 0
 }
+
+// Answered tells the waiter that the ledger answered client's key
+// (keyWaiter.answered).
+func (w *keyWaiter) Answered(client, key string) { w.answered([]clientKey{{client, key}}) }

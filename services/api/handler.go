@@ -16,6 +16,7 @@ package api
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -37,6 +38,7 @@ import (
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/pkg/natstrace"
 	"github.com/paymesh/paymesh/services/ledger"
+	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
 )
 
 // Submitter hands a command to the region's router.
@@ -64,6 +66,19 @@ type Config struct {
 	Wait time.Duration
 	// KeyTTL is how long idempotency keys are kept (default 24 h).
 	KeyTTL time.Duration
+	// Answers, if set, is this process's subject for the ledger's answer
+	// notifications (subjects.Answers): Router must send it with each
+	// request (router.Config.AnswerTo), and Listen subscribes to it.
+	// Without it a waiting request learns of its answer from the poll
+	// alone.
+	Answers string
+	// AnswerPoll is how often the keys of waiting requests are read when
+	// no notification came (default 50 ms): the fallback for a lost one.
+	AnswerPoll time.Duration
+	// ClientCacheTTL is how long a client found by its API key is kept in
+	// memory (default 2 s; negative: not at all). A revoked key keeps
+	// working for up to this long.
+	ClientCacheTTL time.Duration
 	// Now is the clock the idempotency keys' creation, leases, expiry and
 	// cleanup are measured by (default time.Now); the fault-injection
 	// suite steps it.
@@ -87,7 +102,9 @@ type Handler struct {
 	routes   []string
 	limiters sync.Map // client id -> *rate.Limiter
 	sub      *nats.Subscription
+	answers  *nats.Subscription
 	keys     keyWaiter
+	clients  clientCache
 }
 
 // New returns a region's API server. Call Listen to answer forwarded
@@ -99,13 +116,20 @@ func New(cfg Config) *Handler {
 	if cfg.KeyTTL <= 0 {
 		cfg.KeyTTL = 24 * time.Hour
 	}
+	if cfg.AnswerPoll <= 0 {
+		cfg.AnswerPoll = defaultAnswerPoll
+	}
+	if cfg.ClientCacheTTL == 0 {
+		cfg.ClientCacheTTL = defaultClientCacheTTL
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Handler{cfg: cfg, mux: http.NewServeMux(), keys: keyWaiter{store: cfg.Store}}
+	s := &Handler{cfg: cfg, mux: http.NewServeMux(), keys: keyWaiter{store: cfg.Store, poll: cfg.AnswerPoll},
+		clients: clientCache{ttl: cfg.ClientCacheTTL, max: defaultClientCacheMax}}
 	s.route("POST /v1/accounts", s.authed(s.postAccount))
 	s.route("GET /v1/accounts/{id}", s.authed(s.getAccount))
 	s.route("GET /v1/accounts/{id}/entries", s.authed(s.getEntries))
@@ -218,13 +242,37 @@ func (s *Handler) Listen() error {
 		return fmt.Errorf("api listen: %w", err)
 	}
 	s.sub = sub
+	if s.cfg.Answers != "" {
+		if s.answers, err = s.cfg.NATS.Subscribe(s.cfg.Answers, s.answered); err != nil {
+			return fmt.Errorf("api listen: %w", err)
+		}
+	}
 	return nil
 }
 
-// Close stops answering forwarded operations.
+// answered takes the ledger's notification that it answered keys: the
+// requests waiting for them read their answers now. A malformed one is
+// dropped (the poll still finds every answer).
+func (s *Handler) answered(m *nats.Msg) {
+	a, err := ljs.DecodeAnsweredKeys(m.Data)
+	if err != nil {
+		s.cfg.Log.Warn("answer notification dropped", "err", err)
+		return
+	}
+	keys := make([]clientKey, len(a.Keys))
+	for i, k := range a.Keys {
+		keys[i] = clientKey{k.Client, k.Key}
+	}
+	s.keys.answered(keys)
+}
+
+// Close stops answering forwarded operations and taking notifications.
 func (s *Handler) Close() {
 	if s.sub != nil {
 		_ = s.sub.Unsubscribe()
+	}
+	if s.answers != nil {
+		_ = s.answers.Unsubscribe()
 	}
 }
 
@@ -287,8 +335,7 @@ func (s *Handler) keyed(role Role, h func(context.Context, *http.Request, Regist
 		var client RegisteredClient
 		if ok {
 			var err error
-			client, ok, err = s.cfg.Store.ClientByKey(r.Context(), HashKey(key))
-			if err != nil {
+			if client, ok, err = s.client(r.Context(), key); err != nil {
 				s.logRefused(r, "", reqID, err)
 				write(w, errReply(err))
 				return
@@ -320,6 +367,20 @@ func (s *Handler) keyed(role Role, h func(context.Context, *http.Request, Regist
 		}
 		write(w, rep)
 	}
+}
+
+// client returns the client whose API key is key, from the cache while
+// its entry lasts, or false.
+func (s *Handler) client(ctx context.Context, key string) (RegisteredClient, bool, error) {
+	hash, now := sha256.Sum256([]byte(key)), time.Now()
+	if c, ok := s.clients.get(hash, now); ok {
+		return c, true, nil
+	}
+	c, ok, err := s.cfg.Store.ClientByKey(ctx, hash[:])
+	if ok && err == nil {
+		s.clients.put(hash, c, now)
+	}
+	return c, ok, err
 }
 
 func (s *Handler) logRefused(r *http.Request, client, reqID string, err error) {

@@ -257,22 +257,26 @@ func (s *Handler) createTransfer(ctx context.Context, c call) reply {
 		}
 		return stored(k, false)
 	}
+	// Wait before submitting, so that the ledger's notification cannot
+	// come before the wait.
+	answered, stop := s.keys.done(c.Client, c.Key)
 	if _, err := s.cfg.Router.Submit(ctx, cmd); err != nil {
+		stop()
 		return errReply(err) // the key stays in flight; a retry after its lease takes it over
 	}
-	return s.await(ctx, cmd)
+	return s.await(ctx, cmd, answered, stop)
 }
 
 // await waits for the ledger's stored response, and for a cross-region
 // transfer (stored 202) for its final state, up to Wait. Whatever it answers
 // is first stored with the key, so that a repeat gets exactly this answer.
-func (s *Handler) await(ctx context.Context, cmd ledger.Command) reply {
+// answered and stop are the key's wait (keyWaiter.done).
+func (s *Handler) await(ctx context.Context, cmd ledger.Command, answered <-chan IdempotencyKey, stop func()) reply {
 	client, key, transferID := cmd.ClientID, cmd.IdempotencyKey, cmd.TransferID
 	deadline := time.Now().Add(s.cfg.Wait)
-	// Until the ledger answered, wait with every other request (one query
-	// for all of them, see keyWaiter); then read the answer, and for a
-	// provisional 202 poll the transfer's state.
-	answered, stop := s.keys.done(client, key)
+	// Until the ledger answered, wait with every other request (told by
+	// the ledger, or one query for all of them, see keyWaiter); then read
+	// the answer, and for a provisional 202 poll the transfer's state.
 	wait := time.NewTimer(s.cfg.Wait)
 	var k IdempotencyKey
 	ok, read := false, true // read: the key must be read (again)

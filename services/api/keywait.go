@@ -1,6 +1,7 @@
 package api
 
 import (
+	"cmp"
 	"context"
 	"sync"
 	"time"
@@ -8,37 +9,50 @@ import (
 
 // keyWaiter waits for idempotency keys to be answered. The requests
 // waiting for their ledger's answer do not each poll their own key: one
-// goroutine, running only while someone waits, reads every waited-for key
-// in one query every keyPoll, and wakes the requests whose key is answered.
+// goroutine, running only while someone waits, reads the keys the ledger
+// says it answered (told, from its notification after COMMIT) as soon as
+// it is told, and every waited-for key every poll interval, in case a
+// notification was lost; it wakes the requests whose key is answered. The
+// database is the only source of the answers: a notification only says
+// which keys to read now.
 type keyWaiter struct {
 	store interface {
 		AnsweredKeys(ctx context.Context, clients, keys []string) ([]IdempotencyKey, error)
 	}
 	mu   sync.Mutex
 	wait map[clientKey][]chan IdempotencyKey
-	// polling is set while the polling goroutine runs.
-	polling bool
+	// told holds the waited-for keys the ledger said it answered and that
+	// are not read yet; kick wakes the reader for them.
+	told map[clientKey]struct{}
+	kick chan struct{}
+	// poll is how often every waited-for key is read, whether or not the
+	// ledger said it answered it: the fallback for a lost notification.
+	poll time.Duration
+	// reading is set while the reading goroutine runs.
+	reading bool
 }
 
 type clientKey struct{ client, key string }
 
-// keyPoll is how often the waited-for keys are read.
-const keyPoll = 5 * time.Millisecond
+// defaultAnswerPoll is keyWaiter.poll's default (Config.AnswerPoll).
+const defaultAnswerPoll = 50 * time.Millisecond
 
 // done returns a channel that receives the key once it is answered (no
-// longer in flight). cancel stops waiting; it must be called.
+// longer in flight). cancel stops waiting; it must be called. Call it
+// before the request is submitted, so that no notification comes before
+// the wait.
 func (w *keyWaiter) done(client, key string) (ch <-chan IdempotencyKey, cancel func()) {
 	c := make(chan IdempotencyKey, 1)
 	k := clientKey{client, key}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.wait == nil {
-		w.wait = map[clientKey][]chan IdempotencyKey{}
+		w.wait, w.told, w.kick = map[clientKey][]chan IdempotencyKey{}, map[clientKey]struct{}{}, make(chan struct{}, 1)
 	}
 	w.wait[k] = append(w.wait[k], c)
-	if !w.polling {
-		w.polling = true
-		go w.poll()
+	if !w.reading {
+		w.reading = true
+		go w.read()
 	}
 	return c, func() {
 		w.mu.Lock()
@@ -51,28 +65,68 @@ func (w *keyWaiter) done(client, key string) (ch <-chan IdempotencyKey, cancel f
 		}
 		if len(w.wait[k]) == 0 {
 			delete(w.wait, k)
+			delete(w.told, k)
 		}
 	}
 }
 
-// poll reads the waited-for keys every keyPoll until nobody waits. A read
-// that fails is tried again at the next tick: the waiters' own deadlines
-// bound their wait.
-func (w *keyWaiter) poll() {
-	tick := time.NewTicker(keyPoll)
+// answered is the ledger's word that it answered these keys: those waited
+// for are read at once. Keys nobody here waits for are ignored.
+func (w *keyWaiter) answered(keys []clientKey) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for _, k := range keys {
+		if _, ok := w.wait[k]; ok {
+			w.told[k] = struct{}{}
+			n++
+		}
+	}
+	if n > 0 {
+		select {
+		case w.kick <- struct{}{}:
+		default: // the reader is already due
+		}
+	}
+}
+
+// read runs until nobody waits: when kicked it reads the keys it was told
+// of, and every poll interval all the waited-for keys. A read that fails is
+// tried again at the next tick: the waiters' own deadlines bound their
+// wait.
+func (w *keyWaiter) read() {
+	tick := time.NewTicker(cmp.Or(w.poll, defaultAnswerPoll))
 	defer tick.Stop()
-	for range tick.C {
+	for {
+		all := false
+		select {
+		case <-w.kick:
+		case <-tick.C:
+			all = true
+		}
 		w.mu.Lock()
 		if len(w.wait) == 0 {
-			w.polling = false
+			w.reading = false
 			w.mu.Unlock()
 			return
 		}
-		clients, keys := make([]string, 0, len(w.wait)), make([]string, 0, len(w.wait))
-		for k := range w.wait {
-			clients, keys = append(clients, k.client), append(keys, k.key)
+		var clients, keys []string
+		if all {
+			clients, keys = make([]string, 0, len(w.wait)), make([]string, 0, len(w.wait))
+			for k := range w.wait {
+				clients, keys = append(clients, k.client), append(keys, k.key)
+			}
+		} else {
+			clients, keys = make([]string, 0, len(w.told)), make([]string, 0, len(w.told))
+			for k := range w.told {
+				clients, keys = append(clients, k.client), append(keys, k.key)
+			}
 		}
+		clear(w.told)
 		w.mu.Unlock()
+		if len(keys) == 0 {
+			continue
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		answered, err := w.store.AnsweredKeys(ctx, clients, keys)
 		cancel()

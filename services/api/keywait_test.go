@@ -20,7 +20,7 @@ func TestKeyWaiter(t *testing.T) {
 	store := apipg.New(pool)
 	ctx := context.Background()
 	now := time.Now()
-	w := api.NewKeyWaiter(store)
+	w := api.NewKeyWaiter(store, 5*time.Millisecond)
 	const n = 20
 	chans := make([]<-chan api.IdempotencyKey, n)
 	stops := make([]func(), n)
@@ -61,5 +61,56 @@ func TestKeyWaiter(t *testing.T) {
 			t.Fatal("the poller still runs with nobody waiting")
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestKeyWaiterTold: with the poll at an hour, a key the ledger says it
+// answered is read and its waiter woken at once; a key answered but not
+// told of is not (only the poll would read it); a key told of while still
+// in flight keeps its waiter waiting.
+func TestKeyWaiterTold(t *testing.T) {
+	pool, _ := pgtest.MustDatabase(t, apipg.Migrations())
+	store := apipg.New(pool)
+	ctx := context.Background()
+	now := time.Now()
+	w := api.NewKeyWaiter(store, time.Hour)
+	chans := map[string]<-chan api.IdempotencyKey{}
+	for _, key := range []string{"told", "untold", "inflight"} {
+		claim := api.KeyClaim{Client: "c1", Key: key, Fingerprint: []byte("fp"), TransferID: "eu-" + key, Now: now, Lease: time.Minute, TTL: time.Hour}
+		if _, _, err := store.BeginKey(ctx, claim); err != nil {
+			t.Fatal(err)
+		}
+		ch, stop := w.Done("c1", key)
+		defer stop()
+		chans[key] = ch
+	}
+	for _, key := range []string{"told", "untold"} {
+		if _, err := store.Answer(ctx, "c1", key, http.StatusCreated, []byte("{}"), false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.Answered("c1", "told")
+	w.Answered("c1", "inflight")
+	w.Answered("c2", "told") // another client's key: nobody waits for it
+	select {
+	case k := <-chans["told"]:
+		if k.Key != "told" || k.InFlight || k.Status != http.StatusCreated {
+			t.Fatalf("told: got %+v", k)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("told: the waiter was not woken")
+	}
+	select {
+	case k := <-chans["untold"]:
+		t.Fatalf("untold: woken with %+v without a notification or a poll", k)
+	case k := <-chans["inflight"]:
+		t.Fatalf("inflight: woken with %+v while in flight", k)
+	case <-time.After(300 * time.Millisecond):
+	}
+	w.Answered("c1", "untold")
+	select {
+	case <-chans["untold"]:
+	case <-time.After(10 * time.Second):
+		t.Fatal("untold: not woken once told")
 	}
 }

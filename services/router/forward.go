@@ -116,6 +116,9 @@ func (r *Router) forward(ctx context.Context, msgs []jetstream.Msg, log *slog.Lo
 		out.Data = m.Data()
 		msgID := m.Headers().Get(jetstream.MsgIDHeader)
 		out.Header.Set(jetstream.MsgIDHeader, msgID)
+		if to := m.Headers().Get(ljs.HeaderAnswerTo); to != "" {
+			out.Header.Set(ljs.HeaderAnswerTo, to) // the submitting API's, for the ledger to tell
+		}
 		parent := natstrace.Extract(ctx, m.Headers())
 		opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(messaging(r.cfg.Region, subject, msgID, "send")...)}
 		md, mdErr := m.Metadata()

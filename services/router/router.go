@@ -93,6 +93,11 @@ type Config struct {
 	// Stats, if set, receives the router's counters; a new one is made
 	// otherwise.
 	Stats *Stats
+	// AnswerTo, if set, is the subject of the process that submits
+	// through this router (an API's, subjects.Answers): Submit sends it
+	// with each client request (ljs.HeaderAnswerTo), and the ledger tells
+	// that subject when the request is answered.
+	AnswerTo string
 }
 
 // Router submits commands into the local route stream.
@@ -158,6 +163,9 @@ func (r *Router) Submit(ctx context.Context, cmd ledger.Command) (duplicate bool
 	m := nats.NewMsg(subjects.RouteShard(r.cfg.Region, home, shard))
 	m.Data = cmd.Encode()
 	m.Header.Set(jetstream.MsgIDHeader, cmd.MsgKey())
+	if r.cfg.AnswerTo != "" && !cmd.IsStep() {
+		m.Header.Set(ljs.HeaderAnswerTo, r.cfg.AnswerTo)
+	}
 	ctx, span := tracer.Start(ctx, "send "+m.Subject, trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(
 		messaging(r.cfg.Region, m.Subject, cmd.MsgKey(), "send")...))
 	defer span.End()

@@ -27,6 +27,10 @@
 //   - only API users may send forwarded API calls (paymesh.api.<region>), and
 //     only region <r>'s API user may receive those for <r>; it answers them
 //     through allow_responses, not through a publish right on _INBOX.>;
+//   - only region <r>'s ledger may publish, and only its API users
+//     receive, the answer notifications paymesh.answers.<r>.<process>
+//     (which keys a committed batch answered; they carry no answer, so a
+//     forged one can only make an API read its keys early);
 //   - every user has an inbox of its own (_INBOX.<user>, set by
 //     ConnectOptions), so no service reads another's replies.
 //
@@ -136,7 +140,9 @@ func Users(region string) []User {
 			Name: ledger, Password: DevPassword(ledger),
 			Permissions: &Permissions{
 				PublishAllow: concat(
-					[]string{accountInfo, acks(subjects.LedgerStream(region)), subjects.DLQ(region)},
+					[]string{accountInfo, acks(subjects.LedgerStream(region)), subjects.DLQ(region),
+						// After COMMIT: which keys it answered, to the APIs that wait.
+						subjects.AnswersOf(region)},
 					streamAPI(subjects.LedgerStream(region)), streamAPI(subjects.DLQStream(region))),
 				SubscribeAllow: []string{inbox(ledger)},
 			},
@@ -159,7 +165,7 @@ func Users(region string) []User {
 					"$JS.API.STREAM.INFO." + subjects.RouteStream(region),
 					"$JS.API.STREAM.CREATE." + subjects.RouteStream(region),
 					"$JS.API.STREAM.UPDATE." + subjects.RouteStream(region)},
-				SubscribeAllow: []string{subjects.API(region), inbox(api)},
+				SubscribeAllow: []string{subjects.API(region), subjects.AnswersOf(region), inbox(api)},
 				AllowResponses: true,
 			},
 		},

@@ -10,6 +10,7 @@
 //	LEDGER_<R>  ledger.<r>.<shard>        commands and saga steps that <r>'s ledger applies
 //	DLQ_<R>     dlq.<r>.ledger            <r>'s dead letters
 //	            paymesh.api.<r>           API calls forwarded to <r>'s API (request/reply)
+//	            paymesh.answers.<r>.<p>   <r>'s ledger telling API process <p> which keys it answered
 package subjects
 
 import (
@@ -66,3 +67,11 @@ func API(region string) string { return "paymesh.api." + region }
 
 // AllAPIs matches every region's forwarded-call subject.
 const AllAPIs = "paymesh.api.*"
+
+// Answers is where region's ledger tells one API process of region (named
+// by process, its node) which of the idempotency keys it submitted are
+// answered.
+func Answers(region, process string) string { return "paymesh.answers." + region + "." + process }
+
+// AnswersOf matches the answer notifications of every API process of region.
+func AnswersOf(region string) string { return "paymesh.answers." + region + ".*" }

@@ -30,10 +30,14 @@ func TestWildcards(t *testing.T) {
 		{subjects.RouteShard("eu", "us", 1), subjects.RouteHome("eu", "us")},
 		{subjects.RouteHome("eu", "us"), subjects.Route("eu")},
 		{subjects.API("ap"), subjects.AllAPIs},
+		{subjects.Answers("eu", "3"), subjects.AnswersOf("eu")},
 	} {
 		if !under(c.subject, c.wildcard) {
 			t.Errorf("%s is not under %s", c.subject, c.wildcard)
 		}
+	}
+	if under(subjects.Answers("us", "3"), subjects.AnswersOf("eu")) {
+		t.Errorf("us's answers subject is under eu's wildcard")
 	}
 	if under(subjects.LedgerShard("us", 2), subjects.Ledger("eu")) {
 		t.Errorf("us's ledger subject is under eu's wildcard")

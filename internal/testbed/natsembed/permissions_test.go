@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/paymesh/paymesh/internal/platform/natsauth"
+	"github.com/paymesh/paymesh/internal/platform/subjects"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 )
 
@@ -247,5 +248,64 @@ func TestPermissionsScenario12(t *testing.T) {
 
 	if n := usLedger.msgs(t, "LEDGER_US"); n != 1 {
 		t.Errorf("LEDGER_US holds %d messages, want only the router's 1", n)
+	}
+}
+
+// TestPermissionsAnswers: only a region's ledger tells its APIs which keys
+// it answered (paymesh.answers.<r>.<process>), and only that region's API
+// users receive the notifications: no other service, and no other region's
+// ledger, can publish one, and no other user can subscribe to them.
+func TestPermissionsAnswers(t *testing.T) {
+	topo := natsembed.MustStartTopology(t, "eu", "us")
+	subject := subjects.Answers("eu", "7")
+
+	euAPI := connectAs(t, topo, "eu", natsauth.API, "")
+	got := make(chan string, 16)
+	if _, err := euAPI.nc.Subscribe(subjects.AnswersOf("eu"), func(m *nats.Msg) { got <- string(m.Data) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := euAPI.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	euAPI.quiet(t)
+
+	euLedger := connectAs(t, topo, "eu", natsauth.Ledger, "")
+	if err := euLedger.nc.Publish(subject, []byte("from ledger-eu")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m := <-got:
+		if m != "from ledger-eu" {
+			t.Fatalf("got %q, want the ledger's notification", m)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("api-eu did not receive ledger-eu's notification")
+	}
+	euLedger.quiet(t)
+
+	// No other user publishes eu's notifications, here or from us.
+	for _, c := range []*client{
+		connectAs(t, topo, "eu", natsauth.Router, ""), connectAs(t, topo, "eu", natsauth.API, ""),
+		connectAs(t, topo, "eu", natsauth.Ops, ""), connectAs(t, topo, "us", natsauth.Ledger, ""),
+	} {
+		if err := c.nc.Publish(subject, []byte("from "+c.name)); err != nil {
+			t.Fatal(err)
+		}
+		c.refused(t, "Publish", subject)
+	}
+	// Nor subscribes to them: not eu's other services, not us's API.
+	for _, c := range []*client{
+		connectAs(t, topo, "eu", natsauth.Ledger, ""), connectAs(t, topo, "eu", natsauth.Router, ""),
+		connectAs(t, topo, "eu", natsauth.Ops, ""), connectAs(t, topo, "us", natsauth.API, ""),
+	} {
+		if _, err := c.nc.Subscribe(subjects.AnswersOf("eu"), func(*nats.Msg) {}); err != nil {
+			t.Fatal(err)
+		}
+		c.refused(t, "Subscription", subjects.AnswersOf("eu"))
+	}
+	select {
+	case m := <-got:
+		t.Errorf("api-eu received a forged notification %q", m)
+	case <-time.After(200 * time.Millisecond):
 	}
 }

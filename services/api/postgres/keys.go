@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -118,13 +119,97 @@ func (s *Store) ResolveKey(ctx context.Context, c api.KeyClaim) (api.Idempotency
 // if the source is a customer account of the client and a destination in
 // this region (c.Destination) exists, and reads the
 // transfer the client's key already made. The reads of the ledger's tables
-// are the ledger adapter's (ledgerpg.QueueAccount, QueueTransferByKey). It
-// returns an error only when the database fails.
+// are the ledger adapter's (ledgerpg.QueueAccount, QueueTransferByKey).
+//
+// Concurrent calls share one round trip and one commit (see claimGroup):
+// a new key's claim costs a share of a commit, not a commit of its own. It
+// returns an error only when the database fails, for every call of the
+// group; the claim's outcome is then unknown (ResolveKey finds it).
 func (s *Store) StartKey(ctx context.Context, c api.KeyClaim, source string) (api.KeyStart, error) {
-	var st api.KeyStart
+	r := &startReq{claim: c, source: source, done: make(chan struct{})}
+	s.claims.add(s, r)
+	select {
+	case <-r.done:
+		return r.st, r.err
+	case <-ctx.Done():
+		return api.KeyStart{}, fmt.Errorf("start idempotency key: %w", ctx.Err())
+	}
+}
+
+// startReq is one StartKey call waiting for its group.
+type startReq struct {
+	claim  api.KeyClaim
+	source string
+	st     api.KeyStart
+	err    error
+	done   chan struct{}
+}
+
+// claimGroup commits the key claims of concurrent StartKey calls together.
+// While one group's round trip runs, the calls that arrive wait; the next
+// group takes them all (up to maxClaimGroup), so a lone call is never held
+// back, and under load N claims cost one commit. A group is one pipelined
+// batch, which Postgres runs as one implicit transaction: every claim of
+// it commits, or none does. Claims of one key in one group see each other
+// (the second finds the key taken, as if it came after).
+type claimGroup struct {
+	mu      sync.Mutex
+	pending []*startReq
+	running bool
+}
+
+// maxClaimGroup bounds the calls in one group.
+const maxClaimGroup = 128
+
+// claimTimeout bounds one group's round trip.
+const claimTimeout = 10 * time.Second
+
+func (g *claimGroup) add(s *Store, r *startReq) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.pending = append(g.pending, r)
+	if !g.running {
+		g.running = true
+		go g.run(s)
+	}
+}
+
+// run sends groups until no call waits.
+func (g *claimGroup) run(s *Store) {
+	for {
+		g.mu.Lock()
+		n := min(len(g.pending), maxClaimGroup)
+		if n == 0 {
+			g.running = false
+			g.pending = nil
+			g.mu.Unlock()
+			return
+		}
+		group := g.pending[:n:n]
+		g.pending = g.pending[n:]
+		g.mu.Unlock()
+		b := &pgx.Batch{}
+		for _, r := range group {
+			queueStart(b, r)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), claimTimeout)
+		err := s.pool.SendBatch(ctx, b).Close()
+		cancel()
+		for _, r := range group {
+			if err != nil {
+				r.st, r.err = api.KeyStart{}, fmt.Errorf("start idempotency key: %w", err)
+			}
+			close(r.done)
+		}
+	}
+}
+
+// queueStart queues one StartKey's statements in b; their results land in
+// r.st when b is closed.
+func queueStart(b *pgx.Batch, r *startReq) {
+	c, st := r.claim, &r.st
 	var priorFound bool
-	b := &pgx.Batch{}
-	ledgerpg.QueueAccount(b, source, &st.Source, &st.SourceFound)
+	ledgerpg.QueueAccount(b, r.source, &st.Source, &st.SourceFound)
 	if c.Destination != "" {
 		b.Queue(`SELECT NOT EXISTS (SELECT 1 FROM accounts WHERE id = $1)`, c.Destination).QueryRow(func(row pgx.Row) error {
 			return row.Scan(&st.DestinationMissing)
@@ -134,7 +219,7 @@ func (s *Store) StartKey(ctx context.Context, c api.KeyClaim, source string) (ap
 		WHERE `+ledgerpg.CustomerOfSQL("$8", "$1")+`
 		  AND ($9 = '' OR EXISTS (SELECT 1 FROM accounts WHERE id = $9))
 		ON CONFLICT (client_id, key) DO NOTHING RETURNING `+keyColumns,
-		append(insertArgs(c), source, c.Destination)...).Query(func(rows pgx.Rows) error {
+		append(insertArgs(c), r.source, c.Destination)...).Query(func(rows pgx.Rows) error {
 		k, err := pgx.CollectExactlyOneRow(rows, scanKey)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
@@ -143,10 +228,6 @@ func (s *Store) StartKey(ctx context.Context, c api.KeyClaim, source string) (ap
 		return err
 	})
 	ledgerpg.QueueTransferByKey(b, c.Client, c.Key, &st.Prior, &priorFound)
-	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
-		return api.KeyStart{}, fmt.Errorf("start idempotency key: %w", err)
-	}
-	return st, nil
 }
 
 // TransferByKey returns the transfer a client's idempotency key made, or

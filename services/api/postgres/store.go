@@ -43,7 +43,8 @@ func Migrations() pgdb.Migration {
 
 // Store is the API's Postgres adapter. It is safe for concurrent use.
 type Store struct {
-	pool *pgxpool.Pool
+	pool   *pgxpool.Pool
+	claims claimGroup
 }
 
 // New returns a Store over pool, a pool of the region's database.

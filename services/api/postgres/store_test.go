@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"testing/fstest"
 	"time"
@@ -271,6 +272,65 @@ func TestStartKey(t *testing.T) {
 	}
 	if _, ok, err := store.TransferByKey(ctx, "c1", "no-such-key"); err != nil || ok {
 		t.Fatalf("TransferByKey of an unused key: got %v %v, want none", ok, err)
+	}
+}
+
+// TestStartKeyGroupCommit: concurrent StartKey calls commit their claims
+// together, in fewer transactions than calls (the rows' xmin), and each
+// call still gets its own outcome: a new key on an own account claimed,
+// another client's account not, and of two calls with one key exactly one
+// claimed.
+func TestStartKeyGroupCommit(t *testing.T) {
+	f, store := fixture(t)
+	ctx := context.Background()
+	a := f.Account(t, "EUR", 100)
+	const n = 100
+	sts := make([]api.KeyStart, n+2)
+	errs := make([]error, n+2)
+	var wg sync.WaitGroup
+	for i := range n + 2 {
+		client, key := "c1", fmt.Sprint("g", i)
+		switch {
+		case i%4 == 0:
+			client = "c2" // a is c1's
+		case i >= n:
+			key = "same"
+		}
+		wg.Go(func() {
+			sts[i], errs[i] = store.StartKey(ctx, api.KeyClaim{Client: client, Key: key, Fingerprint: []byte("fp"),
+				TransferID: fmt.Sprint("eu-t", i), Now: f.Clock.Now(), Lease: time.Minute, TTL: time.Hour}, a)
+		})
+	}
+	wg.Wait()
+	same := 0
+	for i, st := range sts {
+		if errs[i] != nil {
+			t.Fatal(errs[i])
+		}
+		switch {
+		case i >= n:
+			if st.Claimed {
+				same++
+			}
+		case i%4 == 0:
+			if st.Claimed || !st.SourceFound {
+				t.Fatalf("call %d, another client's account: %+v", i, st)
+			}
+		case !st.Claimed || st.Key.TransferID != fmt.Sprint("eu-t", i):
+			t.Fatalf("call %d, a new key: %+v", i, st)
+		}
+	}
+	if same != 1 {
+		t.Fatalf("two calls with one key: %d claimed it, want 1", same)
+	}
+	claimed := f.Count(t, `SELECT count(*) FROM idempotency_keys`)
+	if want := n - n/4 + 1; claimed != want {
+		t.Fatalf("%d keys claimed, want %d", claimed, want)
+	}
+	commits := f.Count(t, `SELECT count(DISTINCT xmin::text) FROM idempotency_keys`)
+	t.Logf("%d claims in %d commits", claimed, commits)
+	if commits > claimed/2 {
+		t.Fatalf("%d claims took %d commits, want them grouped", claimed, commits)
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"sync"
 	"time"
 
@@ -26,6 +27,7 @@ import (
 	"github.com/paymesh/paymesh/internal/platform/natsconn"
 	"github.com/paymesh/paymesh/internal/platform/nodelease"
 	"github.com/paymesh/paymesh/internal/platform/pgdb"
+	"github.com/paymesh/paymesh/internal/platform/subjects"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/api"
 	apipg "github.com/paymesh/paymesh/services/api/postgres"
@@ -77,10 +79,13 @@ type Config struct {
 	// RouterStats, if set, counts the API's submissions (with the region
 	// router's, in one process).
 	RouterStats *router.Stats
-	// Wait, KeyTTL and Now configure the API (see api.Config).
-	Wait   time.Duration
-	KeyTTL time.Duration
-	Now    func() time.Time
+	// Wait, KeyTTL, AnswerPoll, ClientCacheTTL and Now configure the API
+	// (see api.Config).
+	Wait           time.Duration
+	KeyTTL         time.Duration
+	AnswerPoll     time.Duration
+	ClientCacheTTL time.Duration
+	Now            func() time.Time
 	// WrapStore, if set, decorates the API's store before the API uses it:
 	// cross-cutting concerns such as tracing, metrics or logging of every
 	// key and client lookup wrap the api.Store interface here instead of
@@ -173,8 +178,12 @@ func (s *Server) open(ctx context.Context) error {
 	if err := router.EnsureStream(ctx, js, cfg.Region, cfg.DuplicateWindow, cfg.StreamReplicas); err != nil {
 		return err
 	}
+	// The ledger tells this process, on a subject of its own (named by
+	// its node, which no other live process of the region holds), which
+	// of the requests it submitted are answered.
+	answers := subjects.Answers(cfg.Region, strconv.Itoa(int(cfg.Node)))
 	rt := router.New(js, router.Config{Region: cfg.Region, Regions: cfg.Regions, Shards: cfg.Shards, AckWait: cfg.AckWait,
-		Inject: cfg.Inject, Stats: cfg.RouterStats})
+		Inject: cfg.Inject, Stats: cfg.RouterStats, AnswerTo: answers})
 	// The API's own tables, migrated here as the ledger migrates its own.
 	s.store = apipg.New(s.pool)
 	if err := s.store.Migrate(ctx); err != nil {
@@ -186,7 +195,7 @@ func (s *Server) open(ctx context.Context) error {
 	}
 	led := postgres.New(s.pool, postgres.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen})
 	acfg := api.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen, Ledger: led, Store: store, Router: rt, NATS: s.nc,
-		Wait: cfg.Wait, KeyTTL: cfg.KeyTTL, Now: cfg.Now, Log: cfg.Log}
+		Answers: answers, AnswerPoll: cfg.AnswerPoll, ClientCacheTTL: cfg.ClientCacheTTL, Wait: cfg.Wait, KeyTTL: cfg.KeyTTL, Now: cfg.Now, Log: cfg.Log}
 	if cfg.OpsNATSUser != "" {
 		if acfg.DeadLetters, err = s.openOps(ctx); err != nil {
 			return err

@@ -371,6 +371,7 @@ func (c *Consumer) apply(ctx context.Context, cmds []ledger.Command, valid []jet
 			return
 		}
 	}
+	c.notifyAnswered(valid, cmds, results)
 	var ack []jetstream.Msg
 	for i, r := range results {
 		switch {
