@@ -110,8 +110,8 @@ var bugCases = []struct {
 		scenario: "13",
 		why: "the routers mark a saga step sent and ack a forwarded command whether or not the destination stream " +
 			"stored it: what they publish into us while its stream leader is down, before a new one is elected, is lost",
-		// With a follower stopped too (quorumLoss) us has no leader for the
-		// whole 2 s, so some publish meets it on every run: the window
+		// With a follower stopped too (quorumLoss) us has no leader for
+		// 6 s, so some publish meets it on every run: the window
 		// between a leader's loss and the next election alone (under a
 		// second here) held none in one run of two.
 		cfg:   Config{bugs: bugs{RelayIgnoresPubAck: true, ForwardIgnoresPubAck: true}, quorumLoss: true, QuietWait: 3 * time.Second},

@@ -15,8 +15,12 @@ import (
 // the other regions keep their one server.
 const (
 	clusteredRegion = "us"
-	// nodeDown is how long a killed or wiped server stays down.
-	nodeDown = 2 * time.Second
+	// nodeDown is how long a killed or wiped server stays down;
+	// quorumDown how long scenario 13's bug case (Config.quorumLoss) keeps
+	// a leader and a follower down, so that the region's routers publish
+	// into a leaderless stream on every run.
+	nodeDown   = 2 * time.Second
+	quorumDown = 6 * time.Second
 	// currentWait bounds the wait for a restarted server's replicas to
 	// catch up with their leaders.
 	currentWait = 30 * time.Second
@@ -79,7 +83,11 @@ func leaderKillScenario() *scenario {
 				st.mu.Lock()
 				st.kills = append(st.kills, k)
 				st.mu.Unlock()
-				time.Sleep(nodeDown)
+				down := nodeDown
+				if follower >= 0 {
+					down = quorumDown
+				}
+				time.Sleep(down)
 				if err := e.topo.StartNode(r, leader); err != nil {
 					return err
 				}

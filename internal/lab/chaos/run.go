@@ -47,7 +47,7 @@ type Config struct {
 	oneServer bool
 	// quorumLoss makes scenario 13 stop a follower together with each
 	// stream leader, so that the region has no leader at all while they
-	// are down: set only by this package's tests, so that the deliberate
+	// are down (quorumDown): set only by this package's tests, so that the deliberate
 	// bug of scenario 13 meets publishes into a leaderless stream on every
 	// run, not only when one happens to fall in the short election window.
 	quorumLoss bool
