@@ -22,7 +22,7 @@ sim: prometheus build
 	bin/paymesh sim $(ARGS)
 
 ## bench: measure throughput and latency against same-run baselines (about
-## 3.5 minutes; ARGS=--quick for about 1, ARGS="--json bench.json" for a file)
+## 8 minutes; ARGS=--quick for about 1.5, ARGS="--json bench.json" for a file)
 bench: services
 	$(GO) run ./cmd/paymesh bench $(ARGS)
 
@@ -33,12 +33,14 @@ chaos: services
 
 ## test: vet, lint the OpenAPI document, run every test against real Postgres
 ## and real JetStream, then the quick process simulation (make sim ARGS=--quick)
-## (the browser test's screenshot lands in artifacts/)
+## (the browser test's screenshot lands in artifacts/). Three test binaries
+## at a time: the suite mostly waits (fsyncs, elections, timeouts), and uses
+## about a third of two cores with the default of two.
 test: services browser prometheus
 	$(GO) vet ./...
 	./scripts/lint-openapi
 	@mkdir -p artifacts
-	$(GO) test -count=1 -timeout 10m -artifacts -outputdir $(CURDIR)/artifacts ./...
+	$(GO) test -p 3 -count=1 -timeout 10m -artifacts -outputdir $(CURDIR)/artifacts ./...
 	$(MAKE) sim ARGS=--quick
 
 ## test-short: the suite without the long randomized runs
