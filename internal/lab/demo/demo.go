@@ -735,7 +735,14 @@ func (d *driver) report(ctx context.Context, elapsed time.Duration) Report {
 		st := r.Ledger.Stats
 		rep.Applied += st.Applied.Load()
 		rep.Rejected += st.Rejected.Load()
-		rep.DeadLettered += st.DeadLettered.Load()
+		// What the dead-letter stream holds, not the ledger's counter: a
+		// dead letter whose PubAck a NATS restart lost is published again,
+		// and the stream drops the repeat unseen by the counter.
+		if dl, err := r.Ledger.JetStream().Stream(ctx, r.Ledger.Topo.DLQStream()); err == nil {
+			if info, err := dl.Info(ctx); err == nil {
+				rep.DeadLettered += int64(info.State.Msgs)
+			}
+		}
 		rep.Redeliveries += st.Redeliveries.Load()
 		for k, v := range st.Duplicates() {
 			rep.Caught[k] += v
