@@ -312,7 +312,12 @@ func (s *Handler) authed(h func(context.Context, *http.Request, string) reply) h
 // operator serves an operator endpoint: the key must be an operator's (a
 // client's is refused with 403 operator_only).
 func (s *Handler) operator(h func(context.Context, *http.Request, RegisteredClient) reply) http.HandlerFunc {
-	return s.keyed(RoleOperator, h)
+	return s.keyed(RoleOperator, func(ctx context.Context, r *http.Request, op RegisteredClient) reply {
+		if s.cfg.DeadLetters == nil { // the API runs without the region's operator NATS user
+			return errReply(opsDisabled)
+		}
+		return h(ctx, r, op)
+	})
 }
 
 // forbidden is the refusal of a key of the wrong role.

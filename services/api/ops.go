@@ -96,9 +96,6 @@ type DiscardRequest struct {
 }
 
 func (s *Handler) listDeadLetters(ctx context.Context, r *http.Request, _ RegisteredClient) reply {
-	if s.cfg.DeadLetters == nil {
-		return errReply(opsDisabled)
-	}
 	f, err := deadLetterFilter(r)
 	if err != nil {
 		return errReply(err)
@@ -160,9 +157,6 @@ func deadLetterFilter(r *http.Request) (dlq.Filter, error) {
 }
 
 func (s *Handler) showDeadLetter(ctx context.Context, r *http.Request, _ RegisteredClient) reply {
-	if s.cfg.DeadLetters == nil {
-		return errReply(opsDisabled)
-	}
 	seq, err := deadLetterSeq(r)
 	if err != nil {
 		return errReply(err)
@@ -188,9 +182,6 @@ func (s *Handler) showDeadLetter(ctx context.Context, r *http.Request, _ Registe
 }
 
 func (s *Handler) replayDeadLetter(ctx context.Context, r *http.Request, op RegisteredClient) reply {
-	if s.cfg.DeadLetters == nil {
-		return errReply(opsDisabled)
-	}
 	seq, err := deadLetterSeq(r)
 	if err != nil {
 		return errReply(err)
@@ -220,9 +211,6 @@ func (s *Handler) replayDeadLetter(ctx context.Context, r *http.Request, op Regi
 }
 
 func (s *Handler) discardDeadLetter(ctx context.Context, r *http.Request, op RegisteredClient) reply {
-	if s.cfg.DeadLetters == nil {
-		return errReply(opsDisabled)
-	}
 	seq, err := deadLetterSeq(r)
 	if err != nil {
 		return errReply(err)

@@ -51,7 +51,7 @@ func DecodeAnsweredKeys(b []byte) (AnsweredKeys, error) {
 // nothing else: publish errors are logged, not retried.
 func (c *Consumer) notifyAnswered(msgs []jetstream.Msg, cmds []ledger.Command, results []ledger.Result) {
 	var order []string
-	by := map[string]*AnsweredKeys{}
+	var by map[string]*AnsweredKeys // made for the first request with a subject: none in a batch of saga steps or direct publishes
 	for i, m := range msgs {
 		if cmds[i].IsStep() || results[i].DeadLetter || results[i].Kind == ledger.Parked {
 			continue
@@ -59,6 +59,9 @@ func (c *Consumer) notifyAnswered(msgs []jetstream.Msg, cmds []ledger.Command, r
 		to := m.Headers().Get(HeaderAnswerTo)
 		if to == "" {
 			continue
+		}
+		if by == nil {
+			by = map[string]*AnsweredKeys{}
 		}
 		a := by[to]
 		if a == nil {
