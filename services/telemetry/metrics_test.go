@@ -67,7 +67,8 @@ func samples(tb testing.TB, url, name string) []sample {
 // TestMetricsCountInjectedDuplicates runs transfers across three regions
 // with a known number of forced redeliveries (dropped acks) and router
 // re-publishes, then scrapes every region's /metrics: the duplicate
-// counters per layer add up to what was injected, every duplicate carries
+// counters per layer add up to what was injected (plus what a slow batch
+// redelivered on its own), every duplicate carries
 // a topic of the closed set, and each (region, topic) with duplicates has
 // deliveries to divide them by.
 func TestMetricsCountInjectedDuplicates(t *testing.T) {
@@ -119,9 +120,10 @@ func TestMetricsCountInjectedDuplicates(t *testing.T) {
 	if err := c.WaitQuiet(wctx); err != nil {
 		t.Fatal(err)
 	}
-	var ledgerDups, routerDups, injected, deliveries int64
+	var ledgerDups, routerDups, injected, deliveries, redeliveries int64
 	for _, r := range names {
 		reg := c.Region(r)
+		redeliveries += reg.Ledger.Stats.Redeliveries.Load()
 		for _, layer := range []string{"recent_cache", "dedup_table"} {
 			ledgerDups += scrape(t, reg.LedgerMetricsURL, "paymesh_duplicates_total", map[string]string{"region": r, "layer": layer})
 		}
@@ -132,8 +134,12 @@ func TestMetricsCountInjectedDuplicates(t *testing.T) {
 	if dropped.Load() == 0 || injected == 0 {
 		t.Fatalf("nothing injected: dropped %d, re-published %d", dropped.Load(), injected)
 	}
-	if ledgerDups != dropped.Load() {
-		t.Errorf("ledger duplicates in /metrics: %d, want the %d redeliveries forced by dropped acks", ledgerDups, dropped.Load())
+	// A loaded machine can make a batch outlast AckWait: that repeat is
+	// caught too, though nobody forced it. So the ledger's catches are at
+	// least the forced redeliveries and at most all redeliveries.
+	if ledgerDups < dropped.Load() || ledgerDups > redeliveries {
+		t.Errorf("ledger duplicates in /metrics: %d, want the %d redeliveries forced by dropped acks, plus at most the %d others",
+			ledgerDups, dropped.Load(), redeliveries-dropped.Load())
 	}
 	if routerDups != injected {
 		t.Errorf("router duplicates in /metrics: %d, want the %d re-publishes", routerDups, injected)

@@ -39,8 +39,8 @@ func TestDemoWithoutFaultsCountsExactly(t *testing.T) {
 	}
 	started := out.String()
 	rep.Print(&out)
-	if !rep.OK() || rep.Missed() != 0 {
-		t.Fatalf("demo without faults: injected minus caught %d:\n%s", rep.Missed(), out.String())
+	if !rep.OK() {
+		t.Fatalf("demo without faults: injected minus caught %d, redeliveries nobody injected %d:\n%s", rep.Missed(), rep.Unprompted(), out.String())
 	}
 	const off = "alerts: off (prometheus not installed; make prometheus)\n"
 	if strings.Count(started, off) != 1 || !strings.Contains(strings.TrimPrefix(out.String(), started), off) || rep.Alerts.On {
@@ -306,4 +306,42 @@ func TestDemoR3(t *testing.T) {
 		t.Errorf("want the start line naming the cluster:\n%s", out.String())
 	}
 	t.Logf("R3: NATS started in %s, the regions' services in %s", rep.NATSStart, rep.RegionsStart)
+}
+
+// TestDuplicateCheckCountsUnpromptedRedeliveries: on a loaded machine a
+// batch can outlast AckWait, and its repeat is caught though nobody
+// injected it. The check allows as many extra catches as there were such
+// redeliveries, and no more; an injected duplicate left uncaught still fails.
+func TestDuplicateCheckCountsUnpromptedRedeliveries(t *testing.T) {
+	const check = "every injected duplicate was caught exactly once"
+	for _, tc := range []struct {
+		name         string
+		injected     int64 // acks dropped
+		caught       int64
+		redeliveries int64
+		pass         bool
+	}{
+		{"exact", 3, 3, 3, true},
+		{"a slow batch redelivered", 0, 8, 8, true},
+		{"both", 3, 5, 5, true},
+		{"a catch no redelivery explains", 0, 8, 7, false},
+		{"an injected duplicate missed", 3, 2, 3, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rep := demo.Report{
+				Injected:     map[string]int64{"ledger redelivery (acks dropped)": tc.injected},
+				Caught:       map[string]int64{"dedup_table": tc.caught},
+				Redeliveries: tc.redeliveries,
+			}
+			var out strings.Builder
+			rep.Print(&out)
+			want := "PASS  " + check
+			if !tc.pass {
+				want = "FAIL  " + check
+			}
+			if !strings.Contains(out.String(), want) {
+				t.Errorf("want %q:\n%s", want, out.String())
+			}
+		})
+	}
 }
