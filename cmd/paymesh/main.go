@@ -758,6 +758,7 @@ type benchCmd struct {
 	Quick          bool          `help:"A run of about a minute: fewer accounts, transfers and consume-log rows, shorter baselines."`
 	JSON           string        `name:"json" help:"Write the results as JSON to this file." type:"path"`
 	CPUProfile     string        `name:"cpuprofile" help:"Write a CPU profile of the uniform run to this file." type:"path"`
+	APIProfile     string        `name:"api-cpuprofile" help:"Write a CPU profile of the first api run (its requests, not its set-up) to this file." type:"path"`
 	Keep           bool          `help:"Keep the bench databases afterwards."`
 	Seed           uint64        `default:"1" help:"Seed of the random workload."`
 }
@@ -767,7 +768,7 @@ func (c *benchCmd) Run(ctx context.Context) error {
 	res, err := bench.Run(ctx, bench.Config{LedgerBinary: self,
 		PostgresURL: c.PostgresURL, DatabasePrefix: c.DBPrefix, Scenarios: c.Scenarios, Accounts: c.Accounts, Transfers: c.Transfers,
 		BatchSize: c.BatchSize, BatchSizes: c.BatchSizes, Workers: c.Workers, Shards: c.Shards, Window: c.Window,
-		APITransfers: c.APITransfers, APIConcurrency: c.APIConcurrency, DedupRows: c.DedupRows, Limit: c.Limit, Quick: c.Quick, Keep: c.Keep, CPUProfile: c.CPUProfile, Seed: c.Seed,
+		APITransfers: c.APITransfers, APIConcurrency: c.APIConcurrency, DedupRows: c.DedupRows, Limit: c.Limit, Quick: c.Quick, Keep: c.Keep, CPUProfile: c.CPUProfile, APIProfile: c.APIProfile, Seed: c.Seed,
 	}, os.Stdout)
 	if err != nil {
 		return err

@@ -14,9 +14,9 @@ import (
 // TestAnswersPushed: with the keys' poll slowed to an hour, a transfer is
 // still answered 201 long before the API's wait (3 s) runs out, in the
 // region of its source and through another region: the ledger tells the
-// waiting API process after COMMIT (through the route stream, the router's
-// forward and the ledger's consumer, under the deployed NATS permissions),
-// and the API reads its answer then.
+// waiting API process after COMMIT (the API submits straight to its
+// region's ledger stream, under the deployed NATS permissions), and the
+// API answers with the answer the notification carries.
 func TestAnswersPushed(t *testing.T) {
 	e := mustEnv(t, 24*time.Hour, func(c *cluster.Config) {
 		c.API = func(_ string, ac *apiserver.Config) { ac.AnswerPoll = time.Hour }

@@ -24,6 +24,14 @@ func (w *keyWaiter) Idle() bool {
 	return !w.reading && len(w.wait) == 0
 }
 
-// Answered tells the waiter that the ledger answered client's key
-// (keyWaiter.answered).
-func (w *keyWaiter) Answered(client, key string) { w.answered([]clientKey{{client, key}}) }
+// Answered tells the waiter that the ledger answered client's key, without
+// the answer (keyWaiter.answered).
+func (w *keyWaiter) Answered(client, key string) {
+	w.answered([]IdempotencyKey{{ClientID: client, Key: key}})
+}
+
+// AnsweredWith tells the waiter that the ledger answered client's key with
+// status and body.
+func (w *keyWaiter) AnsweredWith(client, key string, status int, body []byte) {
+	w.answered([]IdempotencyKey{{ClientID: client, Key: key, Status: status, Body: body, Final: status != 202}})
+}

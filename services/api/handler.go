@@ -169,6 +169,9 @@ type call struct {
 	After  int64           `json:"after,omitempty"`
 	Limit  int             `json:"limit,omitempty"`
 	Body   json.RawMessage `json:"body,omitempty"`
+	// transfer is Body decoded, when the call runs in the process that
+	// decoded it (a forwarded call decodes its body again).
+	transfer *TransferRequest
 }
 
 // reply is an operation's HTTP answer.
@@ -251,17 +254,18 @@ func (s *Handler) Listen() error {
 }
 
 // answered takes the ledger's notification that it answered keys: the
-// requests waiting for them read their answers now. A malformed one is
-// dropped (the poll still finds every answer).
+// requests waiting for them get the answer it carries, or read their
+// answers now. A malformed one is dropped (the poll still finds every
+// answer).
 func (s *Handler) answered(m *nats.Msg) {
 	a, err := ljs.DecodeAnsweredKeys(m.Data)
 	if err != nil {
 		s.cfg.Log.Warn("answer notification dropped", "err", err)
 		return
 	}
-	keys := make([]clientKey, len(a.Keys))
+	keys := make([]IdempotencyKey, len(a.Keys))
 	for i, k := range a.Keys {
-		keys[i] = clientKey{k.Client, k.Key}
+		keys[i] = IdempotencyKey{ClientID: k.Client, Key: k.Key, Status: k.Status, Body: k.Body, Final: k.Status != http.StatusAccepted}
 	}
 	s.keys.answered(keys)
 }

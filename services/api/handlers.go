@@ -159,12 +159,21 @@ func (s *Handler) postTransfer(ctx context.Context, r *http.Request, client stri
 	if _, err := s.cfg.Regions.HomeRegion(req.To); err != nil {
 		return errReply(ledger.Errorf(ledger.CodeAccountNotFound, "account %q does not exist", req.To))
 	}
-	return s.do(ctx, home, call{Op: "create_transfer", Client: client, Key: key, Body: body})
+	return s.do(ctx, home, call{Op: "create_transfer", Client: client, Key: key, Body: body, transfer: &req})
+}
+
+// transferRequest is the call's transfer request: the one its receiver
+// decoded, or for a forwarded call its body decoded here.
+func (c call) transferRequest() (TransferRequest, error) {
+	if c.transfer != nil {
+		return *c.transfer, nil
+	}
+	return DecodeTransferRequest(c.Body)
 }
 
 // createTransfer runs in the home region of the source account.
 func (s *Handler) createTransfer(ctx context.Context, c call) reply {
-	req, err := DecodeTransferRequest(c.Body)
+	req, err := c.transferRequest()
 	if err != nil {
 		return errReply(err)
 	}
@@ -346,15 +355,32 @@ func stored(k IdempotencyKey, replayed bool) reply {
 	if k.Status == http.StatusCreated || k.Status == http.StatusAccepted {
 		// The body names the transfer (after a key expired it is the
 		// transfer the request made back then, not the key's new ID).
-		var t TransferBody
-		if json.Unmarshal(k.Body, &t) == nil && t.ID != "" {
-			rep.Header["Location"] = "/v1/transfers/" + t.ID
+		if id := bodyID(k.Body); id != "" {
+			rep.Header["Location"] = "/v1/transfers/" + id
 		}
 	}
 	if replayed {
 		rep.Header[HeaderReplayed] = "true"
 	}
 	return rep
+}
+
+// bodyID returns the "id" of a stored transfer body. The bodies paymesh
+// stores start with it (TransferBody's first field, and IDs need no JSON
+// escape), which is read without decoding the body; any other body is
+// decoded.
+func bodyID(body []byte) string {
+	const prefix = `{"id":"`
+	if rest, ok := bytes.CutPrefix(body, []byte(prefix)); ok {
+		if end := bytes.IndexByte(rest, '"'); end > 0 && bytes.IndexByte(rest[:end], '\\') < 0 {
+			return string(rest[:end])
+		}
+	}
+	var t TransferBody
+	if json.Unmarshal(body, &t) != nil {
+		return ""
+	}
+	return t.ID
 }
 
 func validKey(key string) error {

@@ -8,13 +8,13 @@ import (
 )
 
 // keyWaiter waits for idempotency keys to be answered. The requests
-// waiting for their ledger's answer do not each poll their own key: one
-// goroutine, running only while someone waits, reads the keys the ledger
-// says it answered (told, from its notification after COMMIT) as soon as
-// it is told, and every waited-for key every poll interval, in case a
-// notification was lost; it wakes the requests whose key is answered. The
-// database is the only source of the answers: a notification only says
-// which keys to read now.
+// waiting for their ledger's answer do not each poll their own key. The
+// ledger's notification after COMMIT carries the answer its batch stored
+// for a key, which goes to the key's waiters at once. A key it names
+// without an answer (one stored before, by a batch or a request), one
+// goroutine, running only while someone waits, reads as soon as it is
+// told; and it reads every waited-for key every poll interval, in case a
+// notification was lost. Either way a waiter gets the answer as stored.
 type keyWaiter struct {
 	store interface {
 		AnsweredKeys(ctx context.Context, clients, keys []string) ([]IdempotencyKey, error)
@@ -71,14 +71,28 @@ func (w *keyWaiter) done(client, key string) (ch <-chan IdempotencyKey, cancel f
 }
 
 // answered is the ledger's word that it answered these keys: those waited
-// for are read at once. Keys nobody here waits for are ignored.
-func (w *keyWaiter) answered(keys []clientKey) {
+// for get the answer the notification carries (Status set), or are read at
+// once. Keys nobody here waits for are ignored.
+func (w *keyWaiter) answered(keys []IdempotencyKey) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	n := 0
 	for _, k := range keys {
-		if _, ok := w.wait[k]; ok {
-			w.told[k] = struct{}{}
+		ck := clientKey{k.ClientID, k.Key}
+		waiters, ok := w.wait[ck]
+		switch {
+		case !ok:
+		case k.Status != 0:
+			for _, c := range waiters {
+				c <- k
+			}
+			delete(w.wait, ck)
+			delete(w.told, ck)
+			if len(w.wait) == 0 {
+				n++ // so that the reader sees nobody waits, and stops
+			}
+		default:
+			w.told[ck] = struct{}{}
 			n++
 		}
 	}

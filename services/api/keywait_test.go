@@ -114,3 +114,44 @@ func TestKeyWaiterTold(t *testing.T) {
 		t.Fatal("untold: not woken once told")
 	}
 }
+
+// TestKeyWaiterToldTheAnswer: a notification that carries the answer its
+// batch stored wakes the key's waiters with that answer at once, without
+// reading the key (here it is still in flight in the database, so a read
+// would keep them waiting), and the waiter stops.
+func TestKeyWaiterToldTheAnswer(t *testing.T) {
+	pool, _ := pgtest.MustDatabase(t, apipg.Migrations())
+	store := apipg.New(pool)
+	ctx := context.Background()
+	now := time.Now()
+	w := api.NewKeyWaiter(store, time.Hour)
+	claim := api.KeyClaim{Client: "c1", Key: "k", Fingerprint: []byte("fp"), TransferID: "eu-k", Now: now, Lease: time.Minute, TTL: time.Hour}
+	if _, _, err := store.BeginKey(ctx, claim); err != nil {
+		t.Fatal(err)
+	}
+	first, stop1 := w.Done("c1", "k")
+	defer stop1()
+	second, stop2 := w.Done("c1", "k")
+	defer stop2()
+	w.AnsweredWith("c1", "other", http.StatusCreated, []byte(`{"id":"x"}`)) // nobody waits for it
+	w.AnsweredWith("c1", "k", http.StatusCreated, []byte(`{"id":"eu-k"}`))
+	for i, ch := range []<-chan api.IdempotencyKey{first, second} {
+		select {
+		case k := <-ch:
+			if k.Key != "k" || k.InFlight || !k.Final || k.Status != http.StatusCreated || string(k.Body) != `{"id":"eu-k"}` {
+				t.Fatalf("waiter %d: got %+v", i, k)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("waiter %d was not given the answer the notification carried", i)
+		}
+	}
+	stop1()
+	stop2()
+	deadline := time.Now().Add(10 * time.Second)
+	for !w.Idle() {
+		if time.Now().After(deadline) {
+			t.Fatal("the waiter still runs with nobody waiting")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

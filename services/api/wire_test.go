@@ -83,3 +83,23 @@ func TestSeedsAreRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestBodyID: the transfer ID of a stored body, for its Location header,
+// read from the front of the bodies paymesh stores and decoded from any
+// other; none from a body that names no transfer.
+func TestBodyID(t *testing.T) {
+	own, _ := json.Marshal(TransferBody{ID: "eu-123", From: "eu-1", To: "eu-2", Amount: 5, Currency: "EUR", Status: "COMPLETED"})
+	for _, tc := range []struct{ body, want string }{
+		{string(own), "eu-123"},
+		{`{"status":"COMPLETED","id":"eu-9"}`, "eu-9"},
+		{`{"id":"eu-\u0031x"}`, "eu-1x"},
+		{`{"id":""}`, ""},
+		{`{"type":"about:blank"}`, ""},
+		{`not json`, ""},
+		{``, ""},
+	} {
+		if got := bodyID([]byte(tc.body)); got != tc.want {
+			t.Errorf("bodyID(%s) = %q, want %q", tc.body, got, tc.want)
+		}
+	}
+}

@@ -183,6 +183,18 @@ type Result struct {
 	// DeadLetter is set when the command goes to the dead-letter stream:
 	// it can never apply as sent.
 	DeadLetter bool
+	// Answer is the first answer to a client request that the apply
+	// transaction stored with the request's idempotency key (see
+	// postgres.Answers), as stored; nil when it stored none.
+	Answer *Answer
+}
+
+// Answer is a client request's first answer, as the API sends it: an HTTP
+// status and body. The ledger only carries it, from the transaction that
+// stored it to the API process waiting for it.
+type Answer struct {
+	Status int
+	Body   []byte
 }
 
 // Saga stages of a cross-region transfer, each timed from the transfer's

@@ -23,6 +23,7 @@ package router
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -150,17 +151,38 @@ func (r *Router) topo(region string) ljs.Topology {
 }
 
 // Submit stores a command in the local route stream, addressed to its home
-// region. It succeeds while the home region is unreachable. It reports
-// whether the stream recognised the command as a duplicate (same
-// Nats-Msg-Id within the window), and returns an error for a command that
-// cannot be routed or when the local stream did not ack.
+// region, or, when its home is this region, straight in this region's
+// ledger stream: a hop less for the API's own transfers, with the same
+// Nats-Msg-Id, which the ledger stream's window deduplicates as the route
+// stream's would (a copy that still came through the route stream is
+// caught by it too). It falls back to the route stream while the ledger
+// stream does not exist yet (a ledger that never started). It succeeds
+// while the home region is unreachable. It reports whether the stream
+// recognised the command as a duplicate (same Nats-Msg-Id within the
+// window), and returns an error for a command that cannot be routed or
+// when the local stream did not ack.
 func (r *Router) Submit(ctx context.Context, cmd ledger.Command) (duplicate bool, err error) {
 	home, account, err := r.home(cmd)
 	if err != nil {
 		return false, err
 	}
 	shard := r.topo(home).Shard(account)
-	m := nats.NewMsg(subjects.RouteShard(r.cfg.Region, home, shard))
+	if home == r.cfg.Region {
+		dup, err := r.submit(ctx, cmd, subjects.LedgerShard(home, shard), subjects.LedgerStream(home))
+		if !errors.Is(err, jetstream.ErrNoStreamResponse) {
+			if err == nil {
+				r.cfg.Stats.Direct.Add(1)
+			}
+			return dup, err
+		}
+	}
+	return r.submit(ctx, cmd, subjects.RouteShard(r.cfg.Region, home, shard), Stream(r.cfg.Region))
+}
+
+// submit publishes cmd to subject, which must land in stream, and waits for
+// its PubAck.
+func (r *Router) submit(ctx context.Context, cmd ledger.Command, subject, stream string) (duplicate bool, err error) {
+	m := nats.NewMsg(subject)
 	m.Data = cmd.Encode()
 	m.Header.Set(jetstream.MsgIDHeader, cmd.MsgKey())
 	if r.cfg.AnswerTo != "" && !cmd.IsStep() {
@@ -170,7 +192,7 @@ func (r *Router) Submit(ctx context.Context, cmd ledger.Command) (duplicate bool
 		messaging(r.cfg.Region, m.Subject, cmd.MsgKey(), "send")...))
 	defer span.End()
 	natstrace.Inject(ctx, m)
-	ack, err := r.js.PublishMsg(ctx, m, jetstream.WithExpectStream(Stream(r.cfg.Region)))
+	ack, err := r.js.PublishMsg(ctx, m, jetstream.WithExpectStream(stream))
 	if err != nil {
 		span.SetStatus(codes.Error, err.Error())
 		return false, fmt.Errorf("submit %s: %w", cmd.MsgKey(), err)

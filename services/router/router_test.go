@@ -6,8 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/paymesh/paymesh/internal/platform/subjects"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/ledger"
@@ -20,10 +22,11 @@ func TestRetryDelay(t *testing.T) {
 	}
 }
 
-// TestSubmitAndForward: a submitted command is stored in the local route
-// stream, forwarded to the home ledger stream with the same Nats-Msg-Id, and
-// a resubmit is recognised; a command whose account has no known home region
-// is refused with a clear error.
+// TestSubmitAndForward: a command submitted in another region than its
+// home is stored in the local route stream, forwarded to the home ledger
+// stream with the same Nats-Msg-Id, and a resubmit is recognised; a command
+// whose account has no known home region is refused with a clear error.
+// One embedded server holds both regions' streams.
 func TestSubmitAndForward(t *testing.T) {
 	_, nc := natsembed.MustStart(t)
 	js, err := jetstream.New(nc)
@@ -37,10 +40,10 @@ func TestSubmitAndForward(t *testing.T) {
 	if err := ljs.EnsureStreams(ctx, js, topo); err != nil {
 		t.Fatal(err)
 	}
-	if err := EnsureStream(ctx, js, "eu", 0, 0); err != nil {
+	if err := EnsureStream(ctx, js, "us", 0, 0); err != nil {
 		t.Fatal(err)
 	}
-	r := New(js, Config{Region: "eu", Regions: ids, Shards: 4, AckWait: 2 * time.Second})
+	r := New(js, Config{Region: "us", Regions: ids, Shards: 4, AckWait: 2 * time.Second})
 	gen, _ := idgen.NewGenerator(ids, "eu", 1)
 	id := func() string { s, _ := gen.NextString(); return s }
 	cmd := ledger.Command{Type: ledger.TypeTransfer, TransferID: id(), ClientID: "c", IdempotencyKey: "k", From: id(), To: id(),
@@ -50,6 +53,9 @@ func TestSubmitAndForward(t *testing.T) {
 		if err != nil || dup != want {
 			t.Fatalf("submit %d: duplicate=%v err=%v, want duplicate=%v", i, dup, err, want)
 		}
+	}
+	if n := r.Stats().Direct.Load(); n != 0 {
+		t.Fatalf("%d submits went straight to a ledger stream; the command's home is another region", n)
 	}
 	bad := cmd
 	bad.From = "mars-0000000000001"
@@ -71,5 +77,97 @@ func TestSubmitAndForward(t *testing.T) {
 	}
 	if info, _ := stream.Info(ctx); info.State.Msgs != 1 {
 		t.Fatalf("home stream holds %d messages, want 1", info.State.Msgs)
+	}
+}
+
+// TestSubmitHomedHere: a command homed in the router's own region skips
+// the route stream and is stored straight in the ledger stream, where a
+// resubmit is recognised by its Nats-Msg-Id; while that stream does not
+// exist yet the command waits in the route stream; and a copy that reaches
+// the ledger stream through the route stream after all (the fallback, or an
+// older submitter) is caught by the ledger stream's window on forward.
+func TestSubmitHomedHere(t *testing.T) {
+	_, nc := natsembed.MustStart(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ids, _ := idgen.NewRegions(map[string]uint8{"eu": 1, "us": 2})
+	topo := ljs.Topology{Region: "eu", Shards: 4}
+	if err := EnsureStream(ctx, js, "eu", 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	r := New(js, Config{Region: "eu", Regions: ids, Shards: 4, AckWait: 2 * time.Second})
+	gen, _ := idgen.NewGenerator(ids, "eu", 1)
+	id := func() string { s, _ := gen.NextString(); return s }
+	transfer := func() ledger.Command {
+		return ledger.Command{Type: ledger.TypeTransfer, TransferID: id(), ClientID: "c", IdempotencyKey: id(), From: id(), To: id(),
+			Amount: 5, Currency: "EUR", CreatedAt: time.Now()}
+	}
+	msgs := func(name string) uint64 {
+		t.Helper()
+		st, err := js.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := st.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State.Msgs
+	}
+
+	early := transfer() // before the ledger made its stream
+	if dup, err := r.Submit(ctx, early); err != nil || dup {
+		t.Fatalf("submit without a ledger stream: duplicate=%v err=%v, want it stored in the route stream", dup, err)
+	}
+	if n, d := msgs(Stream("eu")), r.Stats().Direct.Load(); n != 1 || d != 0 {
+		t.Fatalf("without a ledger stream: route stream holds %d, %d direct; want 1 and 0", n, d)
+	}
+
+	if err := ljs.EnsureStreams(ctx, js, topo); err != nil {
+		t.Fatal(err)
+	}
+	cmd := transfer()
+	for i, want := range []bool{false, true} {
+		dup, err := r.Submit(ctx, cmd)
+		if err != nil || dup != want {
+			t.Fatalf("submit %d: duplicate=%v err=%v, want duplicate=%v", i, dup, err, want)
+		}
+	}
+	if n, d := msgs(topo.Stream()), r.Stats().Direct.Load(); n != 1 || d != 2 {
+		t.Fatalf("ledger stream holds %d, %d direct submits; want 1 and 2", n, d)
+	}
+	if n := msgs(Stream("eu")); n != 1 {
+		t.Fatalf("route stream holds %d, want only the early command", n)
+	}
+	m, err := js.Stream(ctx, topo.Stream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := m.GetLastMsgForSubject(ctx, topo.Subject(cmd.From))
+	if err != nil || got.Header.Get(jetstream.MsgIDHeader) != cmd.MsgKey() {
+		t.Fatalf("ledger stream's message for %s: %v %v, want Msg-Id %s", cmd.From, got, err, cmd.MsgKey())
+	}
+
+	// The same command through the route stream: forwarded, and recognised.
+	again := nats.NewMsg(subjects.RouteShard("eu", "eu", topo.Shard(cmd.From)))
+	again.Data = cmd.Encode()
+	again.Header.Set(jetstream.MsgIDHeader, cmd.MsgKey())
+	if _, err := js.PublishMsg(ctx, again); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = r.RunForwarder(ctx, nil) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for r.Stats().Forwarded.Load() < 2 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if f, d := r.Stats().Forwarded.Load(), r.Stats().ForwardDuplicates.Load(); f != 2 || d != 1 {
+		t.Fatalf("forwarded %d with %d duplicates, want the early command and the copy, the copy recognised", f, d)
+	}
+	if n := msgs(topo.Stream()); n != 2 {
+		t.Fatalf("ledger stream holds %d, want 2: the early command and one copy of the other", n)
 	}
 }

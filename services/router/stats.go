@@ -4,7 +4,8 @@ import "sync/atomic"
 
 // Stats counts what a router did. The zero value is ready.
 type Stats struct {
-	Submitted         atomic.Int64 // commands stored in the local route stream
+	Submitted         atomic.Int64 // commands stored in the local route stream, or in the local ledger stream (Direct)
+	Direct            atomic.Int64 // of Submitted, commands homed here, stored straight in the ledger stream
 	DuplicateSubmits  atomic.Int64 // submits the route stream recognised by Nats-Msg-Id
 	Forwarded         atomic.Int64 // commands the home region acked
 	ForwardRetries    atomic.Int64 // forwards that failed and will be retried

@@ -196,7 +196,7 @@ func (m *Metrics) ObserveRouter(region string, st *router.Stats) error {
 		return metric.WithAttributes(attribute.String("region", region), attribute.String("topic", t))
 	}
 	return m.observe("paymesh/router", []counter{
-		{"paymesh.router.submitted", "Commands stored in the local route stream, duplicates included.", func(o metric.Observer, c metric.Int64ObservableCounter) {
+		{"paymesh.router.submitted", "Commands submitted in this region, duplicates included: stored in the route stream, or in the ledger stream for accounts homed here.", func(o metric.Observer, c metric.Int64ObservableCounter) {
 			o.ObserveInt64(c, st.Submitted.Load(), topic(TopicRoute))
 		}},
 		{"paymesh.router.forwarded", "Commands acked by their home region.", func(o metric.Observer, c metric.Int64ObservableCounter) {

@@ -110,7 +110,9 @@ func TestMetricsCountInjectedDuplicates(t *testing.T) {
 	for i := range 150 {
 		src, dst := names[i%3], names[(i+1)%3]
 		id, _ := gen[src].NextString()
-		if err := c.Submit(ctx, src, ledger.Command{Type: ledger.TypeTransfer, TransferID: id, ClientID: "c", IdempotencyKey: fmt.Sprint("t-", i),
+		// Submitted in the destination's region, so that the transfer is
+		// forwarded to its home (a submit in the home region skips it).
+		if err := c.Submit(ctx, dst, ledger.Command{Type: ledger.TypeTransfer, TransferID: id, ClientID: "c", IdempotencyKey: fmt.Sprint("t-", i),
 			From: accts[src], To: accts[dst], Amount: 1, Currency: "EUR", CreatedAt: time.Now()}); err != nil {
 			t.Fatal(err)
 		}

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"runtime/pprof"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -84,9 +86,14 @@ func (e *env) api(ctx context.Context, concurrency int) (APIRun, error) {
 	e.checkpoint(ctx)
 
 	db := store.Pool().Config().ConnConfig.Database
+	stopProfile, err := e.apiProfile(concurrency)
+	if err != nil {
+		return res, err
+	}
 	pg0, cpu0 := pgBackends(ctx, store.Pool(), db), cpuTime()
 	load, err := e.driveAPI(ctx, API, region.APIURL, reqs, concurrency)
 	cpu := cpuTime() - cpu0
+	stopProfile()
 	pgCPU, pgOK := pgCPUDelta(pg0, pgBackends(ctx, store.Pool(), db))
 	if err != nil {
 		return res, err
@@ -99,6 +106,23 @@ func (e *env) api(ctx context.Context, concurrency int) (APIRun, error) {
 		return res, err
 	}
 	return res, checkAnswered(ctx, store.Pool(), rep, &res, 0)
+}
+
+// apiProfile starts the CPU profile of the first api run, if one was
+// asked for (Config.APIProfile); the function it returns stops it.
+func (e *env) apiProfile(concurrency int) (func(), error) {
+	if e.cfg.APIProfile == "" || len(e.cfg.APIConcurrency) == 0 || concurrency != e.cfg.APIConcurrency[0] {
+		return func() {}, nil
+	}
+	f, err := os.Create(e.cfg.APIProfile)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
 
 // apiRequests draws n same-region transfer bodies between distinct random

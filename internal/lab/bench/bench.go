@@ -92,7 +92,10 @@ type Config struct {
 	LedgerBinary string `json:"-"`
 	Keep         bool   `json:"keep"`
 	CPUProfile   string `json:"cpu_profile,omitempty"`
-	Seed         uint64 `json:"seed"`
+	// APIProfile is where a CPU profile of the first api run goes (empty:
+	// none).
+	APIProfile string `json:"api_cpu_profile,omitempty"`
+	Seed       uint64 `json:"seed"`
 }
 
 // Defaults fills in c's zero fields: the full run's sizes, or with Quick

@@ -14,8 +14,9 @@
 //
 //   - of the services, only a router may publish to ledger.<any
 //     region>.<shard>, the subjects of the regions' LEDGER_<R> streams (its
-//     forward and outbox-relay path); a region's ledger and API may not,
-//     not even to their own region's;
+//     forward and outbox-relay path), and a region's API to its own
+//     region's (its submits for accounts homed there skip the route
+//     stream); a region's ledger may not, not even to its own region's;
 //   - the ledger reaches only its own streams (LEDGER_<R>, DLQ_<R>) and the
 //     router only ROUTE_<R>, through the local JetStream API ($JS.API.>);
 //     no user may use another domain's API ($JS.<domain>.API.>), so no region
@@ -159,7 +160,7 @@ func Users(region string) []User {
 		{
 			Name: api, Password: DevPassword(api),
 			Permissions: &Permissions{
-				PublishAllow: []string{accountInfo, subjects.Route(region), subjects.AllAPIs,
+				PublishAllow: []string{accountInfo, subjects.Route(region), subjects.Ledger(region), subjects.AllAPIs,
 					// The API makes sure its region's route stream exists
 					// before it submits (a router may start after it).
 					"$JS.API.STREAM.INFO." + subjects.RouteStream(region),

@@ -22,11 +22,13 @@ var _ ledgerpg.Answers = Answers{}
 // is a 202, which the API replaces with the transfer's final state if it
 // sees it in time. Saga steps, commands parked or still in progress, and
 // requests awaiting an account (dead-lettered unrecorded, so that a replay
-// may still apply them) have no answer yet.
+// may still apply them) have no answer yet. The rows it answered come back
+// with the answer as stored, into results[i].Answer.
 func (Answers) QueueAnswers(b *pgx.Batch, cmds []ledger.Command, results []ledger.Result) {
 	var clients, keys []string
 	var statuses []int32
 	var bodies [][]byte
+	var idx []int
 	for i, c := range cmds {
 		r := results[i]
 		if c.IsStep() || r.Kind == ledger.Parked || r.Kind == ledger.AwaitingAccount || (r.Kind == ledger.Duplicate && r.Transfer.ID == "") {
@@ -35,6 +37,7 @@ func (Answers) QueueAnswers(b *pgx.Batch, cmds []ledger.Command, results []ledge
 		status, body := api.Respond(r)
 		clients, keys = append(clients, c.ClientID), append(keys, c.IdempotencyKey)
 		statuses, bodies = append(statuses, int32(status)), append(bodies, body)
+		idx = append(idx, i)
 	}
 	if len(clients) == 0 {
 		return
@@ -42,7 +45,18 @@ func (Answers) QueueAnswers(b *pgx.Batch, cmds []ledger.Command, results []ledge
 	b.Queue(`
 		UPDATE idempotency_keys k SET state = 'done', response_status = u.status, response_body = u.body,
 		       response_final = u.status <> 202
-		FROM unnest($1::text[], $2::text[], $3::int[], $4::bytea[]) AS u(client_id, key, status, body)
-		WHERE k.client_id = u.client_id AND k.key = u.key AND k.state = 'in_flight'`,
-		clients, keys, statuses, bodies)
+		FROM unnest($1::int[], $2::text[], $3::text[], $4::int[], $5::bytea[]) AS u(i, client_id, key, status, body)
+		WHERE k.client_id = u.client_id AND k.key = u.key AND k.state = 'in_flight'
+		RETURNING u.i, k.response_status, k.response_body`,
+		idx, clients, keys, statuses, bodies).Query(func(rows pgx.Rows) error {
+		var i, status int
+		var body []byte
+		_, err := pgx.ForEachRow(rows, []any{&i, &status, &body}, func() error {
+			if i >= 0 && i < len(results) {
+				results[i].Answer = &ledger.Answer{Status: status, Body: body}
+			}
+			return nil
+		})
+		return err
+	})
 }

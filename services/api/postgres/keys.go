@@ -246,9 +246,15 @@ func (s *Store) TransferByKey(ctx context.Context, client, key string) (ledger.T
 // AnsweredKeys returns, of the keys clients[i]/keys[i], those that are
 // answered (no longer in flight).
 func (s *Store) AnsweredKeys(ctx context.Context, clients, keys []string) ([]api.IdempotencyKey, error) {
+	// One index lookup per key: as (client_id, key) IN (SELECT unnest ...)
+	// the planner hashed the keys and scanned the whole table, 2 ms a read
+	// at 20,000 keys and growing with them.
 	rows, err := s.pool.Query(ctx, `
-		SELECT `+keyColumns+` FROM idempotency_keys
-		WHERE (client_id, key) IN (SELECT * FROM unnest($1::text[], $2::text[])) AND state = 'done'`, clients, keys)
+		SELECT k.* FROM unnest($1::text[], $2::text[]) AS u(client_id, key)
+		CROSS JOIN LATERAL (
+			SELECT `+keyColumns+` FROM idempotency_keys
+			WHERE client_id = u.client_id AND key = u.key AND state = 'done'
+		) k`, clients, keys)
 	if err != nil {
 		return nil, fmt.Errorf("read idempotency keys: %w", err)
 	}

@@ -366,9 +366,16 @@ func TestAnswers(t *testing.T) {
 		if k.InFlight || !k.Final || k.Status != status || !bytes.Equal(k.Body, body) {
 			t.Errorf("key of %s: got %d %s (in flight %v, final %v), want final %d %s", c.TransferID, k.Status, k.Body, k.InFlight, k.Final, status, body)
 		}
+		// What the consumer sends the waiting API: the answer as stored.
+		if an := results[i].Answer; an == nil || an.Status != k.Status || !bytes.Equal(an.Body, k.Body) {
+			t.Errorf("result of %s carries answer %+v, want the stored %d %s", c.TransferID, an, k.Status, k.Body)
+		}
 	}
 	if k, _, _ := store.Key(ctx, "c1", answered.IdempotencyKey); k.Status != http.StatusAccepted || string(k.Body) != `{"by":"api"}` {
 		t.Errorf("a key the API answered first: got %d %s, want its own answer kept", k.Status, k.Body)
+	}
+	if an := results[2].Answer; an != nil {
+		t.Errorf("a key the API answered first: the result carries %d %s, an answer the batch did not store", an.Status, an.Body)
 	}
 }
 

@@ -14,22 +14,27 @@ import (
 // API process that submitted it (subjects.Answers). The router's Submit
 // sets it and its forward keeps it; after the batch that settled the
 // request commits, the ledger's consumer publishes the request's key there
-// (AnsweredKeys), so that the waiting API reads its stored answer at once
-// instead of at its next poll.
+// (AnsweredKeys), with the answer the batch stored for it, so that the
+// waiting API answers at once instead of at its next poll, and without
+// reading the answer back.
 const HeaderAnswerTo = "Paymesh-Answer-To"
 
 // AnsweredKey names one client request a committed batch settled: its
-// client and idempotency key.
+// client and idempotency key, and when the batch stored the request's first
+// answer (ledger.Result.Answer), that answer as stored. Without one (a
+// duplicate whose answer was stored before) the API reads the stored
+// answer.
 type AnsweredKey struct {
 	Client string `json:"c"`
 	Key    string `json:"k"`
+	Status int    `json:"s,omitempty"`
+	Body   []byte `json:"b,omitempty"`
 }
 
 // AnsweredKeys is the payload of one notification: the keys of the
 // requests, submitted by one API process, that one committed batch
-// settled. It carries no answer: the answer is the one stored in the
-// database, which the API reads (so a notification can wake a wait early,
-// never change what it returns).
+// settled. An answer it carries is the one the batch committed, byte for
+// byte, so the API sends what a repeat of the request will get.
 type AnsweredKeys struct {
 	Keys []AnsweredKey `json:"keys"`
 }
@@ -69,7 +74,11 @@ func (c *Consumer) notifyAnswered(msgs []jetstream.Msg, cmds []ledger.Command, r
 			by[to] = a
 			order = append(order, to)
 		}
-		a.Keys = append(a.Keys, AnsweredKey{Client: cmds[i].ClientID, Key: cmds[i].IdempotencyKey})
+		k := AnsweredKey{Client: cmds[i].ClientID, Key: cmds[i].IdempotencyKey}
+		if an := results[i].Answer; an != nil {
+			k.Status, k.Body = an.Status, an.Body
+		}
+		a.Keys = append(a.Keys, k)
 	}
 	if len(order) == 0 {
 		return

@@ -15,7 +15,9 @@ type Answers interface {
 	// QueueAnswers queues its statements in b, the apply transaction's
 	// write batch, for the commands cmds whose outcomes are results
 	// (results[i] is cmds[i]'s). It must not send anything itself: its
-	// statements' errors abort the transaction.
+	// statements' errors abort the transaction. Once b has run, each
+	// results[i].Answer is the answer it stored for cmds[i] (nil: none),
+	// which the ledger's consumer sends the waiting API after COMMIT.
 	QueueAnswers(b *pgx.Batch, cmds []ledger.Command, results []ledger.Result)
 }
 

@@ -33,9 +33,10 @@ func regions(t *testing.T) *idgen.Regions {
 }
 
 // TestRouterForwards opens a region's ledger (it migrates the database and
-// creates the ledger streams) and its router, submits a fund command
-// through the router and waits until the ledger applied it: the forwarder
-// moved it from the route stream to the ledger stream. Both publishes went
+// creates the ledger streams) and another region's router on the same
+// server, submits a fund command through the router and waits until the
+// ledger applied it: the forwarder moved it from the route stream to the
+// ledger stream. Both publishes went
 // through the WrapJetStream decorator, /metrics counts the forward, and
 // after Close a second router opens on the same metrics address.
 func TestRouterForwards(t *testing.T) {
@@ -53,7 +54,7 @@ func TestRouterForwards(t *testing.T) {
 	go led.Run(ctx) //nolint:errcheck // ends with ctx
 
 	counted := &countingJetStream{}
-	cfg := server.Config{Region: "eu", Regions: ids, PostgresURL: url, NATSURL: ns.ClientURL(), Shards: 2, AckWait: 2 * time.Second,
+	cfg := server.Config{Region: "us", Regions: ids, PostgresURL: url, NATSURL: ns.ClientURL(), Shards: 2, AckWait: 2 * time.Second,
 		MetricsListen: "127.0.0.1:0", WrapJetStream: func(js jetstream.JetStream) jetstream.JetStream {
 			counted.JetStream = js
 			return counted
