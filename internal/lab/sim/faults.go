@@ -8,11 +8,12 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/paymesh/paymesh/internal/lab/loadgen"
 	"github.com/paymesh/paymesh/internal/platform/natsauth"
+	"github.com/paymesh/paymesh/internal/platform/subjects"
 	"github.com/paymesh/paymesh/internal/testbed/faultproxy"
-	"github.com/paymesh/paymesh/services/router"
 )
 
 // The faults the simulation fires. Each names the service it hits.
@@ -138,9 +139,9 @@ func (s *sim) cutFault(at, d time.Duration) fault {
 // halfway through, and starts the router again. The run must end in FAIL
 // and name the lost keys.
 func (s *sim) loseFault(at, d time.Duration) fault {
-	const service = "router-eu"
+	const service = "ledger-eu"
 	return fault{Name: FaultLose, At: at, For: d,
-		What: fmt.Sprintf("kill -9 %s, purge eu's route stream %s later (commands lost on purpose), restart it %s later", service, d/2, d),
+		What: fmt.Sprintf("kill -9 %s, purge eu's ledger stream %s later (commands lost on purpose), restart it %s later", service, d/2, d),
 		fire: func(ctx context.Context) error {
 			p := s.procs.get(service)
 			if p == nil {
@@ -154,26 +155,29 @@ func (s *sim) loseFault(at, d time.Duration) fault {
 	}
 }
 
-// purgeLater purges a region's route stream after a while, as that
-// region's router user.
+// purgeLater purges a region's ledger stream after a while, as that
+// region's ledger user.
 func (s *sim) purgeLater(ctx context.Context, region string, after time.Duration) {
 	select {
 	case <-ctx.Done():
 		return
 	case <-time.After(after):
 	}
-	n, err := s.purgeRoute(ctx, region)
+	n, err := s.purgeLedger(ctx, region)
 	if err != nil {
-		s.logf("fault: purge of %s's route stream failed: %v", region, err)
+		s.logf("fault: purge of %s's ledger stream failed: %v", region, err)
 		return
 	}
-	s.logf("fault %s: purged %s's route stream: %d commands its router had not forwarded are gone", FaultLose, region, n)
+	s.logf("fault %s: purged %s's ledger stream: %d commands its ledger had not applied are gone", FaultLose, region, n)
 }
 
-// purgeRoute purges a region's route stream with the credentials of its
-// router (from compose's environment) and returns the messages purged.
-func (s *sim) purgeRoute(ctx context.Context, region string) (uint64, error) {
-	env, err := s.env("router-" + region)
+// purgeLedger purges a region's ledger stream with the credentials of its
+// ledger (from compose's environment) and returns the messages purged.
+// The API submits the transfers of its own region's accounts there, so
+// what the ledger has not applied yet, and the API already answered 202
+// (its wait ran out while the ledger was down), is gone.
+func (s *sim) purgeLedger(ctx context.Context, region string) (uint64, error) {
+	env, err := s.env("ledger-" + region)
 	if err != nil {
 		return 0, err
 	}
@@ -182,11 +186,11 @@ func (s *sim) purgeRoute(ctx context.Context, region string) (uint64, error) {
 		return 0, err
 	}
 	defer nc.Close()
-	js, err := router.NewJetStream(nc, 0)
+	js, err := jetstream.New(nc)
 	if err != nil {
 		return 0, err
 	}
-	st, err := js.Stream(ctx, router.Stream(region))
+	st, err := js.Stream(ctx, subjects.LedgerStream(region))
 	if err != nil {
 		return 0, err
 	}

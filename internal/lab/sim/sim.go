@@ -56,7 +56,7 @@ type Config struct {
 	// alone for none).
 	Faults []string
 	// LoseCommands adds a fault that loses commands on purpose (FaultLose:
-	// eu's route stream purged while its router is down, so commands its
+	// eu's ledger stream purged while its ledger is down, so commands its
 	// API already answered 202 are gone); the run must end in FAIL naming
 	// them.
 	LoseCommands bool

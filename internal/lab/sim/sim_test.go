@@ -136,8 +136,8 @@ func TestCancelFreesEverything(t *testing.T) {
 	}
 }
 
-// TestLoseCommandsFails: a run that purges eu's route stream while its
-// router is down loses commands already answered 202; it must end in FAIL
+// TestLoseCommandsFails: a run that purges eu's ledger stream while its
+// ledger is down loses commands already answered 202; it must end in FAIL
 // and name the lost keys.
 func TestLoseCommandsFails(t *testing.T) {
 	cfg := needSim(t)

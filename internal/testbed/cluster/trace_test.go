@@ -36,8 +36,9 @@ func recorder() *tracetest.SpanRecorder {
 // TestRetriesAcrossRegionsInOneTrace: a cross-region transfer with an
 // injected producer retry (every forward and relay published twice with
 // the same Nats-Msg-Id) and an injected redelivery (the acks of eu's debit
-// dropped after commit) is one trace: from the router's send in eu through
-// the forward, eu's debit and its redelivery, the relayed credit step in us
+// dropped after commit) is one trace: from the router's send in us (the
+// request came in there; one homed in the submitting region skips the
+// forward) through the forward, eu's debit and its redelivery, the relayed credit step in us
 // and the confirmation back in eu. Each delivery attempt is a span with the
 // messaging attributes; the redelivery links to its first attempt (which
 // exists, thanks to the derived span ids) and names the layer that caught
@@ -52,7 +53,7 @@ func TestRetriesAcrossRegionsInOneTrace(t *testing.T) {
 	inject.Store(true)
 	drop.Store(true)
 	cmd := h.transfer(t, h.accts["eu"][0], h.accts["us"][0], 10)
-	if err := h.c.Submit(context.Background(), "eu", cmd); err != nil {
+	if err := h.c.Submit(context.Background(), "us", cmd); err != nil {
 		t.Fatal(err)
 	}
 	h.quiet(t, time.Minute)

@@ -148,9 +148,9 @@ type startReq struct {
 // claimGroup commits the key claims of concurrent StartKey calls together.
 // While one group's round trip runs, the calls that arrive wait; the next
 // group takes them all (up to maxClaimGroup), so a lone call is never held
-// back, and under load N claims cost one commit. A group is one pipelined
-// batch, which Postgres runs as one implicit transaction: every claim of
-// it commits, or none does. Claims of one key in one group see each other
+// back, and under load N claims cost one commit and three statements
+// (queueStarts). A group is one pipelined batch, which Postgres runs as one
+// implicit transaction: every claim of it commits, or none does. Claims of one key in one group see each other
 // (the second finds the key taken, as if it came after).
 type claimGroup struct {
 	mu      sync.Mutex
@@ -189,45 +189,86 @@ func (g *claimGroup) run(s *Store) {
 		g.pending = g.pending[n:]
 		g.mu.Unlock()
 		b := &pgx.Batch{}
-		for _, r := range group {
-			queueStart(b, r)
-		}
+		read := queueStarts(b, group)
 		ctx, cancel := context.WithTimeout(context.Background(), claimTimeout)
 		err := s.pool.SendBatch(ctx, b).Close()
 		cancel()
 		for _, r := range group {
 			if err != nil {
 				r.st, r.err = api.KeyStart{}, fmt.Errorf("start idempotency key: %w", err)
+			} else {
+				read.fill(r)
 			}
 			close(r.done)
 		}
 	}
 }
 
-// queueStart queues one StartKey's statements in b; their results land in
-// r.st when b is closed.
-func queueStart(b *pgx.Batch, r *startReq) {
-	c, st := r.claim, &r.st
-	var priorFound bool
-	ledgerpg.QueueAccount(b, r.source, &st.Source, &st.SourceFound)
-	if c.Destination != "" {
-		b.Queue(`SELECT NOT EXISTS (SELECT 1 FROM accounts WHERE id = $1)`, c.Destination).QueryRow(func(row pgx.Row) error {
-			return row.Scan(&st.DestinationMissing)
-		})
-	}
-	b.Queue(insertKeySQL+`
-		WHERE `+ledgerpg.CustomerOfSQL("$8", "$1")+`
-		  AND ($9 = '' OR EXISTS (SELECT 1 FROM accounts WHERE id = $9))
-		ON CONFLICT (client_id, key) DO NOTHING RETURNING `+keyColumns,
-		append(insertArgs(c), r.source, c.Destination)...).Query(func(rows pgx.Rows) error {
-		k, err := pgx.CollectExactlyOneRow(rows, scanKey)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil
+// groupRead is what a group's statements read, filled in when its batch
+// closes.
+type groupRead struct {
+	accounts map[string]ledger.Account              // the sources and destinations that exist
+	claimed  map[string]api.IdempotencyKey          // the keys claimed, by transfer ID
+	prior    map[ledgerpg.ClientKey]ledger.Transfer // the transfers the keys already made
+}
+
+// queueStarts queues the statements of a group of StartKey calls in b:
+// three for the whole group, whatever its size. The accounts it names
+// (ledgerpg.QueueAccounts), the claims of the new keys (each conditional on
+// its source being a customer account of its client and its destination
+// here existing; of two claims of one key, the earlier call's is taken,
+// the later one finds the key taken), and the transfers the keys already
+// made (ledgerpg.QueueTransfersByKey).
+func queueStarts(b *pgx.Batch, group []*startReq) *groupRead {
+	read := &groupRead{accounts: map[string]ledger.Account{}, claimed: map[string]api.IdempotencyKey{},
+		prior: map[ledgerpg.ClientKey]ledger.Transfer{}}
+	n := len(group)
+	ids := make([]string, 0, 2*n)
+	clients, keys, fps, tids := make([]string, n), make([]string, n), make([][]byte, n), make([]string, n)
+	leases, created, expires := make([]time.Time, n), make([]time.Time, n), make([]time.Time, n)
+	sources, dests := make([]string, n), make([]string, n)
+	for i, r := range group {
+		c := r.claim
+		ids = append(ids, r.source)
+		if c.Destination != "" {
+			ids = append(ids, c.Destination)
 		}
-		st.Key, st.Claimed = k, err == nil
+		clients[i], keys[i], fps[i], tids[i] = c.Client, c.Key, c.Fingerprint, c.TransferID
+		leases[i], created[i], expires[i] = c.Now.Add(c.Lease), c.Now, c.Now.Add(c.TTL)
+		sources[i], dests[i] = r.source, c.Destination
+	}
+	ledgerpg.QueueAccounts(b, ids, read.accounts)
+	b.Queue(`
+		INSERT INTO idempotency_keys (client_id, key, fingerprint, transfer_id, state, lease_until, created_at, expires_at)
+		SELECT u.client_id, u.key, u.fingerprint, u.transfer_id, 'in_flight', u.lease_until, u.created_at, u.expires_at
+		FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::timestamptz[], $6::timestamptz[], $7::timestamptz[],
+		            $8::text[], $9::text[])
+		     WITH ORDINALITY AS u(client_id, key, fingerprint, transfer_id, lease_until, created_at, expires_at, source, destination, n)
+		WHERE `+ledgerpg.CustomerOfSQL("u.source", "u.client_id")+`
+		  AND (u.destination = '' OR EXISTS (SELECT 1 FROM accounts WHERE id = u.destination))
+		ORDER BY u.n
+		ON CONFLICT (client_id, key) DO NOTHING RETURNING `+keyColumns,
+		clients, keys, fps, tids, leases, created, expires, sources, dests).Query(func(rows pgx.Rows) error {
+		ks, err := pgx.CollectRows(rows, scanKey)
+		for _, k := range ks {
+			read.claimed[k.TransferID] = k
+		}
 		return err
 	})
-	ledgerpg.QueueTransferByKey(b, c.Client, c.Key, &st.Prior, &priorFound)
+	ledgerpg.QueueTransfersByKey(b, clients, keys, read.prior)
+	return read
+}
+
+// fill sets r's outcome from what its group read.
+func (g *groupRead) fill(r *startReq) {
+	c, st := r.claim, &r.st
+	st.Source, st.SourceFound = g.accounts[r.source]
+	if c.Destination != "" {
+		_, found := g.accounts[c.Destination]
+		st.DestinationMissing = !found
+	}
+	st.Key, st.Claimed = g.claimed[c.TransferID]
+	st.Prior = g.prior[ledgerpg.ClientKey{Client: c.Client, Key: c.Key}]
 }
 
 // TransferByKey returns the transfer a client's idempotency key made, or

@@ -32,6 +32,20 @@ func QueueAccount(b *pgx.Batch, id string, a *ledger.Account, found *bool) {
 	})
 }
 
+// QueueAccounts queues in b the read of the accounts ids into out, by ID
+// (a missing one is absent): QueueAccount for many, in one statement. The
+// batch's Close returns the read's error.
+func QueueAccounts(b *pgx.Batch, ids []string, out map[string]ledger.Account) {
+	b.Queue(`SELECT `+accountColumns+` FROM accounts WHERE id = ANY($1::text[])`, ids).Query(func(rows pgx.Rows) error {
+		var a ledger.Account
+		_, err := pgx.ForEachRow(rows, []any{&a.ID, &a.ClientID, &a.Kind, &a.Currency, &a.Balance, &a.Floor, &a.Closed, &a.Version, &a.CreatedAt}, func() error {
+			out[a.ID] = a
+			return nil
+		})
+		return err
+	})
+}
+
 // CustomerOfSQL returns an SQL condition, for a statement of the caller's
 // on this database, that the account whose ID is the parameter account (for
 // example "$9") is a customer account of the client that is the parameter

@@ -87,6 +87,28 @@ func QueueTransferByKey(b *pgx.Batch, client, key string, t *ledger.Transfer, fo
 	})
 }
 
+// ClientKey is a client's idempotency key, the business key of its
+// transfers.
+type ClientKey struct{ Client, Key string }
+
+// QueueTransfersByKey queues in b the read of the transfers that the
+// clients' keys made (clients[i]'s keys[i]) into out: QueueTransferByKey
+// for many, in one statement of one index lookup per key. The batch's Close
+// returns the read's error.
+func QueueTransfersByKey(b *pgx.Batch, clients, keys []string, out map[ClientKey]ledger.Transfer) {
+	b.Queue(`
+		SELECT t.* FROM unnest($1::text[], $2::text[]) AS k(client_id, idempotency_key)
+		CROSS JOIN LATERAL (
+		    SELECT `+transferColumns+` FROM transfers
+		    WHERE client_id = k.client_id AND idempotency_key = k.idempotency_key LIMIT 1) t`, clients, keys).Query(func(rows pgx.Rows) error {
+		ts, err := pgx.CollectRows(rows, scanTransfer)
+		for _, t := range ts {
+			out[ClientKey{t.ClientID, t.IdempotencyKey}] = t
+		}
+		return err
+	})
+}
+
 // Completion is how long a settled transfer took from its request to its
 // final state.
 type Completion struct {
