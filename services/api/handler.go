@@ -79,6 +79,16 @@ type Config struct {
 	// memory (default 2 s; negative: not at all). A revoked key keeps
 	// working for up to this long.
 	ClientCacheTTL time.Duration
+	// ClaimKeys makes every transfer request claim its idempotency key in
+	// a commit of its own before it is submitted (the claimed path), as
+	// when this process has not seen the request's accounts. By default a
+	// request whose accounts it has seen is submitted unclaimed, and the
+	// ledger's transaction stores its key (unclaimed.go): a commit less.
+	// Claiming keeps one semantic across several API processes of a
+	// region: a repeat with another body while the first is in flight in
+	// another process gets 422, where unclaimed it gets 409 (and 422 once
+	// the first is answered).
+	ClaimKeys bool
 	// Now is the clock the idempotency keys' creation, leases, expiry and
 	// cleanup are measured by (default time.Now); the fault-injection
 	// suite steps it.
@@ -91,6 +101,7 @@ type Stats struct {
 	Replays    atomic.Int64 // repeats answered with the stored response
 	Mismatches atomic.Int64 // keys reused with another body (422)
 	InFlight   atomic.Int64 // repeats while the first was in flight (409)
+	Unclaimed  atomic.Int64 // requests submitted without claiming their key first
 }
 
 // Handler is a region's API: the HTTP routes, and the calls other regions
@@ -105,6 +116,8 @@ type Handler struct {
 	answers  *nats.Subscription
 	keys     keyWaiter
 	clients  clientCache
+	accounts accountCache // the accounts seen: who may submit unclaimed (unclaimed.go)
+	inflight inFlight     // the unclaimed requests submitted and not answered yet
 }
 
 // New returns a region's API server. Call Listen to answer forwarded
@@ -265,7 +278,8 @@ func (s *Handler) answered(m *nats.Msg) {
 	}
 	keys := make([]IdempotencyKey, len(a.Keys))
 	for i, k := range a.Keys {
-		keys[i] = IdempotencyKey{ClientID: k.Client, Key: k.Key, Status: k.Status, Body: k.Body, Final: k.Status != http.StatusAccepted}
+		keys[i] = IdempotencyKey{ClientID: k.Client, Key: k.Key, TransferID: k.TransferID, Status: k.Status, Body: k.Body,
+			Final: k.Status != http.StatusAccepted}
 	}
 	s.keys.answered(keys)
 }

@@ -49,6 +49,7 @@ func (s *Handler) createAccount(ctx context.Context, c call) reply {
 	if err != nil {
 		return errReply(err)
 	}
+	s.accounts.remember(a)
 	rep := jsonReply(http.StatusCreated, accountBody(a))
 	rep.Header = map[string]string{"Location": "/v1/accounts/" + a.ID}
 	return rep
@@ -204,9 +205,19 @@ func (s *Handler) createTransfer(ctx context.Context, c call) reply {
 		// replayed once it exists, and the client would get a 202.
 		claim.Destination = req.To
 	}
-	// The common case in one round trip: the owner check, a new key's
-	// claim and the business-key lookup (StartKey).
+	if !s.cfg.ClaimKeys && s.accounts.vouches(c.Client, req.From, claim.Destination) {
+		return s.createUnclaimed(ctx, c, req, claim)
+	}
+	// Otherwise in one round trip: the owner check, a new key's claim and
+	// the business-key lookup (StartKey), which teach this process the
+	// accounts.
 	st, err := s.cfg.Store.StartKey(ctx, claim, req.From)
+	if err == nil && st.SourceFound {
+		s.accounts.remember(st.Source)
+	}
+	if err == nil && claim.Destination != "" && !st.DestinationMissing {
+		s.accounts.rememberExists(claim.Destination)
+	}
 	if err != nil { // the claim's outcome is unknown: check the accounts on their own (ResolveKey finds an own claim)
 		if _, err := s.ownAccount(ctx, c.Client, req.From); err != nil {
 			return errReply(err)
@@ -229,23 +240,11 @@ func (s *Handler) createTransfer(ctx context.Context, c call) reply {
 	}
 	switch outcome {
 	case KeyMismatch:
-		s.Stats.Mismatches.Add(1)
-		return errReply(ledger.Errorf(ledger.CodeIdempotencyKeyReused, "the Idempotency-Key was used for a different request"))
+		return s.mismatch()
 	case KeyInFlight:
-		s.Stats.InFlight.Add(1)
-		rep := errReply(ledger.Errorf(CodeIdempotencyKeyInFlight, "a request with this Idempotency-Key is being processed"))
-		rep.Header["Retry-After"] = "1"
-		return rep
+		return s.inFlightReply()
 	case KeyReplay:
-		s.Stats.Replays.Add(1)
-		if !k.Final {
-			// The ledger's provisional answer (202) has now been seen by a
-			// client: freeze it, so that everyone keeps getting it.
-			if k, err = s.cfg.Store.Answer(ctx, c.Client, c.Key, k.Status, k.Body, false); err != nil {
-				return errReply(err)
-			}
-		}
-		return stored(k, true)
+		return s.replay(ctx, k)
 	}
 	cmd := ledger.Command{Type: ledger.TypeTransfer, TransferID: k.TransferID, ClientID: c.Client, IdempotencyKey: c.Key,
 		From: req.From, To: req.To, Amount: req.Amount, Currency: req.Currency, CreatedAt: k.CreatedAt}
@@ -273,14 +272,16 @@ func (s *Handler) createTransfer(ctx context.Context, c call) reply {
 		stop()
 		return errReply(err) // the key stays in flight; a retry after its lease takes it over
 	}
-	return s.await(ctx, cmd, answered, stop)
+	return s.await(ctx, cmd, claim, answered, stop, false)
 }
 
 // await waits for the ledger's stored response, and for a cross-region
 // transfer (stored 202) for its final state, up to Wait. Whatever it answers
 // is first stored with the key, so that a repeat gets exactly this answer.
-// answered and stop are the key's wait (keyWaiter.done).
-func (s *Handler) await(ctx context.Context, cmd ledger.Command, answered <-chan IdempotencyKey, stop func()) reply {
+// answered and stop are the key's wait (keyWaiter.done); claim is the
+// request's, and unclaimed says that its key was not claimed (the API's own
+// answer then makes the key's row).
+func (s *Handler) await(ctx context.Context, cmd ledger.Command, claim KeyClaim, answered <-chan IdempotencyKey, stop func(), unclaimed bool) reply {
 	client, key, transferID := cmd.ClientID, cmd.IdempotencyKey, cmd.TransferID
 	deadline := time.Now().Add(s.cfg.Wait)
 	// Until the ledger answered, wait with every other request (told by
@@ -307,6 +308,21 @@ func (s *Handler) await(ctx context.Context, cmd ledger.Command, answered <-chan
 			}
 		}
 		read = true
+		if ok && !k.InFlight && k.TransferID != "" && k.TransferID != transferID && k.Fingerprint == nil {
+			// Told of another request's answer for this key: its request
+			// is in the stored row.
+			if k, ok, err = s.cfg.Store.Key(ctx, client, key); err != nil {
+				return errReply(err)
+			}
+		}
+		if ok && !k.InFlight && k.TransferID != "" && k.TransferID != transferID {
+			// Another request's answer: this one's key was answered before
+			// (a repeat folded by the ledger's business key).
+			if !bytes.Equal(k.Fingerprint, claim.Fingerprint) {
+				return s.mismatch()
+			}
+			return s.replay(ctx, k)
+		}
 		if ok && !k.InFlight && (k.Final || k.Status != http.StatusAccepted) {
 			if !k.Final {
 				if k, err = s.cfg.Store.Answer(ctx, client, key, k.Status, k.Body, false); err != nil {
@@ -332,11 +348,16 @@ func (s *Handler) await(ctx context.Context, cmd ledger.Command, answered <-chan
 				b, _ = json.Marshal(TransferBody{ID: transferID, From: cmd.From, To: cmd.To, Amount: cmd.Amount, Currency: cmd.Currency,
 					Status: string(ledger.StatusPending), CreatedAt: cmd.CreatedAt.UTC()})
 			}
-			k, err := s.cfg.Store.Answer(ctx, client, key, st, b, false)
+			var k IdempotencyKey
+			if unclaimed {
+				k, err = s.cfg.Store.AnswerUnclaimed(ctx, claim, st, b)
+			} else {
+				k, err = s.cfg.Store.Answer(ctx, client, key, st, b, false)
+			}
 			if err != nil {
 				return errReply(err)
 			}
-			return stored(k, false)
+			return stored(k, k.TransferID != "" && k.TransferID != transferID)
 		}
 		select {
 		case <-ctx.Done():

@@ -76,6 +76,10 @@ type Store interface {
 	// (the ledger's provisional 202) is replaced. Either way the stored
 	// response becomes final.
 	Answer(ctx context.Context, client, key string, status int, body []byte, replace bool) (IdempotencyKey, error)
+	// AnswerUnclaimed is Answer for a request whose key was not claimed
+	// (the ledger stores it, ledger.Command.KeyExpiresAt): it also makes
+	// the key's row, from c, when there is none or it expired.
+	AnswerUnclaimed(ctx context.Context, c KeyClaim, status int, body []byte) (IdempotencyKey, error)
 	// DeleteExpiredKeys removes the keys whose retention ended before now
 	// and returns how many.
 	DeleteExpiredKeys(ctx context.Context, now time.Time) (int64, error)

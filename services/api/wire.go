@@ -111,6 +111,14 @@ func DecodeTransferRequest(body []byte) (TransferRequest, error) {
 	return r, nil
 }
 
+// RequestFingerprint is the fingerprint of the transfer request behind a
+// client's command, as the API stores it with the request's idempotency
+// key: the ledger's apply transaction stores it for a key the API did not
+// claim (ledger.Command.KeyExpiresAt).
+func RequestFingerprint(c ledger.Command) []byte {
+	return TransferRequest{From: c.From, To: c.To, Amount: c.Amount, Currency: c.Currency}.fingerprint()
+}
+
 // fingerprint identifies the request behind an idempotency key.
 func (r TransferRequest) fingerprint() []byte {
 	b, _ := json.Marshal(r) // fixed field order

@@ -58,6 +58,12 @@ type Command struct {
 	CreatedAt      time.Time `json:"created_at"`
 	// Reason is why a credit was refused (refuse steps only).
 	Reason Code `json:"reason,omitempty"`
+	// KeyExpiresAt is set, on a client request, by an API that did not
+	// claim the request's idempotency key before submitting it: the apply
+	// transaction stores the key, with the request's first answer, kept
+	// until then (see postgres.Answers). It is not part of the request's
+	// identity (not in the fingerprint).
+	KeyExpiresAt time.Time `json:"key_expires_at,omitzero"`
 	// Trace is the W3C traceparent of the delivery that applies the
 	// command; it is not part of the command (not encoded, not in the
 	// fingerprint) and travels with the saga steps it causes.
@@ -116,6 +122,7 @@ type wireCommand struct {
 	Currency       string         `json:"currency"`
 	CreatedAt      time.Time      `json:"created_at"`
 	Reason         Code           `json:"reason"`
+	KeyExpiresAt   time.Time      `json:"key_expires_at"`
 }
 
 // DecodeCommand parses a command strictly, in one pass: unknown fields,
@@ -140,7 +147,7 @@ func DecodeCommand(b []byte) (Command, error) {
 		return Command{}, err
 	}
 	return Command{Type: w.Type, TransferID: w.TransferID, ClientID: w.ClientID, IdempotencyKey: w.IdempotencyKey,
-		From: w.From, To: w.To, Amount: amount, Currency: w.Currency, CreatedAt: w.CreatedAt, Reason: w.Reason}, nil
+		From: w.From, To: w.To, Amount: amount, Currency: w.Currency, CreatedAt: w.CreatedAt, Reason: w.Reason, KeyExpiresAt: w.KeyExpiresAt}, nil
 }
 
 // ParseAmount parses integer minor units written in canonical decimal

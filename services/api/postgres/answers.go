@@ -1,6 +1,8 @@
 package postgres
 
 import (
+	"time"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/paymesh/paymesh/services/api"
@@ -18,37 +20,96 @@ var _ ledgerpg.Answers = Answers{}
 
 // QueueAnswers queues, in the apply transaction's batch b, the response
 // (api.Respond) to every client request of cmds whose idempotency key is
-// still in flight. It is final (the API stores nothing after it) unless it
-// is a 202, which the API replaces with the transfer's final state if it
-// sees it in time. Saga steps, commands parked or still in progress, and
-// requests awaiting an account (dead-lettered unrecorded, so that a replay
-// may still apply them) have no answer yet. The rows it answered come back
-// with the answer as stored, into results[i].Answer.
+// still in flight, or for a request whose key the API did not claim
+// (ledger.Command.KeyExpiresAt) not there yet or expired. It is final (the
+// API stores nothing after it) unless it is a 202, which the API replaces
+// with the transfer's final state if it sees it in time. Saga steps,
+// commands parked or still in progress, and requests awaiting an account
+// (dead-lettered unrecorded, so that a replay may still apply them) have
+// no answer yet. The rows it answered come back with the answer as stored,
+// into results[i].Answer. A key answered before (a retry of the request,
+// or the API's own answer when its wait ran out) keeps its answer.
 func (Answers) QueueAnswers(b *pgx.Batch, cmds []ledger.Command, results []ledger.Result) {
-	var clients, keys []string
-	var statuses []int32
-	var bodies [][]byte
-	var idx []int
+	var claimed, unclaimed answerRows
+	index := map[[2]string]int{} // of the unclaimed keys, the command answered: one row each, or the upsert would touch it twice
 	for i, c := range cmds {
 		r := results[i]
 		if c.IsStep() || r.Kind == ledger.Parked || r.Kind == ledger.AwaitingAccount || (r.Kind == ledger.Duplicate && r.Transfer.ID == "") {
 			continue
 		}
-		status, body := api.Respond(r)
-		clients, keys = append(clients, c.ClientID), append(keys, c.IdempotencyKey)
-		statuses, bodies = append(statuses, int32(status)), append(bodies, body)
-		idx = append(idx, i)
+		if c.KeyExpiresAt.IsZero() {
+			claimed.add(i, c, r)
+			continue
+		}
+		if k := [2]string{c.ClientID, c.IdempotencyKey}; !contains(index, k) {
+			index[k] = i
+			unclaimed.add(i, c, r)
+		}
 	}
-	if len(clients) == 0 {
-		return
+	if len(claimed.idx) > 0 {
+		b.Queue(`
+			UPDATE idempotency_keys k SET state = 'done', response_status = u.status, response_body = u.body,
+			       response_final = u.status <> 202
+			FROM unnest($1::int[], $2::text[], $3::text[], $4::int[], $5::bytea[]) AS u(i, client_id, key, status, body)
+			WHERE k.client_id = u.client_id AND k.key = u.key AND k.state = 'in_flight'
+			RETURNING u.i, k.response_status, k.response_body`,
+			claimed.idx, claimed.clients, claimed.keys, claimed.statuses, claimed.bodies).Query(answered(results))
 	}
-	b.Queue(`
-		UPDATE idempotency_keys k SET state = 'done', response_status = u.status, response_body = u.body,
-		       response_final = u.status <> 202
-		FROM unnest($1::int[], $2::text[], $3::text[], $4::int[], $5::bytea[]) AS u(i, client_id, key, status, body)
-		WHERE k.client_id = u.client_id AND k.key = u.key AND k.state = 'in_flight'
-		RETURNING u.i, k.response_status, k.response_body`,
-		idx, clients, keys, statuses, bodies).Query(func(rows pgx.Rows) error {
+	if len(unclaimed.idx) > 0 {
+		fps, tids, created, expires := make([][]byte, len(unclaimed.idx)), make([]string, len(unclaimed.idx)),
+			make([]time.Time, len(unclaimed.idx)), make([]time.Time, len(unclaimed.idx))
+		for n, i := range unclaimed.idx {
+			c := cmds[i]
+			fps[n], tids[n], created[n], expires[n] = api.RequestFingerprint(c), c.TransferID, c.CreatedAt, c.KeyExpiresAt
+		}
+		// The key's row, new; or taking over an in-flight claim of the key
+		// (another API process claimed it meanwhile) or an expired one.
+		b.Queue(`
+			INSERT INTO idempotency_keys AS k (client_id, key, fingerprint, transfer_id, state, lease_until, created_at, expires_at,
+			                                   response_status, response_body, response_final)
+			SELECT u.client_id, u.key, u.fingerprint, u.transfer_id, 'done', u.created_at, u.created_at, u.expires_at,
+			       u.status, u.body, u.status <> 202
+			FROM unnest($1::int[], $2::text[], $3::text[], $4::int[], $5::bytea[], $6::bytea[], $7::text[], $8::timestamptz[], $9::timestamptz[])
+			     AS u(i, client_id, key, status, body, fingerprint, transfer_id, created_at, expires_at)
+			ON CONFLICT (client_id, key) DO UPDATE SET state = 'done', response_status = excluded.response_status,
+			       response_body = excluded.response_body, response_final = excluded.response_final,
+			       fingerprint = excluded.fingerprint, transfer_id = excluded.transfer_id,
+			       created_at = excluded.created_at, expires_at = excluded.expires_at
+			WHERE k.state = 'in_flight' OR k.expires_at < excluded.created_at
+			RETURNING k.client_id, k.key, k.response_status, k.response_body`,
+			unclaimed.idx, unclaimed.clients, unclaimed.keys, unclaimed.statuses, unclaimed.bodies, fps, tids, created, expires).Query(func(rows pgx.Rows) error {
+			var client, key string
+			var status int
+			var body []byte
+			_, err := pgx.ForEachRow(rows, []any{&client, &key, &status, &body}, func() error {
+				if i, ok := index[[2]string{client, key}]; ok {
+					results[i].Answer = &ledger.Answer{Status: status, Body: body}
+				}
+				return nil
+			})
+			return err
+		})
+	}
+}
+
+// answerRows are the answers of one statement, by column.
+type answerRows struct {
+	idx           []int
+	clients, keys []string
+	statuses      []int32
+	bodies        [][]byte
+}
+
+func (a *answerRows) add(i int, c ledger.Command, r ledger.Result) {
+	status, body := api.Respond(r)
+	a.idx, a.clients, a.keys = append(a.idx, i), append(a.clients, c.ClientID), append(a.keys, c.IdempotencyKey)
+	a.statuses, a.bodies = append(a.statuses, int32(status)), append(a.bodies, body)
+}
+
+// answered returns the reader of a statement's RETURNING rows (the
+// command's index, the answer as stored) into results.
+func answered(results []ledger.Result) func(pgx.Rows) error {
+	return func(rows pgx.Rows) error {
 		var i, status int
 		var body []byte
 		_, err := pgx.ForEachRow(rows, []any{&i, &status, &body}, func() error {
@@ -58,5 +119,10 @@ func (Answers) QueueAnswers(b *pgx.Batch, cmds []ledger.Command, results []ledge
 			return nil
 		})
 		return err
-	})
+	}
+}
+
+func contains(m map[[2]string]int, k [2]string) bool {
+	_, ok := m[k]
+	return ok
 }

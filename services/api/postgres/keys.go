@@ -350,6 +350,34 @@ func (s *Store) Answer(ctx context.Context, client, key string, status int, body
 	return k, nil
 }
 
+// AnswerUnclaimed stores the response the caller is about to send for a
+// request whose key it did not claim (the ledger stores the key's row with
+// its answer, ledger.Command.KeyExpiresAt): as Answer, the key's row is
+// made final with this response unless one is already stored, and
+// returned as stored, but the row is made if there is none (or it
+// expired), from c.
+func (s *Store) AnswerUnclaimed(ctx context.Context, c api.KeyClaim, status int, body []byte) (api.IdempotencyKey, error) {
+	rows, err := s.pool.Query(ctx, `
+		INSERT INTO idempotency_keys AS k (client_id, key, fingerprint, transfer_id, state, lease_until, created_at, expires_at,
+		                                   response_status, response_body, response_final)
+		VALUES ($1, $2, $3, $4, 'done', $5, $5, $6, $7, $8, true)
+		ON CONFLICT (client_id, key) DO UPDATE SET state = 'done', response_final = true,
+		       response_status = CASE WHEN k.state = 'in_flight' OR k.expires_at < $5 THEN $7 ELSE k.response_status END,
+		       response_body   = CASE WHEN k.state = 'in_flight' OR k.expires_at < $5 THEN $8 ELSE k.response_body END,
+		       fingerprint     = CASE WHEN k.expires_at < $5 THEN $3 ELSE k.fingerprint END,
+		       transfer_id     = CASE WHEN k.state = 'in_flight' OR k.expires_at < $5 THEN $4 ELSE k.transfer_id END,
+		       expires_at      = CASE WHEN k.expires_at < $5 THEN $6 ELSE k.expires_at END
+		RETURNING `+keyColumns, c.Client, c.Key, c.Fingerprint, c.TransferID, c.Now, c.Now.Add(c.TTL), status, body)
+	if err != nil {
+		return api.IdempotencyKey{}, fmt.Errorf("answer idempotency key: %w", err)
+	}
+	k, err := pgx.CollectExactlyOneRow(rows, scanKey)
+	if err != nil {
+		return api.IdempotencyKey{}, fmt.Errorf("answer idempotency key: %w", err)
+	}
+	return k, nil
+}
+
 // DeleteExpiredKeys removes idempotency keys whose retention ended before
 // now, and returns how many.
 func (s *Store) DeleteExpiredKeys(ctx context.Context, now time.Time) (int64, error) {

@@ -440,3 +440,53 @@ func proxiedStore(t *testing.T) (*apipg.Store, *faultproxy.Proxy) {
 	t.Cleanup(pool.Close)
 	return apipg.New(pool), proxy
 }
+
+// TestAnswersUnclaimed: for a request whose key the API did not claim
+// (KeyExpiresAt set), the apply transaction makes the key's row with the
+// answer, the request's fingerprint and transfer, kept until KeyExpiresAt;
+// a second request of one key in the batch adds nothing (one row, the
+// first's); a key answered before keeps its answer; an expired key is
+// taken over; and the result carries exactly what was stored.
+func TestAnswersUnclaimed(t *testing.T) {
+	f, store := fixture(t)
+	ctx := context.Background()
+	a, b := f.Account(t, "EUR", 100), f.Account(t, "EUR", 0)
+	unclaimed := func(c ledger.Command) ledger.Command {
+		c.KeyExpiresAt = c.CreatedAt.Add(time.Hour)
+		return c
+	}
+	fresh, kept, expired := unclaimed(f.Transfer(t, a, b, 10)), unclaimed(f.Transfer(t, a, b, 20)), unclaimed(f.Transfer(t, a, b, 30))
+	twin := fresh
+	twin.TransferID = f.ID(t)
+	for _, c := range []struct {
+		cmd     ledger.Command
+		expires time.Time
+	}{{kept, f.Clock.Now().Add(time.Hour)}, {expired, f.Clock.Now().Add(-time.Minute)}} {
+		claim := api.KeyClaim{Client: c.cmd.ClientID, Key: c.cmd.IdempotencyKey, Fingerprint: []byte("before"), TransferID: "eu-before",
+			Now: f.Clock.Now().Add(-2 * time.Hour), TTL: c.expires.Sub(f.Clock.Now().Add(-2 * time.Hour))}
+		if _, err := store.AnswerUnclaimed(ctx, claim, http.StatusAccepted, []byte(`{"by":"before"}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	results := f.Apply(t, fresh, twin, kept, expired)
+	for i, c := range []ledger.Command{fresh, expired} {
+		k, found, err := store.Key(ctx, c.ClientID, c.IdempotencyKey)
+		status, body := api.Respond(results[[]int{0, 3}[i]])
+		if err != nil || !found || k.InFlight || !k.Final || k.Status != status || !bytes.Equal(k.Body, body) ||
+			k.TransferID != c.TransferID || !bytes.Equal(k.Fingerprint, api.RequestFingerprint(c)) || k.ExpiresAt.Sub(c.KeyExpiresAt).Abs() > time.Microsecond {
+			t.Errorf("key of %s: %+v (found %v, %v), want the answer %d %s made by the batch", c.TransferID, k, found, err, status, body)
+		}
+		if an := results[[]int{0, 3}[i]].Answer; an == nil || an.Status != k.Status || !bytes.Equal(an.Body, k.Body) {
+			t.Errorf("result of %s carries %+v, want the stored answer", c.TransferID, an)
+		}
+	}
+	if an := results[1].Answer; an != nil {
+		t.Errorf("the second request of one key carries answer %d %s", an.Status, an.Body)
+	}
+	if k, _, _ := store.Key(ctx, kept.ClientID, kept.IdempotencyKey); k.Status != http.StatusAccepted || string(k.Body) != `{"by":"before"}` {
+		t.Errorf("a key answered before: %d %s, want its answer kept", k.Status, k.Body)
+	}
+	if an := results[2].Answer; an != nil {
+		t.Errorf("a key answered before: the result carries %d %s", an.Status, an.Body)
+	}
+}

@@ -79,12 +79,13 @@ type Config struct {
 	// RouterStats, if set, counts the API's submissions (with the region
 	// router's, in one process).
 	RouterStats *router.Stats
-	// Wait, KeyTTL, AnswerPoll, ClientCacheTTL and Now configure the API
-	// (see api.Config).
+	// Wait, KeyTTL, AnswerPoll, ClientCacheTTL, ClaimKeys and Now
+	// configure the API (see api.Config).
 	Wait           time.Duration
 	KeyTTL         time.Duration
 	AnswerPoll     time.Duration
 	ClientCacheTTL time.Duration
+	ClaimKeys      bool
 	Now            func() time.Time
 	// WrapStore, if set, decorates the API's store before the API uses it:
 	// cross-cutting concerns such as tracing, metrics or logging of every
@@ -195,7 +196,7 @@ func (s *Server) open(ctx context.Context) error {
 	}
 	led := postgres.New(s.pool, postgres.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen})
 	acfg := api.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen, Ledger: led, Store: store, Router: rt, NATS: s.nc,
-		Answers: answers, AnswerPoll: cfg.AnswerPoll, ClientCacheTTL: cfg.ClientCacheTTL, Wait: cfg.Wait, KeyTTL: cfg.KeyTTL, Now: cfg.Now, Log: cfg.Log}
+		Answers: answers, AnswerPoll: cfg.AnswerPoll, ClientCacheTTL: cfg.ClientCacheTTL, ClaimKeys: cfg.ClaimKeys, Wait: cfg.Wait, KeyTTL: cfg.KeyTTL, Now: cfg.Now, Log: cfg.Log}
 	if cfg.OpsNATSUser != "" {
 		if acfg.DeadLetters, err = s.openOps(ctx); err != nil {
 			return err

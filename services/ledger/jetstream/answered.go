@@ -27,8 +27,10 @@ const HeaderAnswerTo = "Paymesh-Answer-To"
 type AnsweredKey struct {
 	Client string `json:"c"`
 	Key    string `json:"k"`
-	Status int    `json:"s,omitempty"`
-	Body   []byte `json:"b,omitempty"`
+	// TransferID is the request's transfer (the one its answer is for).
+	TransferID string `json:"t,omitempty"`
+	Status     int    `json:"s,omitempty"`
+	Body       []byte `json:"b,omitempty"`
 }
 
 // AnsweredKeys is the payload of one notification: the keys of the
@@ -74,7 +76,7 @@ func (c *Consumer) notifyAnswered(msgs []jetstream.Msg, cmds []ledger.Command, r
 			by[to] = a
 			order = append(order, to)
 		}
-		k := AnsweredKey{Client: cmds[i].ClientID, Key: cmds[i].IdempotencyKey}
+		k := AnsweredKey{Client: cmds[i].ClientID, Key: cmds[i].IdempotencyKey, TransferID: cmds[i].TransferID}
 		if an := results[i].Answer; an != nil {
 			k.Status, k.Body = an.Status, an.Body
 		}

@@ -1,0 +1,207 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"sync"
+
+	"github.com/paymesh/paymesh/services/ledger"
+)
+
+// The fast path of a new transfer request: when this process has seen the
+// source account (a customer account of the client) and, for a destination
+// in this region, the destination, the request is submitted without
+// claiming its key first. The ledger's apply transaction is then the only
+// commit: it stores the key's row with the first answer, in the same
+// transaction as the debit (ledger.Command.KeyExpiresAt, postgres.Answers).
+//
+// What the claimed row did, and how each is kept:
+//   - a repeat while the first is in this process: the process's own
+//     in-flight table answers 409, or 422 for another body, without a
+//     round trip (inFlight);
+//   - a repeat while the first is elsewhere (another API process, or a
+//     first attempt whose answer was lost): the ledger stream's Nats-Msg-Id
+//     window (xfer/<client>/<key>) recognises the submit, and the key's
+//     row, if it is there yet, is replayed or answered 422; if not, 409;
+//   - a repeat after the window: the ledger's business key folds it, and
+//     the key's stored answer is replayed (or 422);
+//   - the API's own answer when its wait runs out (202) makes the row
+//     (Store.AnswerUnclaimed), so a repeat gets exactly that.
+//
+// A request this process cannot vouch for (an account it has not seen)
+// takes the claimed path (StartKey), whose reads teach it the accounts.
+
+// accountCache remembers accounts this process read: who owns them. An
+// account's owner and kind never change and accounts are never deleted,
+// so an entry is never stale; the cache only bounds its size.
+type accountCache struct {
+	mu    sync.RWMutex
+	owner map[string]string // account ID -> its client if a customer account, "" otherwise
+}
+
+// maxAccountCache bounds the accounts remembered; the cache starts over when
+// it is full.
+const maxAccountCache = 1 << 17
+
+func (c *accountCache) remember(a ledger.Account) {
+	owner := ""
+	if a.Kind == ledger.KindCustomer {
+		owner = a.ClientID
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.owner == nil || len(c.owner) >= maxAccountCache {
+		c.owner = map[string]string{}
+	}
+	c.owner[a.ID] = owner
+}
+
+// rememberExists records that account id exists (its owner unknown: it is
+// not vouched for as anyone's source).
+func (c *accountCache) rememberExists(id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.owner == nil || len(c.owner) >= maxAccountCache {
+		c.owner = map[string]string{}
+	}
+	if _, ok := c.owner[id]; !ok {
+		c.owner[id] = ""
+	}
+}
+
+// vouches reports whether source is known as a customer account of client
+// and destination ("" for none to check) as existing.
+func (c *accountCache) vouches(client, source, destination string) bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if owner, ok := c.owner[source]; !ok || owner == "" || owner != client {
+		return false
+	}
+	if destination == "" {
+		return true
+	}
+	_, ok := c.owner[destination]
+	return ok
+}
+
+// inFlight is this process's table of the unclaimed requests it has
+// submitted and not answered yet, by client and key, with their
+// fingerprints.
+type inFlight struct {
+	mu sync.Mutex
+	m  map[clientKey][]byte
+}
+
+// start enters a request; when the key is already in flight here it
+// returns that request's fingerprint and false.
+func (f *inFlight) start(k clientKey, fingerprint []byte) ([]byte, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if fp, ok := f.m[k]; ok {
+		return fp, false
+	}
+	if f.m == nil {
+		f.m = map[clientKey][]byte{}
+	}
+	f.m[k] = fingerprint
+	return nil, true
+}
+
+func (f *inFlight) end(k clientKey) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.m, k)
+}
+
+// createUnclaimed submits a transfer request without claiming its key
+// (see above), and answers it as createTransfer would.
+func (s *Handler) createUnclaimed(ctx context.Context, c call, req TransferRequest, claim KeyClaim) reply {
+	ck := clientKey{c.Client, c.Key}
+	if fp, ok := s.inflight.start(ck, claim.Fingerprint); !ok {
+		if !bytes.Equal(fp, claim.Fingerprint) {
+			return s.mismatch()
+		}
+		return s.inFlightReply()
+	}
+	defer s.inflight.end(ck)
+	s.Stats.Unclaimed.Add(1)
+	cmd := ledger.Command{Type: ledger.TypeTransfer, TransferID: claim.TransferID, ClientID: c.Client, IdempotencyKey: c.Key,
+		From: req.From, To: req.To, Amount: req.Amount, Currency: req.Currency, CreatedAt: claim.Now,
+		KeyExpiresAt: claim.Now.Add(claim.TTL)}
+	answered, stop := s.keys.done(c.Client, c.Key)
+	dup, err := s.cfg.Router.Submit(ctx, cmd)
+	if err != nil {
+		stop()
+		return errReply(err) // nothing is claimed: a retry submits again, and is recognised if this one was stored
+	}
+	if dup {
+		stop()
+		return s.submittedBefore(ctx, claim, cmd)
+	}
+	return s.await(ctx, cmd, claim, answered, stop, true)
+}
+
+// submittedBefore answers an unclaimed request whose submit the ledger
+// stream recognised: the same key was submitted within its window. The
+// key's row, once there, is replayed (or 422 for another body). Without a
+// row, a transfer the key made (its row expired meanwhile: the business key
+// outlives it) is the answer, as on the claimed path; without either, the
+// first submission is still being applied: 409.
+func (s *Handler) submittedBefore(ctx context.Context, claim KeyClaim, cmd ledger.Command) reply {
+	k, ok, err := s.cfg.Store.Key(ctx, claim.Client, claim.Key)
+	if err != nil {
+		return errReply(err)
+	}
+	if ok && k.ExpiresAt.After(claim.Now) {
+		if !bytes.Equal(k.Fingerprint, claim.Fingerprint) {
+			return s.mismatch()
+		}
+		if !k.InFlight {
+			return s.replay(ctx, k)
+		}
+		return s.inFlightReply()
+	}
+	prior, found, err := s.cfg.Store.TransferByKey(ctx, claim.Client, claim.Key)
+	if err != nil {
+		return errReply(err)
+	}
+	if !found {
+		return s.inFlightReply()
+	}
+	st, b := Respond(ledger.Result{Kind: ledger.Duplicate, Transfer: prior})
+	if !bytes.Equal(prior.Fingerprint, cmd.Fingerprint()) {
+		st, b = problem(ledger.Errorf(ledger.CodeIdempotencyKeyReused, "the Idempotency-Key was used for a different request"))
+	}
+	if k, err = s.cfg.Store.AnswerUnclaimed(ctx, claim, st, b); err != nil {
+		return errReply(err)
+	}
+	return stored(k, k.TransferID != claim.TransferID)
+}
+
+// mismatch is the answer to a key reused with another body.
+func (s *Handler) mismatch() reply {
+	s.Stats.Mismatches.Add(1)
+	return errReply(ledger.Errorf(ledger.CodeIdempotencyKeyReused, "the Idempotency-Key was used for a different request"))
+}
+
+// inFlightReply is the answer to a repeat while the first is in flight.
+func (s *Handler) inFlightReply() reply {
+	s.Stats.InFlight.Add(1)
+	rep := errReply(ledger.Errorf(CodeIdempotencyKeyInFlight, "a request with this Idempotency-Key is being processed"))
+	rep.Header["Retry-After"] = "1"
+	return rep
+}
+
+// replay answers a repeat with the key's stored answer. A provisional one
+// (the ledger's 202) has now been seen by a client: it is frozen, so that
+// everyone keeps getting it.
+func (s *Handler) replay(ctx context.Context, k IdempotencyKey) reply {
+	s.Stats.Replays.Add(1)
+	if !k.Final {
+		var err error
+		if k, err = s.cfg.Store.Answer(ctx, k.ClientID, k.Key, k.Status, k.Body, false); err != nil {
+			return errReply(err)
+		}
+	}
+	return stored(k, true)
+}

@@ -1,0 +1,152 @@
+package api_test
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/paymesh/paymesh/internal/testbed/cluster"
+	"github.com/paymesh/paymesh/services/api"
+	apiserver "github.com/paymesh/paymesh/services/api/server"
+	ledgerserver "github.com/paymesh/paymesh/services/ledger/server"
+)
+
+// ledgerGate holds every ledger's batches before they apply while it is
+// closed, so that a request stays in flight. (Before COMMIT would not do
+// for the claimed path: the held transaction locks the key's row, and a
+// repeat would wait for it.)
+type ledgerGate struct {
+	closed atomic.Bool
+	mu     sync.Mutex
+	open   chan struct{}
+}
+
+func newLedgerGate() *ledgerGate { return &ledgerGate{open: make(chan struct{})} }
+
+func (g *ledgerGate) close() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.open = make(chan struct{})
+	g.closed.Store(true)
+}
+
+func (g *ledgerGate) release() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed.CompareAndSwap(true, false) {
+		close(g.open)
+	}
+}
+
+func (g *ledgerGate) beforeApply(ctx context.Context, _ []jetstream.Msg) {
+	if !g.closed.Load() {
+		return
+	}
+	g.mu.Lock()
+	open := g.open
+	g.mu.Unlock()
+	select {
+	case <-open:
+	case <-ctx.Done():
+	}
+}
+
+// TestKeyGuaranteesBothPaths runs the idempotency guarantees on both ways
+// a transfer request reaches the ledger: unclaimed (the accounts are known
+// to the API process, which opened them: the ledger's transaction stores
+// the key with the answer) and claimed (--claim-keys: the key is claimed
+// in a commit of its own first). On each: the first answer is stored with
+// the key, in the transaction of the debit; a repeat gets it byte for byte
+// with Idempotent-Replayed; another body gets 422; while the first is in
+// flight a repeat gets 409 with Retry-After and another body 422; an answer
+// the API gave when its wait ran out (202) is the one stored, and the
+// ledger's later commit does not replace it; every transfer is applied
+// once.
+func TestKeyGuaranteesBothPaths(t *testing.T) {
+	for _, claim := range []bool{false, true} {
+		name := "unclaimed"
+		if claim {
+			name = "claimed"
+		}
+		t.Run(name, func(t *testing.T) {
+			gate := newLedgerGate()
+			t.Cleanup(gate.release)
+			e := mustEnv(t, 24*time.Hour, func(c *cluster.Config) {
+				c.Ledger = func(_ string, lc *ledgerserver.Config) { lc.BeforeApply = gate.beforeApply }
+				c.API = func(_ string, ac *apiserver.Config) { ac.ClaimKeys = claim }
+			})
+			from := e.account(t, "eu", keyA, 1000)
+			to := e.account(t, "eu", keyA, 0)
+			h := e.c.Region("eu").API
+			store := e.c.Region("eu").APIStore
+			ctx := context.Background()
+
+			first := e.do(t, "eu", "POST", "/v1/transfers", keyA, "k1", transferJSON(from, to, 10))
+			if first.status != http.StatusCreated {
+				t.Fatalf("first: %d %s", first.status, first.body)
+			}
+			if n := h.Stats.Unclaimed.Load(); (n == 1) == claim || n > 1 {
+				t.Fatalf("%d requests went unclaimed, want %v", n, map[bool]int{false: 1, true: 0}[claim])
+			}
+			var tb api.TransferBody
+			first.json(t, &tb)
+			k, ok, err := store.Key(ctx, "a", "k1")
+			if err != nil || !ok || k.InFlight || !k.Final || k.TransferID != tb.ID || !bytes.Equal(k.Body, first.body) || len(k.Fingerprint) == 0 {
+				t.Fatalf("stored key: %+v %v %v, want the first answer for %s", k, ok, err, tb.ID)
+			}
+			again := e.do(t, "eu", "POST", "/v1/transfers", keyA, "k1", transferJSON(from, to, 10))
+			if again.status != first.status || !bytes.Equal(again.body, first.body) || again.header.Get(api.HeaderReplayed) != "true" {
+				t.Fatalf("repeat: %d %s (replayed %q), want the first answer replayed", again.status, again.body, again.header.Get(api.HeaderReplayed))
+			}
+			if r := e.do(t, "eu", "POST", "/v1/transfers", keyA, "k1", transferJSON(from, to, 11)); r.status != 422 || r.code(t) != "idempotency_key_reused" {
+				t.Fatalf("another body: %d %s, want 422 idempotency_key_reused", r.status, r.body)
+			}
+
+			// In flight: the ledger holds its commit.
+			gate.close()
+			done := make(chan response, 1)
+			go func() { done <- e.do(t, "eu", "POST", "/v1/transfers", keyA, "k2", transferJSON(from, to, 20)) }()
+			time.Sleep(500 * time.Millisecond)
+			if r := e.do(t, "eu", "POST", "/v1/transfers", keyA, "k2", transferJSON(from, to, 20)); r.status != http.StatusConflict ||
+				r.code(t) != api.CodeIdempotencyKeyInFlight || r.header.Get("Retry-After") == "" {
+				t.Fatalf("repeat in flight: %d %s (Retry-After %q), want 409", r.status, r.body, r.header.Get("Retry-After"))
+			}
+			if r := e.do(t, "eu", "POST", "/v1/transfers", keyA, "k2", transferJSON(from, to, 21)); r.status != 422 || r.code(t) != "idempotency_key_reused" {
+				t.Fatalf("another body in flight: %d %s, want 422", r.status, r.body)
+			}
+			gate.release()
+			second := <-done
+			if second.status != http.StatusCreated {
+				t.Fatalf("the request held in flight: %d %s", second.status, second.body)
+			}
+			if r := e.do(t, "eu", "POST", "/v1/transfers", keyA, "k2", transferJSON(from, to, 20)); !bytes.Equal(r.body, second.body) {
+				t.Fatalf("repeat after: %d %s, want %s", r.status, r.body, second.body)
+			}
+
+			// The wait (3 s) runs out before the ledger commits: 202, stored.
+			gate.close()
+			slow := e.do(t, "eu", "POST", "/v1/transfers", keyA, "k3", transferJSON(from, to, 30))
+			if slow.status != http.StatusAccepted {
+				gate.release()
+				t.Fatalf("held past the wait: %d %s, want 202", slow.status, slow.body)
+			}
+			gate.release()
+			e.quiet(t)
+			if k, _, _ := store.Key(ctx, "a", "k3"); k.Status != http.StatusAccepted || !bytes.Equal(k.Body, slow.body) {
+				t.Fatalf("key after the ledger committed: %d %s, want the 202 the client got", k.Status, k.Body)
+			}
+			if r := e.do(t, "eu", "POST", "/v1/transfers", keyA, "k3", transferJSON(from, to, 30)); r.status != http.StatusAccepted || !bytes.Equal(r.body, slow.body) {
+				t.Fatalf("repeat of the 202: %d %s, want %s", r.status, r.body, slow.body)
+			}
+			if got := e.balance(t, "eu", keyA, to); got != 60 {
+				t.Fatalf("destination: got %d, want 60 (each transfer once)", got)
+			}
+		})
+	}
+}
