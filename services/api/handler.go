@@ -118,6 +118,7 @@ type Handler struct {
 	clients  clientCache
 	accounts accountCache // the accounts seen: who may submit unclaimed (unclaimed.go)
 	inflight inFlight     // the unclaimed requests submitted and not answered yet
+	lately   answeredLately
 }
 
 // New returns a region's API server. Call Listen to answer forwarded
@@ -142,7 +143,7 @@ func New(cfg Config) *Handler {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	s := &Handler{cfg: cfg, mux: http.NewServeMux(), keys: keyWaiter{store: cfg.Store, poll: cfg.AnswerPoll},
-		clients: clientCache{ttl: cfg.ClientCacheTTL, max: defaultClientCacheMax}}
+		clients: clientCache{ttl: cfg.ClientCacheTTL, max: defaultClientCacheMax}, lately: answeredLately{span: answeredLatelySpan}}
 	s.route("POST /v1/accounts", s.authed(s.postAccount))
 	s.route("GET /v1/accounts/{id}", s.authed(s.getAccount))
 	s.route("GET /v1/accounts/{id}/entries", s.authed(s.getEntries))

@@ -308,20 +308,20 @@ func (s *Handler) await(ctx context.Context, cmd ledger.Command, claim KeyClaim,
 			}
 		}
 		read = true
-		if ok && !k.InFlight && k.TransferID != "" && k.TransferID != transferID && k.Fingerprint == nil {
-			// Told of another request's answer for this key: its request
-			// is in the stored row.
-			if k, ok, err = s.cfg.Store.Key(ctx, client, key); err != nil {
-				return errReply(err)
-			}
-		}
 		if ok && !k.InFlight && k.TransferID != "" && k.TransferID != transferID {
 			// Another request's answer: this one's key was answered before
-			// (a repeat folded by the ledger's business key).
-			if !bytes.Equal(k.Fingerprint, claim.Fingerprint) {
+			// (a repeat folded by the ledger's business key). The stored
+			// row says whether it is this request's.
+			k2, outcome, err := s.cfg.Store.LookupKey(ctx, claim)
+			switch {
+			case err != nil:
+				return errReply(err)
+			case outcome == KeyMismatch:
 				return s.mismatch()
+			case outcome == KeyReplay:
+				return s.replay(ctx, k2)
 			}
-			return s.replay(ctx, k)
+			k, ok = k2, outcome != KeyNew // in flight again (taken over): wait on
 		}
 		if ok && !k.InFlight && (k.Final || k.Status != http.StatusAccepted) {
 			if !k.Final {

@@ -62,6 +62,11 @@ type Store interface {
 	// finds the caller's own claim (an insert whose answer was lost) by
 	// its transfer ID.
 	ResolveKey(ctx context.Context, c KeyClaim) (IdempotencyKey, KeyOutcome, error)
+	// LookupKey says, without claiming anything, what a request's key is
+	// (for a request submitted unclaimed): KeyReplay for a stored
+	// response, KeyMismatch for another request's fingerprint, KeyInFlight
+	// for a live claim, KeyNew for no key (or an expired one).
+	LookupKey(ctx context.Context, c KeyClaim) (IdempotencyKey, KeyOutcome, error)
 	// TransferByKey returns the transfer a client's idempotency key made
 	// (the ledger's business key outlives the idempotency key), or false.
 	TransferByKey(ctx context.Context, client, key string) (ledger.Transfer, bool, error)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"sync"
+	"time"
 
 	"github.com/paymesh/paymesh/services/ledger"
 )
@@ -19,6 +20,8 @@ import (
 //   - a repeat while the first is in this process: the process's own
 //     in-flight table answers 409, or 422 for another body, without a
 //     round trip (inFlight);
+//   - a repeat of a key this process answered lately (answeredLately): the
+//     key's row is read and replayed (or 422), without a submit;
 //   - a repeat while the first is elsewhere (another API process, or a
 //     first attempt whose answer was lost): the ledger stream's Nats-Msg-Id
 //     window (xfer/<client>/<key>) recognises the submit, and the key's
@@ -84,6 +87,43 @@ func (c *accountCache) vouches(client, source, destination string) bool {
 	return ok
 }
 
+// answeredLately remembers the keys this process answered on the unclaimed
+// path in the last span to two spans, so that a client's retry is answered
+// from the key's row without a submit (which the ledger stream would
+// recognise as well: one retry, counted by two layers). Two sets, the
+// older dropped every span, bound it by time.
+type answeredLately struct {
+	mu        sync.Mutex
+	cur, prev map[clientKey]struct{}
+	since     time.Time
+	span      time.Duration
+}
+
+// answeredLatelySpan is answeredLately's span: retries come within seconds.
+const answeredLatelySpan = 30 * time.Second
+
+func (a *answeredLately) rotate(now time.Time) {
+	if a.cur == nil || now.Sub(a.since) > a.span {
+		a.prev, a.cur, a.since = a.cur, map[clientKey]struct{}{}, now
+	}
+}
+
+func (a *answeredLately) add(k clientKey) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.rotate(time.Now())
+	a.cur[k] = struct{}{}
+}
+
+func (a *answeredLately) has(k clientKey) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.rotate(time.Now())
+	_, cur := a.cur[k]
+	_, prev := a.prev[k]
+	return cur || prev
+}
+
 // inFlight is this process's table of the unclaimed requests it has
 // submitted and not answered yet, by client and key, with their
 // fingerprints.
@@ -124,6 +164,18 @@ func (s *Handler) createUnclaimed(ctx context.Context, c call, req TransferReque
 		return s.inFlightReply()
 	}
 	defer s.inflight.end(ck)
+	if s.lately.has(ck) {
+		switch k, outcome, err := s.cfg.Store.LookupKey(ctx, claim); {
+		case err != nil:
+			return errReply(err)
+		case outcome == KeyMismatch:
+			return s.mismatch()
+		case outcome == KeyReplay:
+			return s.replay(ctx, k)
+		case outcome == KeyInFlight:
+			return s.inFlightReply()
+		}
+	}
 	s.Stats.Unclaimed.Add(1)
 	cmd := ledger.Command{Type: ledger.TypeTransfer, TransferID: claim.TransferID, ClientID: c.Client, IdempotencyKey: c.Key,
 		From: req.From, To: req.To, Amount: req.Amount, Currency: req.Currency, CreatedAt: claim.Now,
@@ -138,7 +190,9 @@ func (s *Handler) createUnclaimed(ctx context.Context, c call, req TransferReque
 		stop()
 		return s.submittedBefore(ctx, claim, cmd)
 	}
-	return s.await(ctx, cmd, claim, answered, stop, true)
+	rep := s.await(ctx, cmd, claim, answered, stop, true)
+	s.lately.add(ck)
+	return rep
 }
 
 // submittedBefore answers an unclaimed request whose submit the ledger
@@ -148,17 +202,16 @@ func (s *Handler) createUnclaimed(ctx context.Context, c call, req TransferReque
 // outlives it) is the answer, as on the claimed path; without either, the
 // first submission is still being applied: 409.
 func (s *Handler) submittedBefore(ctx context.Context, claim KeyClaim, cmd ledger.Command) reply {
-	k, ok, err := s.cfg.Store.Key(ctx, claim.Client, claim.Key)
+	k, outcome, err := s.cfg.Store.LookupKey(ctx, claim)
 	if err != nil {
 		return errReply(err)
 	}
-	if ok && k.ExpiresAt.After(claim.Now) {
-		if !bytes.Equal(k.Fingerprint, claim.Fingerprint) {
-			return s.mismatch()
-		}
-		if !k.InFlight {
-			return s.replay(ctx, k)
-		}
+	switch outcome {
+	case KeyMismatch:
+		return s.mismatch()
+	case KeyReplay:
+		return s.replay(ctx, k)
+	case KeyInFlight:
 		return s.inFlightReply()
 	}
 	prior, found, err := s.cfg.Store.TransferByKey(ctx, claim.Client, claim.Key)

@@ -69,6 +69,10 @@ func (b bugs) install(c *cluster.Config) {
 
 	// Scenario 10.
 	if b.ForgetKeyTransfer {
+		// On the claimed path, where the lookup decides: a resend the API
+		// submits unclaimed is folded by the ledger stream's window and
+		// the ledger's business key whatever the lookup says.
+		claimKeys(c)
 		wrapAPIStore(c, func(s api.Store) api.Store { return forgetKeyTransfer{s} })
 	}
 

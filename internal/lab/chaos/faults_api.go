@@ -27,6 +27,18 @@ func wrapAPIStore(c *cluster.Config, wrap func(api.Store) api.Store) {
 	}
 }
 
+// claimKeys makes every region's API claim each key before it submits
+// (apiserver.Config.ClaimKeys).
+func claimKeys(c *cluster.Config) {
+	prev := c.API
+	c.API = func(region string, ac *apiserver.Config) {
+		if prev != nil {
+			prev(region, ac)
+		}
+		ac.ClaimKeys = true
+	}
+}
+
 // ignoreKeyBody is scenario 1's bug: an idempotency key's fingerprint is
 // not compared, so an answered key sent again with another body is
 // replayed the first request's response instead of refused (422). A
@@ -40,6 +52,17 @@ func (s ignoreKeyBody) ResolveKey(ctx context.Context, c api.KeyClaim) (api.Idem
 	if err == nil && out == api.KeyMismatch {
 		c.Fingerprint = k.Fingerprint
 		return s.Store.ResolveKey(ctx, c)
+	}
+	return k, out, err
+}
+
+// LookupKey is the same bug on the unclaimed path: a repeat the ledger
+// stream recognised is replayed the stored response whatever its body.
+func (s ignoreKeyBody) LookupKey(ctx context.Context, c api.KeyClaim) (api.IdempotencyKey, api.KeyOutcome, error) {
+	k, out, err := s.Store.LookupKey(ctx, c)
+	if err == nil && out == api.KeyMismatch {
+		c.Fingerprint = k.Fingerprint
+		return s.Store.LookupKey(ctx, c)
 	}
 	return k, out, err
 }

@@ -111,10 +111,13 @@ func (l *load) id(t *testing.T, region string) string {
 	return id
 }
 
-// transfer submits transfer i through the router of its source region.
+// transfer submits transfer i through the router of the region after its
+// source's, so that it is forwarded (a submit in its home region skips the
+// route stream).
 func (l *load) transfer(ctx context.Context, t *testing.T, i int, to string) {
 	src := l.names[i%len(l.names)]
-	err := l.c.Submit(ctx, src, ledger.Command{Type: ledger.TypeTransfer, TransferID: l.id(t, src), ClientID: "c",
+	via := l.names[(i+1)%len(l.names)]
+	err := l.c.Submit(ctx, via, ledger.Command{Type: ledger.TypeTransfer, TransferID: l.id(t, src), ClientID: "c",
 		IdempotencyKey: fmt.Sprint("t-", i), From: l.eur[src], To: to, Amount: 1, Currency: "EUR", CreatedAt: time.Now()})
 	if err != nil && ctx.Err() == nil {
 		t.Errorf("submit %d: %v", i, err)

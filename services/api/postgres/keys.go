@@ -114,6 +114,23 @@ func (s *Store) ResolveKey(ctx context.Context, c api.KeyClaim) (api.Idempotency
 	return k, out, err
 }
 
+// LookupKey says what c's key is without claiming it (see api.Store): one
+// read.
+func (s *Store) LookupKey(ctx context.Context, c api.KeyClaim) (api.IdempotencyKey, api.KeyOutcome, error) {
+	k, found, err := s.Key(ctx, c.Client, c.Key)
+	switch {
+	case err != nil:
+		return api.IdempotencyKey{}, 0, err
+	case !found || k.ExpiresAt.Before(c.Now):
+		return k, api.KeyNew, nil
+	case !bytes.Equal(k.Fingerprint, c.Fingerprint):
+		return k, api.KeyMismatch, nil
+	case k.InFlight:
+		return k, api.KeyInFlight, nil
+	}
+	return k, api.KeyReplay, nil
+}
+
 // StartKey is the first step of a transfer request, in one round trip: it
 // reads the source account, claims the key as new (as BeginKey would) only
 // if the source is a customer account of the client and a destination in

@@ -18,22 +18,8 @@ func scanAccount(row pgx.CollectableRow) (ledger.Account, error) {
 	return a, err
 }
 
-// QueueAccount queues in b the read of account id into *a, setting *found
-// when it exists: a caller composes it with its own statements in one round
-// trip. The batch's Close returns the read's error.
-func QueueAccount(b *pgx.Batch, id string, a *ledger.Account, found *bool) {
-	b.Queue(`SELECT `+accountColumns+` FROM accounts WHERE id = $1`, id).Query(func(rows pgx.Rows) error {
-		v, err := pgx.CollectExactlyOneRow(rows, scanAccount)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil
-		}
-		*a, *found = v, err == nil
-		return err
-	})
-}
-
 // QueueAccounts queues in b the read of the accounts ids into out, by ID
-// (a missing one is absent): QueueAccount for many, in one statement. The
+// (a missing one is absent), in one statement: a caller composes it with its own statements in one round trip. The
 // batch's Close returns the read's error.
 func QueueAccounts(b *pgx.Batch, ids []string, out map[string]ledger.Account) {
 	b.Queue(`SELECT `+accountColumns+` FROM accounts WHERE id = ANY($1::text[])`, ids).Query(func(rows pgx.Rows) error {
