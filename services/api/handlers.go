@@ -272,7 +272,9 @@ func (s *Handler) createTransfer(ctx context.Context, c call) reply {
 		stop()
 		return errReply(err) // the key stays in flight; a retry after its lease takes it over
 	}
-	return s.await(ctx, cmd, claim, answered, stop, false)
+	rep := s.await(ctx, cmd, claim, answered, stop, false)
+	s.lately.add(clientKey{c.Client, c.Key}) // a retry on the unclaimed path reads the key, not submits
+	return rep
 }
 
 // await waits for the ledger's stored response, and for a cross-region

@@ -87,8 +87,8 @@ func (c *accountCache) vouches(client, source, destination string) bool {
 	return ok
 }
 
-// answeredLately remembers the keys this process answered on the unclaimed
-// path in the last span to two spans, so that a client's retry is answered
+// answeredLately remembers the keys this process answered (on either
+// path) in the last span to two spans, so that a client's retry is answered
 // from the key's row without a submit (which the ledger stream would
 // recognise as well: one retry, counted by two layers). Two sets, the
 // older dropped every span, bound it by time.

@@ -3,7 +3,10 @@ package api_test
 import (
 	"bytes"
 	"context"
+	"io"
 	"net/http"
+	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,7 +14,9 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/paymesh/paymesh/internal/testbed/apicheck"
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
+	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/api"
 	apiserver "github.com/paymesh/paymesh/services/api/server"
 	ledgerserver "github.com/paymesh/paymesh/services/ledger/server"
@@ -148,5 +153,81 @@ func TestKeyGuaranteesBothPaths(t *testing.T) {
 				t.Fatalf("destination: got %d, want 60 (each transfer once)", got)
 			}
 		})
+	}
+}
+
+// TestUnclaimedAcrossProcesses: two API processes of one region, each
+// vouching for the accounts. A request in flight in the first is unknown to
+// the second's own tables: the second's submit is recognised by the ledger
+// stream's Msg-Id window, and with no key row yet it answers 409 (for
+// another body too: the documented difference from the claimed path);
+// once the first is answered, the second replays the stored answer, and
+// another body gets 422. One transfer.
+func TestUnclaimedAcrossProcesses(t *testing.T) {
+	gate := newLedgerGate()
+	t.Cleanup(gate.release)
+	e := mustEnv(t, 24*time.Hour, func(c *cluster.Config) {
+		c.Ledger = func(_ string, lc *ledgerserver.Config) { lc.BeforeApply = gate.beforeApply }
+	})
+	from := e.account(t, "eu", keyA, 1000)
+	to := e.account(t, "eu", keyA, 0)
+	reg := e.c.Region("eu")
+	gen, err := idgen.NewGenerator(e.c.IDs(), "eu", 950)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := api.New(api.Config{Region: "eu", Regions: e.c.IDs(), IDs: gen, Ledger: reg.Ledger.Store, Store: reg.APIStore,
+		Router: reg.Router, Wait: 3 * time.Second})
+	srv := httptest.NewServer(second)
+	t.Cleanup(srv.Close)
+	post := func(base, key, body string) response {
+		t.Helper()
+		req, _ := http.NewRequest("POST", base+"/v1/transfers", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+keyA)
+		req.Header.Set("Idempotency-Key", key)
+		req.Header.Set("Content-Type", "application/json")
+		res, err := apicheck.Client(t).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return response{status: res.StatusCode, header: res.Header, body: b}
+	}
+	// The second process learns the accounts on the claimed path.
+	if r := post(srv.URL, "teach", transferJSON(from, to, 1)); r.status != http.StatusCreated {
+		t.Fatalf("first transfer through the second process: %d %s", r.status, r.body)
+	}
+	if n := second.Stats.Unclaimed.Load(); n != 0 {
+		t.Fatalf("the second process sent %d unclaimed before it saw the accounts", n)
+	}
+
+	gate.close()
+	done := make(chan response, 1)
+	go func() { done <- post(reg.APIURL, "k", transferJSON(from, to, 5)) }()
+	time.Sleep(500 * time.Millisecond)
+	for _, body := range []string{transferJSON(from, to, 5), transferJSON(from, to, 6)} {
+		if r := post(srv.URL, "k", body); r.status != http.StatusConflict || r.code(t) != api.CodeIdempotencyKeyInFlight {
+			gate.release()
+			t.Fatalf("in flight in the other process (%s): %d %s, want 409", body, r.status, r.body)
+		}
+	}
+	if n := second.Stats.Unclaimed.Load(); n != 2 {
+		t.Fatalf("the second process sent %d unclaimed, want 2 (the accounts are known now)", n)
+	}
+	gate.release()
+	first := <-done
+	if first.status != http.StatusCreated {
+		t.Fatalf("first: %d %s", first.status, first.body)
+	}
+	if r := post(srv.URL, "k", transferJSON(from, to, 5)); r.status != first.status || !bytes.Equal(r.body, first.body) || r.header.Get(api.HeaderReplayed) != "true" {
+		t.Fatalf("repeat in the other process: %d %s, want the first answer replayed", r.status, r.body)
+	}
+	if r := post(srv.URL, "k", transferJSON(from, to, 6)); r.status != 422 || r.code(t) != "idempotency_key_reused" {
+		t.Fatalf("another body in the other process: %d %s, want 422", r.status, r.body)
+	}
+	e.quiet(t)
+	if got := e.balance(t, "eu", keyA, to); got != 6 {
+		t.Fatalf("destination: got %d, want 6 (the teaching transfer and one of key k)", got)
 	}
 }
