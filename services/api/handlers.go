@@ -205,7 +205,27 @@ func (s *Handler) createTransfer(ctx context.Context, c call) reply {
 		// replayed once it exists, and the client would get a 202.
 		claim.Destination = req.To
 	}
-	if !s.cfg.ClaimKeys && s.accounts.vouches(c.Client, req.From, claim.Destination) {
+	if !s.cfg.ClaimKeys {
+		if !s.accounts.vouches(c.Client, req.From, claim.Destination) {
+			// Accounts this process has not seen: read them (one round
+			// trip shared with concurrent requests, no commit).
+			st, err := s.cfg.Store.CheckAccounts(ctx, claim, req.From)
+			if err != nil {
+				return errReply(err)
+			}
+			if st.SourceFound {
+				s.accounts.remember(st.Source)
+			}
+			if !ownedBy(st.Source, c.Client) {
+				return errReply(notFound(req.From))
+			}
+			if st.DestinationMissing {
+				return errReply(notFound(req.To))
+			}
+			if claim.Destination != "" {
+				s.accounts.rememberExists(claim.Destination)
+			}
+		}
 		return s.createUnclaimed(ctx, c, req, claim)
 	}
 	// Otherwise in one round trip: the owner check, a new key's claim and

@@ -57,6 +57,10 @@ type Store interface {
 	// the source is a customer account of the client, and reads the
 	// transfer the client's key already made (see KeyStart).
 	StartKey(ctx context.Context, c KeyClaim, source string) (KeyStart, error)
+	// CheckAccounts is StartKey's reads of the accounts alone, claiming
+	// nothing (for a request submitted unclaimed): the source account, and
+	// whether a destination in this region (c.Destination) exists.
+	CheckAccounts(ctx context.Context, c KeyClaim, source string) (KeyStart, error)
 	// ResolveKey locks the key's row and says what to do with it,
 	// claiming it when it is missing or expired (see KeyOutcome). It
 	// finds the caller's own claim (an insert whose answer was lost) by

@@ -53,6 +53,62 @@ func FuzzDecodeTransferRequest(f *testing.F) {
 	})
 }
 
+// FuzzDecodeTransferFastAgrees: the one-pass decoder accepts only what the
+// strict one accepts, decoded the same: whatever it refuses goes to the
+// strict one, so it may refuse more, never less.
+func FuzzDecodeTransferFastAgrees(f *testing.F) {
+	for _, s := range append(seeds(f), fastCases...) {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) { checkFastAgrees(t, body) })
+}
+
+// fastCases are bodies where the two decoders could part: spellings the
+// strict one refuses and the JSON v2 decoder has its own rules for.
+var fastCases = []string{
+	`{"from":"eu-1","to":"eu-2","amount":5,"currency":"EUR"}`,
+	` {"from":"eu-1","to":"eu-2","amount":5,"currency":"EUR"} `,
+	`{"from":"eu-1","to":"eu-2","amount":5,"currency":"EUR"}{}`,
+	`{"From":"eu-1","to":"eu-2","amount":5,"currency":"EUR"}`,
+	`{"from":"eu-1","from":"eu-3","to":"eu-2","amount":5,"currency":"EUR"}`,
+	`{"from":"eu-1","to":"eu-2","amount":5,"currency":"EUR","x":1}`,
+	`{"from":"eu-1","to":"eu-2","amount":5.0,"currency":"EUR"}`,
+	`{"from":"eu-1","to":"eu-2","amount":"5","currency":"EUR"}`,
+	`{"from":"eu-1","to":"eu-2","amount":null,"currency":"EUR"}`,
+	`{"from":"eu-1","to":"eu-2","amount":-0,"currency":"EUR"}`,
+	`{"from":"eu-1","to":"eu-2","amount":05,"currency":"EUR"}`,
+	`{"from":null,"to":"eu-2","amount":5,"currency":"EUR"}`,
+	`{"from":"eu-\u0031","to":"eu-2","amount":5,"currency":"EUR"}`,
+	"{\"from\":\"eu-\xff\",\"to\":\"eu-2\",\"amount\":5,\"currency\":\"EUR\"}",
+	`null`, `[]`, `"x"`, ``, `{}`,
+}
+
+func checkFastAgrees(t *testing.T, body []byte) {
+	t.Helper()
+	fast, ok := decodeTransferFast(body)
+	if !ok {
+		return
+	}
+	var strict TransferRequest
+	if err := decodeStrict(body, &strict, "from", "to", "amount", "currency"); err != nil {
+		t.Fatalf("the fast decoder accepted %q, which the strict one refuses: %v", body, err)
+	}
+	if fast != strict {
+		t.Fatalf("%q: fast %+v, strict %+v", body, fast, strict)
+	}
+}
+
+// TestDecodeTransferFastAgrees runs the fuzz target's check on its seeds,
+// and shows the fast decoder takes a plain request.
+func TestDecodeTransferFastAgrees(t *testing.T) {
+	for _, s := range append(seeds(t), fastCases...) {
+		checkFastAgrees(t, []byte(s))
+	}
+	if _, ok := decodeTransferFast([]byte(fastCases[0])); !ok {
+		t.Fatalf("the fast decoder refused a plain request %s", fastCases[0])
+	}
+}
+
 // FuzzParseAmount: no panic, and an accepted amount is exactly the decimal
 // integer it was written as.
 func FuzzParseAmount(f *testing.F) {

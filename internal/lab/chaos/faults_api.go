@@ -97,3 +97,12 @@ func (s skipOwnerCheck) StartKey(ctx context.Context, c api.KeyClaim, source str
 	}
 	return st, err
 }
+
+// CheckAccounts is the same lie on the unclaimed path's read.
+func (s skipOwnerCheck) CheckAccounts(ctx context.Context, c api.KeyClaim, source string) (api.KeyStart, error) {
+	st, err := s.Store.CheckAccounts(ctx, c, source)
+	if err == nil && st.SourceFound {
+		st.Source.ClientID, st.Source.Kind = c.Client, ledger.KindCustomer
+	}
+	return st, err
+}

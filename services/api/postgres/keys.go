@@ -143,7 +143,18 @@ func (s *Store) LookupKey(ctx context.Context, c api.KeyClaim) (api.IdempotencyK
 // returns an error only when the database fails, for every call of the
 // group; the claim's outcome is then unknown (ResolveKey finds it).
 func (s *Store) StartKey(ctx context.Context, c api.KeyClaim, source string) (api.KeyStart, error) {
-	r := &startReq{claim: c, source: source, done: make(chan struct{})}
+	return s.start(ctx, &startReq{claim: c, source: source, claims: true, done: make(chan struct{})})
+}
+
+// CheckAccounts is StartKey without the claim and the business-key read:
+// it reads the source account and whether a destination in this region
+// (c.Destination) exists, for a request submitted unclaimed. It shares
+// StartKey's groups (a round trip for many calls) and writes nothing.
+func (s *Store) CheckAccounts(ctx context.Context, c api.KeyClaim, source string) (api.KeyStart, error) {
+	return s.start(ctx, &startReq{claim: c, source: source, done: make(chan struct{})})
+}
+
+func (s *Store) start(ctx context.Context, r *startReq) (api.KeyStart, error) {
 	s.claims.add(s, r)
 	select {
 	case <-r.done:
@@ -153,10 +164,11 @@ func (s *Store) StartKey(ctx context.Context, c api.KeyClaim, source string) (ap
 	}
 }
 
-// startReq is one StartKey call waiting for its group.
+// startReq is one StartKey or CheckAccounts call waiting for its group.
 type startReq struct {
 	claim  api.KeyClaim
 	source string
+	claims bool // StartKey: claim the key and read its transfer
 	st     api.KeyStart
 	err    error
 	done   chan struct{}
@@ -239,22 +251,27 @@ type groupRead struct {
 func queueStarts(b *pgx.Batch, group []*startReq) *groupRead {
 	read := &groupRead{accounts: map[string]ledger.Account{}, claimed: map[string]api.IdempotencyKey{},
 		prior: map[ledgerpg.ClientKey]ledger.Transfer{}}
-	n := len(group)
-	ids := make([]string, 0, 2*n)
-	clients, keys, fps, tids := make([]string, n), make([]string, n), make([][]byte, n), make([]string, n)
-	leases, created, expires := make([]time.Time, n), make([]time.Time, n), make([]time.Time, n)
-	sources, dests := make([]string, n), make([]string, n)
-	for i, r := range group {
+	ids := make([]string, 0, 2*len(group))
+	var clients, keys, tids, sources, dests []string
+	var fps [][]byte
+	var leases, created, expires []time.Time
+	for _, r := range group {
 		c := r.claim
 		ids = append(ids, r.source)
 		if c.Destination != "" {
 			ids = append(ids, c.Destination)
 		}
-		clients[i], keys[i], fps[i], tids[i] = c.Client, c.Key, c.Fingerprint, c.TransferID
-		leases[i], created[i], expires[i] = c.Now.Add(c.Lease), c.Now, c.Now.Add(c.TTL)
-		sources[i], dests[i] = r.source, c.Destination
+		if !r.claims {
+			continue
+		}
+		clients, keys, fps, tids = append(clients, c.Client), append(keys, c.Key), append(fps, c.Fingerprint), append(tids, c.TransferID)
+		leases, created, expires = append(leases, c.Now.Add(c.Lease)), append(created, c.Now), append(expires, c.Now.Add(c.TTL))
+		sources, dests = append(sources, r.source), append(dests, c.Destination)
 	}
 	ledgerpg.QueueAccounts(b, ids, read.accounts)
+	if len(clients) == 0 {
+		return read
+	}
 	b.Queue(`
 		INSERT INTO idempotency_keys (client_id, key, fingerprint, transfer_id, state, lease_until, created_at, expires_at)
 		SELECT u.client_id, u.key, u.fingerprint, u.transfer_id, 'in_flight', u.lease_until, u.created_at, u.expires_at
@@ -283,6 +300,9 @@ func (g *groupRead) fill(r *startReq) {
 	if c.Destination != "" {
 		_, found := g.accounts[c.Destination]
 		st.DestinationMissing = !found
+	}
+	if !r.claims {
+		return
 	}
 	st.Key, st.Claimed = g.claimed[c.TransferID]
 	st.Prior = g.prior[ledgerpg.ClientKey{Client: c.Client, Key: c.Key}]

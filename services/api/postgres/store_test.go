@@ -490,3 +490,53 @@ func TestAnswersUnclaimed(t *testing.T) {
 		t.Errorf("a key answered before: the result carries %d %s", an.Status, an.Body)
 	}
 }
+
+// TestCheckAccounts: the unclaimed path's read gives StartKey's account
+// outcomes (the source with its owner, a missing source, a missing
+// destination here) and writes nothing, alone or in a group with claims.
+func TestCheckAccounts(t *testing.T) {
+	f, store := fixture(t)
+	ctx := context.Background()
+	a, b := f.Account(t, "EUR", 100), f.Account(t, "EUR", 0)
+	claim := func(key, dest string) api.KeyClaim {
+		return api.KeyClaim{Client: "c1", Key: key, Fingerprint: []byte("fp"), TransferID: "eu-" + key, Destination: dest,
+			Now: f.Clock.Now(), Lease: time.Minute, TTL: time.Hour}
+	}
+	var wg sync.WaitGroup
+	sts := make([]api.KeyStart, 4)
+	errs := make([]error, 4)
+	for i, c := range []struct {
+		claim  api.KeyClaim
+		source string
+		start  bool
+	}{{claim("own", b), a, false}, {claim("nodest", "eu-nosuchaccount"), a, false}, {claim("nosource", ""), "eu-nosuchaccount", false}, {claim("claimed", b), a, true}} {
+		wg.Go(func() {
+			if c.start {
+				sts[i], errs[i] = store.StartKey(ctx, c.claim, c.source)
+			} else {
+				sts[i], errs[i] = store.CheckAccounts(ctx, c.claim, c.source)
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := sts[0]; !st.SourceFound || st.Source.ID != a || st.Source.ClientID != "c1" || st.DestinationMissing || st.Claimed {
+		t.Errorf("own account, destination here: %+v", st)
+	}
+	if st := sts[1]; !st.SourceFound || !st.DestinationMissing || st.Claimed {
+		t.Errorf("missing destination: %+v", st)
+	}
+	if st := sts[2]; st.SourceFound || st.Claimed {
+		t.Errorf("missing source: %+v", st)
+	}
+	if st := sts[3]; !st.Claimed {
+		t.Errorf("the StartKey call of the group: %+v", st)
+	}
+	if n := f.Count(t, `SELECT count(*) FROM idempotency_keys`); n != 1 {
+		t.Fatalf("%d keys, want only the StartKey call's", n)
+	}
+}
