@@ -80,10 +80,9 @@ type Config struct {
 	// working for up to this long.
 	ClientCacheTTL time.Duration
 	// ClaimKeys makes every transfer request claim its idempotency key in
-	// a commit of its own before it is submitted (the claimed path), as
-	// when this process has not seen the request's accounts. By default a
-	// request whose accounts it has seen is submitted unclaimed, and the
-	// ledger's transaction stores its key (unclaimed.go): a commit less.
+	// a commit of its own before it is submitted (the claimed path). By
+	// default a request is submitted unclaimed, and the ledger's
+	// transaction stores its key (unclaimed.go): a commit less.
 	// Claiming keeps one semantic across several API processes of a
 	// region: a repeat with another body while the first is in flight in
 	// another process gets 422, where unclaimed it gets 409 (and 422 once

@@ -376,10 +376,18 @@ func (s *Handler) await(ctx context.Context, cmd ledger.Command, claim KeyClaim,
 			} else {
 				k, err = s.cfg.Store.Answer(ctx, client, key, st, b, false)
 			}
-			if err != nil {
+			switch {
+			case err != nil:
 				return errReply(err)
+			case k.InFlight: // another request's claim holds the key
+				return s.inFlightReply()
+			case k.TransferID != "" && k.TransferID != transferID: // another request's answer
+				if !bytes.Equal(k.Fingerprint, claim.Fingerprint) {
+					return s.mismatch()
+				}
+				return s.replay(ctx, k)
 			}
-			return stored(k, k.TransferID != "" && k.TransferID != transferID)
+			return stored(k, false)
 		}
 		select {
 		case <-ctx.Done():

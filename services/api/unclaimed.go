@@ -9,10 +9,10 @@ import (
 	"github.com/paymesh/paymesh/services/ledger"
 )
 
-// The fast path of a new transfer request: when this process has seen the
-// source account (a customer account of the client) and, for a destination
-// in this region, the destination, the request is submitted without
-// claiming its key first. The ledger's apply transaction is then the only
+// The default path of a new transfer request: once the source account is
+// known as a customer account of the client and a destination in this
+// region as existing, the request is submitted without claiming its key
+// first. The ledger's apply transaction is then the only
 // commit: it stores the key's row with the first answer, in the same
 // transaction as the debit (ledger.Command.KeyExpiresAt, postgres.Answers).
 //
@@ -31,8 +31,9 @@ import (
 //   - the API's own answer when its wait runs out (202) makes the row
 //     (Store.AnswerUnclaimed), so a repeat gets exactly that.
 //
-// A request this process cannot vouch for (an account it has not seen)
-// takes the claimed path (StartKey), whose reads teach it the accounts.
+// Accounts this process has not seen it reads first (Store.CheckAccounts,
+// no claim, no write), and remembers. Only Config.ClaimKeys takes the
+// claimed path (StartKey).
 
 // accountCache remembers accounts this process read: who owns them. An
 // account's owner and kind never change and accounts are never deleted,

@@ -63,7 +63,13 @@ func (Answers) QueueAnswers(b *pgx.Batch, cmds []ledger.Command, results []ledge
 			fps[n], tids[n], created[n], expires[n] = api.RequestFingerprint(c), c.TransferID, c.CreatedAt, c.KeyExpiresAt
 		}
 		// The key's row, new; or taking over an in-flight claim of the key
-		// (another API process claimed it meanwhile) or an expired one.
+		// (another API process claimed it meanwhile) or an expired one; or
+		// replacing a 202 that names a transfer which does not exist and
+		// now never will (the key's transfer is this batch's, or an
+		// earlier one's): the API's own answer for an attempt whose wait
+		// ran out while an earlier attempt of the key, older than the
+		// Msg-Id window, was still in the stream. Left as it was, it would
+		// give the client a transfer ID that never exists.
 		b.Queue(`
 			INSERT INTO idempotency_keys AS k (client_id, key, fingerprint, transfer_id, state, lease_until, created_at, expires_at,
 			                                   response_status, response_body, response_final)
@@ -76,6 +82,8 @@ func (Answers) QueueAnswers(b *pgx.Batch, cmds []ledger.Command, results []ledge
 			       fingerprint = excluded.fingerprint, transfer_id = excluded.transfer_id,
 			       created_at = excluded.created_at, expires_at = excluded.expires_at
 			WHERE k.state = 'in_flight' OR k.expires_at < excluded.created_at
+			   OR (k.response_status = 202 AND k.transfer_id <> excluded.transfer_id
+			       AND NOT EXISTS (SELECT 1 FROM transfers t WHERE t.id = k.transfer_id))
 			RETURNING k.client_id, k.key, k.response_status, k.response_body`,
 			unclaimed.idx, unclaimed.clients, unclaimed.keys, unclaimed.statuses, unclaimed.bodies, fps, tids, created, expires).Query(func(rows pgx.Rows) error {
 			var client, key string

@@ -389,26 +389,38 @@ func (s *Store) Answer(ctx context.Context, client, key string, status int, body
 
 // AnswerUnclaimed stores the response the caller is about to send for a
 // request whose key it did not claim (the ledger stores the key's row with
-// its answer, ledger.Command.KeyExpiresAt): as Answer, the key's row is
-// made final with this response unless one is already stored, and
-// returned as stored, but the row is made if there is none (or it
-// expired), from c.
+// its answer, ledger.Command.KeyExpiresAt): the key's row is made, from c,
+// when there is none or it expired; a row there already is returned as it
+// is, answered (send what it holds, or 422 for another body) or in flight
+// under another request's claim (409), never taken over.
 func (s *Store) AnswerUnclaimed(ctx context.Context, c api.KeyClaim, status int, body []byte) (api.IdempotencyKey, error) {
 	rows, err := s.pool.Query(ctx, `
-		INSERT INTO idempotency_keys AS k (client_id, key, fingerprint, transfer_id, state, lease_until, created_at, expires_at,
-		                                   response_status, response_body, response_final)
-		VALUES ($1, $2, $3, $4, 'done', $5, $5, $6, $7, $8, true)
-		ON CONFLICT (client_id, key) DO UPDATE SET state = 'done', response_final = true,
-		       response_status = CASE WHEN k.state = 'in_flight' OR k.expires_at < $5 THEN $7 ELSE k.response_status END,
-		       response_body   = CASE WHEN k.state = 'in_flight' OR k.expires_at < $5 THEN $8 ELSE k.response_body END,
-		       fingerprint     = CASE WHEN k.expires_at < $5 THEN $3 ELSE k.fingerprint END,
-		       transfer_id     = CASE WHEN k.state = 'in_flight' OR k.expires_at < $5 THEN $4 ELSE k.transfer_id END,
-		       expires_at      = CASE WHEN k.expires_at < $5 THEN $6 ELSE k.expires_at END
-		RETURNING `+keyColumns, c.Client, c.Key, c.Fingerprint, c.TransferID, c.Now, c.Now.Add(c.TTL), status, body)
+		WITH made AS (
+			INSERT INTO idempotency_keys AS k (client_id, key, fingerprint, transfer_id, state, lease_until, created_at, expires_at,
+			                                   response_status, response_body, response_final)
+			VALUES ($1, $2, $3, $4, 'done', $5, $5, $6, $7, $8, true)
+			ON CONFLICT (client_id, key) DO UPDATE SET state = 'done', response_final = true,
+			       response_status = $7, response_body = $8, fingerprint = $3, transfer_id = $4,
+			       lease_until = $5, created_at = $5, expires_at = $6
+			WHERE k.expires_at < $5
+			RETURNING `+keyColumns+`)
+		SELECT * FROM made
+		UNION ALL
+		SELECT `+keyColumns+` FROM idempotency_keys WHERE client_id = $1 AND key = $2 AND NOT EXISTS (SELECT 1 FROM made)`,
+		c.Client, c.Key, c.Fingerprint, c.TransferID, c.Now, c.Now.Add(c.TTL), status, body)
 	if err != nil {
 		return api.IdempotencyKey{}, fmt.Errorf("answer idempotency key: %w", err)
 	}
 	k, err := pgx.CollectExactlyOneRow(rows, scanKey)
+	if errors.Is(err, pgx.ErrNoRows) {
+		// The row was committed by another transaction while this
+		// statement ran (the conflict waited for it; its snapshot is
+		// older): read it.
+		var found bool
+		if k, found, err = s.Key(ctx, c.Client, c.Key); err == nil && !found {
+			err = errors.New("the key's row vanished")
+		}
+	}
 	if err != nil {
 		return api.IdempotencyKey{}, fmt.Errorf("answer idempotency key: %w", err)
 	}

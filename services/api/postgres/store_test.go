@@ -446,7 +446,9 @@ func proxiedStore(t *testing.T) (*apipg.Store, *faultproxy.Proxy) {
 // answer, the request's fingerprint and transfer, kept until KeyExpiresAt;
 // a second request of one key in the batch adds nothing (one row, the
 // first's); a key answered before keeps its answer; an expired key is
-// taken over; and the result carries exactly what was stored.
+// taken over, and so is a 202 that names a transfer which never came to
+// be (an earlier attempt of the key took it); the result carries exactly
+// what was stored.
 func TestAnswersUnclaimed(t *testing.T) {
 	f, store := fixture(t)
 	ctx := context.Background()
@@ -455,39 +457,84 @@ func TestAnswersUnclaimed(t *testing.T) {
 		c.KeyExpiresAt = c.CreatedAt.Add(time.Hour)
 		return c
 	}
-	fresh, kept, expired := unclaimed(f.Transfer(t, a, b, 10)), unclaimed(f.Transfer(t, a, b, 20)), unclaimed(f.Transfer(t, a, b, 30))
+	fresh, kept, expired, phantom := unclaimed(f.Transfer(t, a, b, 10)), unclaimed(f.Transfer(t, a, b, 20)),
+		unclaimed(f.Transfer(t, a, b, 30)), unclaimed(f.Transfer(t, a, b, 40))
 	twin := fresh
 	twin.TransferID = f.ID(t)
 	for _, c := range []struct {
 		cmd     ledger.Command
+		status  int
 		expires time.Time
-	}{{kept, f.Clock.Now().Add(time.Hour)}, {expired, f.Clock.Now().Add(-time.Minute)}} {
+	}{
+		{kept, http.StatusCreated, f.Clock.Now().Add(time.Hour)},
+		{expired, http.StatusAccepted, f.Clock.Now().Add(-time.Minute)},
+		{phantom, http.StatusAccepted, f.Clock.Now().Add(time.Hour)},
+	} {
+		since := f.Clock.Now().Add(-2 * time.Hour)
 		claim := api.KeyClaim{Client: c.cmd.ClientID, Key: c.cmd.IdempotencyKey, Fingerprint: []byte("before"), TransferID: "eu-before",
-			Now: f.Clock.Now().Add(-2 * time.Hour), TTL: c.expires.Sub(f.Clock.Now().Add(-2 * time.Hour))}
-		if _, err := store.AnswerUnclaimed(ctx, claim, http.StatusAccepted, []byte(`{"by":"before"}`)); err != nil {
+			Now: since, TTL: c.expires.Sub(since)}
+		if _, err := store.AnswerUnclaimed(ctx, claim, c.status, []byte(`{"by":"before"}`)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	results := f.Apply(t, fresh, twin, kept, expired)
-	for i, c := range []ledger.Command{fresh, expired} {
+	results := f.Apply(t, fresh, twin, kept, expired, phantom)
+	for _, i := range []int{0, 3, 4} {
+		c := []ledger.Command{fresh, twin, kept, expired, phantom}[i]
 		k, found, err := store.Key(ctx, c.ClientID, c.IdempotencyKey)
-		status, body := api.Respond(results[[]int{0, 3}[i]])
+		status, body := api.Respond(results[i])
 		if err != nil || !found || k.InFlight || !k.Final || k.Status != status || !bytes.Equal(k.Body, body) ||
 			k.TransferID != c.TransferID || !bytes.Equal(k.Fingerprint, api.RequestFingerprint(c)) || k.ExpiresAt.Sub(c.KeyExpiresAt).Abs() > time.Microsecond {
 			t.Errorf("key of %s: %+v (found %v, %v), want the answer %d %s made by the batch", c.TransferID, k, found, err, status, body)
 		}
-		if an := results[[]int{0, 3}[i]].Answer; an == nil || an.Status != k.Status || !bytes.Equal(an.Body, k.Body) {
+		if an := results[i].Answer; an == nil || an.Status != k.Status || !bytes.Equal(an.Body, k.Body) {
 			t.Errorf("result of %s carries %+v, want the stored answer", c.TransferID, an)
 		}
 	}
 	if an := results[1].Answer; an != nil {
 		t.Errorf("the second request of one key carries answer %d %s", an.Status, an.Body)
 	}
-	if k, _, _ := store.Key(ctx, kept.ClientID, kept.IdempotencyKey); k.Status != http.StatusAccepted || string(k.Body) != `{"by":"before"}` {
+	if k, _, _ := store.Key(ctx, kept.ClientID, kept.IdempotencyKey); k.Status != http.StatusCreated || string(k.Body) != `{"by":"before"}` {
 		t.Errorf("a key answered before: %d %s, want its answer kept", k.Status, k.Body)
 	}
 	if an := results[2].Answer; an != nil {
 		t.Errorf("a key answered before: the result carries %d %s", an.Status, an.Body)
+	}
+}
+
+// TestAnswerUnclaimed: the API's own answer for a request whose key it did
+// not claim makes the key's row, or takes over an expired one; a row
+// answered by another request, or in flight under another's claim, is
+// returned as it is.
+func TestAnswerUnclaimed(t *testing.T) {
+	_, store := fixture(t)
+	ctx := context.Background()
+	now := time.Now()
+	c := func(key, tid string, fp string) api.KeyClaim {
+		return api.KeyClaim{Client: "c1", Key: key, Fingerprint: []byte(fp), TransferID: tid, Now: now, Lease: time.Minute, TTL: time.Hour}
+	}
+	k, err := store.AnswerUnclaimed(ctx, c("new", "eu-1", "fp"), http.StatusAccepted, []byte(`{"id":"eu-1"}`))
+	if err != nil || k.InFlight || !k.Final || k.TransferID != "eu-1" || k.Status != http.StatusAccepted {
+		t.Fatalf("a new key: %+v %v", k, err)
+	}
+	if k, err = store.AnswerUnclaimed(ctx, c("new", "eu-2", "other"), http.StatusAccepted, []byte(`{"id":"eu-2"}`)); err != nil ||
+		k.TransferID != "eu-1" || string(k.Fingerprint) != "fp" || string(k.Body) != `{"id":"eu-1"}` {
+		t.Fatalf("an answered key: %+v %v, want it as it was", k, err)
+	}
+	if _, out, err := store.BeginKey(ctx, c("claimed", "eu-3", "fp")); err != nil || out != api.KeyNew {
+		t.Fatalf("claim: %v %v", out, err)
+	}
+	if k, err = store.AnswerUnclaimed(ctx, c("claimed", "eu-4", "fp"), http.StatusAccepted, []byte(`{"id":"eu-4"}`)); err != nil ||
+		!k.InFlight || k.TransferID != "eu-3" {
+		t.Fatalf("a key in flight under another's claim: %+v %v, want it untouched", k, err)
+	}
+	old := c("old", "eu-5", "fp")
+	old.Now, old.TTL = now.Add(-2*time.Hour), time.Hour
+	if _, err := store.AnswerUnclaimed(ctx, old, http.StatusCreated, []byte(`{"id":"eu-5"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if k, err = store.AnswerUnclaimed(ctx, c("old", "eu-6", "new"), http.StatusAccepted, []byte(`{"id":"eu-6"}`)); err != nil ||
+		k.TransferID != "eu-6" || string(k.Fingerprint) != "new" || !k.ExpiresAt.After(now) {
+		t.Fatalf("an expired key: %+v %v, want it taken over", k, err)
 	}
 }
 

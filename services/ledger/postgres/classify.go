@@ -116,7 +116,11 @@ func (f fate) result(c ledger.Command) ledger.Result {
 		}
 		return r
 	case fateConflict:
-		return ledger.Result{Kind: ledger.Conflict, Layer: f.layer, DeadLetter: true,
+		// A request the API submitted without claiming its key
+		// (KeyExpiresAt) is answered 422 by the API from the key's row:
+		// a client's misuse, nothing for an operator, so it is not
+		// dead-lettered (the claimed path never submits one).
+		return ledger.Result{Kind: ledger.Conflict, Layer: f.layer, DeadLetter: c.KeyExpiresAt.IsZero(),
 			Err: ledger.Errorf(ledger.CodeIdempotencyKeyReused, "idempotency key %q of client %q was used for a different request", c.IdempotencyKey, c.ClientID)}
 	case fateReusedID:
 		err := ledger.Errorf(ledger.CodeTransferIDReused, "transfer id %s already belongs to another request", c.TransferID)

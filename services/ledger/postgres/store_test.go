@@ -576,6 +576,12 @@ func TestReplayAnswers(t *testing.T) {
 	if r := f.Apply(t, reused)[0]; r.Kind != ledger.Conflict || !r.DeadLetter {
 		t.Errorf("reused key: got %v deadLetter=%v, want conflict, dead-lettered", r.Kind, r.DeadLetter)
 	}
+	// The same misuse submitted by an API that did not claim the key: the
+	// API answers it 422 from the key's row; no dead letter.
+	reused.KeyExpiresAt = reused.CreatedAt.Add(time.Hour)
+	if r := f.Apply(t, reused)[0]; r.Kind != ledger.Conflict || r.DeadLetter {
+		t.Errorf("reused key, unclaimed: got %v deadLetter=%v, want conflict, not dead-lettered", r.Kind, r.DeadLetter)
+	}
 	if got := f.Balance(t, b); got != 17 {
 		t.Errorf("balance: got %d, want 17", got)
 	}
