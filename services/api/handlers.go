@@ -258,13 +258,8 @@ func (s *Handler) createTransfer(ctx context.Context, c call) reply {
 			return errReply(err)
 		}
 	}
-	switch outcome {
-	case KeyMismatch:
-		return s.mismatch()
-	case KeyInFlight:
-		return s.inFlightReply()
-	case KeyReplay:
-		return s.replay(ctx, k)
+	if rep, ok := s.fromKey(ctx, k, outcome); ok {
+		return rep
 	}
 	cmd := ledger.Command{Type: ledger.TypeTransfer, TransferID: k.TransferID, ClientID: c.Client, IdempotencyKey: c.Key,
 		From: req.From, To: req.To, Amount: req.Amount, Currency: req.Currency, CreatedAt: k.CreatedAt}

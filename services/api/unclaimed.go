@@ -166,15 +166,12 @@ func (s *Handler) createUnclaimed(ctx context.Context, c call, req TransferReque
 	}
 	defer s.inflight.end(ck)
 	if s.lately.has(ck) {
-		switch k, outcome, err := s.cfg.Store.LookupKey(ctx, claim); {
-		case err != nil:
+		k, outcome, err := s.cfg.Store.LookupKey(ctx, claim)
+		if err != nil {
 			return errReply(err)
-		case outcome == KeyMismatch:
-			return s.mismatch()
-		case outcome == KeyReplay:
-			return s.replay(ctx, k)
-		case outcome == KeyInFlight:
-			return s.inFlightReply()
+		}
+		if rep, ok := s.fromKey(ctx, k, outcome); ok {
+			return rep
 		}
 	}
 	s.Stats.Unclaimed.Add(1)
@@ -207,13 +204,8 @@ func (s *Handler) submittedBefore(ctx context.Context, claim KeyClaim, cmd ledge
 	if err != nil {
 		return errReply(err)
 	}
-	switch outcome {
-	case KeyMismatch:
-		return s.mismatch()
-	case KeyReplay:
-		return s.replay(ctx, k)
-	case KeyInFlight:
-		return s.inFlightReply()
+	if rep, ok := s.fromKey(ctx, k, outcome); ok {
+		return rep
 	}
 	prior, found, err := s.cfg.Store.TransferByKey(ctx, claim.Client, claim.Key)
 	if err != nil {
@@ -230,6 +222,21 @@ func (s *Handler) submittedBefore(ctx context.Context, claim KeyClaim, cmd ledge
 		return errReply(err)
 	}
 	return stored(k, k.TransferID != claim.TransferID)
+}
+
+// fromKey answers a request from its key as found (LookupKey, ResolveKey):
+// 422 for another request's fingerprint, the stored answer replayed, or 409
+// while in flight; false for a key the request may go on with.
+func (s *Handler) fromKey(ctx context.Context, k IdempotencyKey, outcome KeyOutcome) (reply, bool) {
+	switch outcome {
+	case KeyMismatch:
+		return s.mismatch(), true
+	case KeyReplay:
+		return s.replay(ctx, k), true
+	case KeyInFlight:
+		return s.inFlightReply(), true
+	}
+	return reply{}, false
 }
 
 // mismatch is the answer to a key reused with another body.

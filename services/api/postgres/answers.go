@@ -41,7 +41,7 @@ func (Answers) QueueAnswers(b *pgx.Batch, cmds []ledger.Command, results []ledge
 			claimed.add(i, c, r)
 			continue
 		}
-		if k := [2]string{c.ClientID, c.IdempotencyKey}; !contains(index, k) {
+		if k := [2]string{c.ClientID, c.IdempotencyKey}; !answeredInBatch(index, k) {
 			index[k] = i
 			unclaimed.add(i, c, r)
 		}
@@ -130,7 +130,8 @@ func answered(results []ledger.Result) func(pgx.Rows) error {
 	}
 }
 
-func contains(m map[[2]string]int, k [2]string) bool {
-	_, ok := m[k]
+// answeredInBatch reports whether the batch already answers key k.
+func answeredInBatch(index map[[2]string]int, k [2]string) bool {
+	_, ok := index[k]
 	return ok
 }
