@@ -54,10 +54,15 @@ func (c *accountCache) remember(a ledger.Account) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.room()
+	c.owner[a.ID] = owner
+}
+
+// room makes the map, or starts it over when full. c.mu is held.
+func (c *accountCache) room() {
 	if c.owner == nil || len(c.owner) >= maxAccountCache {
 		c.owner = map[string]string{}
 	}
-	c.owner[a.ID] = owner
 }
 
 // rememberExists records that account id exists (its owner unknown: it is
@@ -65,9 +70,7 @@ func (c *accountCache) remember(a ledger.Account) {
 func (c *accountCache) rememberExists(id string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.owner == nil || len(c.owner) >= maxAccountCache {
-		c.owner = map[string]string{}
-	}
+	c.room()
 	if _, ok := c.owner[id]; !ok {
 		c.owner[id] = ""
 	}

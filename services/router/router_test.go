@@ -22,21 +22,28 @@ func TestRetryDelay(t *testing.T) {
 	}
 }
 
+// embedded starts a nats-server for one test and returns a JetStream
+// handle on it, the regions eu and us, and eu's ledger topology (4 shards).
+func embedded(t *testing.T) (jetstream.JetStream, *idgen.Regions, ljs.Topology) {
+	t.Helper()
+	_, nc := natsembed.MustStart(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, _ := idgen.NewRegions(map[string]uint8{"eu": 1, "us": 2})
+	return js, ids, ljs.Topology{Region: "eu", Shards: 4}
+}
+
 // TestSubmitAndForward: a command submitted in another region than its
 // home is stored in the local route stream, forwarded to the home ledger
 // stream with the same Nats-Msg-Id, and a resubmit is recognised; a command
 // whose account has no known home region is refused with a clear error.
 // One embedded server holds both regions' streams.
 func TestSubmitAndForward(t *testing.T) {
-	_, nc := natsembed.MustStart(t)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, ids, topo := embedded(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ids, _ := idgen.NewRegions(map[string]uint8{"eu": 1, "us": 2})
-	topo := ljs.Topology{Region: "eu", Shards: 4}
 	if err := ljs.EnsureStreams(ctx, js, topo); err != nil {
 		t.Fatal(err)
 	}
@@ -87,15 +94,9 @@ func TestSubmitAndForward(t *testing.T) {
 // the ledger stream through the route stream after all (the fallback, or an
 // older submitter) is caught by the ledger stream's window on forward.
 func TestSubmitHomedHere(t *testing.T) {
-	_, nc := natsembed.MustStart(t)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, ids, topo := embedded(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ids, _ := idgen.NewRegions(map[string]uint8{"eu": 1, "us": 2})
-	topo := ljs.Topology{Region: "eu", Shards: 4}
 	if err := EnsureStream(ctx, js, "eu", 0, 0); err != nil {
 		t.Fatal(err)
 	}

@@ -48,21 +48,23 @@ func claimKeys(c *cluster.Config) {
 type ignoreKeyBody struct{ api.Store }
 
 func (s ignoreKeyBody) ResolveKey(ctx context.Context, c api.KeyClaim) (api.IdempotencyKey, api.KeyOutcome, error) {
-	k, out, err := s.Store.ResolveKey(ctx, c)
-	if err == nil && out == api.KeyMismatch {
-		c.Fingerprint = k.Fingerprint
-		return s.Store.ResolveKey(ctx, c)
-	}
-	return k, out, err
+	return ignoringBody(ctx, c, s.Store.ResolveKey)
 }
 
 // LookupKey is the same bug on the unclaimed path: a repeat the ledger
 // stream recognised is replayed the stored response whatever its body.
 func (s ignoreKeyBody) LookupKey(ctx context.Context, c api.KeyClaim) (api.IdempotencyKey, api.KeyOutcome, error) {
-	k, out, err := s.Store.LookupKey(ctx, c)
+	return ignoringBody(ctx, c, s.Store.LookupKey)
+}
+
+// ignoringBody asks resolve, and on a mismatch asks again with the stored
+// fingerprint.
+func ignoringBody(ctx context.Context, c api.KeyClaim,
+	resolve func(context.Context, api.KeyClaim) (api.IdempotencyKey, api.KeyOutcome, error)) (api.IdempotencyKey, api.KeyOutcome, error) {
+	k, out, err := resolve(ctx, c)
 	if err == nil && out == api.KeyMismatch {
 		c.Fingerprint = k.Fingerprint
-		return s.Store.LookupKey(ctx, c)
+		return resolve(ctx, c)
 	}
 	return k, out, err
 }
@@ -92,15 +94,18 @@ type skipOwnerCheck struct{ api.Store }
 
 func (s skipOwnerCheck) StartKey(ctx context.Context, c api.KeyClaim, source string) (api.KeyStart, error) {
 	st, err := s.Store.StartKey(ctx, c, source)
-	if err == nil && st.SourceFound {
-		st.Source.ClientID, st.Source.Kind = c.Client, ledger.KindCustomer
-	}
-	return st, err
+	return ownedByCaller(c, st, err)
 }
 
 // CheckAccounts is the same lie on the unclaimed path's read.
 func (s skipOwnerCheck) CheckAccounts(ctx context.Context, c api.KeyClaim, source string) (api.KeyStart, error) {
 	st, err := s.Store.CheckAccounts(ctx, c, source)
+	return ownedByCaller(c, st, err)
+}
+
+// ownedByCaller rewrites a found source account as the caller's customer
+// account.
+func ownedByCaller(c api.KeyClaim, st api.KeyStart, err error) (api.KeyStart, error) {
 	if err == nil && st.SourceFound {
 		st.Source.ClientID, st.Source.Kind = c.Client, ledger.KindCustomer
 	}

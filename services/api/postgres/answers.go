@@ -41,7 +41,8 @@ func (Answers) QueueAnswers(b *pgx.Batch, cmds []ledger.Command, results []ledge
 			claimed.add(i, c, r)
 			continue
 		}
-		if k := [2]string{c.ClientID, c.IdempotencyKey}; !answeredInBatch(index, k) {
+		k := [2]string{c.ClientID, c.IdempotencyKey}
+		if _, dup := index[k]; !dup {
 			index[k] = i
 			unclaimed.add(i, c, r)
 		}
@@ -128,10 +129,4 @@ func answered(results []ledger.Result) func(pgx.Rows) error {
 		})
 		return err
 	}
-}
-
-// answeredInBatch reports whether the batch already answers key k.
-func answeredInBatch(index map[[2]string]int, k [2]string) bool {
-	_, ok := index[k]
-	return ok
 }
