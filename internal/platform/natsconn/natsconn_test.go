@@ -1,10 +1,13 @@
 package natsconn_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -56,4 +59,67 @@ func TestConnectGivesUp(t *testing.T) {
 	if _, err := natsconn.Connect(ctx, natsconn.Config{URL: url, Timeout: time.Minute}); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("no server, context ends: got %v, want its deadline", err)
 	}
+}
+
+// TestAsyncErrorsLogged: a publish the user may not make is refused by the
+// server outside any call; Connect's handler logs it, naming the
+// connection, through the service's logger.
+func TestAsyncErrorsLogged(t *testing.T) {
+	topo := natsembed.MustStartTopology(t, "eu")
+	u, err := natsauth.UserOf("eu", natsauth.Router)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuffer{}
+	log := slog.New(slog.NewTextHandler(logs, nil))
+	nc, err := natsconn.Connect(context.Background(), natsconn.Config{URL: topo.ClientURL("eu"), User: u.Name, Password: u.Password,
+		Name: "paymesh-router-eu", Timeout: 20 * time.Second, Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if err := nc.Publish("paymesh.answers.eu.1", []byte("not the router's")); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{`msg="nats async error"`, "conn=paymesh-router-eu", "Permissions Violation", "paymesh.answers.eu.1"}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got := logs.String()
+		missing := ""
+		for _, w := range want {
+			if !strings.Contains(got, w) {
+				missing = w
+				break
+			}
+		}
+		if missing == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("log after a denied publish: %q, want a line with %q", got, missing)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// syncBuffer is a bytes.Buffer that the client's callback goroutine and
+// the test may use at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
