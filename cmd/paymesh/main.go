@@ -277,6 +277,7 @@ type apiCmd struct {
 	KeyTTL          time.Duration `name:"key-ttl" env:"PAYMESH_KEY_TTL" default:"24h" help:"How long idempotency keys are kept."`
 	ClientCacheTTL  time.Duration `name:"client-cache-ttl" env:"PAYMESH_CLIENT_CACHE_TTL" default:"2s" help:"How long a client found by its API key is kept in memory; a revoked key keeps working for up to this long (0: no cache)."`
 	ClaimKeys       bool          `name:"claim-keys" env:"PAYMESH_CLAIM_KEYS" help:"Claim every transfer's idempotency key in a commit of its own before submitting it (by default a request whose accounts this process has seen is submitted unclaimed, and the ledger's transaction stores its key). Claiming keeps 422 for a repeat with another body while the first is in flight in another API process of the region."`
+	SubmitAll       bool          `name:"submit-all" env:"PAYMESH_SUBMIT_ALL" help:"Submit every transfer request to the region's ledger stream (by default the API applies them itself, in group commits of the ledger's own transaction, and submits only those it could not apply there)."`
 	Metrics         string        `name:"metrics-listen" env:"PAYMESH_API_METRICS_LISTEN" help:"Address of /metrics (default: 127.0.0.1:<the region's api_metrics_port>; 'off' for none)."`
 	dependencyWait
 }
@@ -296,7 +297,7 @@ func (c *apiCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, l
 	}
 	srv, err := apiserver.Open(ctx, apiserver.Config{StreamReplicas: replicas, Region: reg.Name, Regions: ids, Node: c.Node, PostgresURL: url,
 		NATSURL: c.NATSURL, NATSUser: c.NATSUser, NATSPassword: c.NATSPassword, OpsNATSUser: c.OpsNATSUser, OpsNATSPassword: c.OpsNATSPassword,
-		Shards: c.Shards, Wait: c.Wait, KeyTTL: c.KeyTTL, ClientCacheTTL: cmp.Or(c.ClientCacheTTL, -1), ClaimKeys: c.ClaimKeys,
+		Shards: c.Shards, Wait: c.Wait, KeyTTL: c.KeyTTL, ClientCacheTTL: cmp.Or(c.ClientCacheTTL, -1), ClaimKeys: c.ClaimKeys, SubmitAll: c.SubmitAll,
 		Listen: listen, MetricsListen: metricsListen(c.Metrics, reg.APIMetricsPort), ConnectTimeout: c.ConnectTimeout,
 		Log: log.With("service", "api")})
 	if err != nil {

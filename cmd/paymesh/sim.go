@@ -16,7 +16,7 @@ type simCmd struct {
 	Quick        bool          `help:"A run of at most about 90 s: a 45 s load with every fault."`
 	Load         time.Duration `help:"How long the load runs (default 120s; 45s with --quick)."`
 	Faults       []string      `help:"Faults to fire, comma-separated (default: all): kill-ledger-eu, kill-router-ap, kill-api-us, kill-nats-ap (a node of ap's cluster), cut-eu, kill-nats-leader-eu (the node leading LEDGER_EU), degrade-us; none for none."`
-	LoseCommands bool          `name:"lose-commands" help:"Also lose commands on purpose: purge eu's ledger stream while its ledger is down, so commands already answered 202 are gone; the run must end in FAIL naming them."`
+	LoseCommands bool          `name:"lose-commands" help:"Also lose commands on purpose: purge eu's ledger stream while its ledger is down, so commands already acknowledged (saga steps relayed into eu, requests handed to the stream) are gone; the run must end in FAIL naming their keys."`
 	NoWANLatency bool          `name:"no-wan-latency" help:"Run the WAN links without the region table's latency (to measure what it costs)."`
 	Report       string        `help:"Also write the report as JSON to this file." type:"path"`
 	Root         string        `help:"The repository (docker-compose.yml, deploy/, go.mod) (default: the current folder or the nearest one above it with docker-compose.yml and go.mod)." type:"existingdir"`

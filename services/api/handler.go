@@ -88,6 +88,15 @@ type Config struct {
 	// another process gets 422, where unclaimed it gets 409 (and 422 once
 	// the first is answered).
 	ClaimKeys bool
+	// Apply, if set, applies the region's transfer requests in this
+	// process, in group commits of the region's ledger transaction
+	// (direct.go), and the ledger stream carries only those it could not
+	// apply; ApplyStats counts their results as the ledger's consumer
+	// counts its own (default: a Stats of the Handler's). Without Apply
+	// every request is submitted to the ledger stream (Router). The
+	// claimed path (ClaimKeys) always submits.
+	Apply      ljs.Applier
+	ApplyStats *ledger.Stats
 	// Now is the clock the idempotency keys' creation, leases, expiry and
 	// cleanup are measured by (default time.Now); the fault-injection
 	// suite steps it.
@@ -101,6 +110,8 @@ type Stats struct {
 	Mismatches atomic.Int64 // keys reused with another body (422)
 	InFlight   atomic.Int64 // repeats while the first was in flight (409)
 	Unclaimed  atomic.Int64 // requests submitted without claiming their key first
+	Direct     atomic.Int64 // requests answered from a transaction of this process (direct.go)
+	Handed     atomic.Int64 // requests tried here and then submitted to the ledger stream
 }
 
 // Handler is a region's API: the HTTP routes, and the calls other regions
@@ -118,6 +129,7 @@ type Handler struct {
 	accounts accountCache // the accounts seen: who may submit unclaimed (unclaimed.go)
 	inflight inFlight     // the unclaimed requests submitted and not answered yet
 	lately   answeredLately
+	direct   *directGroup // nil unless Config.Apply
 }
 
 // New returns a region's API server. Call Listen to answer forwarded
@@ -143,6 +155,13 @@ func New(cfg Config) *Handler {
 	}
 	s := &Handler{cfg: cfg, mux: http.NewServeMux(), keys: keyWaiter{store: cfg.Store, poll: cfg.AnswerPoll},
 		clients: clientCache{ttl: cfg.ClientCacheTTL, max: defaultClientCacheMax}, lately: answeredLately{span: answeredLatelySpan}}
+	if cfg.Apply != nil {
+		if cfg.ApplyStats == nil {
+			cfg.ApplyStats = &ledger.Stats{}
+			s.cfg.ApplyStats = cfg.ApplyStats
+		}
+		s.direct = newDirectGroup(cfg.Apply, cfg.ApplyStats)
+	}
 	s.route("POST /v1/accounts", s.authed(s.postAccount))
 	s.route("GET /v1/accounts/{id}", s.authed(s.getAccount))
 	s.route("GET /v1/accounts/{id}/entries", s.authed(s.getEntries))
@@ -284,8 +303,12 @@ func (s *Handler) answered(m *nats.Msg) {
 	s.keys.answered(keys)
 }
 
-// Close stops answering forwarded operations and taking notifications.
+// Close stops answering forwarded operations and taking notifications,
+// and applying here once the transactions already queued have run.
 func (s *Handler) Close() {
+	if s.direct != nil {
+		s.direct.close()
+	}
 	if s.sub != nil {
 		_ = s.sub.Unsubscribe()
 	}

@@ -287,7 +287,7 @@ func (s *Handler) createTransfer(ctx context.Context, c call) reply {
 		stop()
 		return errReply(err) // the key stays in flight; a retry after its lease takes it over
 	}
-	rep := s.await(ctx, cmd, claim, answered, stop, false)
+	rep := s.await(ctx, cmd, claim, answered, stop, false, time.Now().Add(s.cfg.Wait))
 	s.lately.add(clientKey{c.Client, c.Key}) // a retry on the unclaimed path reads the key, not submits
 	return rep
 }
@@ -298,13 +298,12 @@ func (s *Handler) createTransfer(ctx context.Context, c call) reply {
 // answered and stop are the key's wait (keyWaiter.done); claim is the
 // request's, and unclaimed says that its key was not claimed (the API's own
 // answer then makes the key's row).
-func (s *Handler) await(ctx context.Context, cmd ledger.Command, claim KeyClaim, answered <-chan IdempotencyKey, stop func(), unclaimed bool) reply {
+func (s *Handler) await(ctx context.Context, cmd ledger.Command, claim KeyClaim, answered <-chan IdempotencyKey, stop func(), unclaimed bool, deadline time.Time) reply {
 	client, key, transferID := cmd.ClientID, cmd.IdempotencyKey, cmd.TransferID
-	deadline := time.Now().Add(s.cfg.Wait)
 	// Until the ledger answered, wait with every other request (told by
 	// the ledger, or one query for all of them, see keyWaiter); then read
 	// the answer, and for a provisional 202 poll the transfer's state.
-	wait := time.NewTimer(s.cfg.Wait)
+	wait := time.NewTimer(time.Until(deadline))
 	var k IdempotencyKey
 	ok, read := false, true // read: the key must be read (again)
 	select {

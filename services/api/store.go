@@ -87,7 +87,10 @@ type Store interface {
 	Answer(ctx context.Context, client, key string, status int, body []byte, replace bool) (IdempotencyKey, error)
 	// AnswerUnclaimed is Answer for a request whose key was not claimed
 	// (the ledger stores it, ledger.Command.KeyExpiresAt): it also makes
-	// the key's row, from c, when there is none or it expired.
+	// the key's row, from c, when there is none or it expired. While an
+	// API process's own transaction is deciding the key (the key lock of
+	// LockingAnswers), it stores nothing and returns the key in flight,
+	// unless c.Applying says that transaction is the caller's.
 	AnswerUnclaimed(ctx context.Context, c KeyClaim, status int, body []byte) (IdempotencyKey, error)
 	// DeleteExpiredKeys removes the keys whose retention ended before now
 	// and returns how many.
@@ -166,6 +169,10 @@ type KeyClaim struct {
 	Destination string
 	Now         time.Time
 	Lease, TTL  time.Duration
+	// Applying is set when this process's own transaction for the request
+	// (api.Config.Apply) may still be running: AnswerUnclaimed does not
+	// wait for, or yield to, its key lock.
+	Applying bool
 }
 
 // KeyOutcome is what a key claim found.

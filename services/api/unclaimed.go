@@ -3,6 +3,7 @@ package api
 import (
 	"bytes"
 	"context"
+	"net/http"
 	"sync"
 	"time"
 
@@ -181,6 +182,20 @@ func (s *Handler) createUnclaimed(ctx context.Context, c call, req TransferReque
 	cmd := ledger.Command{Type: ledger.TypeTransfer, TransferID: claim.TransferID, ClientID: c.Client, IdempotencyKey: c.Key,
 		From: req.From, To: req.To, Amount: req.Amount, Currency: req.Currency, CreatedAt: claim.Now,
 		KeyExpiresAt: claim.Now.Add(claim.TTL)}
+	deadline := time.Now().Add(s.cfg.Wait)
+	a, running := s.applyHere(ctx, cmd, deadline)
+	if a != nil {
+		s.lately.add(ck)
+		if a.Status != http.StatusAccepted {
+			return stored(IdempotencyKey{Status: a.Status, Body: a.Body}, false)
+		}
+		// Debited, the credit still to come (another region): wait for the
+		// final state as for the ledger's notification of a 202.
+		told := make(chan IdempotencyKey, 1)
+		told <- IdempotencyKey{ClientID: c.Client, Key: c.Key, TransferID: cmd.TransferID, Status: a.Status, Body: a.Body}
+		return s.await(ctx, cmd, claim, told, func() {}, true, deadline)
+	}
+	claim.Applying = running // its own key lock may still be held: not another process's
 	answered, stop := s.keys.done(c.Client, c.Key)
 	dup, err := s.cfg.Router.Submit(ctx, cmd)
 	if err != nil {
@@ -191,9 +206,50 @@ func (s *Handler) createUnclaimed(ctx context.Context, c call, req TransferReque
 		stop()
 		return s.submittedBefore(ctx, claim, cmd)
 	}
-	rep := s.await(ctx, cmd, claim, answered, stop, true)
+	rep := s.await(ctx, cmd, claim, answered, stop, true, deadline)
 	s.lately.add(ck)
 	return rep
+}
+
+// applyHere runs cmd in this process's next group transaction (direct.go)
+// and returns the answer that transaction stored with its key. It returns
+// nil, for the caller to submit cmd to the ledger stream under the same
+// Msg-Id, when there is no group (Config.Apply unset), when its queue is
+// full, when the transaction failed, when cmd neither applied nor was
+// refused there (a duplicate, a conflict, a request to dead-letter), or
+// when deadline passed first (the transaction may still roll back, so only
+// the stream makes a 202 true); running then says the transaction may
+// still be running.
+func (s *Handler) applyHere(ctx context.Context, cmd ledger.Command, deadline time.Time) (a *ledger.Answer, running bool) {
+	if s.direct == nil {
+		return nil, false
+	}
+	out, ok := s.direct.submit(ctx, cmd)
+	if !ok {
+		s.Stats.Handed.Add(1)
+		return nil, false
+	}
+	wait := time.NewTimer(time.Until(deadline))
+	defer wait.Stop()
+	select {
+	case r := <-out:
+		// Only this request's own effect is answered here; a repeat, a
+		// key reused for another body or a request to dead-letter is
+		// answered as the stream path answers it.
+		if own := r.res.Kind == ledger.Applied || r.res.Kind == ledger.Rejected; r.err == nil && own && r.res.Answer != nil {
+			s.Stats.Direct.Add(1)
+			return r.res.Answer, false
+		}
+		if r.err != nil {
+			s.cfg.Log.Warn("applying here failed; submitting to the ledger stream", "transfer", cmd.TransferID, "err", r.err)
+		}
+		s.Stats.Handed.Add(1)
+		return nil, false
+	case <-wait.C:
+	case <-ctx.Done():
+	}
+	s.Stats.Handed.Add(1)
+	return nil, true
 }
 
 // submittedBefore answers an unclaimed request whose submit the ledger

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/paymesh/paymesh/internal/testbed/apicheck"
@@ -62,6 +64,58 @@ func (g *ledgerGate) beforeApply(ctx context.Context, _ []jetstream.Msg) {
 	}
 }
 
+// gate holds a request in flight while it is closed.
+type gate interface {
+	close()
+	release()
+}
+
+// rowGate holds, while it is closed, a lock on an account's row in a
+// transaction of its own: a transaction applying a transfer of the
+// account waits for it, having claimed the request's consume-log key (and
+// on the apply-here path its key lock) but before it writes anything else.
+// It holds the API's own transactions, which no ledger hook sees.
+type rowGate struct {
+	t       testing.TB
+	pool    *pgxpool.Pool
+	account string
+	mu      sync.Mutex
+	tx      pgx.Tx
+}
+
+func (g *rowGate) close() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	tx, err := g.pool.Begin(context.Background())
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	if _, err := tx.Exec(context.Background(), `SELECT 1 FROM accounts WHERE id = $1 FOR UPDATE`, g.account); err != nil {
+		g.t.Fatal(err)
+	}
+	g.tx = tx
+}
+
+func (g *rowGate) release() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.tx != nil {
+		_ = g.tx.Rollback(context.Background())
+		g.tx = nil
+	}
+}
+
+// The ways a transfer request reaches the ledger's transaction.
+var keyPaths = []struct {
+	name string
+	// claim: --claim-keys; submitAll: --submit-all; neither: applied here
+	claim, submitAll bool
+}{
+	{name: "applied-here"},
+	{name: "submitted", submitAll: true},
+	{name: "claimed", claim: true},
+}
+
 // TestKeyGuaranteesBothPaths runs the idempotency guarantees on both ways
 // a transfer request reaches the ledger: unclaimed (the accounts are known
 // to the API process, which opened them: the ledger's transaction stores
@@ -74,30 +128,38 @@ func (g *ledgerGate) beforeApply(ctx context.Context, _ []jetstream.Msg) {
 // ledger's later commit does not replace it; every transfer is applied
 // once.
 func TestKeyGuaranteesBothPaths(t *testing.T) {
-	for _, claim := range []bool{false, true} {
-		name := "unclaimed"
-		if claim {
-			name = "claimed"
-		}
-		t.Run(name, func(t *testing.T) {
-			gate := newLedgerGate()
-			t.Cleanup(gate.release)
+	for _, path := range keyPaths {
+		t.Run(path.name, func(t *testing.T) {
+			ledgerGate := newLedgerGate()
+			t.Cleanup(ledgerGate.release)
 			e := mustEnv(t, 24*time.Hour, func(c *cluster.Config) {
-				c.Ledger = func(_ string, lc *ledgerserver.Config) { lc.BeforeApply = gate.beforeApply }
-				c.API = func(_ string, ac *apiserver.Config) { ac.ClaimKeys = claim }
+				c.Ledger = func(_ string, lc *ledgerserver.Config) { lc.BeforeApply = ledgerGate.beforeApply }
+				c.API = func(_ string, ac *apiserver.Config) { ac.ClaimKeys, ac.SubmitAll = path.claim, path.submitAll }
 			})
 			from := e.account(t, "eu", keyA, 1000)
 			to := e.account(t, "eu", keyA, 0)
 			h := e.c.Region("eu").API
 			store := e.c.Region("eu").APIStore
 			ctx := context.Background()
+			var gate gate = ledgerGate
+			if !path.claim && !path.submitAll {
+				gate = &rowGate{t: t, pool: e.c.Region("eu").Ledger.Store.Pool(), account: from}
+				t.Cleanup(gate.release)
+			}
 
 			first := e.do(t, "eu", "POST", "/v1/transfers", keyA, "k1", transferJSON(from, to, 10))
 			if first.status != http.StatusCreated {
 				t.Fatalf("first: %d %s", first.status, first.body)
 			}
-			if n := h.Stats.Unclaimed.Load(); (n == 1) == claim || n > 1 {
-				t.Fatalf("%d requests went unclaimed, want %v", n, map[bool]int{false: 1, true: 0}[claim])
+			wantUnclaimed, wantDirect := int64(1), int64(1)
+			switch {
+			case path.claim:
+				wantUnclaimed, wantDirect = 0, 0
+			case path.submitAll:
+				wantDirect = 0
+			}
+			if n, d := h.Stats.Unclaimed.Load(), h.Stats.Direct.Load(); n != wantUnclaimed || d != wantDirect {
+				t.Fatalf("%d requests went unclaimed and %d were applied here, want %d and %d", n, d, wantUnclaimed, wantDirect)
 			}
 			var tb api.TransferBody
 			first.json(t, &tb)
@@ -164,20 +226,37 @@ func TestKeyGuaranteesBothPaths(t *testing.T) {
 // once the first is answered, the second replays the stored answer, and
 // another body gets 422. One transfer.
 func TestUnclaimedAcrossProcesses(t *testing.T) {
-	gate := newLedgerGate()
-	t.Cleanup(gate.release)
+	for _, path := range keyPaths[:2] {
+		t.Run(path.name, func(t *testing.T) { unclaimedAcrossProcesses(t, path.submitAll) })
+	}
+}
+
+func unclaimedAcrossProcesses(t *testing.T, submitAll bool) {
+	ledgerGate := newLedgerGate()
+	t.Cleanup(ledgerGate.release)
 	e := mustEnv(t, 24*time.Hour, func(c *cluster.Config) {
-		c.Ledger = func(_ string, lc *ledgerserver.Config) { lc.BeforeApply = gate.beforeApply }
+		c.Ledger = func(_ string, lc *ledgerserver.Config) { lc.BeforeApply = ledgerGate.beforeApply }
+		c.API = func(_ string, ac *apiserver.Config) { ac.SubmitAll = submitAll }
+		// Applied here, the second process answers each repeat when its
+		// wait (1 s) runs out: two of them fit in the first's wait.
+		c.APIWait = 6 * time.Second
 	})
 	from := e.account(t, "eu", keyA, 1000)
 	to := e.account(t, "eu", keyA, 0)
 	reg := e.c.Region("eu")
+	var gate gate = ledgerGate
+	if !submitAll {
+		// The first process applies the request itself; the second only
+		// submits: its repeat is refused by the first's key lock.
+		gate = &rowGate{t: t, pool: reg.Ledger.Store.Pool(), account: from}
+		t.Cleanup(gate.release)
+	}
 	gen, err := idgen.NewGenerator(e.c.IDs(), "eu", 950)
 	if err != nil {
 		t.Fatal(err)
 	}
 	second := api.New(api.Config{Region: "eu", Regions: e.c.IDs(), IDs: gen, Ledger: reg.Ledger.Store, Store: reg.APIStore,
-		Router: reg.Router, Wait: 3 * time.Second})
+		Router: reg.Router, Wait: time.Second})
 	srv := httptest.NewServer(second)
 	t.Cleanup(srv.Close)
 	post := func(base, key, body string) response {

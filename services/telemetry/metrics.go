@@ -129,7 +129,19 @@ func (m *Metrics) observe(scope string, cs []counter) error {
 // paymesh_duplicates_total / paymesh_deliveries_total summed by region and
 // topic.
 func (m *Metrics) ObserveLedger(region, stream string, st *ledger.Stats) error {
-	base := []attribute.KeyValue{attribute.String("region", region), attribute.String("stream", stream), attribute.String("consumer", "ledger")}
+	return m.observeLedger(region, stream, "ledger", st)
+}
+
+// ObserveApplied exports the counters of the transfers an API process
+// applies itself (services/api, direct.go) under the ledger's names, with
+// consumer="api" and no stream: summed by region, they count with the
+// ledger's.
+func (m *Metrics) ObserveApplied(region string, st *ledger.Stats) error {
+	return m.observeLedger(region, "", "api", st)
+}
+
+func (m *Metrics) observeLedger(region, stream, consumer string, st *ledger.Stats) error {
+	base := []attribute.KeyValue{attribute.String("region", region), attribute.String("stream", stream), attribute.String("consumer", consumer)}
 	set := metric.WithAttributes(base...)
 	simple := func(name, help string, v func() int64) counter {
 		return counter{name, help, func(o metric.Observer, c metric.Int64ObservableCounter) { o.ObserveInt64(c, v(), set) }}

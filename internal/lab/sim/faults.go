@@ -133,11 +133,11 @@ func (s *sim) cutFault(at, d time.Duration) fault {
 	}
 }
 
-// loseFault loses commands on purpose: it kills eu's router, so that
-// the commands eu's API stores in its route stream (and answers 202 once
-// its wait is over) stay there, purges that stream as the router's user
-// halfway through, and starts the router again. The run must end in FAIL
-// and name the lost keys.
+// loseFault loses commands on purpose: it kills eu's ledger, so that the
+// commands acknowledged into eu's ledger stream (the saga steps the other
+// regions relay, any request eu's API handed to the stream) stay there,
+// purges that stream as the ledger's user halfway through, and starts the
+// ledger again. The run must end in FAIL and name the keys.
 func (s *sim) loseFault(at, d time.Duration) fault {
 	const service = "ledger-eu"
 	return fault{Name: FaultLose, At: at, For: d,

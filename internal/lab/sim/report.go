@@ -48,8 +48,10 @@ type Report struct {
 	Verify postgres.Report
 	Tools  map[string]bool
 	// Lost are acknowledged keys their home region never recorded;
-	// Doubled those recorded more than once or under another transfer.
-	Lost, Doubled []string
+	// Doubled those recorded more than once or under another transfer;
+	// Stuck those recorded whose transfer never reached a final state (a
+	// saga step lost), with the transfer and its state.
+	Lost, Doubled, Stuck []string
 	// Alerts are the alerts seen during the run and whether each cleared.
 	Alerts []AlertSeen
 	// Panels are the dashboard's panel queries that returned no data
@@ -129,7 +131,7 @@ func (r *Report) judge() {
 	add(r.Acknowledged > 0, fmt.Sprintf("the load was acknowledged (%d keys)", r.Acknowledged), "")
 	add(len(r.Lost) == 0, fmt.Sprintf("every acknowledged key is in its home ledger (%d lost)", len(r.Lost)), strings.Join(r.Lost, "\n"))
 	add(len(r.Doubled) == 0, fmt.Sprintf("no acknowledged key applied twice (%d doubled)", len(r.Doubled)), strings.Join(r.Doubled, "\n"))
-	add(r.Unfinished == 0, fmt.Sprintf("every recorded transfer reached a final state (%d unfinished)", r.Unfinished), "")
+	add(r.Unfinished == 0, fmt.Sprintf("every recorded transfer reached a final state (%d unfinished)", r.Unfinished), strings.Join(r.Stuck, "\n"))
 	add(r.Verify.OK() && len(r.Verify.Checks) > 0, "global invariants (verify --all --quiescent, in process)", "")
 	for _, name := range slices.Sorted(maps.Keys(r.Tools)) {
 		add(r.Tools[name], name+" (compose's per-region verify, as a process)", "")

@@ -348,6 +348,7 @@ func (s *sim) checkHistory(ctx context.Context, rep *Report) error {
 			rep.Rejected++
 		default:
 			rep.Unfinished++
+			rep.Stuck = append(rep.Stuck, fmt.Sprintf("%s (transfer %s still %s in %s)", e.Key, rows[0].ID, rows[0].Status, home))
 		}
 	}
 	var same, cross []time.Duration

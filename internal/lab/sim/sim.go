@@ -56,9 +56,9 @@ type Config struct {
 	// alone for none).
 	Faults []string
 	// LoseCommands adds a fault that loses commands on purpose (FaultLose:
-	// eu's ledger stream purged while its ledger is down, so commands its
-	// API already answered 202 are gone); the run must end in FAIL naming
-	// them.
+	// eu's ledger stream purged while its ledger is down, so the saga
+	// steps relayed into it, and any request eu's API handed to it, are
+	// gone); the run must end in FAIL naming their keys.
 	LoseCommands bool
 	// NoWANLatency runs the WAN links without the region table's latency
 	// (PAYMESH_WAN_LATENCY=0), to measure what the latency costs.

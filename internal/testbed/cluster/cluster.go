@@ -243,7 +243,10 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) (err error) {
 		// The API submits through a router of its own connection,
 		// counted with the region's router.
 		RouterStats: r.Router.Stats(),
-		Wait:        c.cfg.APIWait, KeyTTL: c.cfg.KeyTTL, Now: c.cfg.Now,
+		// The transfers it applies itself count with the ledger's, and
+		// meet the same faults before COMMIT.
+		LedgerStats: r.Ledger.Stats, BeforeCommit: c.cfg.BeforeCommit,
+		Wait: c.cfg.APIWait, KeyTTL: c.cfg.KeyTTL, Now: c.cfg.Now,
 		Listen: listen(r.apiAddr), MetricsListen: listen(r.metrics.API), ConnectTimeout: connectTimeout, Log: log.With("service", "api"),
 	}
 	if c.cfg.API != nil {

@@ -101,6 +101,42 @@ func (Answers) QueueAnswers(b *pgx.Batch, cmds []ledger.Command, results []ledge
 	}
 }
 
+// LockingAnswers is Answers for the transactions an API process runs
+// itself (api.Config.Apply): they also hold, from their first round trip
+// to their end, a lock on each request's key (keyLock), so that another
+// process answering the key meanwhile (AnswerUnclaimed, when its wait ran
+// out) learns that it is in flight instead of storing a 202 for a
+// transfer that will never exist. The ledger stream's Msg-Id window tells
+// other processes the same of a submitted request; a request applied
+// here never passes through it.
+type LockingAnswers struct{ Answers }
+
+var _ ledgerpg.KeyLocker = LockingAnswers{}
+
+// QueueKeyLocks queues the key locks of cmds' unclaimed requests, in one
+// order in every transaction.
+func (LockingAnswers) QueueKeyLocks(b *pgx.Batch, cmds []ledger.Command) {
+	var clients, keys []string
+	for _, c := range cmds {
+		if !c.IsStep() && !c.KeyExpiresAt.IsZero() {
+			clients, keys = append(clients, c.ClientID), append(keys, c.IdempotencyKey)
+		}
+	}
+	if len(keys) == 0 {
+		return
+	}
+	b.Queue(`SELECT count(pg_advisory_xact_lock(h)) FROM (
+			SELECT DISTINCT `+keyLock("u.client_id", "u.key")+` AS h FROM unnest($1::text[], $2::text[]) AS u(client_id, key) ORDER BY h) l`,
+		clients, keys)
+}
+
+// keyLock is the SQL of a key's lock: an advisory lock on a hash of the
+// client and the key (a collision only makes two keys wait for each
+// other).
+func keyLock(client, key string) string {
+	return `hashtextextended(` + client + ` || '/' || ` + key + `, 0)`
+}
+
 // answerRows are the answers of one statement, by column.
 type answerRows struct {
 	idx           []int

@@ -394,7 +394,23 @@ func (s *Store) Answer(ctx context.Context, client, key string, status int, body
 // is, answered (send what it holds, or 422 for another body) or in flight
 // under another request's claim (409), never taken over.
 func (s *Store) AnswerUnclaimed(ctx context.Context, c api.KeyClaim, status int, body []byte) (api.IdempotencyKey, error) {
-	rows, err := s.pool.Query(ctx, `
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return api.IdempotencyKey{}, fmt.Errorf("answer idempotency key: %w", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if !c.Applying {
+		// Another process's transaction deciding the key holds its lock
+		// (LockingAnswers): the key is in flight there.
+		var free bool
+		if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(`+keyLock("$1::text", "$2::text")+`)`, c.Client, c.Key).Scan(&free); err != nil {
+			return api.IdempotencyKey{}, fmt.Errorf("answer idempotency key: %w", err)
+		}
+		if !free {
+			return api.IdempotencyKey{ClientID: c.Client, Key: c.Key, InFlight: true}, nil
+		}
+	}
+	rows, err := tx.Query(ctx, `
 		WITH made AS (
 			INSERT INTO idempotency_keys AS k (client_id, key, fingerprint, transfer_id, state, lease_until, created_at, expires_at,
 			                                   response_status, response_body, response_final)
@@ -412,10 +428,14 @@ func (s *Store) AnswerUnclaimed(ctx context.Context, c api.KeyClaim, status int,
 		return api.IdempotencyKey{}, fmt.Errorf("answer idempotency key: %w", err)
 	}
 	k, err := pgx.CollectExactlyOneRow(rows, scanKey)
+	if err == nil {
+		err = tx.Commit(ctx)
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		// The row was committed by another transaction while this
 		// statement ran (the conflict waited for it; its snapshot is
 		// older): read it.
+		_ = tx.Rollback(ctx)
 		var found bool
 		if k, found, err = s.Key(ctx, c.Client, c.Key); err == nil && !found {
 			err = errors.New("the key's row vanished")

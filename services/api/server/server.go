@@ -11,6 +11,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/paymesh/paymesh/pkg/dedup"
+	"github.com/paymesh/paymesh/services/ledger"
 	"log/slog"
 	"net"
 	"net/http"
@@ -87,6 +89,19 @@ type Config struct {
 	ClientCacheTTL time.Duration
 	ClaimKeys      bool
 	Now            func() time.Time
+	// SubmitAll makes the API submit every transfer request to the ledger
+	// stream. By default it applies its region's requests itself, in
+	// group commits of the ledger's transaction (api.Config.Apply), and
+	// submits only those it could not apply.
+	SubmitAll bool
+	// LedgerStats, if set, counts the results of the transfers applied
+	// here (with the region ledger's, in one process). The API's /metrics
+	// exports them as the ledger's, with consumer="api".
+	LedgerStats *ledger.Stats
+	// BeforeCommit, if set, runs in every apply transaction of this
+	// process just before its COMMIT, as the ledger's
+	// (postgres.Config.BeforeCommit): an error rolls the transaction back.
+	BeforeCommit func(ctx context.Context) error
 	// WrapStore, if set, decorates the API's store before the API uses it:
 	// cross-cutting concerns such as tracing, metrics or logging of every
 	// key and client lookup wrap the api.Store interface here instead of
@@ -197,6 +212,19 @@ func (s *Server) open(ctx context.Context) error {
 	led := postgres.New(s.pool, postgres.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen})
 	acfg := api.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen, Ledger: led, Store: store, Router: rt, NATS: s.nc,
 		Answers: answers, AnswerPoll: cfg.AnswerPoll, ClientCacheTTL: cfg.ClientCacheTTL, ClaimKeys: cfg.ClaimKeys, Wait: cfg.Wait, KeyTTL: cfg.KeyTTL, Now: cfg.Now, Log: cfg.Log}
+	if !cfg.SubmitAll {
+		// The region's ledger transaction, run here: its consume-log
+		// claims under a holder of this process (the node it leased), and
+		// the requests' first answers stored with their keys.
+		host, _ := os.Hostname()
+		consumeLog := dedup.New(dedup.Config{Holder: fmt.Sprintf("%s/api-%s-%d/%d", cfg.Region, host, os.Getpid(), cfg.Node)})
+		acfg.Apply = postgres.New(s.pool, postgres.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen, Dedup: consumeLog, Answers: apipg.LockingAnswers{},
+			BeforeCommit: cfg.BeforeCommit})
+		acfg.ApplyStats = cfg.LedgerStats
+		if acfg.ApplyStats == nil {
+			acfg.ApplyStats = &ledger.Stats{}
+		}
+	}
 	if cfg.OpsNATSUser != "" {
 		if acfg.DeadLetters, err = s.openOps(ctx); err != nil {
 			return err
@@ -217,7 +245,13 @@ func (s *Server) open(ctx context.Context) error {
 	if cfg.MetricsListen != "" {
 		s.metrics, err = telemetry.ServeNew(cfg.MetricsListen, cfg.Log, func(m *telemetry.Metrics) error {
 			st := &s.api.Stats
-			return m.ObserveAPI(cfg.Region, &st.Replays, &st.Mismatches, &st.InFlight)
+			if err := m.ObserveAPI(cfg.Region, &st.Replays, &st.Mismatches, &st.InFlight); err != nil {
+				return err
+			}
+			if acfg.Apply == nil || cfg.LedgerStats != nil {
+				return nil // the region's ledger exports the shared counters
+			}
+			return m.ObserveApplied(cfg.Region, acfg.ApplyStats)
 		})
 	}
 	return err

@@ -21,6 +21,14 @@ type Answers interface {
 	QueueAnswers(b *pgx.Batch, cmds []ledger.Command, results []ledger.Result)
 }
 
+// KeyLocker is an Answers that also locks the requests' keys for the whole
+// transaction: the store queues QueueKeyLocks in the claim stage's batch
+// b, after the consume-log claims, so that whoever answers a key outside
+// the ledger can tell that a transaction deciding it is running.
+type KeyLocker interface {
+	QueueKeyLocks(b *pgx.Batch, cmds []ledger.Command)
+}
+
 // queueResponses queues the first answers to the batch's client requests
 // (see Answers); without Answers nothing is recorded.
 func (s *Store) queueResponses(b *pgx.Batch, cmds []ledger.Command, results []ledger.Result) {

@@ -170,6 +170,9 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, key
 			open = append(open, i)
 		}
 	}
+	if kl, ok := s.cfg.Answers.(KeyLocker); ok {
+		kl.QueueKeyLocks(b, pick(cmds, open))
+	}
 	known := s.queueExistingTransfers(b, cmds, requests(cmds, open))
 	credited := queueExistingCredits(b, cmds, open)
 	state, err := s.queueLockState(ctx, tx, b, pick(cmds, open))
