@@ -39,9 +39,13 @@ import (
 
 // The direct path's bounds.
 const (
-	directBatch   = 256  // most commands in one transaction, as the ledger's batch
-	directQueue   = 4096 // requests waiting for a transaction; beyond, they are submitted
-	directWorkers = 2    // transactions at once
+	directBatch = 256  // most commands in one transaction, as the ledger's batch
+	directQueue = 4096 // requests waiting for a transaction; beyond, they are submitted
+	// directWorkers is how many transactions run at once. One: the
+	// requests that arrive while it commits make the next batch, and no
+	// two of this process's transactions wait for each other's row locks
+	// (two cost 10-25 % more Postgres CPU per transfer at 64 in flight).
+	directWorkers = 1
 )
 
 // applied is one command's outcome in a group's transaction.
