@@ -33,6 +33,7 @@ const (
 
 type env struct {
 	c    *cluster.Cluster
+	topo *natsembed.Topology
 	gens map[string]*idgen.Generator
 }
 
@@ -79,7 +80,7 @@ func mustEnv(tb testing.TB, keyTTL time.Duration, opts ...func(*cluster.Config))
 			}
 		}
 	}
-	e := &env{c: c, gens: map[string]*idgen.Generator{}}
+	e := &env{c: c, topo: topo, gens: map[string]*idgen.Generator{}}
 	for _, r := range []string{"eu", "us", "ap"} {
 		if e.gens[r], err = idgen.NewGenerator(c.IDs(), r, 901); err != nil {
 			tb.Fatal(err)

@@ -62,14 +62,21 @@ type directReq struct {
 }
 
 // directGroup gathers the commands of concurrent requests into
-// transactions of up to directBatch, directWorkers at a time, and counts
-// their results as the ledger's consumer counts its own (Stats).
+// transactions of up to directBatch, directWorkers at a time. It counts,
+// as the ledger's consumer counts its own, a failed transaction and the
+// commands its transactions applied or refused (each a delivery too);
+// every other command is handed to the ledger stream, and the ledger
+// counts it when it gets it.
 type directGroup struct {
 	apply ljs.Applier // the region's ledger store, as the ledger's consumer applies with
 	stats *ledger.Stats
 	in    chan directReq
 	stop  chan struct{}
 	wg    sync.WaitGroup
+	// mu orders submit against close: once close holds it, nothing more
+	// is queued, so the workers' drain sees every queued request.
+	mu     sync.RWMutex
+	closed bool
 }
 
 func newDirectGroup(a ljs.Applier, stats *ledger.Stats) *directGroup {
@@ -82,7 +89,12 @@ func newDirectGroup(a ljs.Applier, stats *ledger.Stats) *directGroup {
 
 // close stops the workers once the requests already queued are applied.
 func (g *directGroup) close() {
-	close(g.stop)
+	g.mu.Lock()
+	if !g.closed {
+		g.closed = true
+		close(g.stop)
+	}
+	g.mu.Unlock()
 	g.wg.Wait()
 }
 
@@ -90,10 +102,10 @@ func (g *directGroup) close() {
 // the group is closing (the request then goes through the ledger stream).
 func (g *directGroup) submit(ctx context.Context, cmd ledger.Command) (<-chan applied, bool) {
 	r := directReq{ctx: ctx, cmd: cmd, out: make(chan applied, 1)}
-	select {
-	case <-g.stop:
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	if g.closed {
 		return nil, false
-	default:
 	}
 	select {
 	case g.in <- r:
@@ -144,7 +156,6 @@ func (g *directGroup) applyGroup(batch []directReq) {
 	for i, r := range batch {
 		cmds[i] = r.cmd
 		links[i] = trace.Link{SpanContext: trace.SpanContextFromContext(r.ctx)}
-		g.stats.Delivered(r.cmd.Topic())
 	}
 	// Not the request's context: the group's transaction is every
 	// request's, and one client going away must not roll it back.
@@ -162,7 +173,10 @@ func (g *directGroup) applyGroup(batch []directReq) {
 			r.out <- applied{err: err}
 			continue
 		}
-		g.stats.Record(cmds[i].Topic(), results[i])
+		if k := results[i].Kind; k == ledger.Applied || k == ledger.Rejected {
+			g.stats.Delivered(cmds[i].Topic())
+			g.stats.Record(cmds[i].Topic(), results[i])
+		}
 		r.out <- applied{res: results[i]}
 	}
 }

@@ -1,15 +1,20 @@
 package api_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/paymesh/paymesh/internal/testbed/apicheck"
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
 	"github.com/paymesh/paymesh/services/api"
+	ledgerserver "github.com/paymesh/paymesh/services/ledger/server"
 )
 
 // TestApplyHere: by default the API applies its region's transfers in a
@@ -67,5 +72,64 @@ func TestApplyHere(t *testing.T) {
 	e.quiet(t)
 	if got := e.balance(t, "eu", keyA, to); got != 30 {
 		t.Fatalf("destination: got %d, want 30 (each transfer once)", got)
+	}
+}
+
+// TestRetryOfAHandedRequest: a request handed to the ledger stream (its
+// transaction here failed) and answered 202 while the ledger is held is
+// the key's: a retry that reaches another process, which applies here,
+// must not make a second transfer of it. It gets the 202 replayed, and the
+// one transfer is the one the 202 named.
+func TestRetryOfAHandedRequest(t *testing.T) {
+	var failNext atomic.Bool
+	gate := newLedgerGate()
+	t.Cleanup(gate.release)
+	e := mustEnv(t, 24*time.Hour, func(c *cluster.Config) {
+		c.BeforeCommit = func(context.Context) error {
+			if failNext.CompareAndSwap(true, false) {
+				return errors.New("the transaction fails before COMMIT")
+			}
+			return nil
+		}
+		c.Ledger = func(_ string, lc *ledgerserver.Config) { lc.BeforeApply = gate.beforeApply }
+	})
+	from := e.account(t, "eu", keyA, 1000)
+	to := e.account(t, "eu", keyA, 0)
+	second := secondAPI(t, e, time.Second, false)
+
+	failNext.Store(true)
+	gate.close()
+	first := e.do(t, "eu", "POST", "/v1/transfers", keyA, "k", transferJSON(from, to, 7))
+	if first.status != http.StatusAccepted || failNext.Load() {
+		gate.release()
+		t.Fatalf("handed to the held ledger: %d %s (a transaction failed: %v), want 202", first.status, first.body, !failNext.Load())
+	}
+	var tb api.TransferBody
+	first.json(t, &tb)
+	req, _ := http.NewRequest("POST", second.URL()+"/v1/transfers", strings.NewReader(transferJSON(from, to, 7)))
+	req.Header.Set("Authorization", "Bearer "+keyA)
+	req.Header.Set("Idempotency-Key", "k")
+	req.Header.Set("Content-Type", "application/json")
+	res, err := apicheck.Client(t).Do(req)
+	if err != nil {
+		gate.release()
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != first.status || !bytes.Equal(body, first.body) || res.Header.Get(api.HeaderReplayed) != "true" {
+		gate.release()
+		t.Fatalf("retry in the other process: %d %s, want the 202 replayed: %s", res.StatusCode, body, first.body)
+	}
+	if n := second.API().Stats.Direct.Load(); n != 0 {
+		t.Errorf("the other process answered %d from its own transaction, want 0", n)
+	}
+	gate.release()
+	e.quiet(t)
+	if got := e.balance(t, "eu", keyA, to); got != 7 {
+		t.Fatalf("destination: got %d, want 7 (once)", got)
+	}
+	if r := e.do(t, "eu", "GET", "/v1/transfers/"+tb.ID, keyA, "", ""); r.status != http.StatusOK {
+		t.Fatalf("the transfer the 202 named: %d %s, want it recorded", r.status, r.body)
 	}
 }

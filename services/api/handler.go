@@ -97,6 +97,11 @@ type Config struct {
 	// claimed path (ClaimKeys) always submits.
 	Apply      ljs.Applier
 	ApplyStats *ledger.Stats
+	// ApplyPID returns the Postgres backend process ID of Apply's one
+	// connection (nil: unknown). A request whose own transaction may still
+	// be running when its wait runs out recognises that transaction's key
+	// lock by it, and stores its 202; another's means 409.
+	ApplyPID func() uint32
 	// Now is the clock the idempotency keys' creation, leases, expiry and
 	// cleanup are measured by (default time.Now); the fault-injection
 	// suite steps it.

@@ -88,9 +88,9 @@ type Store interface {
 	// AnswerUnclaimed is Answer for a request whose key was not claimed
 	// (the ledger stores it, ledger.Command.KeyExpiresAt): it also makes
 	// the key's row, from c, when there is none or it expired. While an
-	// API process's own transaction is deciding the key (the key lock of
+	// API process's transaction is deciding the key (the key lock of
 	// LockingAnswers), it stores nothing and returns the key in flight,
-	// unless c.Applying says that transaction is the caller's.
+	// unless that transaction is the caller's own (c.ApplyPID).
 	AnswerUnclaimed(ctx context.Context, c KeyClaim, status int, body []byte) (IdempotencyKey, error)
 	// DeleteExpiredKeys removes the keys whose retention ended before now
 	// and returns how many.
@@ -169,10 +169,11 @@ type KeyClaim struct {
 	Destination string
 	Now         time.Time
 	Lease, TTL  time.Duration
-	// Applying is set when this process's own transaction for the request
-	// (api.Config.Apply) may still be running: AnswerUnclaimed does not
-	// wait for, or yield to, its key lock.
-	Applying bool
+	// ApplyPID is set when this process's own transaction for the request
+	// (api.Config.Apply) may still be running: the Postgres backend that
+	// runs it. A key lock held by that backend is this request's own, and
+	// AnswerUnclaimed does not yield to it.
+	ApplyPID uint32
 }
 
 // KeyOutcome is what a key claim found.

@@ -195,7 +195,9 @@ func (s *Handler) createUnclaimed(ctx context.Context, c call, req TransferReque
 		told <- IdempotencyKey{ClientID: c.Client, Key: c.Key, TransferID: cmd.TransferID, Status: a.Status, Body: a.Body}
 		return s.await(ctx, cmd, claim, told, func() {}, true, deadline)
 	}
-	claim.Applying = running // its own key lock may still be held: not another process's
+	if running && s.cfg.ApplyPID != nil {
+		claim.ApplyPID = s.cfg.ApplyPID() // its own key lock may still be held: not another's
+	}
 	answered, stop := s.keys.done(c.Client, c.Key)
 	dup, err := s.cfg.Router.Submit(ctx, cmd)
 	if err != nil {

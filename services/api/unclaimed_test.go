@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/paymesh/paymesh/internal/platform/natsauth"
 	"github.com/paymesh/paymesh/internal/testbed/apicheck"
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
 	"github.com/paymesh/paymesh/pkg/idgen"
@@ -226,12 +227,40 @@ func TestKeyGuaranteesBothPaths(t *testing.T) {
 // once the first is answered, the second replays the stored answer, and
 // another body gets 422. One transfer.
 func TestUnclaimedAcrossProcesses(t *testing.T) {
-	for _, path := range keyPaths[:2] {
-		t.Run(path.name, func(t *testing.T) { unclaimedAcrossProcesses(t, path.submitAll) })
+	for _, c := range []struct {
+		name                  string
+		submitAll, secondHere bool
+	}{
+		{name: "applied-here"},
+		{name: "both-applied-here", secondHere: true},
+		{name: "submitted", submitAll: true},
+	} {
+		t.Run(c.name, func(t *testing.T) { unclaimedAcrossProcesses(t, c.submitAll, c.secondHere) })
 	}
 }
 
-func unclaimedAcrossProcesses(t *testing.T, submitAll bool) {
+// secondAPI opens another API process of region eu, on node 3, as the
+// cluster's own is opened; with submitAll it submits every request.
+func secondAPI(t *testing.T, e *env, wait time.Duration, submitAll bool) *apiserver.Server {
+	t.Helper()
+	u, err := natsauth.UserOf("eu", natsauth.API)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := apiserver.Open(context.Background(), apiserver.Config{Region: "eu", Regions: e.c.IDs(), Node: 3,
+		PostgresURL: e.c.Region("eu").URL, NATSURL: e.topo.ClientURL("eu"), NATSUser: u.Name, NATSPassword: u.Password,
+		Shards: 4, AckWait: 2 * time.Second, Wait: wait, SubmitAll: submitAll, Listen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done; _ = srv.Close() })
+	return srv
+}
+
+func unclaimedAcrossProcesses(t *testing.T, submitAll, secondHere bool) {
 	ledgerGate := newLedgerGate()
 	t.Cleanup(ledgerGate.release)
 	e := mustEnv(t, 24*time.Hour, func(c *cluster.Config) {
@@ -255,10 +284,18 @@ func unclaimedAcrossProcesses(t *testing.T, submitAll bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	second := api.New(api.Config{Region: "eu", Regions: e.c.IDs(), IDs: gen, Ledger: reg.Ledger.Store, Store: reg.APIStore,
-		Router: reg.Router, Wait: time.Second})
-	srv := httptest.NewServer(second)
-	t.Cleanup(srv.Close)
+	var second *api.Handler
+	var base string
+	if secondHere {
+		s := secondAPI(t, e, time.Second, false)
+		second, base = s.API(), s.URL()
+	} else {
+		second = api.New(api.Config{Region: "eu", Regions: e.c.IDs(), IDs: gen, Ledger: reg.Ledger.Store, Store: reg.APIStore,
+			Router: reg.Router, Wait: time.Second})
+		srv := httptest.NewServer(second)
+		t.Cleanup(srv.Close)
+		base = srv.URL
+	}
 	post := func(base, key, body string) response {
 		t.Helper()
 		req, _ := http.NewRequest("POST", base+"/v1/transfers", strings.NewReader(body))
@@ -275,7 +312,7 @@ func unclaimedAcrossProcesses(t *testing.T, submitAll bool) {
 	}
 	// The second process has not seen the accounts: it reads them
 	// (CheckAccounts), and submits unclaimed.
-	if r := post(srv.URL, "teach", transferJSON(from, to, 1)); r.status != http.StatusCreated {
+	if r := post(base, "teach", transferJSON(from, to, 1)); r.status != http.StatusCreated {
 		t.Fatalf("first transfer through the second process: %d %s", r.status, r.body)
 	}
 	if n := second.Stats.Unclaimed.Load(); n != 1 {
@@ -287,7 +324,7 @@ func unclaimedAcrossProcesses(t *testing.T, submitAll bool) {
 	go func() { done <- post(reg.APIURL, "k", transferJSON(from, to, 5)) }()
 	time.Sleep(500 * time.Millisecond)
 	for _, body := range []string{transferJSON(from, to, 5), transferJSON(from, to, 6)} {
-		if r := post(srv.URL, "k", body); r.status != http.StatusConflict || r.code(t) != api.CodeIdempotencyKeyInFlight {
+		if r := post(base, "k", body); r.status != http.StatusConflict || r.code(t) != api.CodeIdempotencyKeyInFlight {
 			gate.release()
 			t.Fatalf("in flight in the other process (%s): %d %s, want 409", body, r.status, r.body)
 		}
@@ -300,10 +337,10 @@ func unclaimedAcrossProcesses(t *testing.T, submitAll bool) {
 	if first.status != http.StatusCreated {
 		t.Fatalf("first: %d %s", first.status, first.body)
 	}
-	if r := post(srv.URL, "k", transferJSON(from, to, 5)); r.status != first.status || !bytes.Equal(r.body, first.body) || r.header.Get(api.HeaderReplayed) != "true" {
+	if r := post(base, "k", transferJSON(from, to, 5)); r.status != first.status || !bytes.Equal(r.body, first.body) || r.header.Get(api.HeaderReplayed) != "true" {
 		t.Fatalf("repeat in the other process: %d %s, want the first answer replayed", r.status, r.body)
 	}
-	if r := post(srv.URL, "k", transferJSON(from, to, 6)); r.status != 422 || r.code(t) != "idempotency_key_reused" {
+	if r := post(base, "k", transferJSON(from, to, 6)); r.status != 422 || r.code(t) != "idempotency_key_reused" {
 		t.Fatalf("another body in the other process: %d %s, want 422", r.status, r.body)
 	}
 	e.quiet(t)

@@ -114,20 +114,38 @@ type LockingAnswers struct{ Answers }
 var _ ledgerpg.KeyLocker = LockingAnswers{}
 
 // QueueKeyLocks queues the key locks of cmds' unclaimed requests, in one
-// order in every transaction.
-func (LockingAnswers) QueueKeyLocks(b *pgx.Batch, cmds []ledger.Command) {
-	var clients, keys []string
+// order in every transaction, and then the read of those keys that already
+// hold an answer, unexpired, naming another transfer than the request's:
+// an earlier attempt answered (202) and still waiting in the ledger
+// stream, whose transfer is the key's.
+func (LockingAnswers) QueueKeyLocks(b *pgx.Batch, cmds []ledger.Command) func(ledger.Command) bool {
+	var clients, keys, tids []string
+	var created []time.Time
 	for _, c := range cmds {
 		if !c.IsStep() && !c.KeyExpiresAt.IsZero() {
 			clients, keys = append(clients, c.ClientID), append(keys, c.IdempotencyKey)
+			tids, created = append(tids, c.TransferID), append(created, c.CreatedAt)
 		}
 	}
 	if len(keys) == 0 {
-		return
+		return func(ledger.Command) bool { return false }
 	}
 	b.Queue(`SELECT count(pg_advisory_xact_lock(h)) FROM (
 			SELECT DISTINCT `+keyLock("u.client_id", "u.key")+` AS h FROM unnest($1::text[], $2::text[]) AS u(client_id, key) ORDER BY h) l`,
 		clients, keys)
+	promised := map[[2]string]bool{}
+	b.Queue(`SELECT k.client_id, k.key FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[]) AS u(client_id, key, transfer_id, created_at)
+			JOIN idempotency_keys k ON k.client_id = u.client_id AND k.key = u.key
+			WHERE k.state = 'done' AND k.expires_at >= u.created_at AND k.transfer_id <> u.transfer_id`,
+		clients, keys, tids, created).Query(func(rows pgx.Rows) error {
+		var client, key string
+		_, err := pgx.ForEachRow(rows, []any{&client, &key}, func() error {
+			promised[[2]string{client, key}] = true
+			return nil
+		})
+		return err
+	})
+	return func(c ledger.Command) bool { return promised[[2]string{c.ClientID, c.IdempotencyKey}] }
 }
 
 // keyLock is the SQL of a key's lock: an advisory lock on a hash of the

@@ -399,16 +399,19 @@ func (s *Store) AnswerUnclaimed(ctx context.Context, c api.KeyClaim, status int,
 		return api.IdempotencyKey{}, fmt.Errorf("answer idempotency key: %w", err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	if !c.Applying {
-		// Another process's transaction deciding the key holds its lock
-		// (LockingAnswers): the key is in flight there.
-		var free bool
-		if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(`+keyLock("$1::text", "$2::text")+`)`, c.Client, c.Key).Scan(&free); err != nil {
-			return api.IdempotencyKey{}, fmt.Errorf("answer idempotency key: %w", err)
-		}
-		if !free {
-			return api.IdempotencyKey{ClientID: c.Client, Key: c.Key, InFlight: true}, nil
-		}
+	// A transaction deciding the key holds its lock (LockingAnswers): the
+	// key is in flight there, unless that transaction is the caller's own.
+	var free, own bool
+	if err := tx.QueryRow(ctx, `
+		WITH h AS (SELECT `+keyLock("$1::text", "$2::text")+` AS v), t AS (SELECT pg_try_advisory_xact_lock(v) AS free FROM h)
+		SELECT t.free, NOT t.free AND $3::int8 <> 0 AND EXISTS (
+			SELECT 1 FROM pg_locks l, h WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.pid = $3::int8
+			   AND l.classid::int8 = (h.v >> 32) & 4294967295 AND l.objid::int8 = h.v & 4294967295)
+		FROM t`, c.Client, c.Key, int64(c.ApplyPID)).Scan(&free, &own); err != nil {
+		return api.IdempotencyKey{}, fmt.Errorf("answer idempotency key: %w", err)
+	}
+	if !free && !own {
+		return api.IdempotencyKey{ClientID: c.Client, Key: c.Key, InFlight: true}, nil
 	}
 	rows, err := tx.Query(ctx, `
 		WITH made AS (

@@ -124,16 +124,19 @@ const defaultWait = 2 * time.Second
 
 // Server is a running region API.
 type Server struct {
-	cfg     Config
-	pool    *pgxpool.Pool
-	lease   *nodelease.Lease
-	nc      *nats.Conn
-	opsNC   *nats.Conn // the operator user's connection, when configured
-	api     *api.Handler
-	store   *apipg.Store
-	ln      net.Listener
-	http    *http.Server
-	metrics *telemetry.Served
+	cfg  Config
+	pool *pgxpool.Pool
+	// applyPool is the connection of the transactions the API runs
+	// itself (api.Config.Apply), nil with SubmitAll.
+	applyPool *pgxpool.Pool
+	lease     *nodelease.Lease
+	nc        *nats.Conn
+	opsNC     *nats.Conn // the operator user's connection, when configured
+	api       *api.Handler
+	store     *apipg.Store
+	ln        net.Listener
+	http      *http.Server
+	metrics   *telemetry.Served
 }
 
 // Open connects to the region's database and NATS server, waiting for each
@@ -216,14 +219,19 @@ func (s *Server) open(ctx context.Context) error {
 		// The region's ledger transaction, run here: its consume-log
 		// claims under a holder of this process (the node it leased), and
 		// the requests' first answers stored with their keys.
-		host, _ := os.Hostname()
-		consumeLog := dedup.New(dedup.Config{Holder: fmt.Sprintf("%s/api-%s-%d/%d", cfg.Region, host, os.Getpid(), cfg.Node)})
-		acfg.Apply = postgres.New(s.pool, postgres.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen, Dedup: consumeLog, Answers: apipg.LockingAnswers{},
-			BeforeCommit: cfg.BeforeCommit})
+		// One connection, as the group runs one transaction at a time:
+		// its backend tells this process's key locks from others'.
+		if s.applyPool, acfg.ApplyPID, err = postgres.ConnectOne(ctx, cfg.PostgresURL, time.Minute); err != nil {
+			return err
+		}
 		acfg.ApplyStats = cfg.LedgerStats
 		if acfg.ApplyStats == nil {
 			acfg.ApplyStats = &ledger.Stats{}
 		}
+		host, _ := os.Hostname()
+		consumeLog := dedup.New(dedup.Config{Holder: fmt.Sprintf("%s/api-%s-%d/%d", cfg.Region, host, os.Getpid(), cfg.Node)})
+		acfg.Apply = postgres.New(s.applyPool, postgres.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen, Dedup: consumeLog,
+			Answers: apipg.LockingAnswers{}, Stats: acfg.ApplyStats, BeforeCommit: cfg.BeforeCommit})
 	}
 	if cfg.OpsNATSUser != "" {
 		if acfg.DeadLetters, err = s.openOps(ctx); err != nil {
@@ -351,7 +359,10 @@ func (s *Server) Close() error {
 		}
 	}
 	if s.api != nil {
-		s.api.Close()
+		s.api.Close() // the transactions queued here run first
+	}
+	if s.applyPool != nil {
+		s.applyPool.Close()
 	}
 	if s.opsNC != nil {
 		s.opsNC.Close()

@@ -24,9 +24,13 @@ type Answers interface {
 // KeyLocker is an Answers that also locks the requests' keys for the whole
 // transaction: the store queues QueueKeyLocks in the claim stage's batch
 // b, after the consume-log claims, so that whoever answers a key outside
-// the ledger can tell that a transaction deciding it is running.
+// the ledger can tell that a transaction deciding it is running. It also
+// reads, under those locks, which requests' keys already hold an answer
+// naming another transfer: once b has run, promised reports them, and the
+// store applies none of them (a Duplicate caught at the idempotency key,
+// its claim given back), since that other transfer is the key's.
 type KeyLocker interface {
-	QueueKeyLocks(b *pgx.Batch, cmds []ledger.Command)
+	QueueKeyLocks(b *pgx.Batch, cmds []ledger.Command) (promised func(ledger.Command) bool)
 }
 
 // queueResponses queues the first answers to the batch's client requests

@@ -170,8 +170,9 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, key
 			open = append(open, i)
 		}
 	}
+	var promised func(ledger.Command) bool
 	if kl, ok := s.cfg.Answers.(KeyLocker); ok {
-		kl.QueueKeyLocks(b, pick(cmds, open))
+		promised = kl.QueueKeyLocks(b, pick(cmds, requests(cmds, open)))
 	}
 	known := s.queueExistingTransfers(b, cmds, requests(cmds, open))
 	credited := queueExistingCredits(b, cmds, open)
@@ -187,6 +188,14 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, key
 	claims, err := pending.Finish(ctx, tx)
 	if err != nil {
 		return claimed{}, err
+	}
+	if promised != nil {
+		known.promised = map[string]bool{}
+		for _, i := range open {
+			if promised(cmds[i]) {
+				known.promised[keys[i].ID] = true
+			}
+		}
 	}
 	return claimed{claims: claims, known: *known, credited: credited, state: state}, nil
 }

@@ -42,6 +42,10 @@ type fate struct {
 type knownTransfers struct {
 	byKey map[string]ledger.Transfer // by the request key that made them
 	byID  map[string]bool
+	// promised holds the request keys whose idempotency key already holds
+	// an answer naming another transfer (KeyLocker): an earlier attempt
+	// that was answered and still waits in a stream.
+	promised map[string]bool
 }
 
 // classify decides each command's fate from its claim and what the claim
@@ -82,6 +86,10 @@ func classify(cmds []ledger.Command, claims []dedup.Claim, known knownTransfers,
 				fates[i] = fate{kind: fateDuplicate, layer: ledger.LayerBusinessKey, transfer: t, release: true}
 			case ok:
 				fates[i] = fate{kind: fateConflict, layer: ledger.LayerBusinessKey, release: true}
+			case known.promised[cl.Key.ID]:
+				// Another attempt of the key was answered and will apply:
+				// this one must not make a second transfer for it.
+				fates[i] = fate{kind: fateDuplicate, layer: ledger.LayerIdempotencyKey, release: true}
 			case known.byID[c.TransferID]:
 				fates[i] = fate{kind: fateReusedID, release: true}
 			default:

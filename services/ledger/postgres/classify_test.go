@@ -33,6 +33,13 @@ func TestClassify(t *testing.T) {
 		}
 		return k
 	}
+	promising := func(k knownTransfers, cs ...ledger.Command) knownTransfers {
+		k.promised = map[string]bool{}
+		for _, c := range cs {
+			k.promised[c.MsgKey()] = true
+		}
+		return k
+	}
 	x := req("eu-x", "k1")
 	other := req("eu-x", "k1") // the same key and transfer ID, another body
 	other.Amount = 99
@@ -62,6 +69,8 @@ func TestClassify(t *testing.T) {
 			known:  knowing(), want: "duplicate keep: duplicate/dedup_table transfer= dead=false err="},
 		{name: "DuplicateBusinessKey", cmds: []ledger.Command{x}, claims: []dedup.Claim{first(x)}, known: knowing(made(x, "")),
 			want: "duplicate release: duplicate/business_key transfer=eu-x dead=false err="},
+		{name: "DuplicatePromisedKey", cmds: []ledger.Command{x}, claims: []dedup.Claim{first(x)},
+			known: promising(knowing(), x), want: "duplicate release: duplicate/idempotency_key transfer= dead=false err="},
 		{name: "DuplicateCreditRecorded", cmds: []ledger.Command{step(ledger.TypeCredit, "eu-x")}, claims: []dedup.Claim{first(step(ledger.TypeCredit, "eu-x"))},
 			known: knowing(), credited: map[string]bool{"eu-x": true}, want: "duplicate release: duplicate/business_key transfer= dead=false err="},
 		{name: "ConflictConsumeLog", cmds: []ledger.Command{other}, claims: []dedup.Claim{claim(other, dedup.Conflict, dedup.LayerTable)},

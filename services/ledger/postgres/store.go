@@ -13,6 +13,7 @@ import (
 	"io/fs"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -47,6 +48,26 @@ func Migrations() []pgdb.Migration {
 // late COMMIT fails. lockTimeout bounds a wait for a row lock; zero means
 // the lease. It returns an error for a bad URL or an unreachable server.
 func Connect(ctx context.Context, url string, lease, lockTimeout time.Duration) (*pgxpool.Pool, error) {
+	return connect(ctx, url, lease, lockTimeout, nil)
+}
+
+// ConnectOne is Connect for a pool of one connection, and returns the
+// backend process ID of that connection as it is now (it changes when the
+// pool reconnects): what tells a session's own locks from others' in
+// pg_locks.
+func ConnectOne(ctx context.Context, url string, lease time.Duration) (*pgxpool.Pool, func() uint32, error) {
+	var pid atomic.Uint32
+	pool, err := connect(ctx, url, lease, 0, func(cfg *pgxpool.Config) {
+		cfg.MaxConns, cfg.MinConns = 1, 1
+		cfg.AfterConnect = func(_ context.Context, c *pgx.Conn) error {
+			pid.Store(c.PgConn().PID())
+			return nil
+		}
+	})
+	return pool, pid.Load, err
+}
+
+func connect(ctx context.Context, url string, lease, lockTimeout time.Duration, tweak func(*pgxpool.Config)) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)
@@ -57,6 +78,9 @@ func Connect(ctx context.Context, url string, lease, lockTimeout time.Duration) 
 	cfg.ConnConfig.Tracer = queryTracer{}
 	cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = fmt.Sprint(lease.Milliseconds())
 	cfg.ConnConfig.RuntimeParams["lock_timeout"] = fmt.Sprint(lockTimeout.Milliseconds())
+	if tweak != nil {
+		tweak(cfg)
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)
