@@ -133,3 +133,49 @@ func TestRetryOfAHandedRequest(t *testing.T) {
 		t.Fatalf("the transfer the 202 named: %d %s, want it recorded", r.status, r.body)
 	}
 }
+
+// TestDisconnectWhileApplying: a client that goes away while its request
+// waits for a transaction here leaves the request's command to that
+// transaction. Its retry in the same process is answered 409 until the
+// transaction has decided, and then gets the transaction's answer: it
+// never makes a second transfer ID of the key, whose answer the first's
+// commit would take back.
+func TestDisconnectWhileApplying(t *testing.T) {
+	e := mustEnv(t, 24*time.Hour)
+	from := e.account(t, "eu", keyA, 1000)
+	to := e.account(t, "eu", keyA, 0)
+	reg := e.c.Region("eu")
+	gate := &rowGate{t: t, pool: reg.Ledger.Store.Pool(), account: from}
+	t.Cleanup(gate.release)
+
+	gate.close()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "POST", reg.APIURL+"/v1/transfers", strings.NewReader(transferJSON(from, to, 9)))
+	req.Header.Set("Authorization", "Bearer "+keyA)
+	req.Header.Set("Idempotency-Key", "gone")
+	req.Header.Set("Content-Type", "application/json")
+	if res, err := http.DefaultClient.Do(req); err == nil {
+		res.Body.Close()
+		gate.release()
+		t.Fatalf("the held request was answered %d before its client went away", res.StatusCode)
+	}
+	time.Sleep(500 * time.Millisecond) // the handler has returned; its command waits here
+	if r := e.do(t, "eu", "POST", "/v1/transfers", keyA, "gone", transferJSON(from, to, 9)); r.status != http.StatusConflict ||
+		r.code(t) != api.CodeIdempotencyKeyInFlight {
+		gate.release()
+		t.Fatalf("retry while the first waits here: %d %s, want 409", r.status, r.body)
+	}
+	gate.release()
+	e.quiet(t)
+	r := e.do(t, "eu", "POST", "/v1/transfers", keyA, "gone", transferJSON(from, to, 9))
+	if r.status != http.StatusCreated || r.header.Get(api.HeaderReplayed) != "true" {
+		t.Fatalf("retry after: %d %s, want the first transfer's 201 replayed", r.status, r.body)
+	}
+	if again := e.do(t, "eu", "POST", "/v1/transfers", keyA, "gone", transferJSON(from, to, 9)); !bytes.Equal(again.body, r.body) {
+		t.Fatalf("second retry: %s, want %s", again.body, r.body)
+	}
+	if got := e.balance(t, "eu", keyA, to); got != 9 {
+		t.Fatalf("destination: got %d, want 9 (once)", got)
+	}
+}

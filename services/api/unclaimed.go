@@ -168,7 +168,8 @@ func (s *Handler) createUnclaimed(ctx context.Context, c call, req TransferReque
 		}
 		return s.inFlightReply()
 	}
-	defer s.inflight.end(ck)
+	release := func() { s.inflight.end(ck) }
+	defer func() { release() }()
 	if s.lately.has(ck) {
 		k, outcome, err := s.cfg.Store.LookupKey(ctx, claim)
 		if err != nil {
@@ -183,7 +184,7 @@ func (s *Handler) createUnclaimed(ctx context.Context, c call, req TransferReque
 		From: req.From, To: req.To, Amount: req.Amount, Currency: req.Currency, CreatedAt: claim.Now,
 		KeyExpiresAt: claim.Now.Add(claim.TTL)}
 	deadline := time.Now().Add(s.cfg.Wait)
-	a, running := s.applyHere(ctx, cmd, deadline)
+	a, pending := s.applyHere(ctx, cmd, deadline)
 	if a != nil {
 		s.lately.add(ck)
 		if a.Status != http.StatusAccepted {
@@ -195,8 +196,21 @@ func (s *Handler) createUnclaimed(ctx context.Context, c call, req TransferReque
 		told <- IdempotencyKey{ClientID: c.Client, Key: c.Key, TransferID: cmd.TransferID, Status: a.Status, Body: a.Body}
 		return s.await(ctx, cmd, claim, told, func() {}, true, deadline)
 	}
-	if running && s.cfg.ApplyPID != nil {
-		claim.ApplyPID = s.cfg.ApplyPID() // its own key lock may still be held: not another's
+	if pending != nil {
+		// The command may still apply here. The key stays in flight in this
+		// process until it has, and the request has been answered: so the
+		// key lock that the group's connection holds for it now can only be
+		// this request's (a retry here is answered 409 meanwhile).
+		answered := make(chan struct{})
+		release = func() { close(answered) }
+		go func() {
+			<-pending
+			<-answered
+			s.inflight.end(ck)
+		}()
+		if s.cfg.ApplyPID != nil {
+			claim.ApplyPID = s.cfg.ApplyPID()
+		}
 	}
 	answered, stop := s.keys.done(c.Client, c.Key)
 	dup, err := s.cfg.Router.Submit(ctx, cmd)
@@ -220,16 +234,17 @@ func (s *Handler) createUnclaimed(ctx context.Context, c call, req TransferReque
 // full, when the transaction failed, when cmd neither applied nor was
 // refused there (a duplicate, a conflict, a request to dead-letter), or
 // when deadline passed first (the transaction may still roll back, so only
-// the stream makes a 202 true); running then says the transaction may
-// still be running.
-func (s *Handler) applyHere(ctx context.Context, cmd ledger.Command, deadline time.Time) (a *ledger.Answer, running bool) {
+// the stream makes a 202 true); pending then delivers the command's
+// outcome here once the group has it (within the group transaction's own
+// timeout).
+func (s *Handler) applyHere(ctx context.Context, cmd ledger.Command, deadline time.Time) (a *ledger.Answer, pending <-chan applied) {
 	if s.direct == nil {
-		return nil, false
+		return nil, nil
 	}
 	out, ok := s.direct.submit(ctx, cmd)
 	if !ok {
 		s.Stats.Handed.Add(1)
-		return nil, false
+		return nil, nil
 	}
 	wait := time.NewTimer(time.Until(deadline))
 	defer wait.Stop()
@@ -240,18 +255,18 @@ func (s *Handler) applyHere(ctx context.Context, cmd ledger.Command, deadline ti
 		// answered as the stream path answers it.
 		if own := r.res.Kind == ledger.Applied || r.res.Kind == ledger.Rejected; r.err == nil && own && r.res.Answer != nil {
 			s.Stats.Direct.Add(1)
-			return r.res.Answer, false
+			return r.res.Answer, nil
 		}
 		if r.err != nil {
 			s.cfg.Log.Warn("applying here failed; submitting to the ledger stream", "transfer", cmd.TransferID, "err", r.err)
 		}
 		s.Stats.Handed.Add(1)
-		return nil, false
+		return nil, nil
 	case <-wait.C:
 	case <-ctx.Done():
 	}
 	s.Stats.Handed.Add(1)
-	return nil, true
+	return nil, out
 }
 
 // submittedBefore answers an unclaimed request whose submit the ledger
@@ -281,6 +296,9 @@ func (s *Handler) submittedBefore(ctx context.Context, claim KeyClaim, cmd ledge
 	}
 	if k, err = s.cfg.Store.AnswerUnclaimed(ctx, claim, st, b); err != nil {
 		return errReply(err)
+	}
+	if k.InFlight { // a transaction of another API process is deciding the key
+		return s.inFlightReply()
 	}
 	return stored(k, k.TransferID != claim.TransferID)
 }
