@@ -12,7 +12,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +20,7 @@ import (
 	"github.com/paymesh/paymesh/internal/platform/pgdb"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/internal/testbed/pgtest"
+	"github.com/paymesh/paymesh/internal/testbed/syncbuf"
 	"github.com/paymesh/paymesh/services/api"
 	apipg "github.com/paymesh/paymesh/services/api/postgres"
 )
@@ -147,7 +147,7 @@ func TestClientWaitsForMigrations(t *testing.T) {
 		t.Fatalf("no API to migrate: got %v, want an error saying what to run", err)
 	}
 
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	migrated := make(chan error, 1)
 	go func() {
 		time.Sleep(time.Second)
@@ -165,24 +165,6 @@ func TestClientWaitsForMigrations(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log sink written by one goroutine and read by another.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestLedgerWaitsForNATS: `paymesh ledger` started before its nats-server
 // logs that it waits, then runs (serves /metrics) once the server is up,
 // instead of exiting.
@@ -192,7 +174,7 @@ func TestLedgerWaitsForNATS(t *testing.T) {
 	db := regionDB{Region: "eu", PostgresURL: pgURL, Database: strings.TrimPrefix(u.Path, "/")}
 	tab, ids := defaultRegions(t)
 	natsAddr, metricsAddr := freeAddr(t), freeAddr(t)
-	var logged syncBuffer
+	var logged syncbuf.Buffer
 	c := &ledgerCmd{regionDB: db, regionNATS: regionNATS{NATSURL: "nats://" + natsAddr, StreamReplicas: 1}, Workers: 1, BatchSize: 16, AckWait: 5 * time.Second, MaxDeliver: 3,
 		Lease: 30 * time.Second, WindowDays: 2, Shards: 2, ShardSet: "0/1", Metrics: metricsAddr, dependencyWait: dependencyWait{ConnectTimeout: 20 * time.Second}}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -18,6 +17,7 @@ import (
 	"github.com/paymesh/paymesh/internal/lab/dashboard"
 	"github.com/paymesh/paymesh/internal/lab/demo"
 	"github.com/paymesh/paymesh/internal/testbed/pgtest"
+	"github.com/paymesh/paymesh/internal/testbed/syncbuf"
 	"github.com/paymesh/paymesh/pkg/natstrace"
 )
 
@@ -56,7 +56,7 @@ func TestLivePageInBrowser(t *testing.T) {
 	defer cancel()
 	runCtx, stop := context.WithCancel(ctx)
 	urls := make(chan string, 1)
-	out := &syncWriter{}
+	out := &syncbuf.Buffer{}
 	var wg sync.WaitGroup
 	var rep demo.Report
 	var runErr error
@@ -152,22 +152,4 @@ func TestLivePageInBrowser(t *testing.T) {
 	if runErr != nil || !rep.OK() {
 		t.Fatalf("demo: %v\n%s", runErr, out.String())
 	}
-}
-
-// syncWriter lets the demo write while the test reads its output.
-type syncWriter struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (w *syncWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *syncWriter) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
 }

@@ -4,13 +4,13 @@ import (
 	"context"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/paymesh/paymesh/internal/lab/loadgen"
 	"github.com/paymesh/paymesh/internal/testbed/faultproxy"
 	"github.com/paymesh/paymesh/internal/testbed/faultproxy/faultproxytest"
+	"github.com/paymesh/paymesh/internal/testbed/syncbuf"
 )
 
 func TestParsePlan(t *testing.T) {
@@ -68,24 +68,6 @@ func link(t *testing.T) (*faultproxy.Proxy, *faultproxy.Client) {
 	return p, faultproxy.NewClient(srv.URL)
 }
 
-// syncBuffer is a strings.Builder safe for the plan's concurrent lines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestRunPlan runs a plan against two real links through their control
 // APIs: eu is cut then healed, us degraded then restored to the shape it
 // had; a plan cut short by its context heals what is in force and skips the
@@ -99,7 +81,7 @@ func TestRunPlan(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out syncBuffer
+	var out syncbuf.Buffer
 	done := make(chan error, 1)
 	go func() {
 		done <- loadgen.RunPlan(context.Background(), plan, map[string]*faultproxy.Client{"eu": euCtl, "us": usCtl}, &out)
@@ -128,7 +110,7 @@ func TestRunPlan(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	out = syncBuffer{}
+	out = syncbuf.Buffer{}
 	go func() {
 		done <- loadgen.RunPlan(ctx, plan, map[string]*faultproxy.Client{"eu": euCtl, "us": usCtl}, &out)
 	}()

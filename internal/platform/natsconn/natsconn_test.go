@@ -1,13 +1,11 @@
 package natsconn_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +14,7 @@ import (
 	"github.com/paymesh/paymesh/internal/platform/natsauth"
 	"github.com/paymesh/paymesh/internal/platform/natsconn"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
+	"github.com/paymesh/paymesh/internal/testbed/syncbuf"
 )
 
 // TestConnectRefusedLogin: a wrong password is an authorization error at
@@ -70,7 +69,7 @@ func TestAsyncErrorsLogged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	log := slog.New(slog.NewTextHandler(logs, nil))
 	nc, err := natsconn.Connect(context.Background(), natsconn.Config{URL: topo.ClientURL("eu"), User: u.Name, Password: u.Password,
 		Name: "paymesh-router-eu", Timeout: 20 * time.Second, Log: log})
@@ -103,23 +102,4 @@ func TestAsyncErrorsLogged(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-// syncBuffer is a bytes.Buffer that the client's callback goroutine and
-// the test may use at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
