@@ -41,11 +41,6 @@ import (
 const (
 	directBatch = 256  // most commands in one transaction, as the ledger's batch
 	directQueue = 4096 // requests waiting for a transaction; beyond, they are submitted
-	// directWorkers is how many transactions run at once. One: the
-	// requests that arrive while it commits make the next batch, and no
-	// two of this process's transactions wait for each other's row locks
-	// (two cost 10-25 % more Postgres CPU per transfer at 64 in flight).
-	directWorkers = 1
 )
 
 // applied is one command's outcome in a group's transaction.
@@ -62,7 +57,12 @@ type directReq struct {
 }
 
 // directGroup gathers the commands of concurrent requests into
-// transactions of up to directBatch, directWorkers at a time. It counts,
+// transactions of up to directBatch, one at a time: the requests that
+// arrive while one commits make the next batch, and no two of this
+// process's transactions wait for each other's row locks (two at a time
+// cost 10-25 % more Postgres CPU per transfer at 64 in flight). One at a
+// time is also what lets the server give Apply a single connection, whose
+// backend tells this process's key locks from others'. It counts,
 // as the ledger's consumer counts its own, a failed transaction and the
 // commands its transactions applied or refused (each a delivery too);
 // every other command is handed to the ledger stream, and the ledger
@@ -74,20 +74,18 @@ type directGroup struct {
 	stop  chan struct{}
 	wg    sync.WaitGroup
 	// mu orders submit against close: once close holds it, nothing more
-	// is queued, so the workers' drain sees every queued request.
+	// is queued, so the worker's drain sees every queued request.
 	mu     sync.RWMutex
 	closed bool
 }
 
 func newDirectGroup(a ljs.Applier, stats *ledger.Stats) *directGroup {
 	g := &directGroup{apply: a, stats: stats, in: make(chan directReq, directQueue), stop: make(chan struct{})}
-	for range directWorkers {
-		g.wg.Go(g.run)
-	}
+	g.wg.Go(g.run)
 	return g
 }
 
-// close stops the workers once the requests already queued are applied.
+// close stops the worker once the requests already queued are applied.
 func (g *directGroup) close() {
 	g.mu.Lock()
 	if !g.closed {

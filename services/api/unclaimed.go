@@ -201,11 +201,11 @@ func (s *Handler) createUnclaimed(ctx context.Context, c call, req TransferReque
 		// process until it has, and the request has been answered: so the
 		// key lock that the group's connection holds for it now can only be
 		// this request's (a retry here is answered 409 meanwhile).
-		answered := make(chan struct{})
-		release = func() { close(answered) }
+		replied := make(chan struct{})
+		release = func() { close(replied) }
 		go func() {
 			<-pending
-			<-answered
+			<-replied
 			s.inflight.end(ck)
 		}()
 		if s.cfg.ApplyPID != nil {

@@ -170,11 +170,12 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, key
 			open = append(open, i)
 		}
 	}
+	reqs := requests(cmds, open)
 	var promised func(ledger.Command) bool
 	if kl, ok := s.cfg.Answers.(KeyLocker); ok {
-		promised = kl.QueueKeyLocks(b, pick(cmds, requests(cmds, open)))
+		promised = kl.QueueKeyLocks(b, pick(cmds, reqs))
 	}
-	known := s.queueExistingTransfers(b, cmds, requests(cmds, open))
+	known := s.queueExistingTransfers(b, cmds, reqs)
 	credited := queueExistingCredits(b, cmds, open)
 	state, err := s.queueLockState(ctx, tx, b, pick(cmds, open))
 	if err != nil {
@@ -191,7 +192,7 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, key
 	}
 	if promised != nil {
 		known.promised = map[string]bool{}
-		for _, i := range open {
+		for _, i := range reqs {
 			if promised(cmds[i]) {
 				known.promised[keys[i].ID] = true
 			}
