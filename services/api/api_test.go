@@ -124,7 +124,23 @@ func (e *env) do(tb testing.TB, region, method, path, apiKey, idemKey, body stri
 // doWith sends a request with the given headers and the client's API key.
 func (e *env) doWith(tb testing.TB, region, method, path, apiKey, body string, h http.Header) response {
 	tb.Helper()
-	req, err := http.NewRequest(method, e.c.Region(region).APIURL+path, strings.NewReader(body))
+	return send(tb, method, e.c.Region(region).APIURL+path, apiKey, body, h)
+}
+
+// postTransfer sends a transfer request of client A, with its
+// Idempotency-Key, to the API at base (one the cluster did not start).
+func postTransfer(tb testing.TB, base, idemKey, body string) response {
+	tb.Helper()
+	h := http.Header{}
+	h.Set("Idempotency-Key", idemKey)
+	h.Set("Content-Type", "application/json")
+	return send(tb, "POST", base+"/v1/transfers", keyA, body, h)
+}
+
+// send sends a request with the given headers and API key.
+func send(tb testing.TB, method, url, apiKey, body string, h http.Header) response {
+	tb.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	if err != nil {
 		tb.Fatal(err)
 	}

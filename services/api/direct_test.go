@@ -4,14 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"io"
 	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/paymesh/paymesh/internal/testbed/apicheck"
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
 	"github.com/paymesh/paymesh/services/api"
 	ledgerserver "github.com/paymesh/paymesh/services/ledger/server"
@@ -106,20 +104,10 @@ func TestRetryOfAHandedRequest(t *testing.T) {
 	}
 	var tb api.TransferBody
 	first.json(t, &tb)
-	req, _ := http.NewRequest("POST", second.URL()+"/v1/transfers", strings.NewReader(transferJSON(from, to, 7)))
-	req.Header.Set("Authorization", "Bearer "+keyA)
-	req.Header.Set("Idempotency-Key", "k")
-	req.Header.Set("Content-Type", "application/json")
-	res, err := apicheck.Client(t).Do(req)
-	if err != nil {
+	if r := postTransfer(t, second.URL(), "k", transferJSON(from, to, 7)); r.status != first.status || !bytes.Equal(r.body, first.body) ||
+		r.header.Get(api.HeaderReplayed) != "true" {
 		gate.release()
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(res.Body)
-	res.Body.Close()
-	if res.StatusCode != first.status || !bytes.Equal(body, first.body) || res.Header.Get(api.HeaderReplayed) != "true" {
-		gate.release()
-		t.Fatalf("retry in the other process: %d %s, want the 202 replayed: %s", res.StatusCode, body, first.body)
+		t.Fatalf("retry in the other process: %d %s, want the 202 replayed: %s", r.status, r.body, first.body)
 	}
 	if n := second.API().Stats.Direct.Load(); n != 0 {
 		t.Errorf("the other process answered %d from its own transaction, want 0", n)

@@ -3,10 +3,8 @@ package api_test
 import (
 	"bytes"
 	"context"
-	"io"
 	"net/http"
 	"net/http/httptest"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,7 +15,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/paymesh/paymesh/internal/platform/natsauth"
-	"github.com/paymesh/paymesh/internal/testbed/apicheck"
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/api"
@@ -296,23 +293,9 @@ func unclaimedAcrossProcesses(t *testing.T, submitAll, secondHere bool) {
 		t.Cleanup(srv.Close)
 		base = srv.URL
 	}
-	post := func(base, key, body string) response {
-		t.Helper()
-		req, _ := http.NewRequest("POST", base+"/v1/transfers", strings.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+keyA)
-		req.Header.Set("Idempotency-Key", key)
-		req.Header.Set("Content-Type", "application/json")
-		res, err := apicheck.Client(t).Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer res.Body.Close()
-		b, _ := io.ReadAll(res.Body)
-		return response{status: res.StatusCode, header: res.Header, body: b}
-	}
 	// The second process has not seen the accounts: it reads them
 	// (CheckAccounts), and submits unclaimed.
-	if r := post(base, "teach", transferJSON(from, to, 1)); r.status != http.StatusCreated {
+	if r := postTransfer(t, base, "teach", transferJSON(from, to, 1)); r.status != http.StatusCreated {
 		t.Fatalf("first transfer through the second process: %d %s", r.status, r.body)
 	}
 	if n := second.Stats.Unclaimed.Load(); n != 1 {
@@ -321,7 +304,7 @@ func unclaimedAcrossProcesses(t *testing.T, submitAll, secondHere bool) {
 
 	gate.close()
 	done := make(chan response, 1)
-	go func() { done <- post(reg.APIURL, "k", transferJSON(from, to, 5)) }()
+	go func() { done <- postTransfer(t, reg.APIURL, "k", transferJSON(from, to, 5)) }()
 	time.Sleep(500 * time.Millisecond)
 	for i, body := range []string{transferJSON(from, to, 5), transferJSON(from, to, 6)} {
 		status, code := http.StatusConflict, api.CodeIdempotencyKeyInFlight
@@ -330,7 +313,7 @@ func unclaimedAcrossProcesses(t *testing.T, submitAll, secondHere bool) {
 			// transaction there (behind the first's): another body is 422.
 			status, code = http.StatusUnprocessableEntity, "idempotency_key_reused"
 		}
-		if r := post(base, "k", body); r.status != status || r.code(t) != code {
+		if r := postTransfer(t, base, "k", body); r.status != status || r.code(t) != code {
 			gate.release()
 			t.Fatalf("in flight in the other process (%s): %d %s, want %d %s", body, r.status, r.body, status, code)
 		}
@@ -350,15 +333,15 @@ func unclaimedAcrossProcesses(t *testing.T, submitAll, secondHere bool) {
 	// Both applied here, the second process's own repeat is still in flight
 	// there until its transaction, held behind the first's, has found the
 	// key applied: 409 until then.
-	r := post(base, "k", transferJSON(from, to, 5))
+	r := postTransfer(t, base, "k", transferJSON(from, to, 5))
 	for deadline := time.Now().Add(10 * time.Second); secondHere && r.status == http.StatusConflict && time.Now().Before(deadline); {
 		time.Sleep(50 * time.Millisecond)
-		r = post(base, "k", transferJSON(from, to, 5))
+		r = postTransfer(t, base, "k", transferJSON(from, to, 5))
 	}
 	if r.status != first.status || !bytes.Equal(r.body, first.body) || r.header.Get(api.HeaderReplayed) != "true" {
 		t.Fatalf("repeat in the other process: %d %s, want the first answer replayed", r.status, r.body)
 	}
-	if r := post(base, "k", transferJSON(from, to, 6)); r.status != 422 || r.code(t) != "idempotency_key_reused" {
+	if r := postTransfer(t, base, "k", transferJSON(from, to, 6)); r.status != 422 || r.code(t) != "idempotency_key_reused" {
 		t.Fatalf("another body in the other process: %d %s, want 422", r.status, r.body)
 	}
 	e.quiet(t)
