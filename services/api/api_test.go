@@ -188,13 +188,18 @@ func (e *env) quiet(tb testing.TB) {
 
 func (e *env) balance(tb testing.TB, region, apiKey, id string) int64 {
 	tb.Helper()
+	return e.accountBody(tb, region, apiKey, id).Balance
+}
+
+func (e *env) accountBody(tb testing.TB, region, apiKey, id string) api.AccountBody {
+	tb.Helper()
 	r := e.do(tb, region, "GET", "/v1/accounts/"+id, apiKey, "", "")
 	if r.status != http.StatusOK {
 		tb.Fatalf("get account %s: %d %s", id, r.status, r.body)
 	}
 	var a api.AccountBody
 	r.json(tb, &a)
-	return a.Balance
+	return a
 }
 
 func transferJSON(from, to string, amount int64) string {

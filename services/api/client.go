@@ -77,7 +77,8 @@ func (c *Client) do(ctx context.Context, method, path, key string, body []byte) 
 	if res.StatusCode >= 400 {
 		e := &Error{Status: res.StatusCode}
 		_ = json.Unmarshal(b, &e.Problem)
-		if res.StatusCode == http.StatusConflict || res.StatusCode == http.StatusTooManyRequests || res.StatusCode >= 500 {
+		inFlight := res.StatusCode == http.StatusConflict && e.Problem.Code == CodeIdempotencyKeyInFlight
+		if inFlight || res.StatusCode == http.StatusTooManyRequests || res.StatusCode >= 500 {
 			secs, _ := strconv.Atoi(res.Header.Get("Retry-After"))
 			return r, retryable{e, time.Duration(secs) * time.Second}
 		}
@@ -100,12 +101,38 @@ func (r retryable) Unwrap() error { return r.err }
 // backoff: the transfer is made at most once whatever happens.
 func (c *Client) SendTransfer(ctx context.Context, req TransferRequest, key string) (Response, error) {
 	body, _ := json.Marshal(req)
+	return c.post(ctx, "/v1/transfers", key, body)
+}
+
+// Capture captures the hold id (amount 0: all of it), retrying as
+// SendTransfer does.
+func (c *Client) Capture(ctx context.Context, id string, amount int64, key string) (Response, error) {
+	body, _ := json.Marshal(ActionRequest{Amount: amount})
+	return c.post(ctx, "/v1/transfers/"+id+"/capture", key, body)
+}
+
+// Void releases the hold id, retrying as SendTransfer does.
+func (c *Client) Void(ctx context.Context, id, key string) (Response, error) {
+	return c.post(ctx, "/v1/transfers/"+id+"/void", key, nil)
+}
+
+// Refund refunds the transfer id (amount 0: all that is left), retrying as
+// SendTransfer does.
+func (c *Client) Refund(ctx context.Context, id string, amount int64, key string) (Response, error) {
+	body, _ := json.Marshal(ActionRequest{Amount: amount})
+	return c.post(ctx, "/v1/transfers/"+id+"/refunds", key, body)
+}
+
+// post sends a request that moves money with its idempotency key, and
+// retries it with the same key on network errors, 409 while the key is in
+// flight, 429 and 5xx, with backoff.
+func (c *Client) post(ctx context.Context, path, key string, body []byte) (Response, error) {
 	attempts := c.Attempts
 	if attempts == 0 {
 		attempts = 8
 	}
 	return backoff.Retry(ctx, func() (Response, error) {
-		r, err := c.do(ctx, http.MethodPost, "/v1/transfers", key, body)
+		r, err := c.do(ctx, http.MethodPost, path, key, body)
 		var e *Error
 		var rt retryable
 		switch {

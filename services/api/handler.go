@@ -172,6 +172,9 @@ func New(cfg Config) *Handler {
 	s.route("GET /v1/accounts/{id}/entries", s.authed(s.getEntries))
 	s.route("POST /v1/transfers", s.authed(s.postTransfer))
 	s.route("GET /v1/transfers/{id}", s.authed(s.getTransfer))
+	s.route("POST /v1/transfers/{id}/capture", s.authed(s.postAction(ledger.TypeCapture)))
+	s.route("POST /v1/transfers/{id}/void", s.authed(s.postAction(ledger.TypeVoid)))
+	s.route("POST /v1/transfers/{id}/refunds", s.authed(s.postRefund))
 	s.route("GET /v1/ops/dead-letters", s.operator(s.listDeadLetters))
 	s.route("GET /v1/ops/dead-letters/{seq}", s.operator(s.showDeadLetter))
 	s.route("POST /v1/ops/dead-letters/{seq}/replay", s.operator(s.replayDeadLetter))
@@ -206,6 +209,8 @@ type call struct {
 	After  int64           `json:"after,omitempty"`
 	Limit  int             `json:"limit,omitempty"`
 	Body   json.RawMessage `json:"body,omitempty"`
+	// Target is, for a refund, the accounts of the transfer it refunds.
+	Target *refundTarget `json:"target,omitempty"`
 	// transfer is Body decoded, when the call runs in the process that
 	// decoded it (a forwarded call decodes its body again).
 	transfer *TransferRequest
@@ -334,6 +339,12 @@ func (s *Handler) run(ctx context.Context, c call) reply {
 		return s.createTransfer(ctx, c)
 	case "get_transfer":
 		return s.readTransfer(ctx, c)
+	case ledger.TypeCapture, ledger.TypeVoid:
+		return s.actOnHold(ctx, c)
+	case "refund_target":
+		return s.readRefundTarget(ctx, c)
+	case "create_refund":
+		return s.createRefund(ctx, c)
 	}
 	return errReply(ledger.Errorf(ledger.CodeInvalidRequest, "unknown operation %q", c.Op))
 }

@@ -134,16 +134,26 @@ func (s *Handler) listEntries(ctx context.Context, c call) reply {
 	return jsonReply(http.StatusOK, page)
 }
 
-func (s *Handler) postTransfer(ctx context.Context, r *http.Request, client string) reply {
+// idempotencyKey returns the request's Idempotency-Key header, required on
+// every request that moves money.
+func idempotencyKey(r *http.Request) (string, error) {
 	if len(r.Header.Values("Idempotency-Key")) > 1 {
-		return errReply(ledger.Errorf(ledger.CodeInvalidRequest, "give the Idempotency-Key header once"))
+		return "", ledger.Errorf(ledger.CodeInvalidRequest, "give the Idempotency-Key header once")
 	}
 	key := r.Header.Get("Idempotency-Key")
 	if key == "" {
-		return errReply(ledger.Errorf(CodeIdempotencyKeyMissing, "POST /v1/transfers requires an Idempotency-Key header"))
+		return "", ledger.Errorf(CodeIdempotencyKeyMissing, "%s %s requires an Idempotency-Key header", r.Method, r.URL.Path)
 	}
 	if len(key) > 255 {
-		return errReply(ledger.Errorf(ledger.CodeInvalidRequest, "the Idempotency-Key is longer than 255 characters"))
+		return "", ledger.Errorf(ledger.CodeInvalidRequest, "the Idempotency-Key is longer than 255 characters")
+	}
+	return key, nil
+}
+
+func (s *Handler) postTransfer(ctx context.Context, r *http.Request, client string) reply {
+	key, err := idempotencyKey(r)
+	if err != nil {
+		return errReply(err)
 	}
 	body, err := s.readBody(r)
 	if err != nil {
@@ -189,8 +199,7 @@ func (s *Handler) createTransfer(ctx context.Context, c call) reply {
 	// Refuse here what the ledger would refuse, so that an accepted key
 	// always leads to a recorded transfer. Another client's account is
 	// refused first, as if it did not exist.
-	probe := ledger.Command{Type: ledger.TypeTransfer, TransferID: id, ClientID: c.Client, IdempotencyKey: c.Key,
-		From: req.From, To: req.To, Amount: req.Amount, Currency: req.Currency, CreatedAt: now}
+	probe := req.command(id, c.Client, c.Key, now)
 	if err := probe.Validate(s.cfg.Region, s.cfg.Regions, now); err != nil {
 		if _, oerr := s.ownAccount(ctx, c.Client, req.From); oerr != nil {
 			return errReply(oerr)
@@ -261,8 +270,7 @@ func (s *Handler) createTransfer(ctx context.Context, c call) reply {
 	if rep, ok := s.fromKey(ctx, k, outcome); ok {
 		return rep
 	}
-	cmd := ledger.Command{Type: ledger.TypeTransfer, TransferID: k.TransferID, ClientID: c.Client, IdempotencyKey: c.Key,
-		From: req.From, To: req.To, Amount: req.Amount, Currency: req.Currency, CreatedAt: k.CreatedAt}
+	cmd := req.command(k.TransferID, c.Client, c.Key, k.CreatedAt)
 	// The ledger's business key outlives the idempotency key: a request
 	// repeated after its key expired is answered with the transfer it made.
 	if !st.Claimed { // not read with the claim
@@ -349,7 +357,7 @@ func (s *Handler) await(ctx context.Context, cmd ledger.Command, claim KeyClaim,
 		}
 		if ok && !k.InFlight { // a provisional 202: wait for the final state
 			if t, err := s.cfg.Ledger.Transfer(ctx, transferID); err == nil && t.ClientID == client && t.Status != ledger.StatusDebited {
-				st, b := Respond(ledger.Result{Kind: ledger.Applied, Transfer: t})
+				st, b := RespondTo(cmd, ledger.Result{Kind: ledger.Applied, Transfer: t})
 				if k, err = s.cfg.Store.Answer(ctx, client, key, st, b, true); err != nil {
 					return errReply(err)
 				}
@@ -359,7 +367,7 @@ func (s *Handler) await(ctx context.Context, cmd ledger.Command, claim KeyClaim,
 		if time.Now().After(deadline) {
 			st, b := http.StatusAccepted, []byte(nil)
 			if t, err := s.cfg.Ledger.Transfer(ctx, transferID); err == nil && t.ClientID == client {
-				st, b = Respond(ledger.Result{Kind: ledger.Applied, Transfer: t})
+				st, b = RespondTo(cmd, ledger.Result{Kind: ledger.Applied, Transfer: t})
 			} else {
 				b, _ = json.Marshal(TransferBody{ID: transferID, From: cmd.From, To: cmd.To, Amount: cmd.Amount, Currency: cmd.Currency,
 					Status: string(ledger.StatusPending), CreatedAt: cmd.CreatedAt.UTC()})
@@ -458,6 +466,16 @@ func (s *Handler) readTransfer(ctx context.Context, c call) reply {
 	ps, err := s.cfg.Ledger.TransferPostings(ctx, t.ID)
 	if err != nil {
 		return errReply(err)
+	}
+	if t.RefundOf == "" && (t.Status == ledger.StatusCompleted || t.Status == ledger.StatusDebited) {
+		refunds, total, err := s.cfg.Ledger.Refunds(ctx, t.ID)
+		if err != nil {
+			return errReply(err)
+		}
+		body.RefundedAmount = &total
+		for _, r := range refunds {
+			body.Refunds = append(body.Refunds, RefundBody{ID: r.ID, Amount: r.Amount, Status: r.Status})
+		}
 	}
 	for _, p := range ps {
 		body.Steps = append(body.Steps, StepBody{Leg: string(p.Leg), Account: p.AccountID, Amount: p.Amount})

@@ -27,6 +27,9 @@ type Ledger interface {
 	Transfer(ctx context.Context, id string) (ledger.Transfer, error)
 	// TransferPostings returns a transfer's change-log rows in this region.
 	TransferPostings(ctx context.Context, transferID string) ([]ledger.Posting, error)
+	// Refunds returns the refunds of a transfer known in this region, and
+	// the total of those that moved money.
+	Refunds(ctx context.Context, id string) ([]ledger.Refund, int64, error)
 }
 
 // DeadLetters is what the operator endpoints ask of the region's

@@ -161,6 +161,13 @@ func (f *inFlight) end(k clientKey) {
 // createUnclaimed submits a transfer request without claiming its key
 // (see above), and answers it as createTransfer would.
 func (s *Handler) createUnclaimed(ctx context.Context, c call, req TransferRequest, claim KeyClaim) reply {
+	return s.submitUnclaimed(ctx, c, req.command(claim.TransferID, c.Client, c.Key, claim.Now), claim)
+}
+
+// submitUnclaimed runs a client request (a transfer, a capture, a void or a
+// refund) on the unclaimed path: applied here or submitted, its key's row
+// written with its first answer by the transaction that applies it.
+func (s *Handler) submitUnclaimed(ctx context.Context, c call, cmd ledger.Command, claim KeyClaim) reply {
 	ck := clientKey{c.Client, c.Key}
 	if fp, ok := s.inflight.start(ck, claim.Fingerprint); !ok {
 		if !bytes.Equal(fp, claim.Fingerprint) {
@@ -180,9 +187,7 @@ func (s *Handler) createUnclaimed(ctx context.Context, c call, req TransferReque
 		}
 	}
 	s.Stats.Unclaimed.Add(1)
-	cmd := ledger.Command{Type: ledger.TypeTransfer, TransferID: claim.TransferID, ClientID: c.Client, IdempotencyKey: c.Key,
-		From: req.From, To: req.To, Amount: req.Amount, Currency: req.Currency, CreatedAt: claim.Now,
-		KeyExpiresAt: claim.Now.Add(claim.TTL)}
+	cmd.KeyExpiresAt = claim.Now.Add(claim.TTL)
 	deadline := time.Now().Add(s.cfg.Wait)
 	a, pending := s.applyHere(ctx, cmd, deadline)
 	if a != nil {

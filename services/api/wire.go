@@ -24,6 +24,67 @@ type TransferRequest struct {
 	To       string `json:"to"`
 	Amount   int64  `json:"amount"`
 	Currency string `json:"currency"`
+	// Hold authorizes only: the amount is reserved on the source until
+	// the transfer is captured, voided or expires (at ExpiresAt; default
+	// ledger.DefaultHoldExpiry after the request). The expiry is not part
+	// of the request's identity: a retry is the same request.
+	Hold      bool       `json:"hold,omitempty"`
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+}
+
+// command is the ledger command of the request, as transfer id of client's
+// key, made at created: a hold expires when it asks, or
+// ledger.DefaultHoldExpiry after created.
+func (r TransferRequest) command(id, client, key string, created time.Time) ledger.Command {
+	c := ledger.Command{Type: ledger.TypeTransfer, TransferID: id, ClientID: client, IdempotencyKey: key,
+		From: r.From, To: r.To, Amount: r.Amount, Currency: r.Currency, CreatedAt: created, Hold: r.Hold}
+	switch {
+	case r.Hold && r.ExpiresAt != nil:
+		c.ExpiresAt = r.ExpiresAt.UTC()
+	case r.Hold:
+		c.ExpiresAt = created.Add(ledger.DefaultHoldExpiry)
+	}
+	return c
+}
+
+// ActionRequest is the body of POST /v1/transfers/{id}/capture and
+// /refunds: the amount (0 or absent: all of it). A void has no body, or an
+// empty object.
+type ActionRequest struct {
+	Amount int64 `json:"amount,omitempty"`
+}
+
+// DecodeActionRequest parses the body of a capture, void or refund: empty,
+// or an object with at most an amount (not for a void). It returns an
+// *ledger.Error for any problem with it.
+func DecodeActionRequest(op string, body []byte) (ActionRequest, error) {
+	var r ActionRequest
+	if len(bytes.TrimSpace(body)) == 0 {
+		return r, nil
+	}
+	fields := []string{"amount"}
+	if op == ledger.TypeVoid {
+		fields = nil
+	}
+	if err := decodeStrict(body, &r, fields...); err != nil {
+		return r, err
+	}
+	if r.Amount < 0 {
+		return r, ledger.Errorf(ledger.CodeInvalidAmount, "amount %d must be a positive number of minor units", r.Amount)
+	}
+	return r, nil
+}
+
+// actionFingerprint identifies a capture, void or refund request: which
+// operation, of which transfer, and the amount asked for.
+func actionFingerprint(op, of string, amount int64) []byte {
+	b, _ := json.Marshal(struct {
+		Op     string `json:"op"`
+		Of     string `json:"of"`
+		Amount int64  `json:"amount"`
+	}{op, of, amount})
+	h := sha256.Sum256(b)
+	return h[:]
 }
 
 // AccountRequest is the body of POST /v1/accounts.
@@ -97,10 +158,12 @@ func decodeStrict(body []byte, v any, fields ...string) error {
 // wireTransfer is a transfer request as the fast decoder reads it: the
 // amount stays raw, to be checked as decodeStrict checks it.
 type wireTransfer struct {
-	From     string         `json:"from"`
-	To       string         `json:"to"`
-	Amount   jsontext.Value `json:"amount"`
-	Currency string         `json:"currency"`
+	From      string         `json:"from"`
+	To        string         `json:"to"`
+	Amount    jsontext.Value `json:"amount"`
+	Currency  string         `json:"currency"`
+	Hold      bool           `json:"hold"`
+	ExpiresAt *time.Time     `json:"expires_at"`
 }
 
 // decodeTransferFast decodes a well-formed transfer request in one pass
@@ -120,7 +183,7 @@ func decodeTransferFast(body []byte) (TransferRequest, bool) {
 	if jsonv2.Unmarshal(body, &w, jsonv2.RejectUnknownMembers(true)) != nil {
 		return TransferRequest{}, false
 	}
-	r := TransferRequest{From: w.From, To: w.To, Currency: w.Currency}
+	r := TransferRequest{From: w.From, To: w.To, Currency: w.Currency, Hold: w.Hold, ExpiresAt: w.ExpiresAt}
 	if len(w.Amount) > 0 {
 		if w.Amount.Kind() != '0' {
 			return TransferRequest{}, false
@@ -139,9 +202,12 @@ func decodeTransferFast(body []byte) (TransferRequest, bool) {
 func DecodeTransferRequest(body []byte) (TransferRequest, error) {
 	r, ok := decodeTransferFast(body)
 	if !ok { // the strict decoder names what is wrong, or decodes what the fast one would not
-		if err := decodeStrict(body, &r, "from", "to", "amount", "currency"); err != nil {
+		if err := decodeStrict(body, &r, "from", "to", "amount", "currency", "hold", "expires_at"); err != nil {
 			return r, err
 		}
+	}
+	if r.ExpiresAt != nil && !r.Hold {
+		return r, ledger.Errorf(ledger.CodeInvalidRequest, "expires_at belongs to a hold (\"hold\": true)")
 	}
 	switch {
 	case r.Amount <= 0:
@@ -161,11 +227,19 @@ func DecodeTransferRequest(body []byte) (TransferRequest, error) {
 // key: the ledger's apply transaction stores it for a key the API did not
 // claim (ledger.Command.KeyExpiresAt).
 func RequestFingerprint(c ledger.Command) []byte {
-	return TransferRequest{From: c.From, To: c.To, Amount: c.Amount, Currency: c.Currency}.fingerprint()
+	switch c.Type {
+	case ledger.TypeCapture, ledger.TypeVoid:
+		return actionFingerprint(c.Type, c.TransferID, c.Amount)
+	case ledger.TypeRefund:
+		return actionFingerprint(c.Type, c.RefundOf, c.Amount)
+	}
+	return TransferRequest{From: c.From, To: c.To, Amount: c.Amount, Currency: c.Currency, Hold: c.Hold}.fingerprint()
 }
 
-// fingerprint identifies the request behind an idempotency key.
+// fingerprint identifies the request behind an idempotency key; a hold's
+// expiry is not part of it.
 func (r TransferRequest) fingerprint() []byte {
+	r.ExpiresAt = nil
 	b, _ := json.Marshal(r) // fixed field order
 	h := sha256.Sum256(b)
 	return h[:]
@@ -182,7 +256,23 @@ type TransferBody struct {
 	Reason    ledger.Code `json:"reason,omitempty"`
 	Version   int64       `json:"version"`
 	CreatedAt time.Time   `json:"created_at"`
-	Steps     []StepBody  `json:"steps,omitempty"`
+	// ExpiresAt marks a hold; CapturedAmount is what its capture moved.
+	ExpiresAt      *time.Time `json:"expires_at,omitempty"`
+	CapturedAmount *int64     `json:"captured_amount,omitempty"`
+	// RefundOf names the transfer a refund gives money back for.
+	RefundOf string `json:"refund_of,omitempty"`
+	// RefundedAmount and Refunds: the refunds of this transfer that have
+	// reached its region (GET only).
+	RefundedAmount *int64       `json:"refunded_amount,omitempty"`
+	Refunds        []RefundBody `json:"refunds,omitempty"`
+	Steps          []StepBody   `json:"steps,omitempty"`
+}
+
+// RefundBody is one refund of a transfer, as its region knows it.
+type RefundBody struct {
+	ID     string `json:"id"`
+	Amount int64  `json:"amount"`
+	Status string `json:"status"`
 }
 
 // StepBody is one change-log leg of a transfer in its home region.
@@ -193,15 +283,24 @@ type StepBody struct {
 }
 
 func transferBody(t ledger.Transfer) TransferBody {
-	return TransferBody{ID: t.ID, From: t.From, To: t.To, Amount: t.Amount, Currency: t.Currency, Status: string(t.Status),
-		Reason: t.Reason, Version: t.Version, CreatedAt: t.CreatedAt.UTC()}
+	b := TransferBody{ID: t.ID, From: t.From, To: t.To, Amount: t.Amount, Currency: t.Currency, Status: string(t.Status),
+		Reason: t.Reason, Version: t.Version, CreatedAt: t.CreatedAt.UTC(), RefundOf: t.RefundOf}
+	if t.IsHold() {
+		e := t.ExpiresAt.UTC()
+		b.ExpiresAt = &e
+		if t.CapturedAmount > 0 {
+			n := t.CapturedAmount
+			b.CapturedAmount = &n
+		}
+	}
+	return b
 }
 
 // transferStatus is the HTTP status of a transfer's representation: 201
 // once it reached a final state, 202 while it is moving.
 func transferStatus(t ledger.Transfer) int {
 	switch t.Status {
-	case ledger.StatusCompleted, ledger.StatusRefunded:
+	case ledger.StatusCompleted, ledger.StatusRefunded, ledger.StatusHeld:
 		return http.StatusCreated
 	case ledger.StatusRejected:
 		st, _ := problem(ledger.Errorf(t.Reason, ""))
@@ -214,6 +313,21 @@ func transferStatus(t ledger.Transfer) int {
 // stores it with the request's idempotency key in the transaction that
 // applies the transfer (services/api/postgres.Answers).
 func Respond(r ledger.Result) (int, []byte) {
+	return RespondTo(ledger.Command{}, r)
+}
+
+// RespondTo renders the response to the result of the client request c: a
+// capture or void is answered 200 with the transfer it moved on (202 while
+// a captured amount is still on its way to another region), or with the
+// problem that refused it; every other request as Respond.
+func RespondTo(c ledger.Command, r ledger.Result) (int, []byte) {
+	if c.IsAction() && r.Kind == ledger.Applied {
+		b, _ := json.Marshal(transferBody(r.Transfer))
+		if r.Transfer.Status == ledger.StatusDebited {
+			return http.StatusAccepted, b
+		}
+		return http.StatusOK, b
+	}
 	switch {
 	case r.Kind == ledger.Rejected && r.Err != nil:
 		return problem(r.Err)
@@ -231,6 +345,8 @@ type AccountBody struct {
 	ID        string    `json:"id"`
 	Currency  string    `json:"currency"`
 	Balance   int64     `json:"balance"`
+	Held      int64     `json:"held"`
+	Available int64     `json:"available"`
 	Floor     int64     `json:"floor"`
 	Closed    bool      `json:"closed"`
 	Version   int64     `json:"version"`
@@ -238,7 +354,7 @@ type AccountBody struct {
 }
 
 func accountBody(a ledger.Account) AccountBody {
-	return AccountBody{ID: a.ID, Currency: a.Currency, Balance: a.Balance, Floor: a.Floor, Closed: a.Closed,
+	return AccountBody{ID: a.ID, Currency: a.Currency, Balance: a.Balance, Held: a.Held, Available: a.Available(), Floor: a.Floor, Closed: a.Closed,
 		Version: a.Version, CreatedAt: a.CreatedAt.UTC()}
 }
 

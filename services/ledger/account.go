@@ -34,6 +34,9 @@ type Account struct {
 	Kind     Kind
 	Currency string
 	Balance  int64
+	// Held is the money reserved by the account's open holds: a debit may
+	// only use Available above the floor.
+	Held int64
 	// Floor is the lowest balance allowed: 0 for no overdraft, negative for
 	// an overdraft limit, NoFloor for the issuance account.
 	Floor  int64
@@ -42,6 +45,10 @@ type Account struct {
 	Version   int64
 	CreatedAt time.Time
 }
+
+// Available is what a new debit may use: the balance less what open holds
+// reserve.
+func (a Account) Available() int64 { return a.Balance - a.Held }
 
 // NewAccount is a request to open an account.
 type NewAccount struct {

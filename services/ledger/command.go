@@ -32,13 +32,42 @@ const (
 	// TypeRefuse tells the source region that the credit was refused, with
 	// the reason; the source refunds.
 	TypeRefuse = "refuse"
+	// TypeCapture captures a hold (TransferID), all of it or Amount; the
+	// rest is released. It applies in the hold's region.
+	TypeCapture = "capture"
+	// TypeVoid releases a hold (TransferID) at its client's request.
+	TypeVoid = "void"
+	// TypeExpire is the step that releases a hold not captured by its
+	// expiry; the hold's transaction queues it in the outbox, due then.
+	TypeExpire = "expire"
+	// TypeRefund gives money back for a completed transfer (RefundOf): a
+	// transfer from that transfer's payee (From) to its payer (To) of
+	// Amount, or of all that is still refundable when Amount is 0. It
+	// applies in the payee's region, which decides every refund of the
+	// transfer, and runs as a saga when the payer is in another region.
+	TypeRefund = "refund"
+)
+
+// Hold expiries.
+const (
+	// DefaultHoldExpiry is how long a hold lasts when the request names no
+	// expiry.
+	DefaultHoldExpiry = 7 * 24 * time.Hour
+	// MaxHoldExpiry is the longest a hold may last.
+	MaxHoldExpiry = 30 * 24 * time.Hour
 )
 
 // IsStep reports whether the command is a saga step rather than a client
 // request.
 func (c Command) IsStep() bool {
-	return c.Type == TypeCredit || c.Type == TypeConfirm || c.Type == TypeRefuse
+	return c.Type == TypeCredit || c.Type == TypeConfirm || c.Type == TypeRefuse || c.Type == TypeExpire
 }
+
+// IsAction reports whether the command acts on an existing hold (capture,
+// void) instead of making a transfer. It names the hold (TransferID) and
+// carries the hold's accounts and currency, which the ledger checks
+// against the hold.
+func (c Command) IsAction() bool { return c.Type == TypeCapture || c.Type == TypeVoid }
 
 // MaxCommandBytes bounds an encoded command.
 const MaxCommandBytes = 4 << 10
@@ -58,6 +87,13 @@ type Command struct {
 	CreatedAt      time.Time `json:"created_at"`
 	// Reason is why a credit was refused (refuse steps only).
 	Reason Code `json:"reason,omitempty"`
+	// Hold makes a transfer an authorization: the amount is reserved on
+	// the source until it is captured, voided or expires at ExpiresAt.
+	Hold      bool      `json:"hold,omitempty"`
+	ExpiresAt time.Time `json:"expires_at,omitzero"`
+	// RefundOf names the transfer a refund (and its saga steps) gives
+	// money back for.
+	RefundOf string `json:"refund_of,omitempty"`
 	// KeyExpiresAt is set, on a client request, by an API that did not
 	// claim the request's idempotency key before submitting it: the apply
 	// transaction stores the key, with the request's first answer, kept
@@ -83,7 +119,19 @@ func (c Command) MsgKey() string {
 // Step returns the saga step of type typ that follows c.
 func (c Command) Step(typ string, reason Code) Command {
 	return Command{Type: typ, TransferID: c.TransferID, ClientID: c.ClientID, IdempotencyKey: c.IdempotencyKey,
-		From: c.From, To: c.To, Amount: c.Amount, Currency: c.Currency, CreatedAt: c.CreatedAt, Reason: reason, Trace: c.Trace}
+		From: c.From, To: c.To, Amount: c.Amount, Currency: c.Currency, CreatedAt: c.CreatedAt, Reason: reason,
+		RefundOf: c.RefundOf, Trace: c.Trace}
+}
+
+// StepOf returns the saga step of type typ for the transfer t moving
+// amount: the credit of a captured hold, a hold's expiry.
+func StepOf(t Transfer, typ string, amount int64, trace string) Command {
+	c := Command{Type: typ, TransferID: t.ID, ClientID: t.ClientID, IdempotencyKey: t.IdempotencyKey,
+		From: t.From, To: t.To, Amount: amount, Currency: t.Currency, CreatedAt: t.CreatedAt, RefundOf: t.RefundOf, Trace: trace}
+	if typ == TypeExpire {
+		c.ExpiresAt = t.ExpiresAt
+	}
+	return c
 }
 
 // Fingerprint hashes the fields that define the request, so that the same
@@ -99,6 +147,20 @@ func (c Command) Fingerprint() []byte {
 		io.WriteString(h, s)
 	}
 	_ = binary.Write(h, binary.BigEndian, c.Amount)
+	// Fields of the later request kinds, only when set: the fingerprints of
+	// plain transfers stay what they were.
+	// A hold's expiry is not part of the request: the API sets a default
+	// one from the time of each attempt, and a retry is the same request.
+	if c.Hold {
+		io.WriteString(h, "hold")
+	}
+	if c.RefundOf != "" {
+		io.WriteString(h, "refund_of")
+		io.WriteString(h, c.RefundOf)
+	}
+	if c.IsAction() {
+		io.WriteString(h, c.TransferID) // the hold acted on
+	}
 	return h.Sum(nil)
 }
 
@@ -122,6 +184,9 @@ type wireCommand struct {
 	Currency       string         `json:"currency"`
 	CreatedAt      time.Time      `json:"created_at"`
 	Reason         Code           `json:"reason"`
+	Hold           bool           `json:"hold"`
+	ExpiresAt      time.Time      `json:"expires_at"`
+	RefundOf       string         `json:"refund_of"`
 	KeyExpiresAt   time.Time      `json:"key_expires_at"`
 }
 
@@ -147,7 +212,8 @@ func DecodeCommand(b []byte) (Command, error) {
 		return Command{}, err
 	}
 	return Command{Type: w.Type, TransferID: w.TransferID, ClientID: w.ClientID, IdempotencyKey: w.IdempotencyKey,
-		From: w.From, To: w.To, Amount: amount, Currency: w.Currency, CreatedAt: w.CreatedAt, Reason: w.Reason, KeyExpiresAt: w.KeyExpiresAt}, nil
+		From: w.From, To: w.To, Amount: amount, Currency: w.Currency, CreatedAt: w.CreatedAt, Reason: w.Reason,
+		Hold: w.Hold, ExpiresAt: w.ExpiresAt, RefundOf: w.RefundOf, KeyExpiresAt: w.KeyExpiresAt}, nil
 }
 
 // ParseAmount parses integer minor units written in canonical decimal
@@ -192,11 +258,18 @@ func (c Command) Validate(home string, ids *idgen.Regions, now time.Time) error 
 	if !c.IsStep() && c.CreatedAt.After(now.Add(MaxClockSkew)) {
 		return Errorf(CodeInvalidRequest, "created_at %s is more than %s in the future", c.CreatedAt.Format(time.RFC3339), MaxClockSkew)
 	}
-	if c.Amount <= 0 {
+	// A capture or refund without an amount takes all there is; a void
+	// takes none.
+	switch {
+	case c.Type == TypeVoid && c.Amount != 0:
+		return Errorf(CodeInvalidAmount, "a void has no amount, got %d", c.Amount)
+	case c.Amount < 0, c.Amount == 0 && c.Type != TypeRefund && c.Type != TypeCapture && c.Type != TypeVoid:
 		return Errorf(CodeInvalidAmount, "amount %d must be positive", c.Amount)
-	}
-	if !ValidCurrency(c.Currency) {
+	case !ValidCurrency(c.Currency):
 		return Errorf(CodeInvalidCurrency, "currency %q is not an ISO 4217 currency code", c.Currency)
+	}
+	if err := c.validateHold(); err != nil {
+		return err
 	}
 	tr, err := ids.HomeRegion(c.TransferID)
 	if err != nil {
@@ -218,8 +291,14 @@ func (c Command) Validate(home string, ids *idgen.Regions, now time.Time) error 
 			return Errorf(CodeInvalidRequest, "transfer_id %s is not from the source account's region %s", c.TransferID, from)
 		}
 	}
+	if c.RefundOf != "" {
+		if _, err := ids.HomeRegion(c.RefundOf); err != nil {
+			return Errorf(CodeInvalidRequest, "refund_of: %v", err)
+		}
+	}
 	// where is the region whose ledger applies this command.
-	where := map[string]string{TypeTransfer: from, TypeFund: to, TypeCredit: to, TypeConfirm: from, TypeRefuse: from}
+	where := map[string]string{TypeTransfer: from, TypeFund: to, TypeCredit: to, TypeConfirm: from, TypeRefuse: from,
+		TypeExpire: from, TypeRefund: from, TypeCapture: from, TypeVoid: from}
 	switch c.Type {
 	case TypeFund:
 		if c.From != "" {
@@ -239,15 +318,50 @@ func (c Command) Validate(home string, ids *idgen.Regions, now time.Time) error 
 		if c.Reason == "" {
 			return Errorf(CodeInvalidRequest, "a refuse step needs a reason")
 		}
+	case TypeRefund:
+		if c.RefundOf == "" {
+			return Errorf(CodeInvalidRequest, "a refund names the transfer it refunds (refund_of)")
+		}
+		// The refunded transfer was made in its payer's region: this
+		// refund's destination.
+		if parent, _ := ids.HomeRegion(c.RefundOf); parent != to {
+			return Errorf(CodeInvalidRequest, "refund_of %s is not from the payer's region %s", c.RefundOf, to)
+		}
+	case TypeCapture, TypeVoid:
+	case TypeExpire:
+		if c.ExpiresAt.IsZero() {
+			return Errorf(CodeInvalidRequest, "an expire step carries its hold's expires_at")
+		}
 	case TypeTransfer:
 	default:
-		return Errorf(CodeInvalidRequest, "type %q is not one of transfer, fund, credit, confirm, refuse", c.Type)
+		return Errorf(CodeInvalidRequest, "type %q is not one of transfer, fund, capture, void, refund, credit, confirm, refuse, expire", c.Type)
 	}
 	if where[c.Type] != home {
 		return Errorf(CodeWrongRegion, "a %s of %s->%s applies in region %s, not %s", c.Type, c.From, c.To, where[c.Type], home)
 	}
 	if c.Type != TypeRefuse && c.Reason != "" {
 		return Errorf(CodeInvalidRequest, "only a refuse step has a reason")
+	}
+	if c.RefundOf != "" && c.Type != TypeRefund && !c.IsStep() {
+		return Errorf(CodeInvalidRequest, "only a refund has refund_of")
+	}
+	return nil
+}
+
+// validateHold checks a hold's fields: only a transfer may be a hold, and
+// its expiry lies after its creation, at most MaxHoldExpiry later.
+func (c Command) validateHold() error {
+	switch {
+	case c.Hold && c.Type != TypeTransfer:
+		return Errorf(CodeInvalidRequest, "only a transfer can be a hold")
+	case c.IsAction() && c.RefundOf != "":
+		return Errorf(CodeInvalidRequest, "a %s has no refund_of", c.Type)
+	case !c.Hold && !c.ExpiresAt.IsZero() && c.Type != TypeExpire:
+		return Errorf(CodeInvalidRequest, "expires_at belongs to a hold")
+	case c.Hold && !c.ExpiresAt.After(c.CreatedAt):
+		return Errorf(CodeInvalidRequest, "expires_at %s is not after the hold's creation", c.ExpiresAt.Format(time.RFC3339))
+	case c.Hold && c.ExpiresAt.After(c.CreatedAt.Add(MaxHoldExpiry)):
+		return Errorf(CodeInvalidRequest, "expires_at %s is more than %s after the hold's creation", c.ExpiresAt.Format(time.RFC3339), MaxHoldExpiry)
 	}
 	return nil
 }

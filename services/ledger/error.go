@@ -47,13 +47,28 @@ const (
 	CodeStaleVersion Code = "stale_version"
 	// CodeNotFound: the object asked for does not exist.
 	CodeNotFound Code = "not_found"
+	// CodeTransferNotHeld: a capture or void of a transfer that is not (or
+	// no longer) an open hold: it was captured, voided or expired already,
+	// or was never a hold.
+	CodeTransferNotHeld Code = "transfer_not_held"
+	// CodeHoldExpired: a capture after the hold's expiry.
+	CodeHoldExpired Code = "hold_expired"
+	// CodeAmountExceedsHold: a capture of more than the hold reserved.
+	CodeAmountExceedsHold Code = "amount_exceeds_hold"
+	// CodeTransferNotRefundable: a refund of a transfer that did not
+	// complete (or is itself a refund).
+	CodeTransferNotRefundable Code = "transfer_not_refundable"
+	// CodeRefundExceedsCaptured: the refunds of a transfer would exceed
+	// what it moved.
+	CodeRefundExceedsCaptured Code = "refund_exceeds_captured"
 )
 
 // Codes returns every Code, in the order they are declared.
 func Codes() []Code {
 	return []Code{CodeInvalidRequest, CodeInvalidAmount, CodeInvalidCurrency, CodeSameAccount, CodeAccountNotFound,
 		CodeAccountClosed, CodeCurrencyMismatch, CodeInsufficientFunds, CodeBalanceOverflow, CodeWrongRegion,
-		CodeIdempotencyKeyReused, CodeTransferIDReused, CodeIllegalTransition, CodeStaleVersion, CodeNotFound}
+		CodeIdempotencyKeyReused, CodeTransferIDReused, CodeIllegalTransition, CodeStaleVersion, CodeNotFound,
+		CodeTransferNotHeld, CodeHoldExpired, CodeAmountExceedsHold, CodeTransferNotRefundable, CodeRefundExceedsCaptured}
 }
 
 // Error is a domain error with a stable code and a message safe to show to

@@ -276,3 +276,91 @@ func TestSagaStage(t *testing.T) {
 		}
 	}
 }
+
+// TestHoldTransitions checks every (status, event) pair of the machine
+// against its table: the hold's edges apply, every other pair is illegal
+// (a repeated, late or backward step), and nothing leaves a terminal
+// status.
+func TestHoldTransitions(t *testing.T) {
+	legal := map[ledger.Status]map[ledger.Event]ledger.Status{
+		ledger.StatusPending: {ledger.EventComplete: ledger.StatusCompleted, ledger.EventDebit: ledger.StatusDebited,
+			ledger.EventReject: ledger.StatusRejected, ledger.EventHold: ledger.StatusHeld},
+		ledger.StatusHeld: {ledger.EventCapture: ledger.StatusCompleted, ledger.EventCaptureDebit: ledger.StatusDebited,
+			ledger.EventVoid: ledger.StatusVoided, ledger.EventExpire: ledger.StatusExpired},
+		ledger.StatusDebited: {ledger.EventConfirm: ledger.StatusCompleted, ledger.EventRefund: ledger.StatusRefunded},
+	}
+	illegal := 0
+	for _, from := range ledger.Statuses() {
+		for _, ev := range ledger.Events() {
+			got, err := ledger.Next(from, ev)
+			want, ok := legal[from][ev]
+			switch {
+			case ok && (err != nil || got != want):
+				t.Errorf("%s --%s-->: got %q %v, want %s", from, ev, got, err, want)
+			case !ok && ledger.ErrorCode(err) != ledger.CodeIllegalTransition:
+				t.Errorf("%s --%s-->: got %q %v, want illegal_transition", from, ev, got, err)
+			case !ok:
+				illegal++
+			}
+		}
+	}
+	if want := len(ledger.Statuses())*len(ledger.Events()) - 10; illegal != want {
+		t.Errorf("%d illegal pairs, want %d", illegal, want)
+	}
+}
+
+// TestValidateHoldsAndActions: the bad shapes of a hold, a capture, a void
+// and a refund are refused with their codes.
+func TestValidateHoldsAndActions(t *testing.T) {
+	regions, id := mustIDs(t)
+	now := time.Now()
+	eu1, eu2, us1 := id("eu"), id("eu"), id("us")
+	hold := ledger.Command{Type: ledger.TypeTransfer, TransferID: id("eu"), ClientID: "c1", IdempotencyKey: "k1",
+		From: eu1, To: eu2, Amount: 10, Currency: "EUR", CreatedAt: now, Hold: true, ExpiresAt: now.Add(time.Hour)}
+	capture := ledger.Command{Type: ledger.TypeCapture, TransferID: hold.TransferID, ClientID: "c1", IdempotencyKey: "k2",
+		From: eu1, To: eu2, Currency: "EUR", CreatedAt: now}
+	refund := ledger.Command{Type: ledger.TypeRefund, TransferID: id("us"), ClientID: "c1", IdempotencyKey: "k3",
+		From: us1, To: eu1, Amount: 5, Currency: "EUR", CreatedAt: now, RefundOf: id("eu")}
+	for _, c := range []ledger.Command{hold, capture, refund} {
+		home, _ := regions.HomeRegion(c.From)
+		if err := c.Validate(home, regions, now); err != nil {
+			t.Fatalf("%s: %v", c.Type, err)
+		}
+	}
+	change := func(c ledger.Command, f func(*ledger.Command)) ledger.Command { f(&c); return c }
+	for name, tc := range map[string]struct {
+		c    ledger.Command
+		code ledger.Code
+	}{
+		"HoldExpiresBeforeCreation": {change(hold, func(c *ledger.Command) { c.ExpiresAt = now.Add(-time.Second) }), ledger.CodeInvalidRequest},
+		"HoldPast30Days":            {change(hold, func(c *ledger.Command) { c.ExpiresAt = now.Add(31 * 24 * time.Hour) }), ledger.CodeInvalidRequest},
+		"ExpiryWithoutHold":         {change(hold, func(c *ledger.Command) { c.Hold = false }), ledger.CodeInvalidRequest},
+		"FundAsHold":                {change(hold, func(c *ledger.Command) { c.Type, c.From = ledger.TypeFund, "" }), ledger.CodeInvalidRequest},
+		"NegativeCapture":           {change(capture, func(c *ledger.Command) { c.Amount = -1 }), ledger.CodeInvalidAmount},
+		"VoidWithAmount":            {change(capture, func(c *ledger.Command) { c.Type, c.Amount = ledger.TypeVoid, 1 }), ledger.CodeInvalidAmount},
+		"CaptureElsewhere":          {change(capture, func(c *ledger.Command) { c.TransferID = id("us") }), ledger.CodeInvalidRequest},
+		"CaptureAsRefund":           {change(capture, func(c *ledger.Command) { c.RefundOf = id("eu") }), ledger.CodeInvalidRequest},
+		"RefundWithoutParent":       {change(refund, func(c *ledger.Command) { c.RefundOf = "" }), ledger.CodeInvalidRequest},
+		"RefundOfAnotherRegion":     {change(refund, func(c *ledger.Command) { c.RefundOf = id("ap") }), ledger.CodeInvalidRequest},
+		"RefundNegative":            {change(refund, func(c *ledger.Command) { c.Amount = -5 }), ledger.CodeInvalidAmount},
+		"TransferWithParent":        {change(hold, func(c *ledger.Command) { c.Hold, c.ExpiresAt, c.RefundOf = false, time.Time{}, id("eu") }), ledger.CodeInvalidRequest},
+	} {
+		t.Run(name, func(t *testing.T) {
+			home, _ := regions.HomeRegion(tc.c.From)
+			if err := tc.c.Validate(home, regions, now); ledger.ErrorCode(err) != tc.code {
+				t.Fatalf("got %v, want %s", err, tc.code)
+			}
+		})
+	}
+	// The command round-trips through its JSON form, new fields included.
+	for _, c := range []ledger.Command{hold, capture, refund} {
+		c.CreatedAt, c.ExpiresAt = c.CreatedAt.UTC().Truncate(time.Microsecond), c.ExpiresAt.UTC().Truncate(time.Microsecond)
+		if c.ExpiresAt.Equal(time.Time{}.UTC()) {
+			c.ExpiresAt = time.Time{}
+		}
+		got, err := ledger.DecodeCommand(c.Encode())
+		if err != nil || got != c {
+			t.Fatalf("%s round trip: got %+v %v, want %+v", c.Type, got, err, c)
+		}
+	}
+}

@@ -3,6 +3,7 @@ package ledger
 import (
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/paymesh/paymesh/pkg/idgen"
 )
@@ -19,9 +20,14 @@ type Outcome struct {
 	FromStatus  Status
 	FromVersion int64
 	// Credit is the credit recorded by a credit step.
-	Credit   *Credit
+	Credit *Credit
+	// Action is the record of a capture or void, applied or refused.
+	Action   *Action
 	Postings []Posting
 	Outbox   []OutboxMessage
+	// CancelTimer names the hold whose expiry step is no longer due: it
+	// was captured or voided.
+	CancelTimer string
 	// Err is the reason a command was refused.
 	Err *Error
 	// Result classifies the outcome for the caller (Applied, Rejected,
@@ -32,18 +38,53 @@ type Outcome struct {
 // Rejected reports whether the command was refused.
 func (o Outcome) Rejected() bool { return o.Result == Rejected }
 
-// AccountChange is the net effect of a batch on one account: its balance and
-// version before (the compare-and-set guard) and after.
+// AccountChange is the net effect of a batch on one account: its balance,
+// held amount and version before (the compare-and-set guard) and after.
 type AccountChange struct {
 	ID                     string
 	FromVersion, ToVersion int64
 	FromBalance, ToBalance int64
+	FromHeld, ToHeld       int64
+}
+
+// RefundedChange is the net effect of a batch's refunds on the refunded
+// amount of the transfer they refund: its transfer row here (Credit false)
+// or its credit row (Credit true, a transfer from another region).
+type RefundedChange struct {
+	ID       string
+	Credit   bool
+	From, To int64
 }
 
 // Plan is the set of writes a batch makes.
 type Plan struct {
 	Outcomes []Outcome
-	Accounts []AccountChange // sorted by ID
+	Accounts []AccountChange  // sorted by ID
+	Refunded []RefundedChange // sorted by ID
+}
+
+// ActionStatus is the outcome of a capture or void.
+type ActionStatus string
+
+// Action statuses.
+const (
+	ActionApplied  ActionStatus = "APPLIED"
+	ActionRejected ActionStatus = "REJECTED"
+)
+
+// Action is the record of one capture or void request, unique per client
+// and idempotency key (its business key): which hold, what it captured,
+// and whether it won or why it was refused.
+type Action struct {
+	ClientID       string
+	IdempotencyKey string
+	Fingerprint    []byte
+	TransferID     string
+	Type           string
+	Amount         int64
+	Status         ActionStatus
+	Reason         Code
+	CreatedAt      time.Time
 }
 
 // Batch is the state a batch is planned against: the locked rows of one
@@ -55,8 +96,15 @@ type Batch struct {
 	// Accounts holds every account the commands name that exists here, with
 	// the region's issuance and transit accounts.
 	Accounts map[string]Account
-	// Transfers holds the transfers that confirm and refuse steps name.
+	// Transfers holds the transfers that saga steps, captures and voids
+	// name, and the transfers here that refunds name.
 	Transfers map[string]Transfer
+	// Credits holds the credits recorded here of the transfers that
+	// refunds name in another region, and of the refunds that refuse steps
+	// name.
+	Credits map[string]Credit
+	// Now is when the batch is decided: a hold expires from its ExpiresAt.
+	Now time.Time
 	// Issuance and Transit map a currency to this region's issuance and
 	// transit account IDs.
 	Issuance, Transit map[string]string
@@ -68,18 +116,26 @@ type Batch struct {
 // times. A command that cannot apply is refused with a reason and changes
 // nothing. cmds must be valid for this region (Command.Validate).
 func (b Batch) Plan(cmds []Command) Plan {
-	w := &work{Batch: b, acc: make(map[string]*Account, len(b.Accounts)), xfer: make(map[string]*Transfer, len(b.Transfers))}
+	w := &work{Batch: b, acc: make(map[string]*Account, len(b.Accounts)), xfer: make(map[string]*Transfer, len(b.Transfers)),
+		credits: make(map[string]*Credit, len(b.Credits))}
 	for id, a := range b.Accounts {
 		w.acc[id] = &a
 	}
 	for id, t := range b.Transfers {
 		w.xfer[id] = &t
 	}
+	for id, cr := range b.Credits {
+		w.credits[id] = &cr
+	}
 	p := Plan{Outcomes: make([]Outcome, len(cmds))}
 	for i, c := range cmds {
 		switch c.Type {
-		case TypeTransfer, TypeFund:
+		case TypeTransfer, TypeFund, TypeRefund:
 			p.Outcomes[i] = w.request(c)
+		case TypeCapture, TypeVoid:
+			p.Outcomes[i] = w.act(c)
+		case TypeExpire:
+			p.Outcomes[i] = w.expire(c)
 		case TypeCredit:
 			p.Outcomes[i] = w.credit(c)
 		case TypeConfirm, TypeRefuse:
@@ -88,14 +144,25 @@ func (b Batch) Plan(cmds []Command) Plan {
 	}
 	for id, a := range w.acc {
 		orig := b.Accounts[id]
-		if a.Version != orig.Version {
+		if a.Version != orig.Version || a.Held != orig.Held {
 			p.Accounts = append(p.Accounts, AccountChange{
 				ID: id, FromVersion: orig.Version, ToVersion: a.Version,
-				FromBalance: orig.Balance, ToBalance: a.Balance,
+				FromBalance: orig.Balance, ToBalance: a.Balance, FromHeld: orig.Held, ToHeld: a.Held,
 			})
 		}
 	}
 	slices.SortFunc(p.Accounts, func(a, b AccountChange) int { return strings.Compare(a.ID, b.ID) })
+	for id, t := range w.xfer {
+		if orig := b.Transfers[id]; t.RefundedAmount != orig.RefundedAmount {
+			p.Refunded = append(p.Refunded, RefundedChange{ID: id, From: orig.RefundedAmount, To: t.RefundedAmount})
+		}
+	}
+	for id, cr := range w.credits {
+		if orig := b.Credits[id]; cr.RefundedAmount != orig.RefundedAmount {
+			p.Refunded = append(p.Refunded, RefundedChange{ID: id, Credit: true, From: orig.RefundedAmount, To: cr.RefundedAmount})
+		}
+	}
+	slices.SortFunc(p.Refunded, func(a, b RefundedChange) int { return strings.Compare(a.ID, b.ID) })
 	return p
 }
 
@@ -107,8 +174,9 @@ func PlanBatch(accounts map[string]Account, cmds []Command) Plan {
 
 type work struct {
 	Batch
-	acc  map[string]*Account
-	xfer map[string]*Transfer
+	acc     map[string]*Account
+	xfer    map[string]*Transfer
+	credits map[string]*Credit
 }
 
 func (w *work) cross(c Command) bool {
@@ -117,6 +185,15 @@ func (w *work) cross(c Command) bool {
 	}
 	to, err := w.Regions.HomeRegion(c.To)
 	return err == nil && to != w.Home
+}
+
+// here reports whether the transfer id was made in this region.
+func (w *work) here(id string) bool {
+	if w.Regions == nil {
+		return true
+	}
+	r, err := w.Regions.HomeRegion(id)
+	return err == nil && r == w.Home
 }
 
 // post moves amount from one account to another and returns the two
@@ -132,14 +209,18 @@ func post(transferID string, from *Account, fromLeg Leg, to *Account, toLeg Leg,
 	}
 }
 
-// request records a client's transfer or fund: completed in one step within
-// a region, or debited into transit with a credit step queued for the
-// destination region.
+// request records a client's transfer, fund or refund: completed in one
+// step within a region, or debited into transit with a credit step queued
+// for the destination region. A hold only reserves the amount on the
+// source, and queues its expiry step, due at its expiry.
 func (w *work) request(c Command) Outcome {
 	t := Transfer{
 		ID: c.TransferID, ClientID: c.ClientID, IdempotencyKey: c.IdempotencyKey,
 		Fingerprint: c.Fingerprint(), From: c.From, To: c.To, Amount: c.Amount,
-		Currency: c.Currency, Status: StatusPending, CreatedAt: c.CreatedAt, Version: 1,
+		Currency: c.Currency, Status: StatusPending, CreatedAt: c.CreatedAt, Version: 1, RefundOf: c.RefundOf,
+	}
+	if c.Hold {
+		t.ExpiresAt = c.ExpiresAt
 	}
 	if c.Type == TypeFund {
 		t.From = w.Issuance[c.Currency]
@@ -154,33 +235,190 @@ func (w *work) request(c Command) Outcome {
 		t.Reason = err.Code
 		return Outcome{Transfer: t, Err: err, Result: Rejected}
 	}
-	from := w.acc[t.From]
-	if !w.cross(c) {
-		to, err := w.check(c, from, w.acc[c.To])
+	var refunded *int64 // the refunded transfer's refunded amount (its row here, or its credit's)
+	if c.Type == TypeRefund {
+		n, sum, err := w.refundable(c)
 		if err != nil {
 			return reject(err)
 		}
+		c.Amount, t.Amount, refunded = n, n, sum
+	}
+	from := w.acc[t.From]
+	var to *Account
+	if w.cross(c) {
+		to = w.acc[w.Transit[c.Currency]]
+		if to == nil {
+			return reject(Errorf(CodeAccountNotFound, "no transit account for %s in this region", c.Currency))
+		}
+	} else {
+		to = w.acc[c.To]
+	}
+	if _, err := w.check(c, from, to); err != nil {
+		return reject(err)
+	}
+	if refunded != nil && from.ClientID != c.ClientID {
+		return reject(Errorf(CodeNotFound, "transfer %s does not exist", c.RefundOf))
+	}
+	if c.Hold {
+		t.Status, _ = Next(StatusPending, EventHold)
+		from.Held += c.Amount
+		return Outcome{Transfer: t, Result: Applied,
+			Outbox: []OutboxMessage{{Region: w.Home, Account: t.From, Command: StepOf(t, TypeExpire, t.Amount, ""), DueAt: t.ExpiresAt}}}
+	}
+	if refunded != nil {
+		*refunded += c.Amount
+	}
+	if !w.cross(c) {
 		t.Status, _ = Next(StatusPending, EventComplete)
 		return Outcome{Transfer: t, Postings: post(t.ID, from, LegDebit, to, LegCredit, c.Amount), Result: Applied}
 	}
-	transit := w.acc[w.Transit[c.Currency]]
-	if transit == nil {
-		return reject(Errorf(CodeAccountNotFound, "no transit account for %s in this region", c.Currency))
-	}
-	if _, err := w.check(c, from, transit); err != nil {
-		return reject(err)
-	}
 	dest, _ := w.Regions.HomeRegion(c.To)
 	t.Status, _ = Next(StatusPending, EventDebit)
-	return Outcome{Transfer: t, Postings: post(t.ID, from, LegDebit, transit, LegHold, c.Amount), Result: Applied,
+	return Outcome{Transfer: t, Postings: post(t.ID, from, LegDebit, to, LegHold, c.Amount), Result: Applied,
 		Outbox: []OutboxMessage{{Region: dest, Account: c.To, Command: c.Step(TypeCredit, "")}}}
+}
+
+// refundable resolves a refund against the transfer it refunds: that
+// transfer must have completed, and the refunds decided here (this region
+// is its payee's, which decides every refund of it) may not exceed what it
+// moved. It returns the refund's amount (all that is left when c names
+// none) and the refunded amount to add it to once the refund applies.
+func (w *work) refundable(c Command) (int64, *int64, *Error) {
+	var (
+		moved      int64
+		sum        *int64
+		payer, cur string
+		payee      string
+	)
+	if w.here(c.RefundOf) {
+		p := w.xfer[c.RefundOf]
+		switch {
+		case p == nil:
+			return 0, nil, Errorf(CodeNotFound, "transfer %s does not exist", c.RefundOf)
+		case p.Status != StatusCompleted || p.RefundOf != "":
+			return 0, nil, Errorf(CodeTransferNotRefundable, "transfer %s is %s: only a completed transfer can be refunded", p.ID, p.Status)
+		}
+		moved, sum, payer, payee, cur = p.Moved(), &p.RefundedAmount, p.From, p.To, p.Currency
+	} else {
+		cr := w.credits[c.RefundOf]
+		switch {
+		case cr == nil:
+			return 0, nil, Errorf(CodeNotFound, "transfer %s does not exist", c.RefundOf)
+		case cr.Status != CreditApplied || cr.RefundOf != "":
+			return 0, nil, Errorf(CodeTransferNotRefundable, "transfer %s was not credited: it cannot be refunded", c.RefundOf)
+		}
+		moved, sum, payer, payee, cur = cr.Amount, &cr.RefundedAmount, cr.From, cr.To, cr.Currency
+	}
+	if payee != c.From || payer != c.To || cur != c.Currency {
+		return 0, nil, Errorf(CodeInvalidRequest, "a refund of %s goes from %s to %s in %s", c.RefundOf, payee, payer, cur)
+	}
+	left := moved - *sum
+	n := c.Amount
+	if n == 0 {
+		n = left
+	}
+	if n == 0 || n > left {
+		return 0, nil, Errorf(CodeRefundExceedsCaptured, "transfer %s moved %d, of which %d is refunded: a refund of %d exceeds it", c.RefundOf, moved, *sum, n)
+	}
+	return n, sum, nil
+}
+
+// act applies a capture or a void to an open hold, with a compare-and-set on
+// its status and version: of the captures, voids and the expiry of one
+// hold, exactly one applies. Whatever else is refused with a stable reason
+// and recorded as such. A capture releases the whole hold and moves the
+// captured amount, as a transfer would: within the region, or into transit
+// with a credit step for the destination region.
+func (w *work) act(c Command) Outcome {
+	a := &Action{ClientID: c.ClientID, IdempotencyKey: c.IdempotencyKey, Fingerprint: c.Fingerprint(), TransferID: c.TransferID,
+		Type: c.Type, Amount: c.Amount, Status: ActionApplied, CreatedAt: c.CreatedAt}
+	refuse := func(err *Error) Outcome {
+		a.Status, a.Reason = ActionRejected, err.Code
+		return Outcome{Action: a, Err: err, Result: Rejected}
+	}
+	t := w.xfer[c.TransferID]
+	switch {
+	case t == nil || t.ClientID != c.ClientID:
+		return refuse(Errorf(CodeNotFound, "transfer %s does not exist", c.TransferID))
+	case t.From != c.From || t.To != c.To || t.Currency != c.Currency:
+		return refuse(Errorf(CodeInvalidRequest, "transfer %s moves %s from %s to %s", t.ID, t.Currency, t.From, t.To))
+	case t.Status != StatusHeld:
+		return refuse(Errorf(CodeTransferNotHeld, "transfer %s is %s, not HELD", t.ID, t.Status))
+	case c.Type == TypeCapture && !w.Now.Before(t.ExpiresAt):
+		return refuse(Errorf(CodeHoldExpired, "hold %s expired at %s", t.ID, t.ExpiresAt.UTC().Format(time.RFC3339)))
+	case c.Type == TypeCapture && c.Amount > t.Amount:
+		return refuse(Errorf(CodeAmountExceedsHold, "hold %s holds %d, less than %d", t.ID, t.Amount, c.Amount))
+	}
+	from := w.acc[t.From]
+	o := Outcome{FromStatus: t.Status, FromVersion: t.Version, Action: a, CancelTimer: t.ID, Result: Applied}
+	if c.Type == TypeVoid {
+		from.Held -= t.Amount
+		t.Status, _ = Next(t.Status, EventVoid)
+		t.Version++
+		o.Transfer = *t
+		return o
+	}
+	n := c.Amount
+	if n == 0 {
+		n = t.Amount
+	}
+	move := Command{Type: TypeTransfer, From: t.From, To: t.To, Amount: n, Currency: t.Currency}
+	cross := w.cross(move)
+	var to *Account
+	if cross {
+		to = w.acc[w.Transit[t.Currency]]
+	} else {
+		to = w.acc[t.To]
+	}
+	from.Held -= t.Amount // the capture releases the whole hold, then moves n
+	if _, err := w.check(move, from, to); err != nil {
+		from.Held += t.Amount
+		return refuse(err)
+	}
+	a.Amount, t.CapturedAmount = n, n
+	t.Version++
+	if !cross {
+		t.Status, _ = Next(StatusHeld, EventCapture)
+		o.Postings = post(t.ID, from, LegDebit, to, LegCredit, n)
+		o.Transfer = *t
+		return o
+	}
+	dest, _ := w.Regions.HomeRegion(t.To)
+	t.Status, _ = Next(StatusHeld, EventCaptureDebit)
+	o.Postings = post(t.ID, from, LegDebit, to, LegHold, n)
+	o.Outbox = []OutboxMessage{{Region: dest, Account: t.To, Command: StepOf(*t, TypeCredit, n, c.Trace)}}
+	o.Transfer = *t
+	return o
+}
+
+// expire applies a hold's expiry step: an open hold past its expiry is
+// released (EXPIRED). A hold captured or voided first has nothing left to
+// expire: the step is a duplicate, caught by the state machine. A step
+// early by the clocks is parked, to come again.
+func (w *work) expire(c Command) Outcome {
+	t := w.xfer[c.TransferID]
+	switch {
+	case t == nil:
+		return Outcome{Result: Invalid, Err: Errorf(CodeNotFound, "hold %s does not exist", c.TransferID)}
+	case t.Status != StatusHeld:
+		return Outcome{Transfer: *t, Result: Duplicate}
+	case w.Now.Before(t.ExpiresAt):
+		return Outcome{Result: Parked, Err: Errorf(CodeHoldExpired, "hold %s expires at %s, not yet", t.ID, t.ExpiresAt.UTC().Format(time.RFC3339))}
+	}
+	o := Outcome{FromStatus: t.Status, FromVersion: t.Version, Result: Applied}
+	w.acc[t.From].Held -= t.Amount
+	t.Status, _ = Next(t.Status, EventExpire)
+	t.Version++
+	o.Transfer = *t
+	return o
 }
 
 // credit applies the credit step in the destination region, or refuses it;
 // either way a step goes back to the source region.
 func (w *work) credit(c Command) Outcome {
 	source, _ := w.Regions.HomeRegion(c.TransferID)
-	cr := &Credit{TransferID: c.TransferID, From: c.From, To: c.To, Amount: c.Amount, Currency: c.Currency, CreatedAt: c.CreatedAt}
+	cr := &Credit{TransferID: c.TransferID, From: c.From, To: c.To, Amount: c.Amount, Currency: c.Currency, CreatedAt: c.CreatedAt,
+		RefundOf: c.RefundOf}
 	transit := w.acc[w.Transit[c.Currency]]
 	to := w.acc[c.To]
 	err := w.checkCredit(c, transit, to)
@@ -234,12 +472,19 @@ func (w *work) settle(c Command) Outcome {
 	}
 	o := Outcome{FromStatus: t.Status, FromVersion: t.Version, Result: Applied}
 	if c.Type == TypeRefuse {
+		n := t.Moved()
 		from, transit := w.acc[t.From], w.acc[w.Transit[t.Currency]]
-		if from == nil || transit == nil || from.Balance > maxInt64-t.Amount {
-			return Outcome{Transfer: *t, Result: Invalid, Err: Errorf(CodeBalanceOverflow, "refund of %d to %s cannot be posted", t.Amount, t.From)}
+		if from == nil || transit == nil || from.Balance > maxInt64-n {
+			return Outcome{Transfer: *t, Result: Invalid, Err: Errorf(CodeBalanceOverflow, "refund of %d to %s cannot be posted", n, t.From)}
 		}
-		o.Postings = post(t.ID, transit, LegUnhold, from, LegRefund, t.Amount)
+		o.Postings = post(t.ID, transit, LegUnhold, from, LegRefund, n)
 		t.Reason = c.Reason
+		if t.RefundOf != "" {
+			// A refund the payer's region refused is refundable again.
+			if cr := w.credits[t.RefundOf]; cr != nil {
+				cr.RefundedAmount -= n
+			}
+		}
 	}
 	t.Status, t.Version = next, t.Version+1
 	o.Transfer = *t
@@ -268,12 +513,13 @@ func (w *work) check(c Command, from, to *Account) (*Account, *Error) {
 		return nil, Errorf(CodeSameAccount, "source and destination are both %s", from.ID)
 	case to.Kind == KindIssuance:
 		return nil, Errorf(CodeInvalidRequest, "money can only be moved into a customer account")
-	case c.Type == TypeTransfer && from.Kind != KindCustomer:
+	case c.Type != TypeFund && from.Kind != KindCustomer:
 		return nil, Errorf(CodeInvalidRequest, "transfers move money between customer accounts only")
 	}
-	// Balance >= Floor always holds, so Balance - Floor >= 0; it can only
-	// overflow when the floor is far negative, and then funds are ample.
-	if room := from.Balance - from.Floor; room >= 0 && room < c.Amount {
+	// Available >= Floor always holds, so Available - Floor >= 0; it can
+	// only overflow when the floor is far negative, and then funds are
+	// ample.
+	if room := from.Available() - from.Floor; room >= 0 && room < c.Amount {
 		return nil, Errorf(CodeInsufficientFunds, "source account %s has %d available, needs %d", from.ID, room, c.Amount)
 	}
 	if from.Balance < minInt64+c.Amount {

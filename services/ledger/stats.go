@@ -28,18 +28,28 @@ const (
 	// TopicRefund is the saga step that refunds a cross-region transfer
 	// whose credit was refused (TypeRefuse).
 	TopicRefund
+	// TopicCapture is a client's capture of a hold (TypeCapture).
+	TopicCapture
+	// TopicVoid is a client's void of a hold (TypeVoid).
+	TopicVoid
+	// TopicExpire is the step that expires a hold (TypeExpire).
+	TopicExpire
+	// TopicRefundRequest is a payee's refund of a transfer (TypeRefund);
+	// "refund" is the saga's own step above.
+	TopicRefundRequest
 	numTopics
 )
 
 // Topics lists every topic.
-var Topics = []Topic{TopicUnknown, TopicTransfer, TopicFund, TopicCredit, TopicConfirm, TopicRefund}
+var Topics = []Topic{TopicUnknown, TopicTransfer, TopicFund, TopicCredit, TopicConfirm, TopicRefund,
+	TopicCapture, TopicVoid, TopicExpire, TopicRefundRequest}
 
 // String returns the topic's label value.
 func (t Topic) String() string {
 	if t >= numTopics {
 		t = TopicUnknown
 	}
-	return [...]string{"unknown", "transfer", "fund", "credit", "confirm", "refund"}[t]
+	return [...]string{"unknown", "transfer", "fund", "credit", "confirm", "refund", "capture", "void", "expire", "refund_request"}[t]
 }
 
 // Topic returns the topic of the command, from its type alone.
@@ -55,6 +65,14 @@ func (c Command) Topic() Topic {
 		return TopicConfirm
 	case TypeRefuse:
 		return TopicRefund
+	case TypeCapture:
+		return TopicCapture
+	case TypeVoid:
+		return TopicVoid
+	case TypeExpire:
+		return TopicExpire
+	case TypeRefund:
+		return TopicRefundRequest
 	}
 	return TopicUnknown
 }

@@ -5,14 +5,27 @@ import "time"
 // Status is a transfer's place in its state machine.
 type Status string
 
-// Transfer statuses. COMPLETED, REFUNDED and REJECTED are terminal.
+// Transfer statuses. COMPLETED, REFUNDED, REJECTED, VOIDED and EXPIRED are
+// terminal. A hold (an authorization) is HELD until it is captured
+// (COMPLETED, or DEBITED on its way to another region), voided or expired.
+// REFUNDED is the saga's: a cross-region credit was refused and the money
+// went back to the source. A client's refund of a transfer is a transfer of
+// its own (Transfer.RefundOf).
 const (
 	StatusPending   Status = "PENDING"
+	StatusHeld      Status = "HELD"
 	StatusDebited   Status = "DEBITED"
 	StatusCompleted Status = "COMPLETED"
 	StatusRefunded  Status = "REFUNDED"
 	StatusRejected  Status = "REJECTED"
+	StatusVoided    Status = "VOIDED"
+	StatusExpired   Status = "EXPIRED"
 )
+
+// Statuses lists every status.
+func Statuses() []Status {
+	return []Status{StatusPending, StatusHeld, StatusDebited, StatusCompleted, StatusRefunded, StatusRejected, StatusVoided, StatusExpired}
+}
 
 // Event moves a transfer from one status to the next.
 type Event string
@@ -29,11 +42,29 @@ const (
 	EventConfirm Event = "confirm"
 	// EventRefund reverses the debit after the remote credit was refused.
 	EventRefund Event = "refund"
+	// EventHold reserves the amount on the source (an authorization).
+	EventHold Event = "hold"
+	// EventCapture captures a hold within its region: debit and credit.
+	EventCapture Event = "capture"
+	// EventCaptureDebit captures a hold whose destination is in another
+	// region: the captured amount is debited into transit, and the credit
+	// step follows as for a transfer.
+	EventCaptureDebit Event = "capture_debit"
+	// EventVoid releases a hold at its client's request.
+	EventVoid Event = "void"
+	// EventExpire releases a hold that was not captured by its expiry.
+	EventExpire Event = "expire"
 )
 
 var transitions = map[Status]map[Event]Status{
-	StatusPending: {EventComplete: StatusCompleted, EventDebit: StatusDebited, EventReject: StatusRejected},
+	StatusPending: {EventComplete: StatusCompleted, EventDebit: StatusDebited, EventReject: StatusRejected, EventHold: StatusHeld},
+	StatusHeld:    {EventCapture: StatusCompleted, EventCaptureDebit: StatusDebited, EventVoid: StatusVoided, EventExpire: StatusExpired},
 	StatusDebited: {EventConfirm: StatusCompleted, EventRefund: StatusRefunded},
+}
+
+// Events lists every event.
+func Events() []Event {
+	return []Event{EventComplete, EventDebit, EventReject, EventConfirm, EventRefund, EventHold, EventCapture, EventCaptureDebit, EventVoid, EventExpire}
 }
 
 // Next returns the status that ev leads to from s, or an *Error with
@@ -50,7 +81,9 @@ func Next(s Status, ev Event) (Status, error) {
 // Legs lists the change-log legs a transfer in status s must have in its
 // source region, the invariant `paymesh verify` checks. A cross-region
 // transfer parks its money in the region's transit account (hold) until the
-// destination region credits it, or gives it back (refund, unhold).
+// destination region credits it, or gives it back (refund, unhold). A hold
+// posts nothing until it is captured (it only reserves: Account.Held), and
+// then the legs of the captured amount (Transfer.Moved).
 func Legs(s Status, cross bool) []Leg {
 	switch {
 	case s == StatusCompleted && !cross:
@@ -90,6 +123,12 @@ type Credit struct {
 	Status     CreditStatus
 	Reason     Code
 	CreatedAt  time.Time
+	// RefundOf names the transfer that a credited refund gives money back
+	// for.
+	RefundOf string
+	// RefundedAmount sums the refunds of this credit's transfer that this
+	// region's ledger decided (the payee is here).
+	RefundedAmount int64
 }
 
 // OutboxMessage is the next saga step, written in the same transaction as
@@ -98,6 +137,8 @@ type OutboxMessage struct {
 	Region  string  // the region whose ledger applies it
 	Account string  // the account whose shard carries it
 	Command Command // the step
+	// DueAt holds the step back until then (a hold's expiry); zero: now.
+	DueAt time.Time
 }
 
 // Transfer is the record of one transfer command, unique per client and
@@ -117,6 +158,36 @@ type Transfer struct {
 	// (Status, Version) guards every change.
 	Version   int64
 	CreatedAt time.Time
+	// ExpiresAt marks a hold: it expires then unless captured or voided.
+	ExpiresAt time.Time
+	// CapturedAmount is what the capture of a hold moved (0 before).
+	CapturedAmount int64
+	// RefundOf names the transfer a refund gives money back for.
+	RefundOf string
+	// RefundedAmount sums the refunds of this transfer that this region's
+	// ledger decided: the refunds of a same-region transfer (the payee's
+	// region decides them).
+	RefundedAmount int64
+}
+
+// Refund is one refund of a transfer, as a region knows it: a refund
+// transfer's status, or a credit's (CREDITED) for a refund credited here.
+type Refund struct {
+	ID     string
+	Amount int64
+	Status string
+}
+
+// IsHold reports whether t is an authorization (made with hold).
+func (t Transfer) IsHold() bool { return !t.ExpiresAt.IsZero() }
+
+// Moved is the amount t moves: what was captured of a hold, the amount of
+// any other transfer.
+func (t Transfer) Moved() int64 {
+	if t.IsHold() {
+		return t.CapturedAmount
+	}
+	return t.Amount
 }
 
 // Leg names a change-log row of a transfer.

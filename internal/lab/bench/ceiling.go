@@ -56,22 +56,23 @@ func (c CeilingRun) line() string {
 // which keep them unexported; TestCeilingSQLIsApplys fails when a copy and
 // its source drift apart. The claim is pkg/dedup's own (QueueClaimForTx).
 const (
-	ceilingLockSQL = `SELECT id, client_id, kind, currency, balance, floor, closed, version, created_at FROM accounts WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE`
+	ceilingLockSQL = `SELECT id, client_id, kind, currency, balance, floor, closed, version, created_at, held FROM accounts WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE`
 
 	ceilingTransfersSQL = `
 			INSERT INTO transfers (id, client_id, idempotency_key, type, from_account, to_account, currency, status, reason,
-			                       fingerprint, amount, version, created_at)
+			                       fingerprint, amount, version, created_at, expires_at, refund_of)
 			SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
-			                     $9::text[], $10::bytea[], $11::bigint[], $12::bigint[], $13::timestamptz[])`
+			                     $9::text[], $10::bytea[], $11::bigint[], $12::bigint[], $13::timestamptz[], $14::timestamptz[], $15::text[])`
 
 	ceilingPostingsSQL = `
 			INSERT INTO postings (transfer_id, leg, account_id, amount, balance_after, account_version)
 			SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[])`
 
 	ceilingBalancesSQL = `
-	UPDATE accounts a SET balance = u.balance, version = u.to_version
-	FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[]) AS u(id, from_version, to_version, balance)
-	WHERE a.id = u.id AND a.version = u.from_version`
+	UPDATE accounts a SET balance = u.balance, version = u.to_version, held = u.held
+	FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[])
+	     AS u(id, from_version, to_version, balance, from_held, held)
+	WHERE a.id = u.id AND a.version = u.from_version AND a.held = u.from_held`
 )
 
 // ceilingTransfer is one transfer of the ceiling run, with every value its
@@ -225,10 +226,11 @@ func applyCeiling(ctx context.Context, pool *pgxpool.Pool, log *dedup.Log, xs []
 			var (
 				id, client, kind, cur string
 				balance, floor, ver   int64
+				held                  int64
 				closed                bool
 				created               time.Time
 			)
-			_, err := pgx.ForEachRow(rows, []any{&id, &client, &kind, &cur, &balance, &floor, &closed, &ver, &created}, func() error {
+			_, err := pgx.ForEachRow(rows, []any{&id, &client, &kind, &cur, &balance, &floor, &closed, &ver, &created, &held}, func() error {
 				acc[id] = &row{balance: balance, version: ver, from: ver}
 				return nil
 			})
@@ -257,6 +259,8 @@ func applyCeiling(ctx context.Context, pool *pgxpool.Pool, log *dedup.Log, xs []
 			tFP                                                  = make([][]byte, n)
 			tAmount, tVersion                                    = make([]int64, n), make([]int64, n)
 			tCreated                                             = make([]time.Time, n)
+			tExpires                                             = make([]*time.Time, n)
+			tRefundOf                                            = make([]*string, n)
 			pTransfer, pLeg, pAccount                            = make([]string, 0, 2*n), make([]string, 0, 2*n), make([]string, 0, 2*n)
 			pAmount, pAfter, pVersion                            = make([]int64, 0, 2*n), make([]int64, 0, 2*n), make([]int64, 0, 2*n)
 		)
@@ -274,16 +278,16 @@ func applyCeiling(ctx context.Context, pool *pgxpool.Pool, log *dedup.Log, xs []
 			post(x.id, string(ledger.LegCredit), x.to, x.amount)
 		}
 		aID := make([]string, len(ids))
-		aFrom, aTo, aBal := make([]int64, len(ids)), make([]int64, len(ids)), make([]int64, len(ids))
+		aFrom, aTo, aBal, aHeld := make([]int64, len(ids)), make([]int64, len(ids)), make([]int64, len(ids)), make([]int64, len(ids))
 		for i, id := range ids {
 			a := acc[id]
-			aID[i], aFrom[i], aTo[i], aBal[i] = id, a.from, a.version, a.balance
+			aID[i], aFrom[i], aTo[i], aBal[i] = id, a.from, a.version, a.balance // nothing is held in this run: aHeld stays 0
 		}
 
 		b = &pgx.Batch{}
-		b.Queue(ceilingTransfersSQL, tID, tClient, tKey, tType, tFrom, tTo, tCur, tStatus, tReason, tFP, tAmount, tVersion, tCreated)
+		b.Queue(ceilingTransfersSQL, tID, tClient, tKey, tType, tFrom, tTo, tCur, tStatus, tReason, tFP, tAmount, tVersion, tCreated, tExpires, tRefundOf)
 		b.Queue(ceilingPostingsSQL, pTransfer, pLeg, pAccount, pAmount, pAfter, pVersion)
-		b.Queue(ceilingBalancesSQL, aID, aFrom, aTo, aBal).Exec(func(tag pgconn.CommandTag) error {
+		b.Queue(ceilingBalancesSQL, aID, aFrom, aTo, aBal, aHeld, aHeld).Exec(func(tag pgconn.CommandTag) error {
 			if tag.RowsAffected() != int64(len(aID)) {
 				return errors.New("balance compare-and-set missed an account")
 			}

@@ -54,6 +54,7 @@ const (
 	I4 = "I4"
 	I5 = "I5"
 	I6 = "I6"
+	I7 = "I7"
 )
 
 var invariantWhat = map[string]string{
@@ -63,6 +64,7 @@ var invariantWhat = map[string]string{
 	I4: "consume-log rows and applied messages match 1:1",
 	I5: "every balance equals the fold of its change-log",
 	I6: "replaying each ledger stream from the start adds no rows",
+	I7: "holds and refunds: held is the sum of open holds, captured <= held, refunded <= captured, a hold ends one way",
 }
 
 // row is a transfer row as the checker reads it.
@@ -88,7 +90,7 @@ type verdict struct {
 	doubled int
 }
 
-// check verifies I1..I5 over all regions of c against the history, with
+// check verifies I1..I5 and I7 over all regions of c against the history, with
 // quiescent telling whether the cluster drained (VerifyGlobal's in-transit
 // checks assume it did).
 func check(ctx context.Context, c *cluster.Cluster, h *History, quiescent bool) (verdict, error) {
@@ -139,7 +141,10 @@ func check(ctx context.Context, c *cluster.Cluster, h *History, quiescent bool) 
 	i4.merge(byName("consume-log rows match applied messages"))
 	i5 := newCheck(I5)
 	i5.merge(byName("balance equals the sum of its change-log", "transfers have the change-log rows their status implies"))
-	v.checks = []Check{i1, i2, i3, i4, i5}
+	i7 := newCheck(I7)
+	i7.merge(byName("held equals the sum of open holds, within the floor", "captures stay within their holds",
+		"no hold is both captured and voided or expired", "refunds stay within what their transfer moved"))
+	v.checks = []Check{i1, i2, i3, i4, i5, i7}
 	for _, ch := range rep.Checks {
 		if !used[ch.Name] { // a ledger check renamed or added: it would pass unseen
 			return v, fmt.Errorf("the ledger's check %q belongs to no invariant", ch.Name)

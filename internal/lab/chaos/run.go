@@ -248,8 +248,8 @@ func runScenario(ctx context.Context, cfg Config, s *scenario, seed uint64) Resu
 // Print writes the results as a table, then the failures of every failed
 // check.
 func Print(w io.Writer, results []Result) {
-	fmt.Fprintf(w, "%-19s %4s %7s %20s %5s %7s  %-4s %-4s %-4s %-4s %-4s %-4s %-5s %s\n",
-		"scenario", "seed", "faults", "ops ok/fail/unknown", "lost", "doubled", I1, I2, I3, I4, I5, I6, "quiet", "other")
+	fmt.Fprintf(w, "%-19s %4s %7s %20s %5s %7s  %-4s %-4s %-4s %-4s %-4s %-4s %-4s %-5s %s\n",
+		"scenario", "seed", "faults", "ops ok/fail/unknown", "lost", "doubled", I1, I2, I3, I4, I5, I6, I7, "quiet", "other")
 	for _, r := range results {
 		if r.Error != "" {
 			fmt.Fprintf(w, "%-19s %4d ERROR %s\n", r.Scenario, r.Seed, r.Error)
@@ -275,9 +275,9 @@ func Print(w io.Writer, results []Result) {
 		if r.Faults == 0 {
 			faults = "0 FAIL"
 		}
-		fmt.Fprintf(w, "%-19s %4d %7s %20s %5d %7d  %-4s %-4s %-4s %-4s %-4s %-4s %-5s %s\n", r.Scenario, r.Seed, faults,
+		fmt.Fprintf(w, "%-19s %4d %7s %20s %5d %7d  %-4s %-4s %-4s %-4s %-4s %-4s %-4s %-5s %s\n", r.Scenario, r.Seed, faults,
 			fmt.Sprintf("%d/%d/%d", r.OK, r.Fail, r.Unknown), r.Lost, r.Doubled,
-			v(I1), v(I2), v(I3), v(I4), v(I5), v(I6), v("quiet"), strings.Join(other, ", "))
+			v(I1), v(I2), v(I3), v(I4), v(I5), v(I6), v(I7), v("quiet"), strings.Join(other, ", "))
 	}
 	for _, r := range results {
 		for _, c := range r.Checks {

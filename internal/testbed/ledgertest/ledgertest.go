@@ -61,7 +61,7 @@ func On(tb testing.TB, pool *pgxpool.Pool, url string, mods ...func(*postgres.Co
 		tb.Fatal(err)
 	}
 	f := &Fixture{Pool: pool, URL: url, Regions: regions, Stats: &ledger.Stats{}, Clock: &Clock{t: time.Now().UTC()}}
-	cfg := postgres.Config{Region: "eu", Regions: regions, Stats: f.Stats}
+	cfg := postgres.Config{Region: "eu", Regions: regions, Stats: f.Stats, Now: f.Clock.Now}
 	for _, m := range mods {
 		m(&cfg)
 	}

@@ -164,7 +164,7 @@ type answerRows struct {
 }
 
 func (a *answerRows) add(i int, c ledger.Command, r ledger.Result) {
-	status, body := api.Respond(r)
+	status, body := api.RespondTo(c, r)
 	a.idx, a.clients, a.keys = append(a.idx, i), append(a.clients, c.ClientID), append(a.keys, c.IdempotencyKey)
 	a.statuses, a.bodies = append(a.statuses, int32(status)), append(a.bodies, body)
 }

@@ -139,8 +139,8 @@ func TestMigrations(t *testing.T) {
 			if got := schema(t, pool); got != want {
 				t.Fatalf("schema:\n%s\nwant (fresh):\n%s", got, want)
 			}
-			if v := version(t, pool, "ledger_schema_version"); v != 6 {
-				t.Errorf("ledger version %d, want 6", v)
+			if v := version(t, pool, "ledger_schema_version"); v != 7 {
+				t.Errorf("ledger version %d, want 7", v)
 			}
 			if v := version(t, pool, apipg.MigrationTable); v != 3 {
 				t.Errorf("API version %d, want 3", v)

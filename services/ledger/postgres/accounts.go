@@ -10,11 +10,11 @@ import (
 	"github.com/paymesh/paymesh/services/ledger"
 )
 
-const accountColumns = `id, client_id, kind, currency, balance, floor, closed, version, created_at`
+const accountColumns = `id, client_id, kind, currency, balance, floor, closed, version, created_at, held`
 
 func scanAccount(row pgx.CollectableRow) (ledger.Account, error) {
 	var a ledger.Account
-	err := row.Scan(&a.ID, &a.ClientID, &a.Kind, &a.Currency, &a.Balance, &a.Floor, &a.Closed, &a.Version, &a.CreatedAt)
+	err := row.Scan(&a.ID, &a.ClientID, &a.Kind, &a.Currency, &a.Balance, &a.Floor, &a.Closed, &a.Version, &a.CreatedAt, &a.Held)
 	return a, err
 }
 
@@ -24,7 +24,7 @@ func scanAccount(row pgx.CollectableRow) (ledger.Account, error) {
 func QueueAccounts(b *pgx.Batch, ids []string, out map[string]ledger.Account) {
 	b.Queue(`SELECT `+accountColumns+` FROM accounts WHERE id = ANY($1::text[])`, ids).Query(func(rows pgx.Rows) error {
 		var a ledger.Account
-		_, err := pgx.ForEachRow(rows, []any{&a.ID, &a.ClientID, &a.Kind, &a.Currency, &a.Balance, &a.Floor, &a.Closed, &a.Version, &a.CreatedAt}, func() error {
+		_, err := pgx.ForEachRow(rows, []any{&a.ID, &a.ClientID, &a.Kind, &a.Currency, &a.Balance, &a.Floor, &a.Closed, &a.Version, &a.CreatedAt, &a.Held}, func() error {
 			out[a.ID] = a
 			return nil
 		})

@@ -170,12 +170,14 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, key
 			open = append(open, i)
 		}
 	}
-	reqs := requests(cmds, open)
+	reqs, acts := requests(cmds, open), actions(cmds, open)
+	keyed := append(slices.Clone(reqs), acts...) // every client request: its key
 	var promised func(ledger.Command) bool
 	if kl, ok := s.cfg.Answers.(KeyLocker); ok {
-		promised = kl.QueueKeyLocks(b, pick(cmds, reqs))
+		promised = kl.QueueKeyLocks(b, pick(cmds, keyed))
 	}
 	known := s.queueExistingTransfers(b, cmds, reqs)
+	known.actions = s.queueExistingActions(b, cmds, acts)
 	credited := queueExistingCredits(b, cmds, open)
 	state, err := s.queueLockState(ctx, tx, b, pick(cmds, open))
 	if err != nil {
@@ -192,7 +194,7 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, key
 	}
 	if promised != nil {
 		known.promised = map[string]bool{}
-		for _, i := range reqs {
+		for _, i := range keyed {
 			if promised(cmds[i]) {
 				known.promised[keys[i].ID] = true
 			}
@@ -289,14 +291,55 @@ func pick(cmds []ledger.Command, idx []int) []ledger.Command {
 	return out
 }
 
-// requests filters idx down to client requests (transfer, fund).
+// requests filters idx down to the client requests that make a transfer
+// (transfer, fund, refund).
 func requests(cmds []ledger.Command, idx []int) []int {
 	var out []int
 	for _, i := range idx {
-		if !cmds[i].IsStep() {
+		if !cmds[i].IsStep() && !cmds[i].IsAction() {
 			out = append(out, i)
 		}
 	}
+	return out
+}
+
+// actions filters idx down to captures and voids.
+func actions(cmds []ledger.Command, idx []int) []int {
+	var out []int
+	for _, i := range idx {
+		if cmds[i].IsAction() {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// queueExistingActions queues the lookup of the captures and voids recorded
+// under the keys of the actions at idx (their business key), by request
+// key; the map is filled in when the batch runs.
+func (s *Store) queueExistingActions(b *pgx.Batch, cmds []ledger.Command, idx []int) map[string]ledger.Action {
+	out := map[string]ledger.Action{}
+	if len(idx) == 0 {
+		return out
+	}
+	clients, ikeys := make([]string, len(idx)), make([]string, len(idx))
+	for n, i := range idx {
+		clients[n], ikeys[n] = cmds[i].ClientID, cmds[i].IdempotencyKey
+	}
+	b.Queue(`
+		SELECT a.client_id, a.idempotency_key, a.fingerprint, a.transfer_id, a.type, a.amount, a.status, coalesce(a.reason, ''), a.created_at
+		FROM unnest($1::text[], $2::text[]) AS k(client_id, idempotency_key)
+		JOIN transfer_actions a ON a.client_id = k.client_id AND a.idempotency_key = k.idempotency_key`, clients, ikeys).Query(func(rows pgx.Rows) error {
+		var a ledger.Action
+		_, err := pgx.ForEachRow(rows, []any{&a.ClientID, &a.IdempotencyKey, &a.Fingerprint, &a.TransferID, &a.Type, &a.Amount, &a.Status, &a.Reason, &a.CreatedAt}, func() error {
+			out[s.requestKey(ledger.Command{Type: a.Type, TransferID: a.TransferID, ClientID: a.ClientID, IdempotencyKey: a.IdempotencyKey})] = a
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("read actions: %w", err)
+		}
+		return nil
+	})
 	return out
 }
 
@@ -411,17 +454,25 @@ func (s *Store) systemAccounts(ctx context.Context, tx pgx.Tx, currencies []stri
 // system accounts.
 func (s *Store) queueLockState(ctx context.Context, tx pgx.Tx, b *pgx.Batch, cmds []ledger.Command) (*ledger.Batch, error) {
 	st := &ledger.Batch{Home: s.cfg.Region, Regions: s.cfg.Regions, Issuance: map[string]string{}, Transit: map[string]string{},
-		Accounts: map[string]ledger.Account{}}
+		Accounts: map[string]ledger.Account{}, Now: s.now()}
 	if len(cmds) == 0 {
 		return st, nil
 	}
-	var currencies, settle []string
+	var currencies, settle, credits []string
 	for _, c := range cmds {
 		if !slices.Contains(currencies, c.Currency) {
 			currencies = append(currencies, c.Currency)
 		}
-		if c.Type == ledger.TypeConfirm || c.Type == ledger.TypeRefuse {
+		switch c.Type {
+		case ledger.TypeConfirm, ledger.TypeRefuse, ledger.TypeCapture, ledger.TypeVoid, ledger.TypeExpire:
 			settle = append(settle, c.TransferID)
+		}
+		switch {
+		case c.RefundOf == "" || c.Type == ledger.TypeCredit || c.Type == ledger.TypeConfirm:
+		case c.Type == ledger.TypeRefund && s.here(c.RefundOf):
+			settle = append(settle, c.RefundOf) // the refunded transfer's row keeps its refunded amount
+		default: // a refund of another region's transfer, a refused refund: the credit's row keeps it
+			credits = append(credits, c.RefundOf)
 		}
 	}
 	if err := s.systemAccounts(ctx, tx, currencies, st.Issuance, st.Transit); err != nil {
@@ -442,19 +493,37 @@ func (s *Store) queueLockState(ctx context.Context, tx pgx.Tx, b *pgx.Batch, cmd
 			return nil
 		})
 	}
+	if len(credits) > 0 {
+		slices.Sort(credits)
+		credits = slices.Compact(credits)
+		b.Queue(`SELECT `+creditColumns+` FROM credits WHERE transfer_id = ANY($1::text[]) ORDER BY transfer_id FOR UPDATE`, credits).Query(func(rows pgx.Rows) error {
+			crs, err := pgx.CollectRows(rows, scanCredit)
+			if err != nil {
+				return fmt.Errorf("lock credits: %w", err)
+			}
+			st.Credits = make(map[string]ledger.Credit, len(crs))
+			for _, cr := range crs {
+				st.Credits[cr.TransferID] = cr
+			}
+			return nil
+		})
+	}
 	ids := make([]string, 0, 2*len(cmds))
 	for _, c := range cmds {
 		switch c.Type {
 		case ledger.TypeFund:
 			ids = append(ids, st.Issuance[c.Currency], c.To)
-		case ledger.TypeTransfer:
+		case ledger.TypeTransfer, ledger.TypeRefund, ledger.TypeCapture:
 			// Only a cross-region transfer touches the transit account: a
-			// lock on it would serialise every batch of the currency.
+			// lock on it would serialise every batch of the currency. (A
+			// hold of one does too: it checks that there is one.)
 			if to, _ := s.cfg.Regions.HomeRegion(c.To); to == s.cfg.Region {
 				ids = append(ids, c.From, c.To)
 			} else {
 				ids = append(ids, c.From, st.Transit[c.Currency])
 			}
+		case ledger.TypeVoid, ledger.TypeExpire:
+			ids = append(ids, c.From)
 		case ledger.TypeCredit:
 			ids = append(ids, c.To, st.Transit[c.Currency])
 		case ledger.TypeRefuse:
@@ -488,30 +557,40 @@ func (s *Store) queueLockState(ctx context.Context, tx pgx.Tx, b *pgx.Batch, cmd
 func (s *Store) queuePlan(b *pgx.Batch, cmds []ledger.Command, p ledger.Plan) {
 	var (
 		nt                              newTransfers
+		na                              newActions
 		uID, uFrom, uTo, uReason        []string
-		uFromV, uToV                    []int64
+		uFromV, uToV, uCaptured         []int64
 		cID, cFrom, cTo, cCur, cStatus  []string
-		cReason                         []*string
+		cReason, cRefundOf              []*string
 		cAmount                         []int64
 		cCreated                        []time.Time
 		pTransfer, pLeg, pAccount       []string
 		pAmount, pAfter, pVersion       []int64
 		oMsg, oRegion, oAccount, oTrace []string
 		oPayload                        [][]byte
+		oDue                            []*time.Time
+		cancel                          []string
 	)
 	for i, o := range p.Outcomes {
 		c := cmds[i]
+		if o.Action != nil {
+			na.add(o.Action)
+		}
 		switch {
-		case !c.IsStep() && (o.Result == ledger.Applied || o.Result == ledger.Rejected):
+		case !c.IsStep() && !c.IsAction() && (o.Result == ledger.Applied || o.Result == ledger.Rejected):
 			nt.add(c, o.Transfer)
 		case o.Credit != nil:
 			cr := o.Credit
 			cID, cFrom, cTo, cCur, cStatus = append(cID, cr.TransferID), append(cFrom, cr.From), append(cTo, cr.To), append(cCur, cr.Currency), append(cStatus, string(cr.Status))
 			cReason, cAmount, cCreated = append(cReason, optional(cr.Reason)), append(cAmount, cr.Amount), append(cCreated, cr.CreatedAt)
-		case o.Result == ledger.Applied: // a settled transfer
+			cRefundOf = append(cRefundOf, optional(ledger.Code(cr.RefundOf)))
+		case o.Result == ledger.Applied: // a transfer moved on: settled, captured, voided, expired
 			t := o.Transfer
 			uID, uFrom, uTo, uReason = append(uID, t.ID), append(uFrom, string(o.FromStatus)), append(uTo, string(t.Status)), append(uReason, string(t.Reason))
-			uFromV, uToV = append(uFromV, o.FromVersion), append(uToV, t.Version)
+			uFromV, uToV, uCaptured = append(uFromV, o.FromVersion), append(uToV, t.Version), append(uCaptured, t.CapturedAmount)
+		}
+		if o.CancelTimer != "" {
+			cancel = append(cancel, ledger.Command{Type: ledger.TypeExpire, TransferID: o.CancelTimer}.MsgKey())
 		}
 		for _, ps := range o.Postings {
 			pTransfer, pLeg, pAccount = append(pTransfer, ps.TransferID), append(pLeg, string(ps.Leg)), append(pAccount, ps.AccountID)
@@ -521,24 +600,38 @@ func (s *Store) queuePlan(b *pgx.Batch, cmds []ledger.Command, p ledger.Plan) {
 			oMsg, oRegion, oAccount = append(oMsg, m.Command.MsgKey()), append(oRegion, m.Region), append(oAccount, m.Account)
 			oTrace = append(oTrace, c.Trace)
 			oPayload = append(oPayload, m.Command.Encode())
+			var due *time.Time
+			if !m.DueAt.IsZero() {
+				due = &m.DueAt
+			}
+			oDue = append(oDue, due)
 		}
 	}
 	aID := make([]string, len(p.Accounts))
 	aFrom, aTo, aBal := make([]int64, len(p.Accounts)), make([]int64, len(p.Accounts)), make([]int64, len(p.Accounts))
+	aFromHeld, aHeld := make([]int64, len(p.Accounts)), make([]int64, len(p.Accounts))
 	for i, a := range p.Accounts {
 		aID[i], aFrom[i], aTo[i], aBal[i] = a.ID, a.FromVersion, a.ToVersion, a.ToBalance
+		aFromHeld[i], aHeld[i] = a.FromHeld, a.ToHeld
 	}
 
 	if len(nt.id) > 0 {
 		b.Queue(`
 			INSERT INTO transfers (id, client_id, idempotency_key, type, from_account, to_account, currency, status, reason,
-			                       fingerprint, amount, version, created_at)
+			                       fingerprint, amount, version, created_at, expires_at, refund_of)
 			SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
-			                     $9::text[], $10::bytea[], $11::bigint[], $12::bigint[], $13::timestamptz[])`,
-			nt.id, nt.client, nt.key, nt.typ, nt.from, nt.to, nt.cur, nt.status, nt.reason, nt.fp, nt.amount, nt.version, nt.created)
+			                     $9::text[], $10::bytea[], $11::bigint[], $12::bigint[], $13::timestamptz[], $14::timestamptz[], $15::text[])`,
+			nt.id, nt.client, nt.key, nt.typ, nt.from, nt.to, nt.cur, nt.status, nt.reason, nt.fp, nt.amount, nt.version, nt.created,
+			nt.expires, nt.refundOf)
+	}
+	if len(na.transfer) > 0 {
+		b.Queue(`
+			INSERT INTO transfer_actions (client_id, idempotency_key, fingerprint, transfer_id, type, amount, status, reason, created_at)
+			SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::text[], $6::bigint[], $7::text[], $8::text[], $9::timestamptz[])`,
+			na.client, na.key, na.fp, na.transfer, na.typ, na.amount, na.status, na.reason, na.created)
 	}
 	if len(uID) > 0 {
-		b.Queue(advanceTransfersSQL, uID, uFrom, uFromV, uTo, uToV, uReason).Exec(func(tag pgconn.CommandTag) error {
+		b.Queue(advanceTransfersSQL, uID, uFrom, uFromV, uTo, uToV, uReason, uCaptured).Exec(func(tag pgconn.CommandTag) error {
 			if tag.RowsAffected() != int64(len(uID)) {
 				s.stats().StaleVersions.Add(1)
 				return ledger.Errorf(ledger.CodeStaleVersion, "transfer compare-and-set matched %d of %d transfers", tag.RowsAffected(), len(uID))
@@ -548,10 +641,11 @@ func (s *Store) queuePlan(b *pgx.Batch, cmds []ledger.Command, p ledger.Plan) {
 	}
 	if len(cID) > 0 {
 		b.Queue(`
-			INSERT INTO credits (transfer_id, from_account, to_account, currency, status, reason, amount, created_at)
-			SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bigint[], $8::timestamptz[])`,
-			cID, cFrom, cTo, cCur, cStatus, cReason, cAmount, cCreated)
+			INSERT INTO credits (transfer_id, from_account, to_account, currency, status, reason, amount, created_at, refund_of)
+			SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bigint[], $8::timestamptz[], $9::text[])`,
+			cID, cFrom, cTo, cCur, cStatus, cReason, cAmount, cCreated, cRefundOf)
 	}
+	s.queueRefunded(b, p.Refunded)
 	if len(pTransfer) > 0 {
 		b.Queue(`
 			INSERT INTO postings (transfer_id, leg, account_id, amount, balance_after, account_version)
@@ -559,7 +653,7 @@ func (s *Store) queuePlan(b *pgx.Batch, cmds []ledger.Command, p ledger.Plan) {
 			pTransfer, pLeg, pAccount, pAmount, pAfter, pVersion)
 	}
 	if len(aID) > 0 {
-		b.Queue(updateBalancesSQL, aID, aFrom, aTo, aBal).Exec(func(tag pgconn.CommandTag) error {
+		b.Queue(updateBalancesSQL, aID, aFrom, aTo, aBal, aFromHeld, aHeld).Exec(func(tag pgconn.CommandTag) error {
 			if tag.RowsAffected() != int64(len(aID)) {
 				return ledger.Errorf(ledger.CodeStaleVersion, "balance compare-and-set matched %d of %d accounts", tag.RowsAffected(), len(aID))
 			}
@@ -568,19 +662,74 @@ func (s *Store) queuePlan(b *pgx.Batch, cmds []ledger.Command, p ledger.Plan) {
 	}
 	if len(oMsg) > 0 {
 		b.Queue(`
-			INSERT INTO outbox (msg_id, region, account, payload, trace_parent)
-			SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[])`,
-			oMsg, oRegion, oAccount, oPayload, oTrace)
+			INSERT INTO outbox (msg_id, region, account, payload, trace_parent, due_at)
+			SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::timestamptz[])`,
+			oMsg, oRegion, oAccount, oPayload, oTrace, oDue)
 	}
+	if len(cancel) > 0 {
+		// A hold captured or voided: its expiry step is not due any more.
+		// One already relayed finds the hold settled (a duplicate).
+		b.Queue(`DELETE FROM outbox WHERE msg_id = ANY($1::text[]) AND sent_at IS NULL`, cancel)
+	}
+}
+
+// queueRefunded queues the refunded amounts a batch's refunds changed, each
+// with a compare-and-set on the amount the batch read (the rows are locked
+// as well): the cap on a transfer's refunds.
+func (s *Store) queueRefunded(b *pgx.Batch, changes []ledger.RefundedChange) {
+	var tID, cID []string
+	var tFrom, tTo, cFrom, cTo []int64
+	for _, c := range changes {
+		if c.Credit {
+			cID, cFrom, cTo = append(cID, c.ID), append(cFrom, c.From), append(cTo, c.To)
+		} else {
+			tID, tFrom, tTo = append(tID, c.ID), append(tFrom, c.From), append(tTo, c.To)
+		}
+	}
+	for _, q := range []struct {
+		table, key string
+		id         []string
+		from, to   []int64
+	}{{"transfers", "id", tID, tFrom, tTo}, {"credits", "transfer_id", cID, cFrom, cTo}} {
+		if len(q.id) == 0 {
+			continue
+		}
+		n := len(q.id)
+		b.Queue(`UPDATE `+q.table+` t SET refunded_amount = u.to_amount
+			FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS u(id, from_amount, to_amount)
+			WHERE t.`+q.key+` = u.id AND t.refunded_amount = u.from_amount`, q.id, q.from, q.to).Exec(func(tag pgconn.CommandTag) error {
+			if tag.RowsAffected() != int64(n) {
+				s.stats().StaleVersions.Add(1)
+				return ledger.Errorf(ledger.CodeStaleVersion, "refunded compare-and-set matched %d of %d rows", tag.RowsAffected(), n)
+			}
+			return nil
+		})
+	}
+}
+
+// newActions collects the columns of the captures and voids a batch records.
+type newActions struct {
+	client, key, transfer, typ, status []string
+	reason                             []*string
+	fp                                 [][]byte
+	amount                             []int64
+	created                            []time.Time
+}
+
+func (n *newActions) add(a *ledger.Action) {
+	n.client, n.key, n.transfer, n.typ = append(n.client, a.ClientID), append(n.key, a.IdempotencyKey), append(n.transfer, a.TransferID), append(n.typ, a.Type)
+	n.status, n.reason, n.fp = append(n.status, string(a.Status)), append(n.reason, optional(a.Reason)), append(n.fp, a.Fingerprint)
+	n.amount, n.created = append(n.amount, a.Amount), append(n.created, a.CreatedAt)
 }
 
 // newTransfers collects the columns of the transfers a batch records.
 type newTransfers struct {
 	id, client, key, typ, from, to, cur, status []string
-	reason                                      []*string
+	reason, refundOf                            []*string
 	fp                                          [][]byte
 	amount, version                             []int64
 	created                                     []time.Time
+	expires                                     []*time.Time
 }
 
 func (n *newTransfers) add(c ledger.Command, t ledger.Transfer) {
@@ -588,6 +737,11 @@ func (n *newTransfers) add(c ledger.Command, t ledger.Transfer) {
 	n.from, n.to, n.cur, n.status = append(n.from, t.From), append(n.to, t.To), append(n.cur, t.Currency), append(n.status, string(t.Status))
 	n.reason, n.fp = append(n.reason, optional(t.Reason)), append(n.fp, t.Fingerprint)
 	n.amount, n.version, n.created = append(n.amount, t.Amount), append(n.version, t.Version), append(n.created, t.CreatedAt)
+	var expires *time.Time
+	if t.IsHold() {
+		expires = &t.ExpiresAt
+	}
+	n.expires, n.refundOf = append(n.expires, expires), append(n.refundOf, optional(ledger.Code(t.RefundOf)))
 }
 
 func optional(c ledger.Code) *string {
@@ -602,14 +756,16 @@ func optional(c ledger.Code) *string {
 // still in the status and version the batch read: the state machine's
 // compare-and-set (layer 6).
 const advanceTransfersSQL = `
-	UPDATE transfers t SET status = u.status, version = u.to_version, reason = nullif(u.reason, ''), settled_at = now()
-	FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::text[])
-	     AS u(id, from_status, from_version, status, to_version, reason)
+	UPDATE transfers t SET status = u.status, version = u.to_version, reason = nullif(u.reason, ''),
+	       captured_amount = nullif(u.captured, 0), settled_at = CASE WHEN u.status = 'DEBITED' THEN NULL ELSE now() END
+	FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::text[], $7::bigint[])
+	     AS u(id, from_status, from_version, status, to_version, reason, captured)
 	WHERE t.id = u.id AND t.status = u.from_status AND t.version = u.from_version`
 
 // updateBalancesSQL sets each account's balance and version only where the
 // version is still the one the batch read.
 const updateBalancesSQL = `
-	UPDATE accounts a SET balance = u.balance, version = u.to_version
-	FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[]) AS u(id, from_version, to_version, balance)
-	WHERE a.id = u.id AND a.version = u.from_version`
+	UPDATE accounts a SET balance = u.balance, version = u.to_version, held = u.held
+	FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[])
+	     AS u(id, from_version, to_version, balance, from_held, held)
+	WHERE a.id = u.id AND a.version = u.from_version AND a.held = u.from_held`

@@ -46,6 +46,9 @@ type knownTransfers struct {
 	// an answer naming another transfer (KeyLocker): an earlier attempt
 	// that was answered and still waits in a stream.
 	promised map[string]bool
+	// actions holds the captures and voids recorded under the batch's
+	// actions' keys, by request key.
+	actions map[string]ledger.Action
 }
 
 // classify decides each command's fate from its claim and what the claim
@@ -74,8 +77,20 @@ func classify(cmds []ledger.Command, claims []dedup.Claim, known knownTransfers,
 		switch {
 		case c.Type == ledger.TypeCredit && credited[c.TransferID]:
 			fates[i] = fate{kind: fateDuplicate, layer: ledger.LayerBusinessKey, release: true}
-		case c.IsStep(): // a new credit; confirm, refuse: the state machine decides
+		case c.IsStep(): // a new credit; confirm, refuse, expire: the state machine decides
 			fates[i] = fate{kind: fateApply}
+		case c.IsAction(): // a capture or void: its record is its business key, the hold's state decides
+			a, ok := known.actions[cl.Key.ID]
+			switch {
+			case ok && bytes.Equal(a.Fingerprint, c.Fingerprint()):
+				fates[i] = fate{kind: fateDuplicate, layer: ledger.LayerBusinessKey, release: true}
+			case ok:
+				fates[i] = fate{kind: fateConflict, layer: ledger.LayerBusinessKey, release: true}
+			case known.promised[cl.Key.ID]:
+				fates[i] = fate{kind: fateDuplicate, layer: ledger.LayerIdempotencyKey, release: true}
+			default:
+				fates[i] = fate{kind: fateApply}
+			}
 		case batchIDs[c.TransferID]:
 			fates[i] = fate{kind: fateReusedID, inBatch: true, release: true}
 		default:

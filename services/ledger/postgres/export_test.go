@@ -2,3 +2,6 @@ package postgres
 
 // UpdateBalancesSQL exposes the balance compare-and-set to tests.
 const UpdateBalancesSQL = updateBalancesSQL
+
+// AdvanceTransfersSQL exposes the transfer compare-and-set to tests.
+const AdvanceTransfersSQL = advanceTransfersSQL

@@ -91,7 +91,7 @@ func globalChecks(sagas map[string]regionSaga, ids *idgen.Regions, quiescent boo
 			settled.Checked++
 			switch {
 			case t.Status == ledger.StatusDebited && !applied:
-				inTransit[t.Currency] += t.Amount
+				inTransit[t.Currency] += t.Moved()
 			case t.Status == ledger.StatusRefunded && applied:
 				fail(&settled, "transfer %s is REFUNDED but was credited", t.ID)
 			case t.Status == ledger.StatusRefunded && !ok:
@@ -113,7 +113,7 @@ func globalChecks(sagas map[string]regionSaga, ids *idgen.Regions, quiescent boo
 				fail(&credited, "%s: credit of %s applied but the transfer is %s", region, c.TransferID, t.Status)
 			case c.Status == ledger.CreditRefused && t.Status != ledger.StatusDebited && t.Status != ledger.StatusRefunded:
 				fail(&credited, "%s: credit of %s refused but the transfer is %s", region, c.TransferID, t.Status)
-			case c.Amount != t.Amount || c.Currency != t.Currency || c.From != t.From || c.To != t.To:
+			case c.Amount != t.Moved() || c.Currency != t.Currency || c.From != t.From || c.To != t.To:
 				fail(&credited, "%s: credit of %s does not match its transfer", region, c.TransferID)
 			}
 		}
@@ -171,7 +171,7 @@ func (s *Store) sagaState(ctx context.Context) (regionSaga, error) {
 	st := regionSaga{transfers: map[string]ledger.Transfer{}, credits: map[string]ledger.Credit{}, transit: map[string]int64{}}
 	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `SELECT `+transferColumns+` FROM transfers
-			WHERE type = 'transfer' AND split_part(to_account, '-', 1) <> $1`, s.cfg.Region)
+			WHERE type IN ('transfer', 'refund') AND split_part(to_account, '-', 1) <> $1`, s.cfg.Region)
 		if err != nil {
 			return err
 		}
@@ -182,15 +182,11 @@ func (s *Store) sagaState(ctx context.Context) (regionSaga, error) {
 		for _, t := range ts {
 			st.transfers[t.ID] = t
 		}
-		rows, err = tx.Query(ctx, `SELECT transfer_id, from_account, to_account, amount, currency, status, coalesce(reason, ''), created_at FROM credits`)
+		rows, err = tx.Query(ctx, `SELECT `+creditColumns+` FROM credits`)
 		if err != nil {
 			return err
 		}
-		cs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ledger.Credit, error) {
-			var c ledger.Credit
-			err := r.Scan(&c.TransferID, &c.From, &c.To, &c.Amount, &c.Currency, &c.Status, &c.Reason, &c.CreatedAt)
-			return c, err
-		})
+		cs, err := pgx.CollectRows(rows, scanCredit)
 		if err != nil {
 			return err
 		}
@@ -206,7 +202,8 @@ func (s *Store) sagaState(ctx context.Context) (regionSaga, error) {
 		if _, err := pgx.ForEachRow(rows, []any{&cur, &bal}, func() error { st.transit[strings.TrimSpace(cur)] += bal; return nil }); err != nil {
 			return err
 		}
-		return tx.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE sent_at IS NULL`).Scan(&st.unsent)
+		// A hold's expiry step due later is not waiting to be relayed.
+		return tx.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE sent_at IS NULL AND (due_at IS NULL OR due_at <= now())`).Scan(&st.unsent)
 	})
 	if err != nil {
 		return st, fmt.Errorf("read saga state of %s: %w", s.cfg.Region, err)

@@ -21,13 +21,20 @@ type OutboxRow struct {
 	TraceParent string
 }
 
-// PendingOutbox returns up to limit unsent rows, oldest first, skipping
-// rows for the regions in skip (unreachable ones, so that they cannot hold
-// up the others).
+// PendingOutbox returns up to limit unsent rows, oldest first, and up to
+// limit more that are due (a hold's expiry step whose time has come),
+// skipping rows for the regions in skip (unreachable ones, so that they
+// cannot hold up the others). A row due later waits: the relay cannot send
+// it early, and one written while the relay or the ledger was down goes
+// out when they are back.
 func (s *Store) PendingOutbox(ctx context.Context, limit int, skip ...string) ([]OutboxRow, error) {
 	rows, err := s.pool.Query(ctx, `
-		SELECT id, msg_id, region, account, payload, attempts, created_at, trace_parent
-		FROM outbox WHERE sent_at IS NULL AND NOT (region = ANY($2::text[])) ORDER BY id LIMIT $1`, limit, append([]string{}, skip...))
+		(SELECT id, msg_id, region, account, payload, attempts, created_at, trace_parent
+		 FROM outbox WHERE sent_at IS NULL AND due_at IS NULL AND NOT (region = ANY($2::text[])) ORDER BY id LIMIT $1)
+		UNION ALL
+		(SELECT id, msg_id, region, account, payload, attempts, created_at, trace_parent
+		 FROM outbox WHERE sent_at IS NULL AND due_at <= $3 AND NOT (region = ANY($2::text[])) ORDER BY due_at LIMIT $1)`,
+		limit, append([]string{}, skip...), s.now())
 	if err != nil {
 		return nil, fmt.Errorf("read outbox: %w", err)
 	}
@@ -67,10 +74,12 @@ func (s *Store) MarkFailed(ctx context.Context, ids []int64) error {
 }
 
 // OutboxLag returns how many rows wait to be relayed and the age of the
-// oldest.
+// oldest (a step due later is not waiting yet; a due one waits from its
+// due time).
 func (s *Store) OutboxLag(ctx context.Context) (unsent int64, oldest time.Duration, err error) {
 	var age *time.Duration
-	err = s.pool.QueryRow(ctx, `SELECT count(*), max(now() - created_at) FROM outbox WHERE sent_at IS NULL`).Scan(&unsent, &age)
+	err = s.pool.QueryRow(ctx, `SELECT count(*), max(now() - coalesce(due_at, created_at)) FROM outbox
+		WHERE sent_at IS NULL AND (due_at IS NULL OR due_at <= now())`).Scan(&unsent, &age)
 	if err != nil {
 		return 0, 0, fmt.Errorf("outbox lag: %w", err)
 	}
@@ -83,7 +92,7 @@ func (s *Store) OutboxLag(ctx context.Context) (unsent int64, oldest time.Durati
 // InTransit returns how many transfers sourced here are DEBITED (their
 // money between regions) and their total amount.
 func (s *Store) InTransit(ctx context.Context) (count, amount int64, err error) {
-	err = s.pool.QueryRow(ctx, `SELECT count(*), coalesce(sum(amount), 0) FROM transfers WHERE status = 'DEBITED'`).Scan(&count, &amount)
+	err = s.pool.QueryRow(ctx, `SELECT count(*), coalesce(sum(coalesce(captured_amount, amount)), 0) FROM transfers WHERE status = 'DEBITED'`).Scan(&count, &amount)
 	if err != nil {
 		return 0, 0, fmt.Errorf("in transit: %w", err)
 	}

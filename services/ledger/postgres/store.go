@@ -127,6 +127,9 @@ type Config struct {
 	// Answers, if set, records the first answer to every client request
 	// in the transaction that applies it (see Answers).
 	Answers Answers
+	// Now, if set, is the ledger's clock (default time.Now): a hold
+	// expires, and its expiry step is relayed, from its ExpiresAt by it.
+	Now func() time.Time
 }
 
 // Store is the ledger's Postgres adapter. It is safe for concurrent use.
@@ -148,6 +151,13 @@ func New(pool *pgxpool.Pool, cfg Config) *Store {
 }
 
 func (s *Store) stats() *ledger.Stats { return s.cfg.Stats }
+
+func (s *Store) now() time.Time {
+	if s.cfg.Now != nil {
+		return s.cfg.Now()
+	}
+	return time.Now()
+}
 
 // Pool returns the store's pool.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }

@@ -335,7 +335,8 @@ func TestStateMachineCAS(t *testing.T) {
 		if now.Balance != read.Balance || now.Version != read.Version+2 {
 			t.Fatalf("setup: balance %d v%d, want %d v%d", now.Balance, now.Version, read.Balance, read.Version+2)
 		}
-		tag, err := f.Pool.Exec(ctx, postgres.UpdateBalancesSQL, []string{a}, []int64{read.Version}, []int64{read.Version + 1}, []int64{read.Balance - 90})
+		tag, err := f.Pool.Exec(ctx, postgres.UpdateBalancesSQL, []string{a}, []int64{read.Version}, []int64{read.Version + 1}, []int64{read.Balance - 90},
+			[]int64{read.Held}, []int64{read.Held})
 		if err != nil || tag.RowsAffected() != 0 {
 			t.Fatalf("stale balance CAS: updated %d rows (%v), want 0", tag.RowsAffected(), err)
 		}

@@ -12,12 +12,17 @@ import (
 )
 
 const transferColumns = `id, client_id, idempotency_key, fingerprint, from_account, to_account, amount, currency,
-	status, coalesce(reason, ''), version, created_at`
+	status, coalesce(reason, ''), version, created_at, expires_at, coalesce(captured_amount, 0), coalesce(refund_of, ''),
+	refunded_amount`
 
 func scanTransfer(row pgx.CollectableRow) (ledger.Transfer, error) {
 	var t ledger.Transfer
+	var expires *time.Time
 	err := row.Scan(&t.ID, &t.ClientID, &t.IdempotencyKey, &t.Fingerprint, &t.From, &t.To, &t.Amount, &t.Currency,
-		&t.Status, &t.Reason, &t.Version, &t.CreatedAt)
+		&t.Status, &t.Reason, &t.Version, &t.CreatedAt, &expires, &t.CapturedAmount, &t.RefundOf, &t.RefundedAmount)
+	if expires != nil {
+		t.ExpiresAt = *expires
+	}
 	return t, err
 }
 
@@ -134,4 +139,52 @@ func (s *Store) Completions(ctx context.Context) ([]Completion, error) {
 		return nil, fmt.Errorf("read completions: %w", err)
 	}
 	return out, nil
+}
+
+const creditColumns = `transfer_id, from_account, to_account, amount, currency, status, coalesce(reason, ''), created_at,
+	coalesce(refund_of, ''), refunded_amount`
+
+func scanCredit(row pgx.CollectableRow) (ledger.Credit, error) {
+	var c ledger.Credit
+	err := row.Scan(&c.TransferID, &c.From, &c.To, &c.Amount, &c.Currency, &c.Status, &c.Reason, &c.CreatedAt, &c.RefundOf, &c.RefundedAmount)
+	return c, err
+}
+
+// here reports whether the transfer id was made in this store's region.
+func (s *Store) here(id string) bool {
+	r, err := s.cfg.Regions.HomeRegion(id)
+	return err == nil && r == s.cfg.Region
+}
+
+// Refunds returns the refunds of the transfer id that this region knows:
+// for a transfer whose payee is here, every refund (each is decided here);
+// for one whose payee is in another region, the refunds credited here (a
+// refund still on its way is not here yet). The total counts the refunds
+// that moved money (not refused).
+func (s *Store) Refunds(ctx context.Context, id string) (refunds []ledger.Refund, total int64, err error) {
+	rows, err := s.pool.Query(ctx, `
+		SELECT id, amount, status FROM transfers WHERE refund_of = $1
+		UNION ALL
+		-- A credited refund reached the payer: COMPLETED here; a refused
+		-- one went back to the payee.
+		SELECT transfer_id, amount, CASE status WHEN 'CREDITED' THEN 'COMPLETED' ELSE 'REFUNDED' END FROM credits WHERE refund_of = $1
+		ORDER BY 1`, id)
+	if err != nil {
+		return nil, 0, fmt.Errorf("read refunds: %w", err)
+	}
+	refunds, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (ledger.Refund, error) {
+		var x ledger.Refund
+		err := r.Scan(&x.ID, &x.Amount, &x.Status)
+		return x, err
+	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("read refunds: %w", err)
+	}
+	for _, x := range refunds {
+		switch ledger.Status(x.Status) {
+		case ledger.StatusCompleted, ledger.StatusDebited:
+			total += x.Amount
+		}
+	}
+	return refunds, total, nil
 }

@@ -67,7 +67,16 @@ func (r Report) String() string {
 //     status implies, with the right accounts and amounts, and no posting
 //     is orphaned;
 //   - consume-log rows and applied messages match one-to-one within the
-//     consume-log window, and no claim is stuck PROCESSING past its lease.
+//     consume-log window, and no claim is stuck PROCESSING past its lease;
+//   - an account's held equals the sum of its open holds, and what is
+//     available stays above its floor;
+//   - a capture moves at most what its hold held, and only a captured hold
+//     has a captured amount;
+//   - no hold is both captured and voided or expired: its status, its
+//     postings and its one applied capture or void agree;
+//   - the refunds of a transfer never exceed what it moved, and the
+//     refunded amount kept with it (its row here, or its credit's) is the
+//     sum of its refunds here that moved money.
 //
 // It returns an error only when the database cannot be read.
 func (s *Store) Verify(ctx context.Context) (Report, error) {
@@ -81,6 +90,10 @@ func (s *Store) Verify(ctx context.Context) (Report, error) {
 			{"money per currency equals funding", `SELECT count(DISTINCT currency) FROM accounts`, moneySQL, nil},
 			{"transfers have the change-log rows their status implies", `SELECT (SELECT count(*) FROM transfers) + (SELECT count(*) FROM credits)`, legsSQL(), []any{s.cfg.Region}},
 			{"consume-log rows match applied messages", `SELECT count(*) FROM dedup_log WHERE consumer = 'ledger'`, dedupSQL, []any{Consumer, s.cfg.Dedup.Horizon(), s.cfg.Region}},
+			{"held equals the sum of open holds, within the floor", `SELECT count(*) FROM accounts`, heldSQL, nil},
+			{"captures stay within their holds", `SELECT count(*) FROM transfers WHERE expires_at IS NOT NULL`, capturedSQL, nil},
+			{"no hold is both captured and voided or expired", `SELECT count(*) FROM transfers WHERE expires_at IS NOT NULL`, closedOnceSQL, nil},
+			{"refunds stay within what their transfer moved", `SELECT (SELECT count(*) FROM transfers WHERE type <> 'refund') + (SELECT count(*) FROM credits)`, refundedSQL, []any{s.cfg.Region}},
 		} {
 			chk := Check{Name: c.name}
 			if err := tx.QueryRow(ctx, c.count).Scan(&chk.Checked); err != nil {
@@ -143,7 +156,7 @@ func legsSQL() string {
 		return strings.Join(out, ",")
 	}
 	var cases strings.Builder
-	for _, st := range []ledger.Status{ledger.StatusPending, ledger.StatusDebited, ledger.StatusCompleted, ledger.StatusRefunded, ledger.StatusRejected} {
+	for _, st := range ledger.Statuses() {
 		for _, cross := range []bool{false, true} {
 			fmt.Fprintf(&cases, " WHEN 'transfer/%s/%t' THEN '%s'", st, cross, legs(ledger.Legs(st, cross)))
 		}
@@ -153,7 +166,7 @@ func legsSQL() string {
 	}
 	return `
 	WITH x AS (
-	    SELECT 'transfer' AS kind, id, from_account AS src, to_account AS dst, amount, status,
+	    SELECT 'transfer' AS kind, id, from_account AS src, to_account AS dst, coalesce(captured_amount, amount) AS amount, status,
 	           split_part(to_account, '-', 1) <> $1 AS cross
 	    FROM transfers
 	    UNION ALL
@@ -192,7 +205,11 @@ const dedupSQL = `
 	    SELECT 'step/' || transfer_id || '/credit', transfer_id, created_at FROM credits
 	    UNION ALL
 	    SELECT 'step/' || id || '/' || CASE status WHEN 'COMPLETED' THEN 'confirm' ELSE 'refuse' END, id, created_at
-	    FROM transfers WHERE status IN ('COMPLETED', 'REFUNDED') AND split_part(to_account, '-', 1) <> $3)
+	    FROM transfers WHERE status IN ('COMPLETED', 'REFUNDED') AND split_part(to_account, '-', 1) <> $3
+	    UNION ALL
+	    SELECT 'xfer/' || client_id || '/' || idempotency_key, transfer_id, created_at FROM transfer_actions
+	    UNION ALL
+	    SELECT 'step/' || id || '/expire', id, created_at FROM transfers WHERE status = 'EXPIRED')
 	SELECT format('consume-log row %s has nothing it applied', d.msg_key)
 	FROM d LEFT JOIN m USING (msg_key) WHERE d.status = 'PROCESSED' AND m.id IS NULL
 	UNION ALL
@@ -202,3 +219,68 @@ const dedupSQL = `
 	SELECT format('%s has %s consume-log rows, want 1', m.msg_key, count(d.msg_key))
 	FROM m LEFT JOIN d USING (msg_key) WHERE m.created_at >= $2
 	GROUP BY m.msg_key HAVING count(d.msg_key) <> 1`
+
+// heldSQL: every account's held is what its open holds reserve, and a
+// debit could never have used more than was available above the floor.
+const heldSQL = `
+	SELECT format('account %s: held %s, its open holds sum to %s', a.id, a.held, coalesce(h.total, 0))
+	FROM accounts a
+	LEFT JOIN (SELECT from_account, sum(amount) AS total FROM transfers WHERE status = 'HELD' GROUP BY from_account) h
+	       ON h.from_account = a.id
+	WHERE a.held <> coalesce(h.total, 0)
+	UNION ALL
+	SELECT format('account %s: balance %s less held %s is below its floor %s', id, balance, held, floor)
+	FROM accounts WHERE balance::numeric - held < floor`
+
+// capturedSQL: a captured amount belongs to a captured hold, within what
+// it held, and every captured hold has one.
+const capturedSQL = `
+	SELECT format('transfer %s is %s with captured amount %s of %s held', id, status, coalesce(captured_amount::text, 'none'), amount)
+	FROM transfers
+	WHERE (captured_amount IS NOT NULL AND (expires_at IS NULL OR captured_amount <= 0 OR captured_amount > amount))
+	   OR (expires_at IS NOT NULL AND status IN ('COMPLETED', 'DEBITED', 'REFUNDED') AND captured_amount IS NULL)`
+
+// closedOnceSQL: a hold ends one way. A voided or expired hold moved
+// nothing; the one capture or void that applied to a hold is the way it
+// ended (an expired or open hold has none), and no applied action names a
+// transfer that is not a hold.
+const closedOnceSQL = `
+	WITH applied AS (
+	    SELECT transfer_id, count(*) AS n, min(type) AS type FROM transfer_actions WHERE status = 'APPLIED' GROUP BY transfer_id)
+	SELECT format('hold %s is %s with %s applied action(s) (%s), captured %s, %s posting(s)', t.id, t.status,
+	              coalesce(a.n, 0), coalesce(a.type, 'none'), coalesce(t.captured_amount::text, 'none'),
+	              (SELECT count(*) FROM postings p WHERE p.transfer_id = t.id))
+	FROM transfers t LEFT JOIN applied a ON a.transfer_id = t.id
+	WHERE t.expires_at IS NOT NULL AND (
+	      coalesce(a.n, 0) > 1
+	   OR (t.status IN ('VOIDED', 'EXPIRED') AND (t.captured_amount IS NOT NULL OR EXISTS (SELECT 1 FROM postings p WHERE p.transfer_id = t.id)))
+	   OR (t.status = 'VOIDED' AND a.type IS DISTINCT FROM 'void')
+	   OR (t.status IN ('EXPIRED', 'HELD', 'REJECTED') AND a.n IS NOT NULL)
+	   OR (t.status IN ('COMPLETED', 'DEBITED', 'REFUNDED') AND a.type IS DISTINCT FROM 'capture'))
+	UNION ALL
+	SELECT format('%s %s applied to %s, which is not a hold here', a.type, a.idempotency_key, a.transfer_id)
+	FROM transfer_actions a LEFT JOIN transfers t ON t.id = a.transfer_id
+	WHERE a.status = 'APPLIED' AND (t.id IS NULL OR t.expires_at IS NULL)`
+
+// refundedSQL: the refunded amount kept with a transfer (its row, for a
+// transfer made here; its credit's, for one credited here from another
+// region) is the sum of its refunds decided here that moved money (those
+// not refused), and never more than the transfer moved.
+const refundedSQL = `
+	WITH r AS (
+	    SELECT refund_of, sum(amount) AS total FROM transfers
+	    WHERE type = 'refund' AND status IN ('COMPLETED', 'DEBITED') GROUP BY refund_of),
+	kept AS (
+	    SELECT 'transfer' AS kind, id, coalesce(captured_amount, amount) AS moved, refunded_amount FROM transfers
+	    WHERE type <> 'refund' AND split_part(to_account, '-', 1) = $1
+	    UNION ALL
+	    SELECT 'credit', transfer_id, amount, refunded_amount FROM credits WHERE refund_of IS NULL)
+	SELECT format('%s %s moved %s: refunded amount %s, its refunds here sum to %s', k.kind, k.id, k.moved, k.refunded_amount, coalesce(r.total, 0))
+	FROM kept k LEFT JOIN r ON r.refund_of = k.id
+	WHERE k.refunded_amount <> coalesce(r.total, 0) OR coalesce(r.total, 0) > k.moved OR k.refunded_amount > k.moved
+	UNION ALL
+	SELECT format('refund %s names %s, which it cannot refund here', t.id, t.refund_of)
+	FROM transfers t
+	WHERE t.type = 'refund' AND t.status IN ('COMPLETED', 'DEBITED')
+	  AND NOT EXISTS (SELECT 1 FROM transfers p WHERE p.id = t.refund_of AND p.type <> 'refund' AND p.status = 'COMPLETED')
+	  AND NOT EXISTS (SELECT 1 FROM credits c WHERE c.transfer_id = t.refund_of AND c.refund_of IS NULL AND c.status = 'CREDITED')`
