@@ -738,6 +738,8 @@ type demoCmd struct {
 	HTTPShare     float64 `name:"http-share" default:"0.05" help:"Share of transfers sent through the HTTP API; the rest go to the routers."`
 	CrossShare    float64 `name:"cross-share" default:"0.5" help:"Share of transfers between two regions."`
 	Rate          float64 `default:"0" help:"Transfers per second to send at most (0: as fast as they go)."`
+	Holds         int     `default:"0" help:"Holds of the holds-and-refunds phase after the transfers: captured (a third in part), voided or left to expire (0: 1 % of --transfers, at least 30; -1: none)."`
+	Refunds       int     `default:"0" help:"Completed transfers refunded by their payee in that phase, half of them twice (0: 0.5 % of --transfers, at least 15; -1: none)."`
 	ClientRetry   float64 `name:"client-retry" default:"0.05" help:"Rate of client retries with the same key, in any region."`
 	ProducerRetry float64 `name:"producer-retry" default:"0.05" help:"Rate of router re-publishes with the same Nats-Msg-Id."`
 	DropAck       float64 `name:"drop-ack" default:"0.03" help:"Rate of committed ledger batches whose acks are dropped (forced redelivery)."`
@@ -784,7 +786,7 @@ func (c *demoCmd) Run(ctx context.Context) error {
 		faults = append(faults, f)
 	}
 	rep, err := demo.Run(ctx, demo.Config{
-		PostgresURL: c.PostgresURL, Accounts: c.Accounts, Transfers: c.Transfers, Seed: c.Seed, HTTPShare: c.HTTPShare,
+		PostgresURL: c.PostgresURL, Accounts: c.Accounts, Transfers: c.Transfers, Seed: c.Seed, HTTPShare: c.HTTPShare, Holds: c.Holds, Refunds: c.Refunds,
 		CrossShare: max(c.CrossShare, 1e-9), Rate: c.Rate,
 		ClientRetry: c.ClientRetry, ProducerRetry: c.ProducerRetry, DropAck: c.DropAck, Poison: c.Poison,
 		FixedPorts: true, Nodes: c.Nodes, WAN: c.WAN, Stay: c.Stay, Keep: c.Keep, Live: isTerminal(os.Stdout), Faults: faults, ThrowawayPostgres: c.Throwaway,

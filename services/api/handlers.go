@@ -364,6 +364,15 @@ func (s *Handler) await(ctx context.Context, cmd ledger.Command, claim KeyClaim,
 				return stored(k, false)
 			}
 		}
+		if time.Now().After(deadline) && cmd.IsAction() {
+			// A capture or void is not answered before its ledger decided
+			// it: the hold's state says nothing of which request won. The
+			// key holds no answer yet, so a retry gets the decision.
+			if ok && !k.InFlight { // decided: the captured amount is on its way (202)
+				return stored(k, false)
+			}
+			return s.inFlightReply()
+		}
 		if time.Now().After(deadline) {
 			st, b := http.StatusAccepted, []byte(nil)
 			if t, err := s.cfg.Ledger.Transfer(ctx, transferID); err == nil && t.ClientID == client {

@@ -150,8 +150,10 @@ func (s *Handler) createRefund(ctx context.Context, c call) reply {
 	if c.Target == nil {
 		return errReply(ledger.Errorf(ledger.CodeInvalidRequest, "a refund call names its transfer's accounts"))
 	}
-	if _, err := s.ownAccount(ctx, c.Client, c.Target.To); err != nil {
-		return errReply(transferNotFound(c.ID))
+	if _, err := s.ownAccount(ctx, c.Client, c.Target.To); ledger.ErrorCode(err) == ledger.CodeAccountNotFound {
+		return errReply(transferNotFound(c.ID)) // not the payee's owner: as if there were no such transfer
+	} else if err != nil {
+		return errReply(err)
 	}
 	id, err := s.cfg.IDs.NextString()
 	if err != nil {

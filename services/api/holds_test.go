@@ -207,3 +207,73 @@ func bodyID(tb testing.TB, r response) string {
 	r.json(tb, &t)
 	return t.ID
 }
+
+// TestActionAnsweredByItsDecision: a capture is answered only with what its
+// ledger decided. While its transaction waits (a lock on the source
+// account), the API's wait runs out and it answers 409 in flight, storing
+// nothing; the hold expires meanwhile, the capture is refused, and a retry
+// gets that refusal, not a 200 naming the hold as it stood.
+func TestActionAnsweredByItsDecision(t *testing.T) {
+	e := mustEnv(t, time.Hour)
+	a, b := e.account(t, "eu", keyA, 1000), e.account(t, "eu", keyA, 0)
+	soon := time.Now().Add(2 * time.Second).UTC().Format(time.RFC3339Nano)
+	r := e.do(t, "eu", "POST", "/v1/transfers", keyA, "held", holdJSON(a, b, 100, soon))
+	var h api.TransferBody
+	r.json(t, &h)
+	g := &rowGate{t: t, pool: e.c.Region("eu").Ledger.Store.Pool(), account: a}
+	g.close()
+	t.Cleanup(g.release)
+	capture := "/v1/transfers/" + h.ID + "/capture"
+	wantProblem(t, "capture while its transaction waits", e.do(t, "eu", "POST", capture, keyA, "late", ``), http.StatusConflict, api.CodeIdempotencyKeyInFlight)
+	g.release()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		r := e.do(t, "eu", "POST", capture, keyA, "late", ``)
+		if r.status != http.StatusConflict || r.code(t) != api.CodeIdempotencyKeyInFlight {
+			if code := r.code(t); r.status != http.StatusConflict || (code != ledger.CodeHoldExpired && code != ledger.CodeTransferNotHeld) {
+				t.Fatalf("capture after the expiry: %d %s, want 409 hold_expired or transfer_not_held", r.status, r.body)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the capture was never decided")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	e.quiet(t)
+	if got := e.transfer(t, "eu", keyA, h.ID); got.Status != string(ledger.StatusExpired) {
+		t.Fatalf("hold: %s, want EXPIRED", got.Status)
+	}
+}
+
+// TestActionRepeatedAfterItsKey: a capture refused, repeated once its key
+// expired and was deleted, gets the same refusal from the capture's record
+// (the ledger's business key of actions); one that applied gets the hold it
+// captured.
+func TestActionRepeatedAfterItsKey(t *testing.T) {
+	e := mustEnv(t, time.Second)
+	a, b := e.account(t, "eu", keyA, 1000), e.account(t, "eu", keyA, 0)
+	r := e.do(t, "eu", "POST", "/v1/transfers", keyA, "held", holdJSON(a, b, 300, ""))
+	var h api.TransferBody
+	r.json(t, &h)
+	capture := "/v1/transfers/" + h.ID + "/capture"
+	wantProblem(t, "capture over the hold", e.do(t, "eu", "POST", capture, keyA, "too-much", `{"amount":301}`), http.StatusUnprocessableEntity, ledger.CodeAmountExceedsHold)
+	first := e.do(t, "eu", "POST", capture, keyA, "all", ``)
+	if first.status != http.StatusOK {
+		t.Fatalf("capture: %d %s", first.status, first.body)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	if _, err := e.c.Region("eu").APIStore.DeleteExpiredKeys(t.Context(), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	wantProblem(t, "the refused capture again", e.do(t, "us", "POST", capture, keyA, "too-much", `{"amount":301}`), http.StatusUnprocessableEntity, ledger.CodeAmountExceedsHold)
+	again := e.do(t, "ap", "POST", capture, keyA, "all", ``)
+	var got api.TransferBody
+	again.json(t, &got)
+	if again.status != http.StatusOK || got.Status != string(ledger.StatusCompleted) || got.CapturedAmount == nil || *got.CapturedAmount != 300 {
+		t.Fatalf("the capture again: %d %s, want 200 with the captured hold", again.status, again.body)
+	}
+	if acc := e.accountBody(t, "eu", keyA, a); acc.Balance != 700 || acc.Held != 0 {
+		t.Fatalf("source: %+v, want 700 held 0 (captured once)", acc)
+	}
+}

@@ -288,6 +288,11 @@ func (s *Handler) submittedBefore(ctx context.Context, claim KeyClaim, cmd ledge
 	if rep, ok := s.fromKey(ctx, k, outcome); ok {
 		return rep
 	}
+	if cmd.IsAction() {
+		// A capture's or void's record is the ledger's to replay: it
+		// stores the answer with the key when the repeat reaches it.
+		return s.inFlightReply()
+	}
 	prior, found, err := s.cfg.Store.TransferByKey(ctx, claim.Client, claim.Key)
 	if err != nil {
 		return errReply(err)

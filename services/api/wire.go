@@ -300,7 +300,7 @@ func transferBody(t ledger.Transfer) TransferBody {
 // once it reached a final state, 202 while it is moving.
 func transferStatus(t ledger.Transfer) int {
 	switch t.Status {
-	case ledger.StatusCompleted, ledger.StatusRefunded, ledger.StatusHeld:
+	case ledger.StatusCompleted, ledger.StatusRefunded, ledger.StatusHeld, ledger.StatusVoided, ledger.StatusExpired:
 		return http.StatusCreated
 	case ledger.StatusRejected:
 		st, _ := problem(ledger.Errorf(t.Reason, ""))
@@ -321,7 +321,13 @@ func Respond(r ledger.Result) (int, []byte) {
 // a captured amount is still on its way to another region), or with the
 // problem that refused it; every other request as Respond.
 func RespondTo(c ledger.Command, r ledger.Result) (int, []byte) {
-	if c.IsAction() && r.Kind == ledger.Applied {
+	// A repeat of an action, after its key's answer expired, is answered
+	// from the action's record: its refusal, or the hold it acted on.
+	repeat := r.Kind == ledger.Duplicate && r.Action != nil
+	switch {
+	case c.IsAction() && repeat && r.Action.Status == ledger.ActionRejected:
+		return problem(ledger.Errorf(r.Action.Reason, "this %s of %s was refused: %s", r.Action.Type, r.Action.TransferID, r.Action.Reason))
+	case c.IsAction() && (r.Kind == ledger.Applied || repeat && r.Transfer.ID != ""):
 		b, _ := json.Marshal(transferBody(r.Transfer))
 		if r.Transfer.Status == ledger.StatusDebited {
 			return http.StatusAccepted, b

@@ -237,6 +237,10 @@ func (w *work) request(c Command) Outcome {
 	}
 	var refunded *int64 // the refunded transfer's refunded amount (its row here, or its credit's)
 	if c.Type == TypeRefund {
+		if from := w.acc[c.From]; from != nil && from.ClientID != c.ClientID {
+			// Only the payee's owner refunds; anyone else learns nothing.
+			return reject(Errorf(CodeNotFound, "transfer %s does not exist", c.RefundOf))
+		}
 		n, sum, err := w.refundable(c)
 		if err != nil {
 			return reject(err)
@@ -245,19 +249,21 @@ func (w *work) request(c Command) Outcome {
 	}
 	from := w.acc[t.From]
 	var to *Account
-	if w.cross(c) {
+	switch {
+	case w.cross(c) && c.Hold:
+		// A hold moves nothing yet: its capture takes the transit account
+		// (not locked for a hold, so that holds do not queue on it).
+		to = &Account{ID: w.Transit[c.Currency], Kind: KindTransit, Currency: c.Currency}
+	case w.cross(c):
 		to = w.acc[w.Transit[c.Currency]]
 		if to == nil {
 			return reject(Errorf(CodeAccountNotFound, "no transit account for %s in this region", c.Currency))
 		}
-	} else {
+	default:
 		to = w.acc[c.To]
 	}
 	if _, err := w.check(c, from, to); err != nil {
 		return reject(err)
-	}
-	if refunded != nil && from.ClientID != c.ClientID {
-		return reject(Errorf(CodeNotFound, "transfer %s does not exist", c.RefundOf))
 	}
 	if c.Hold {
 		t.Status, _ = Next(StatusPending, EventHold)
@@ -303,7 +309,8 @@ func (w *work) refundable(c Command) (int64, *int64, *Error) {
 		cr := w.credits[c.RefundOf]
 		switch {
 		case cr == nil:
-			return 0, nil, Errorf(CodeNotFound, "transfer %s does not exist", c.RefundOf)
+			// Its credit has not reached the payee's region (yet).
+			return 0, nil, Errorf(CodeTransferNotRefundable, "transfer %s has not been credited to %s", c.RefundOf, c.From)
 		case cr.Status != CreditApplied || cr.RefundOf != "":
 			return 0, nil, Errorf(CodeTransferNotRefundable, "transfer %s was not credited: it cannot be refunded", c.RefundOf)
 		}
@@ -386,7 +393,9 @@ func (w *work) act(c Command) Outcome {
 	dest, _ := w.Regions.HomeRegion(t.To)
 	t.Status, _ = Next(StatusHeld, EventCaptureDebit)
 	o.Postings = post(t.ID, from, LegDebit, to, LegHold, n)
-	o.Outbox = []OutboxMessage{{Region: dest, Account: t.To, Command: StepOf(*t, TypeCredit, n, c.Trace)}}
+	step := StepOf(*t, TypeCredit, n, c.Trace)
+	step.CreatedAt = c.CreatedAt // the saga's stages count from the capture, not the authorization
+	o.Outbox = []OutboxMessage{{Region: dest, Account: t.To, Command: step}}
 	o.Transfer = *t
 	return o
 }

@@ -258,6 +258,10 @@ type Result struct {
 	// transaction stored with the request's idempotency key (see
 	// postgres.Answers), as stored; nil when it stored none.
 	Answer *Answer
+	// Action is, for a capture or void, its record: the one made now, or
+	// for a duplicate the one made the first time (Transfer is then the
+	// hold as it is now), so that a repeat is answered as the first was.
+	Action *Action
 }
 
 // Answer is a client request's first answer, as the API sends it: an HTTP

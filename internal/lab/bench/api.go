@@ -1,21 +1,21 @@
 package bench
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"runtime/pprof"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/paymesh/paymesh/internal/testbed/cluster"
 	"github.com/paymesh/paymesh/services/api"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 )
@@ -67,21 +67,12 @@ const apiKey = "pm_bench_0123456789abcdef"
 // applied it).
 func (e *env) api(ctx context.Context, concurrency int) (APIRun, error) {
 	res := APIRun{Transfers: e.cfg.APITransfers, Concurrency: concurrency, Other: map[int]int64{}}
-	code, _ := e.regions.Code("eu")
-	c, stop, err := e.startCluster(ctx, map[string]uint8{"eu": code}, "api_", 10*time.Second)
+	c, region, accounts, stop, err := e.apiRegion(ctx, "api_")
 	if err != nil {
 		return res, err
 	}
 	defer stop()
-	region := c.Region("eu")
 	store := region.Ledger.Store
-	if err := region.APIStore.PutClient(ctx, api.RegisteredClient{ID: Client, Name: "bench", RatePerSec: 1_000_000}, apiKey); err != nil {
-		return res, err
-	}
-	accounts, err := openAccounts(ctx, e, store, "eu", e.cfg.Accounts)
-	if err != nil {
-		return res, err
-	}
 	reqs := e.apiRequests(accounts, res.Transfers)
 	e.checkpoint(ctx)
 
@@ -106,6 +97,29 @@ func (e *env) api(ctx context.Context, concurrency int) (APIRun, error) {
 		return res, err
 	}
 	return res, checkAnswered(ctx, store.Pool(), rep, &res, 0)
+}
+
+// apiRegion starts one region (eu) with its API for the bench client, and
+// opens and funds its accounts; stop stops the region.
+func (e *env) apiRegion(ctx context.Context, prefix string) (_ *cluster.Cluster, _ *cluster.Region, accounts []string, stop func(), err error) {
+	code, _ := e.regions.Code("eu")
+	c, stop, err := e.startCluster(ctx, map[string]uint8{"eu": code}, prefix, 10*time.Second)
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	defer func() {
+		if err != nil {
+			stop()
+		}
+	}()
+	region := c.Region("eu")
+	if err := region.APIStore.PutClient(ctx, api.RegisteredClient{ID: Client, Name: "bench", RatePerSec: 1_000_000}, apiKey); err != nil {
+		return nil, nil, nil, nil, err
+	}
+	if accounts, err = openAccounts(ctx, e, region.Ledger.Store, "eu", e.cfg.Accounts); err != nil {
+		return nil, nil, nil, nil, err
+	}
+	return c, region, accounts, stop, nil
 }
 
 // apiProfile starts the CPU profile of the first api run, if one was
@@ -163,10 +177,24 @@ func (l apiLoad) fill(r *APIRun) {
 // first (then no new request starts). A request that gets no answer fails
 // the run.
 func (e *env) driveAPI(ctx context.Context, what, base string, reqs [][]byte, concurrency int) (apiLoad, error) {
+	rs := make([]apiReq, len(reqs))
+	for i, b := range reqs {
+		rs[i] = apiReq{path: "/v1/transfers", body: b, want: http.StatusCreated}
+	}
+	res, _, err := e.drive(ctx, what, base, rs, concurrency)
+	return res, err
+}
+
+// drive sends reqs to base as driveAPI does, and returns what it measured
+// (a request answered with its want status counts as completed, with its
+// latency) and the IDs the completed answers named, in request order (""
+// for the others).
+func (e *env) drive(ctx context.Context, what, base string, reqs []apiReq, concurrency int) (apiLoad, []string, error) {
 	res := apiLoad{other: map[int]int64{}, lat: make([]time.Duration, 0, len(reqs))}
 	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: concurrency}}
 	defer hc.CloseIdleConnections()
 	tag := e.seq.Add(1)
+	ids := make([]string, len(reqs))
 	var next, done atomic.Int64
 	var capped atomic.Bool
 	var mu sync.Mutex
@@ -183,16 +211,17 @@ func (e *env) driveAPI(ctx context.Context, what, base string, reqs [][]byte, co
 					return
 				}
 				began := time.Now()
-				status, err := postTransfer(ctx, hc, base, fmt.Sprintf("api%d-%d", tag, i), reqs[i])
+				status, id, err := postFor(ctx, hc, base, fmt.Sprintf("%s%d-%d", strings.ReplaceAll(what, " ", "-"), tag, i), reqs[i])
 				if err != nil {
 					errs <- fmt.Errorf("%s: %w", what, err)
 					return
 				}
 				d := time.Since(began)
 				mu.Lock()
-				if status == http.StatusCreated {
+				if status == reqs[i].want {
 					res.completed++
 					res.lat = append(res.lat, d)
+					ids[i] = id
 				} else {
 					res.other[status]++
 				}
@@ -206,13 +235,13 @@ func (e *env) driveAPI(ctx context.Context, what, base string, reqs [][]byte, co
 	res.capped = capped.Load()
 	close(errs)
 	if err := <-errs; err != nil {
-		return res, err
+		return res, nil, err
 	}
 	if err := ctx.Err(); err != nil {
-		return res, err
+		return res, nil, err
 	}
 	slices.Sort(res.lat)
-	return res, nil
+	return res, ids, nil
 }
 
 // perTransfer is cpu in microseconds per transfer; -1 when it could not
@@ -238,22 +267,4 @@ func checkAnswered(ctx context.Context, pool *pgxpool.Pool, rep postgres.Report,
 		r.VerifyReport = fmt.Sprintf("%d transfers recorded (%d keys) for %d answered 201; other answers %v\n%s", applied, distinct, r.Completed+extra, r.Other, rep)
 	}
 	return nil
-}
-
-// postTransfer sends one POST /v1/transfers and returns its status.
-func postTransfer(ctx context.Context, hc *http.Client, base, key string, body []byte) (int, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/transfers", bytes.NewReader(body))
-	if err != nil {
-		return 0, err
-	}
-	req.Header.Set("Authorization", "Bearer "+apiKey)
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", key)
-	resp, err := hc.Do(req)
-	if err != nil {
-		return 0, fmt.Errorf("%s: %w", API, err)
-	}
-	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, resp.Body)
-	return resp.StatusCode, nil
 }

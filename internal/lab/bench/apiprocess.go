@@ -156,7 +156,7 @@ func (e *env) apiProcess(ctx context.Context) (APIProcessRun, error) {
 func warmUp(ctx context.Context, base string, body []byte) error {
 	hc := &http.Client{Timeout: time.Minute}
 	defer hc.CloseIdleConnections()
-	status, err := postTransfer(ctx, hc, base, "warm-up", body)
+	status, _, err := postFor(ctx, hc, base, "warm-up", apiReq{path: "/v1/transfers", body: body})
 	if err != nil {
 		return err
 	}

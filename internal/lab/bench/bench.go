@@ -50,6 +50,9 @@ const (
 	// APIProcess is the api scenario against `paymesh api`, `paymesh router`
 	// and `paymesh ledger`, each in a process of its own.
 	APIProcess = "api-process"
+	// Holds sends transfers, holds, captures and refunds through one
+	// region's HTTP API, a phase each, in one run.
+	Holds = "holds"
 	// LedgerProcess runs uniform with `paymesh ledger` in a process of its
 	// own, for the ledger's own peak RSS and CPU.
 	LedgerProcess = "ledger-process"
@@ -59,7 +62,7 @@ const (
 )
 
 // Scenarios lists every scenario in running order.
-var Scenarios = []string{Uniform, Replay, Latency, Replicas, Hot, Dedup, Naive, Ceiling, TPCB, Cross, API, APIProcess, LedgerProcess}
+var Scenarios = []string{Uniform, Replay, Latency, Replicas, Hot, Dedup, Naive, Ceiling, TPCB, Cross, API, APIProcess, Holds, LedgerProcess}
 
 // Config sizes a bench run. Defaults fills in its zero fields.
 type Config struct {
@@ -262,6 +265,7 @@ type Result struct {
 	APIOther []APIRun `json:"api_other,omitempty"`
 	// APIProcess is the api-process scenario.
 	APIProcess *APIProcessRun `json:"api_process,omitempty"`
+	Holds      *HoldsRun      `json:"holds,omitempty"`
 	Process    *ProcessRun    `json:"ledger_process,omitempty"`
 	Replicas   *ReplicasRun   `json:"replicas,omitempty"`
 	Figures    []Figure       `json:"figures"`
@@ -492,6 +496,14 @@ func (e *env) runAll(ctx context.Context, res *Result) error {
 			res.APIProcess = &p
 			fmt.Fprintln(e.out, p.line())
 		}
+	}
+	if cfg.has(Holds) {
+		h, err := e.holds(ctx)
+		if err != nil {
+			return fmt.Errorf("%s: %w", Holds, err)
+		}
+		res.Holds = &h
+		fmt.Fprintln(e.out, h.line())
 	}
 	if cfg.has(LedgerProcess) {
 		if cfg.LedgerBinary == "" {

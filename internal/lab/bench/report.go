@@ -110,6 +110,11 @@ func figures(r Result) []Figure {
 		cpu := p.CPUPerTransferUs + p.PGCPUPerTransferUs
 		add("API as processes: CPU/transfer", "µs", fmt.Sprintf("<= %d µs", TargetAPICPUUs), p.CPUPerTransferUs >= 0 && p.PGCPUPerTransferUs >= 0, cpu, cpu <= TargetAPICPUUs)
 	}
+	if h := r.Holds; h != nil {
+		for _, p := range h.Phases {
+			add(fmt.Sprintf("HTTP API %s throughput (%d in flight, holds run)", p.Name, h.Concurrency), "requests/s", "(reported)", true, p.Rate, h.Verified)
+		}
+	}
 	return out
 }
 

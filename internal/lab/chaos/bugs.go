@@ -1,6 +1,8 @@
 package chaos
 
 import (
+	"time"
+
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
@@ -23,6 +25,8 @@ type bugs struct {
 	NoRetry              bool // scenario 9
 	ForgetKeyTransfer    bool // scenario 10
 	SkipOwnerCheck       bool // scenario 11
+	RefundKeyedByParent  bool // scenario 1
+	ExpiryClockBehind    bool // scenario 10
 }
 
 // install puts the bugs that are on into the cluster's services.
@@ -79,5 +83,15 @@ func (b bugs) install(c *cluster.Config) {
 	// Scenario 11.
 	if b.SkipOwnerCheck {
 		wrapAPIStore(c, func(s api.Store) api.Store { return skipOwnerCheck{s} })
+	}
+
+	// Scenario 1, the refunds' key.
+	if b.RefundKeyedByParent {
+		onLedger(c, func(lc *server.Config) { lc.RequestKey = refundByParent })
+	}
+
+	// Scenario 10, the expiry's clock.
+	if b.ExpiryClockBehind {
+		onLedger(c, func(lc *server.Config) { lc.Now = func() time.Time { return time.Now().Add(-time.Hour) } })
 	}
 }

@@ -32,6 +32,14 @@ var bugCases = []struct {
 		fails: []failure{{I3, []string{"different bodies were acknowledged"}}, {"conflicts", []string{"conflicting body was answered ok"}}},
 	},
 	{
+		scenario: "1",
+		why: "the consume-log names a refund by the transfer it refunds, not by its own key: a second refund of a " +
+			"transfer is taken for a repeat of the first and never applied, though acknowledged",
+		cfg:   Config{bugs: bugs{RefundKeyedByParent: true}},
+		fails: []failure{{I3, []string{"LOST"}}},
+		lost:  true,
+	},
+	{
 		scenario: "2",
 		why: "the consumer acks each batch before its transaction commits: a worker killed before COMMIT loses " +
 			"acknowledged transfers",
@@ -93,6 +101,13 @@ var bugCases = []struct {
 			"with a new transfer ID that never exists (the route stream's Msg-Id window drops the resend itself)",
 		cfg:   Config{bugs: bugs{ForgetKeyTransfer: true}, QuietWait: 20 * time.Second},
 		fails: []failure{{"same-transfer", []string{"after a step"}}},
+	},
+	{
+		scenario: "10",
+		why: "the ledger decides expiries by a clock an hour behind: every hold outlives its expiry, its expiry step " +
+			"parked again and again, and the cluster never drains",
+		cfg:   Config{bugs: bugs{ExpiryClockBehind: true}, QuietWait: 3 * time.Second},
+		fails: []failure{{I3, []string{"still HELD"}}, {"quiet", []string{"backlog"}}},
 	},
 	{
 		scenario: "11",

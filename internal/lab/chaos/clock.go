@@ -64,7 +64,7 @@ func (f *clockFault) step(ctx context.Context, e *env, offset time.Duration) {
 	}
 	var answered []Op
 	for _, op := range e.hist.Ops() {
-		if op.Path == "api" && op.Outcome == OK && op.Purpose != PurposeAfterStep {
+		if op.Path == "api" && op.Outcome == OK && op.Purpose != PurposeAfterStep && !isAction(op) {
 			answered = append(answered, op)
 		}
 	}
@@ -92,7 +92,7 @@ func (f *clockFault) step(ctx context.Context, e *env, offset time.Duration) {
 		f.wg.Go(func() {
 			pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
 			defer cancel()
-			e.post(pctx, PurposeAfterStep, via, op.Key, op.Body)
+			e.postAt(pctx, PurposeAfterStep, via, op.Key, op.Body, op.apiPath, op.payload) // the same request
 		})
 	}
 }

@@ -87,3 +87,15 @@ func wrapConsumeLog(c *cluster.Config, wrap func(postgres.ConsumeLog) postgres.C
 		}
 	})
 }
+
+// refundByParent is the refunds' key fault: it names a refund by the
+// transfer it refunds instead of by its own idempotency key, so the
+// consume-log takes a second refund of one transfer for a repeat of the
+// first (or a conflict with it) and never applies it, though its router
+// acknowledged it.
+func refundByParent(c ledger.Command) string {
+	if c.Type == ledger.TypeRefund {
+		return "refund/" + c.RefundOf
+	}
+	return c.MsgKey()
+}

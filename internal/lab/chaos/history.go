@@ -60,8 +60,11 @@ type Op struct {
 	Invoke   time.Time `json:"invoke"`
 	Complete time.Time `json:"complete"`
 	// cmd is the command a router op sent (for scenarios that publish it
-	// again).
-	cmd ledger.Command
+	// again); apiPath and payload are what an API op posted (for those
+	// that send it again).
+	cmd     ledger.Command
+	apiPath string
+	payload []byte
 }
 
 // Purposes of an op: why the workload sent it.

@@ -185,6 +185,7 @@ func runScenario(ctx context.Context, cfg Config, s *scenario, seed uint64) Resu
 	if err != nil {
 		return fail(fmt.Errorf("fault: %w", err))
 	}
+	e.waitForHolds(ctx) // the holds left open expire before the checks
 	qctx, qcancel := context.WithTimeout(ctx, cfg.QuietWait)
 	r.Quiet = e.c.WaitQuiet(qctx) == nil
 	qcancel()
@@ -235,6 +236,9 @@ func runScenario(ctx context.Context, cfg Config, s *scenario, seed uint64) Resu
 	}
 	for _, p := range []string{PurposeFirst, PurposeRetry, PurposeResubmit, PurposeConflict, PurposeBurst, PurposeLate} {
 		r.Stats["sent_"+p] = e.sent.get(p)
+	}
+	if err := e.flowStats(cctx, r.Stats); err != nil {
+		return fail(fmt.Errorf("flow stats: %w", err))
 	}
 	e.events.m.Range(func(k, v any) bool {
 		r.Stats[k.(string)] = v.(*atomic.Int64).Load()

@@ -1,18 +1,15 @@
 package chaos
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io"
 	mrand "math/rand/v2"
 	"net/http"
 	"net/url"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -72,6 +69,8 @@ type env struct {
 	events tally // a scenario's own counters, by name
 	// lastSlow is when scenario 3 last held a transaction (Unix ms).
 	lastSlow atomic.Int64
+	// holdsDue is the latest expiry of the run's holds (Unix ms).
+	holdsDue atomic.Int64
 
 	rngMu sync.Mutex
 	rng   *mrand.Rand
@@ -325,6 +324,14 @@ func (e *env) request(ctx context.Context, i int) {
 	extra := rng.Float64()
 	conflicting := body
 	conflicting.Amount++
+	switch flow := rng.Float64(); {
+	case flow < holdShare && !e.sc.hot:
+		e.holdFlow(ctx, rng, key, home, via, viaAPI, body)
+		return
+	case flow < holdShare+refundShare && !e.sc.hot:
+		e.refundFlow(ctx, rng, key, home, via, viaAPI, body)
+		return
+	}
 	cmd := ledger.Command{Type: ledger.TypeTransfer, TransferID: e.id(home), ClientID: clientID, IdempotencyKey: key,
 		From: body.From, To: body.To, Amount: body.Amount, Currency: body.Currency, CreatedAt: time.Now()}
 	send := func(purpose, via string, b Body, c ledger.Command) {
@@ -363,7 +370,11 @@ func (e *env) request(ctx context.Context, i int) {
 }
 
 func (e *env) body(cmd ledger.Command) Body {
-	return Body{Type: cmd.Type, From: cmd.From, To: cmd.To, Amount: cmd.Amount, Currency: cmd.Currency}
+	b := Body{Type: cmd.Type, From: cmd.From, To: cmd.To, Amount: cmd.Amount, Currency: cmd.Currency}
+	if cmd.Hold {
+		b.Type = typeHold
+	}
+	return b
 }
 
 // submitUntilKnown submits cmd through a router and, while the outcome is
@@ -430,40 +441,7 @@ func (e *env) postUntilKnown(ctx context.Context, purpose, via, key string, b Bo
 // answer is unknown; any other 4xx (a refusal, or 409: the key is in
 // flight in another request) is a fail.
 func (e *env) post(ctx context.Context, purpose, via, key string, b Body) (Outcome, int) {
-	e.sent.add(purpose)
-	i := e.hist.Invoke(Op{Client: clientID, Key: key, Body: b, Path: "api", Via: via, Purpose: purpose})
-	r := e.c.Region(via)
-	if r == nil {
-		e.hist.Complete(i, Unknown, "region not running", "")
-		return Unknown, 0
-	}
 	payload, _ := json.Marshal(api.TransferRequest{From: b.From, To: b.To, Amount: b.Amount, Currency: b.Currency})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.APIURL+"/v1/transfers", bytes.NewReader(payload))
-	if err != nil {
-		e.hist.Complete(i, Unknown, err.Error(), "")
-		return Unknown, 0
-	}
-	req.Header.Set("Authorization", "Bearer "+e.apiKey)
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", key)
-	res, err := e.http.Do(req)
-	if err != nil {
-		e.hist.Complete(i, Unknown, err.Error(), "")
-		return Unknown, 0
-	}
-	defer res.Body.Close()
-	raw, _ := io.ReadAll(io.LimitReader(res.Body, 1<<20))
-	detail := fmt.Sprintf("%d %s", res.StatusCode, strings.TrimSpace(string(raw)))
-	switch {
-	case res.StatusCode == http.StatusOK || res.StatusCode == http.StatusCreated || res.StatusCode == http.StatusAccepted:
-		var t api.TransferBody
-		_ = json.Unmarshal(raw, &t)
-		e.hist.Complete(i, OK, fmt.Sprint(res.StatusCode), t.ID)
-		return OK, res.StatusCode
-	case res.StatusCode >= 500:
-		e.hist.Complete(i, Unknown, detail, "")
-		return Unknown, res.StatusCode
-	}
-	e.hist.Complete(i, Fail, detail, "")
-	return Fail, res.StatusCode
+	o, status, _ := e.postAt(ctx, purpose, via, key, b, "/v1/transfers", payload)
+	return o, status
 }

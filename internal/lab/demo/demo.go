@@ -61,6 +61,10 @@ type Config struct {
 	CrossShare float64
 	// Rate caps the transfers sent per second (0: as fast as they go).
 	Rate float64
+	// Holds and Refunds are how many holds and refunded transfers the
+	// money-flows phase runs after the transfers (0: 1 % and 0.5 % of
+	// Transfers, at least 30 and 15; negative: none).
+	Holds, Refunds int
 	// FixedPorts serves each region's API on its api_port and its
 	// services' /metrics on metrics_port, router_metrics_port and
 	// api_metrics_port from the region table (for the walkthrough and a
@@ -99,6 +103,21 @@ type Config struct {
 	OnDashboard func(url string)
 }
 
+// flowSizes returns how many holds and refunded transfers the money-flows
+// phase runs.
+func (c Config) flowSizes() (holds, refunds int) {
+	size := func(n, share, least int) int {
+		switch {
+		case n < 0:
+			return 0
+		case n > 0:
+			return n
+		}
+		return max(c.Transfers/share, least)
+	}
+	return size(c.Holds, 100, 30), size(c.Refunds, 200, 15)
+}
+
 // Report is what the demo prints at the end.
 type Report struct {
 	Postgres    string // where the databases lived
@@ -119,6 +138,8 @@ type Report struct {
 	NATSStart, RegionsStart time.Duration
 	Verify                  postgres.Report
 	Alerts                  AlertsReport
+	// Flows is the holds and refunds phase.
+	Flows Flows
 }
 
 // injectedRedelivery names the duplicates the demo makes by dropping the
@@ -160,7 +181,8 @@ func (r Report) duplicatesExplained() bool { return r.Missed() <= 0 && -r.Missed
 
 // OK reports whether every check passed.
 func (r Report) OK() bool {
-	return !r.Interrupted && r.Verify.OK() && r.duplicatesOK() && r.Recorded == r.Commands && r.DeadLettered == r.Poison && r.Unfinished == 0
+	return !r.Interrupted && r.Verify.OK() && r.duplicatesOK() && r.Recorded == r.Commands && r.DeadLettered == r.Poison && r.Unfinished == 0 &&
+		r.Flows.OK()
 }
 
 // Run runs the demo, writing progress to out. It returns an error when the
@@ -314,6 +336,12 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 		d.setPhase("draining")
 		err = d.waitQuiet(ctx)
 	}
+	var flows Flows
+	if holds, refunds := cfg.flowSizes(); err == nil && (holds > 0 || refunds > 0) {
+		d.setPhase("holds and refunds")
+		fmt.Fprintf(out, "holds and refunds through the HTTP API: %d holds (captured, a third in part; voided; left to expire), %d transfers refunded\n", holds, refunds)
+		flows, err = d.flows(ctx, holds, refunds)
+	}
 	interrupted := errors.Is(err, context.Canceled)
 	if err != nil && !interrupted {
 		return Report{}, err
@@ -325,6 +353,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 	// Each dropped ack makes JetStream deliver that message again.
 	d.injected[injectedRedelivery] = dropped.Load()
 	rep := d.report(rctx, time.Since(start))
+	rep.Flows = flows
 	rep.Faults, rep.Postgres, rep.Interrupted = d.fired, pgWhere, interrupted
 	rep.Nodes, rep.NATSStart, rep.RegionsStart = nodes, natsStart, regionsStart
 	rep.Alerts = prom.report(rctx)
@@ -845,6 +874,15 @@ func (r Report) Print(w io.Writer) {
 	line(r.Recorded == r.Commands, "every command recorded exactly once (%d sent, %d recorded)", r.Commands, r.Recorded)
 	line(r.Unfinished == 0, "every transfer reached a final state (%d unfinished)", r.Unfinished)
 	line(r.DeadLettered == r.Poison, "every poison message dead-lettered (%d sent, %d dead-lettered)", r.Poison, r.DeadLettered)
+	if f := r.Flows; f.Holds > 0 || f.Refunded > 0 || len(f.Problems) > 0 {
+		line(len(f.Problems) == 0, "holds: %d held; %d captured (%d in part, %d captures sent again and replayed), %d voided, %d of %d left alone expired; %d late voids and captures refused transfer_not_held",
+			f.Holds, f.Captured, f.CapturedInPart, f.Replayed, f.Voided, f.Expired, f.LeftToExpire, f.LateRefused)
+		line(len(f.Problems) == 0, "refunds: %d transfers refunded by their payee (%d in two parts); %d refunds past the total refused refund_exceeds_captured",
+			f.Refunded, f.Twice, f.PastTotal)
+		for _, p := range f.Problems {
+			fmt.Fprintf(w, "        %s\n", p)
+		}
+	}
 	fmt.Fprint(w, r.Verify.String())
 }
 

@@ -32,7 +32,7 @@ func TestDemoWithoutFaultsCountsExactly(t *testing.T) {
 	rep, err := demo.Run(context.Background(), demo.Config{
 		PostgresURL: pgtest.AdminURL(), DatabasePrefix: fmt.Sprintf("pmtest_demo_nf_%d_", os.Getpid()),
 		Accounts: 5, Transfers: 400, Seed: 9, HTTPShare: 0.2, ClientRetry: 0.1, ProducerRetry: 0.1, DropAck: 0.3,
-		Prometheus: demo.PrometheusAuto,
+		Prometheus: demo.PrometheusAuto, Holds: 12, Refunds: 6,
 	}, &out)
 	if err != nil {
 		t.Fatal(err)
@@ -123,7 +123,14 @@ func TestDemoPasses(t *testing.T) {
 	if rep.Poison == 0 || rep.Redeliveries == 0 || rep.Completed == 0 {
 		t.Errorf("injection or traffic did not happen: poison %d, redeliveries %d, completed %d", rep.Poison, rep.Redeliveries, rep.Completed)
 	}
-	for _, want := range []string{"PASS  [global] eu: balance equals the sum of its change-log", "PASS  [global] per currency, transit balances equal the money in transit"} {
+	// The holds and refunds phase ran each flow, with every answer the
+	// documented one.
+	if f := rep.Flows; f.Captured == 0 || f.CapturedInPart == 0 || f.Voided == 0 || f.Expired == 0 || f.LateRefused == 0 ||
+		f.Refunded == 0 || f.Twice == 0 || f.PastTotal == 0 {
+		t.Errorf("holds and refunds: %+v", f)
+	}
+	for _, want := range []string{"PASS  [global] eu: balance equals the sum of its change-log", "PASS  [global] per currency, transit balances equal the money in transit",
+		"PASS  holds: ", "PASS  refunds: ", "PASS  [global] eu: no hold is both captured and voided or expired"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
 		}
@@ -216,7 +223,7 @@ func TestDemoThrowawayPostgres(t *testing.T) {
 	var out strings.Builder
 	rep, err := demo.Run(context.Background(), demo.Config{
 		PostgresURL: "postgres://postgres@127.0.0.1:1/postgres?sslmode=disable&connect_timeout=2",
-		Accounts:    3, Transfers: 100, Seed: 3,
+		Accounts:    3, Transfers: 100, Seed: 3, Holds: -1, Refunds: -1,
 	}, &out)
 	if err != nil {
 		if strings.Contains(err.Error(), "install PostgreSQL") {
@@ -267,7 +274,7 @@ func TestDemoWAN(t *testing.T) {
 	var out strings.Builder
 	rep, err := demo.Run(context.Background(), demo.Config{
 		PostgresURL: pgtest.AdminURL(), DatabasePrefix: fmt.Sprintf("pmtest_demo_wan_%d_", os.Getpid()),
-		Accounts: 5, Transfers: 100, Seed: 5, Rate: 50, WAN: true,
+		Accounts: 5, Transfers: 100, Seed: 5, Rate: 50, WAN: true, Holds: -1, Refunds: -1,
 	}, &out)
 	if err != nil {
 		t.Fatal(err)
@@ -293,7 +300,7 @@ func TestDemoR3(t *testing.T) {
 	rep, err := demo.Run(context.Background(), demo.Config{
 		PostgresURL: pgtest.AdminURL(), DatabasePrefix: fmt.Sprintf("pmtest_demo_r3_%d_", os.Getpid()),
 		Accounts: 5, Transfers: 400, Seed: 3, HTTPShare: 0.2, ClientRetry: 0.1, ProducerRetry: 0.1,
-		Nodes: 3, Faults: []string{"cut-us", "restart-ap-nats"}, Prometheus: demo.PrometheusOff,
+		Nodes: 3, Faults: []string{"cut-us", "restart-ap-nats"}, Prometheus: demo.PrometheusOff, Holds: -1, Refunds: -1,
 	}, &out)
 	if err != nil {
 		t.Fatal(err)

@@ -34,7 +34,7 @@ func (Answers) QueueAnswers(b *pgx.Batch, cmds []ledger.Command, results []ledge
 	index := map[[2]string]int{} // of the unclaimed keys, the command answered: one row each, or the upsert would touch it twice
 	for i, c := range cmds {
 		r := results[i]
-		if c.IsStep() || r.Kind == ledger.Parked || r.Kind == ledger.AwaitingAccount || (r.Kind == ledger.Duplicate && r.Transfer.ID == "") {
+		if c.IsStep() || r.Kind == ledger.Parked || r.Kind == ledger.AwaitingAccount || (r.Kind == ledger.Duplicate && r.Transfer.ID == "" && r.Action == nil) {
 			continue
 		}
 		if c.KeyExpiresAt.IsZero() {

@@ -131,6 +131,13 @@ func (s *Store) applyTx(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, k
 	}
 	fates := classify(cmds, rd.claims, rd.known, rd.credited)
 	results := resultsOf(cmds, fates)
+	for i, c := range cmds {
+		// A repeated capture or void is answered with its first record and
+		// the hold as it is now (locked by the claim stage).
+		if r := &results[i]; c.IsAction() && r.Action != nil && rd.state != nil {
+			r.Transfer = rd.state.Transfers[c.TransferID]
+		}
+	}
 	if settledByClaims(cmds, rd.claims) {
 		return results, nil, nil
 	}
@@ -192,6 +199,9 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, key
 	if err != nil {
 		return claimed{}, err
 	}
+	// The batch is decided now, with its rows locked: a hold that expired
+	// while this transaction waited for a lock is expired for it.
+	state.Now = s.now()
 	if promised != nil {
 		known.promised = map[string]bool{}
 		for _, i := range keyed {
@@ -234,7 +244,7 @@ func plan(state *ledger.Batch, cmds []ledger.Command, claims []dedup.Claim, fate
 	p.plan = state.Plan(p.cmds)
 	for n, i := range idx {
 		o := p.plan.Outcomes[n]
-		r := ledger.Result{Kind: o.Result, Transfer: o.Transfer, Err: o.Err, Credit: o.Credit}
+		r := ledger.Result{Kind: o.Result, Transfer: o.Transfer, Err: o.Err, Credit: o.Credit, Action: o.Action}
 		switch o.Result {
 		case ledger.Applied, ledger.Rejected:
 			p.keep = append(p.keep, claims[i])
@@ -454,7 +464,7 @@ func (s *Store) systemAccounts(ctx context.Context, tx pgx.Tx, currencies []stri
 // system accounts.
 func (s *Store) queueLockState(ctx context.Context, tx pgx.Tx, b *pgx.Batch, cmds []ledger.Command) (*ledger.Batch, error) {
 	st := &ledger.Batch{Home: s.cfg.Region, Regions: s.cfg.Regions, Issuance: map[string]string{}, Transit: map[string]string{},
-		Accounts: map[string]ledger.Account{}, Now: s.now()}
+		Accounts: map[string]ledger.Account{}}
 	if len(cmds) == 0 {
 		return st, nil
 	}
@@ -515,11 +525,14 @@ func (s *Store) queueLockState(ctx context.Context, tx pgx.Tx, b *pgx.Batch, cmd
 			ids = append(ids, st.Issuance[c.Currency], c.To)
 		case ledger.TypeTransfer, ledger.TypeRefund, ledger.TypeCapture:
 			// Only a cross-region transfer touches the transit account: a
-			// lock on it would serialise every batch of the currency. (A
-			// hold of one does too: it checks that there is one.)
-			if to, _ := s.cfg.Regions.HomeRegion(c.To); to == s.cfg.Region {
+			// lock on it would serialise every batch of the currency. A
+			// hold moves nothing until its capture.
+			switch to, _ := s.cfg.Regions.HomeRegion(c.To); {
+			case to == s.cfg.Region:
 				ids = append(ids, c.From, c.To)
-			} else {
+			case c.Hold:
+				ids = append(ids, c.From)
+			default:
 				ids = append(ids, c.From, st.Transit[c.Currency])
 			}
 		case ledger.TypeVoid, ledger.TypeExpire:

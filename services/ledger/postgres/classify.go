@@ -30,6 +30,9 @@ type fate struct {
 	// transfer is the transfer a duplicate request made, when it is known:
 	// the replay answers with the first outcome.
 	transfer ledger.Transfer
+	// action is the record a duplicate capture or void made the first
+	// time, when it is known: the replay answers with it.
+	action *ledger.Action
 	// inBatch marks a transfer ID reused by an earlier request of the batch.
 	inBatch bool
 	// release marks a first claim to give back: its command does not apply,
@@ -67,6 +70,9 @@ func classify(cmds []ledger.Command, claims []dedup.Claim, known knownTransfers,
 			f := fate{kind: fateDuplicate, layer: ledger.Layer(cl.Layer)}
 			if cl.Layer == dedup.LayerTable && !c.IsStep() {
 				f.transfer = known.byKey[cl.Key.ID] // the stored outcome, for the replay
+				if a, ok := known.actions[cl.Key.ID]; ok && c.IsAction() {
+					f.action = &a
+				}
 			}
 			fates[i] = f
 			continue
@@ -83,7 +89,7 @@ func classify(cmds []ledger.Command, claims []dedup.Claim, known knownTransfers,
 			a, ok := known.actions[cl.Key.ID]
 			switch {
 			case ok && bytes.Equal(a.Fingerprint, c.Fingerprint()):
-				fates[i] = fate{kind: fateDuplicate, layer: ledger.LayerBusinessKey, release: true}
+				fates[i] = fate{kind: fateDuplicate, layer: ledger.LayerBusinessKey, action: &a, release: true}
 			case ok:
 				fates[i] = fate{kind: fateConflict, layer: ledger.LayerBusinessKey, release: true}
 			case known.promised[cl.Key.ID]:
@@ -129,7 +135,7 @@ func resultsOf(cmds []ledger.Command, fates []fate) []ledger.Result {
 func (f fate) result(c ledger.Command) ledger.Result {
 	switch f.kind {
 	case fateDuplicate:
-		r := ledger.Result{Kind: ledger.Duplicate, Layer: f.layer, Transfer: f.transfer}
+		r := ledger.Result{Kind: ledger.Duplicate, Layer: f.layer, Transfer: f.transfer, Action: f.action}
 		if f.layer == ledger.LayerConsumeLog && deadLetterReason(f.transfer.Reason) {
 			// A refusal that must be dead-lettered is dead-lettered on every
 			// delivery, in case an earlier dead-letter publish failed (the

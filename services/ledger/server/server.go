@@ -97,6 +97,9 @@ type Config struct {
 	// MaxAttempts is the store's retry budget per transaction (see
 	// postgres.Config; default 8).
 	MaxAttempts uint
+	// Now is the store's clock, by which holds expire (see
+	// postgres.Config; default time.Now).
+	Now func() time.Time
 	// MetricsListen is where /metrics is served ("" for nowhere,
 	// "127.0.0.1:0" for a free port).
 	MetricsListen string
@@ -197,7 +200,7 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		consumeLog = cfg.WrapConsumeLog(consumeLog)
 	}
 	s.Store = postgres.New(pool, postgres.Config{Region: cfg.Region, IDs: gen, Regions: cfg.Regions, Dedup: consumeLog, Stats: s.Stats,
-		RequestKey: cfg.RequestKey, Answers: cfg.Answers, BeforeCommit: cfg.BeforeCommit, MaxAttempts: cfg.MaxAttempts,
+		RequestKey: cfg.RequestKey, Answers: cfg.Answers, BeforeCommit: cfg.BeforeCommit, MaxAttempts: cfg.MaxAttempts, Now: cfg.Now,
 		OnRetry: func(op string, attempt int, err error) {
 			cfg.Log.Debug("transaction retried", "op", op, "attempt", attempt, "err", err)
 		}})

@@ -1,0 +1,328 @@
+package chaos
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	mrand "math/rand/v2"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/paymesh/paymesh/internal/testbed/cluster"
+	"github.com/paymesh/paymesh/services/api"
+	"github.com/paymesh/paymesh/services/ledger"
+)
+
+// The workload's money flows beyond "move now": holds that are captured
+// (in part or whole), voided, raced (a capture against a void) or left to
+// expire, and transfers refunded by their payee, in parts, twice, past
+// their total, or by two refunds at once that cannot both fit. Each request
+// is an op of the history under its own idempotency key, so the checker
+// holds every one to its effect.
+
+// Shares of the workload's requests that start a flow, and how long a
+// hold lives (every hold is captured, voided or expired before the checks).
+const (
+	holdShare   = 0.12
+	refundShare = 0.06
+	holdLife    = time.Second
+)
+
+// Body types of the flows' ops (transfers keep their command type).
+const (
+	typeHold = "hold"
+)
+
+// noteHold records a hold's expiry: the checks wait until every hold is due.
+func (e *env) noteHold(at time.Time) {
+	for {
+		cur := e.holdsDue.Load()
+		if at.UnixMilli() <= cur || e.holdsDue.CompareAndSwap(cur, at.UnixMilli()) {
+			return
+		}
+	}
+}
+
+// waitForHolds waits until every hold of the run is past its expiry.
+func (e *env) waitForHolds(ctx context.Context) {
+	if ms := e.holdsDue.Load(); ms > 0 {
+		select {
+		case <-time.After(time.Until(time.UnixMilli(ms).Add(300 * time.Millisecond))):
+		case <-ctx.Done():
+		}
+	}
+}
+
+// holdFlow authorizes b (through the API or a router) and then acts on the
+// hold: captures it (all, or about half), voids it, sends a capture and a
+// void at once, or leaves it to expire.
+func (e *env) holdFlow(ctx context.Context, rng *mrand.Rand, key, home, via string, viaAPI bool, b Body) {
+	b.Type = typeHold
+	expires := time.Now().Add(holdLife)
+	e.noteHold(expires)
+	cmd := ledger.Command{Type: ledger.TypeTransfer, TransferID: e.id(home), ClientID: clientID, IdempotencyKey: key,
+		From: b.From, To: b.To, Amount: b.Amount, Currency: b.Currency, CreatedAt: time.Now(), Hold: true, ExpiresAt: expires}
+	id := cmd.TransferID
+	if viaAPI {
+		payload, _ := json.Marshal(api.TransferRequest{From: b.From, To: b.To, Amount: b.Amount, Currency: b.Currency, Hold: true, ExpiresAt: &expires})
+		var o Outcome
+		if o, id = e.postUntilKnownAt(ctx, PurposeFirst, via, key, b, "/v1/transfers", payload); o != OK {
+			return
+		}
+	} else if e.submitUntilKnown(ctx, PurposeFirst, via, cmd) != OK {
+		return
+	}
+	amount := b.Amount
+	if rng.IntN(2) == 0 {
+		amount = b.Amount/2 + 1
+	}
+	pick := func() string { return e.names[rng.IntN(len(e.names))] }
+	capture := func() { e.act(ctx, pick(), key+"-capture", ledger.TypeCapture, id, amount) }
+	void := func() { e.act(ctx, pick(), key+"-void", ledger.TypeVoid, id, 0) }
+	switch x := rng.Float64(); {
+	case x < 0.35:
+		capture()
+	case x < 0.6:
+		void()
+	case x < 0.8:
+		var wg sync.WaitGroup
+		wg.Go(capture)
+		wg.Go(void)
+		wg.Wait()
+	default: // left to expire
+	}
+}
+
+// act sends a capture or void of the hold id through the API of via.
+func (e *env) act(ctx context.Context, via, key, op, id string, amount int64) {
+	var payload []byte
+	if amount > 0 {
+		payload, _ = json.Marshal(api.ActionRequest{Amount: amount})
+	}
+	b := Body{Type: op, Amount: amount, Currency: "EUR"}
+	e.postUntilKnownAt(ctx, PurposeFirst, via, key, b, "/v1/transfers/"+id+"/"+op, payload, id)
+}
+
+// refundFlow pays b, then has the payee refund it: in two parts and once
+// more past the total, or by two refunds at once of which only one fits.
+func (e *env) refundFlow(ctx context.Context, rng *mrand.Rand, key, home, via string, viaAPI bool, b Body) {
+	cmd := ledger.Command{Type: ledger.TypeTransfer, TransferID: e.id(home), ClientID: clientID, IdempotencyKey: key,
+		From: b.From, To: b.To, Amount: b.Amount, Currency: b.Currency, CreatedAt: time.Now()}
+	id := cmd.TransferID
+	if viaAPI {
+		payload, _ := json.Marshal(api.TransferRequest{From: b.From, To: b.To, Amount: b.Amount, Currency: b.Currency})
+		var o Outcome
+		if o, id = e.postUntilKnownAt(ctx, PurposeFirst, via, key, b, "/v1/transfers", payload); o != OK {
+			return
+		}
+	} else if e.submitUntilKnown(ctx, PurposeFirst, via, cmd) != OK {
+		return
+	}
+	// Give a cross-region payment the moment its credit takes; a refund
+	// that comes too early is refused, which the checker holds it to.
+	time.Sleep(300 * time.Millisecond)
+	payee, _ := e.c.IDs().HomeRegion(b.To)
+	part := b.Amount/2 + 1
+	refund := func(n int, amount int64) {
+		rb := Body{Type: ledger.TypeRefund, From: b.To, To: b.From, Amount: amount, Currency: b.Currency}
+		rkey := fmt.Sprintf("%s-refund%d", key, n)
+		if rng.Float64() < apiShare {
+			payload, _ := json.Marshal(api.ActionRequest{Amount: amount})
+			e.postUntilKnownAt(ctx, PurposeFirst, e.names[rng.IntN(len(e.names))], rkey, rb, "/v1/transfers/"+id+"/refunds", payload)
+			return
+		}
+		c := ledger.Command{Type: ledger.TypeRefund, TransferID: e.id(payee), ClientID: clientID, IdempotencyKey: rkey,
+			From: b.To, To: b.From, Amount: amount, Currency: b.Currency, CreatedAt: time.Now(), RefundOf: id}
+		e.submitUntilKnown(ctx, PurposeFirst, e.names[rng.IntN(len(e.names))], c)
+	}
+	if rng.IntN(2) == 0 {
+		refund(1, part)
+		refund(2, b.Amount-part)
+		refund(3, 1) // past the total: refused
+		return
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { refund(1, part) })
+	wg.Go(func() { refund(2, part) })
+	wg.Wait()
+}
+
+// postUntilKnownAt posts payload to path of a region's API as post does,
+// and again while the outcome is unknown or the key in flight (409
+// idempotency_key_in_flight), up to maxRetries times through any region.
+// It returns the outcome and the transfer the answer named (or, for an
+// action, transfer[0]: the hold acted on).
+func (e *env) postUntilKnownAt(ctx context.Context, purpose, via, key string, b Body, path string, payload []byte, transfer ...string) (Outcome, string) {
+	o, status, id := e.postAt(ctx, purpose, via, key, b, path, payload, transfer...)
+	for try := 1; (o == Unknown || status == http.StatusConflict && strings.Contains(id, string(api.CodeIdempotencyKeyInFlight))) && try <= maxRetries && ctx.Err() == nil; try++ {
+		time.Sleep(time.Duration(try) * 250 * time.Millisecond)
+		o, status, id = e.postAt(ctx, PurposeRetry, e.names[e.intn(len(e.names))], key, b, path, payload, transfer...)
+	}
+	return o, id
+}
+
+// postAt sends one POST of payload to path: 200, 201 and 202 are ok; a 5xx
+// or no answer is unknown; any other 4xx is a fail. It returns the
+// outcome, the status, and the ID the answer named (a problem's code for
+// a 4xx).
+func (e *env) postAt(ctx context.Context, purpose, via, key string, b Body, path string, payload []byte, transfer ...string) (Outcome, int, string) {
+	e.sent.add(purpose)
+	op := Op{Client: clientID, Key: key, Body: b, Path: "api", Via: via, Purpose: purpose, apiPath: path, payload: payload}
+	if len(transfer) > 0 {
+		op.Transfer = transfer[0]
+	}
+	i := e.hist.Invoke(op)
+	r := e.c.Region(via)
+	if r == nil {
+		e.hist.Complete(i, Unknown, "region not running", "")
+		return Unknown, 0, ""
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.APIURL+path, bytes.NewReader(payload))
+	if err != nil {
+		e.hist.Complete(i, Unknown, err.Error(), "")
+		return Unknown, 0, ""
+	}
+	req.Header.Set("Authorization", "Bearer "+e.apiKey)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", key)
+	res, err := e.http.Do(req)
+	if err != nil {
+		e.hist.Complete(i, Unknown, err.Error(), "")
+		return Unknown, 0, ""
+	}
+	defer res.Body.Close()
+	raw, _ := io.ReadAll(io.LimitReader(res.Body, 1<<20))
+	detail := fmt.Sprintf("%d %s", res.StatusCode, strings.TrimSpace(string(raw)))
+	switch {
+	case res.StatusCode == http.StatusOK || res.StatusCode == http.StatusCreated || res.StatusCode == http.StatusAccepted:
+		var t api.TransferBody
+		_ = json.Unmarshal(raw, &t)
+		e.hist.Complete(i, OK, fmt.Sprint(res.StatusCode), t.ID)
+		return OK, res.StatusCode, t.ID
+	case res.StatusCode >= 500:
+		e.hist.Complete(i, Unknown, detail, "")
+		return Unknown, res.StatusCode, ""
+	}
+	var p api.Problem
+	_ = json.Unmarshal(raw, &p)
+	e.hist.Complete(i, Fail, detail, "")
+	return Fail, res.StatusCode, string(p.Code)
+}
+
+// action is a capture or void as the checker reads it.
+type action struct {
+	region, client, key, transfer, typ, status string
+	amount                                     int64
+}
+
+func readActions(ctx context.Context, c *cluster.Cluster) ([]action, error) {
+	var out []action
+	for _, n := range sortedNames(c) {
+		rows, err := c.Region(n).Ledger.Store.Pool().Query(ctx, `SELECT client_id, idempotency_key, transfer_id, type, amount, status FROM transfer_actions`)
+		if err != nil {
+			return nil, fmt.Errorf("read actions of %s: %w", n, err)
+		}
+		as, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (action, error) {
+			a := action{region: n}
+			err := r.Scan(&a.client, &a.key, &a.transfer, &a.typ, &a.amount, &a.status)
+			return a, err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("read actions of %s: %w", n, err)
+		}
+		out = append(out, as...)
+	}
+	return out, nil
+}
+
+// isAction reports whether an op is a capture or void (checked by
+// checkActions, not against transfer rows).
+func isAction(op Op) bool {
+	return op.Body.Type == ledger.TypeCapture || op.Body.Type == ledger.TypeVoid
+}
+
+// checkActions is I3 for captures and voids: per key, an acknowledged one
+// applied (its record APPLIED, on the hold it named), a refused one did
+// not, and every record answers a request of the history. It returns how
+// many acknowledged ones were lost.
+func checkActions(ops []Op, actions []action, chk *Check) (lost int) {
+	byKey := map[clientKey][]Op{}
+	var keys []clientKey
+	for _, op := range ops {
+		if !isAction(op) {
+			continue
+		}
+		k := clientKey{op.Client, op.Key}
+		if _, ok := byKey[k]; !ok {
+			keys = append(keys, k)
+		}
+		byKey[k] = append(byKey[k], op)
+	}
+	recs := map[clientKey]action{}
+	for _, a := range actions {
+		k := clientKey{a.client, a.key}
+		if _, ok := byKey[k]; !ok {
+			chk.fail("%s %s/%s of %s (in %s) was sent by no request of the history", a.typ, a.client, a.key, a.transfer, a.region)
+			continue
+		}
+		recs[k] = a
+	}
+	for _, k := range keys {
+		chk.Checked++
+		kops := byKey[k]
+		acked := false
+		for _, op := range kops {
+			acked = acked || op.Outcome == OK
+		}
+		a, ok := recs[k]
+		name := k.client + "/" + k.key
+		switch {
+		case acked && (!ok || a.status != string(ledger.ActionApplied)):
+			lost++
+			chk.fail("%s %s LOST: acknowledged (%s) but not applied (record %q)", kops[0].Body.Type, name, describe(kops), a.status)
+		case !acked && ok && a.status == string(ledger.ActionApplied) && allFailed(kops):
+			chk.fail("%s %s applied, but every request of it was refused (%s)", kops[0].Body.Type, name, describe(kops))
+		case ok && (a.transfer != kops[0].Transfer || a.typ != kops[0].Body.Type):
+			chk.fail("%s %s: its record is a %s of %s, the request a %s of %s", kops[0].Body.Type, name, a.typ, a.transfer, kops[0].Body.Type, kops[0].Transfer)
+		}
+	}
+	return lost
+}
+
+func allFailed(ops []Op) bool {
+	for _, op := range ops {
+		if op.Outcome != Fail {
+			return false
+		}
+	}
+	return true
+}
+
+// flowStats counts, over every region, how the run's holds ended and what
+// became of its refunds and actions, into stats: the report shows that the
+// workload exercised each.
+func (e *env) flowStats(ctx context.Context, stats map[string]int64) error {
+	for _, n := range e.names {
+		rows, err := e.c.Region(n).Ledger.Store.Pool().Query(ctx, `
+			SELECT 'holds_' || lower(status), count(*) FROM transfers WHERE expires_at IS NOT NULL GROUP BY status
+			UNION ALL
+			SELECT 'refunds_' || lower(status), count(*) FROM transfers WHERE type = 'refund' GROUP BY status
+			UNION ALL
+			SELECT type || 's_' || lower(status), count(*) FROM transfer_actions GROUP BY type, status`)
+		if err != nil {
+			return err
+		}
+		var name string
+		var count int64
+		if _, err := pgx.ForEachRow(rows, []any{&name, &count}, func() error { stats[name] += count; return nil }); err != nil {
+			return err
+		}
+	}
+	return nil
+}
