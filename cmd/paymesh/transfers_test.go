@@ -1,0 +1,152 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alecthomas/kong"
+
+	"github.com/paymesh/paymesh/internal/testbed/cluster"
+	"github.com/paymesh/paymesh/internal/testbed/natsembed"
+	"github.com/paymesh/paymesh/internal/testbed/pgtest"
+	"github.com/paymesh/paymesh/pkg/idgen"
+	"github.com/paymesh/paymesh/services/api"
+	"github.com/paymesh/paymesh/services/ledger"
+)
+
+// runCLI runs paymesh with args as main does, and returns what it printed
+// on stdout.
+func runCLI(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	var c cli
+	k, err := kong.New(&c, kong.Name("paymesh"), cliVars)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kctx, err := k.Parse(args)
+	if err != nil {
+		return "", err
+	}
+	tab, ids := defaultRegions(t)
+	kctx.BindTo(context.Background(), (*context.Context)(nil))
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout := os.Stdout
+	os.Stdout = w
+	out := make(chan string)
+	go func() { b, _ := io.ReadAll(r); out <- string(b) }()
+	err = kctx.Run(tab, ids, slog.New(slog.DiscardHandler))
+	os.Stdout = stdout
+	w.Close()
+	return <-out, err
+}
+
+// TestTransfersCommands: paymesh transfers send --hold, capture, void and
+// refund against a running region, each printing the API's answer; a
+// refused one exits with the failure and prints the problem; bad flags are
+// refused before anything is sent.
+func TestTransfersCommands(t *testing.T) {
+	ctx := context.Background()
+	topo := natsembed.MustStartTopology(t, "eu")
+	c, err := cluster.Start(ctx, cluster.Config{Regions: map[string]uint8{"eu": 1}, Topology: topo, PostgresURL: pgtest.AdminURL(),
+		DatabasePrefix: fmt.Sprintf("pmtest_cli_%d_", os.Getpid()), Shards: 2, BatchSize: 64, AckWait: 2 * time.Second,
+		APIWait: 3 * time.Second, KeyTTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Stop(); _ = c.Drop(context.Background()) })
+	const key = "pm_cli_test_0123456789abcdef"
+	if err := c.Region("eu").APIStore.PutClient(ctx, api.RegisteredClient{ID: "cli", Name: "cli"}, key); err != nil {
+		t.Fatal(err)
+	}
+	flags := []string{"--api-url", c.Region("eu").APIURL, "--api-key", key}
+	open := func() string {
+		out, err := runCLI(t, append([]string{"accounts", "create", "--currency", "EUR"}, flags...)...)
+		var a api.AccountBody
+		if err != nil || json.Unmarshal([]byte(out), &a) != nil {
+			t.Fatalf("accounts create: %v %s", err, out)
+		}
+		return a.ID
+	}
+	a, b := open(), open()
+	gen, err := idgen.NewGenerator(c.IDs(), "eu", 901)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fid, err := gen.NextString()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fund := ledger.Command{Type: ledger.TypeFund, TransferID: fid, ClientID: "ops", IdempotencyKey: "fund-" + a,
+		To: a, Amount: 1000, Currency: "EUR", CreatedAt: time.Now()}
+	if err := c.Submit(ctx, "eu", fund); err != nil {
+		t.Fatal(err)
+	}
+	qctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := c.WaitQuiet(qctx); err != nil {
+		t.Fatal(err)
+	}
+	transfer := func(args ...string) api.TransferBody {
+		t.Helper()
+		out, err := runCLI(t, append(args, flags...)...)
+		var x api.TransferBody
+		if err != nil || json.Unmarshal([]byte(out), &x) != nil {
+			t.Fatalf("%v: %v %s", args, err, out)
+		}
+		return x
+	}
+	h := transfer("transfers", "send", "--from", a, "--to", b, "--amount", "400", "--currency", "EUR", "--hold", "--expires", "1h")
+	if h.Status != string(ledger.StatusHeld) || h.ExpiresAt == nil || time.Until(*h.ExpiresAt) < 50*time.Minute {
+		t.Fatalf("send --hold: %+v", h)
+	}
+	if got := transfer("transfers", "capture", h.ID, "--amount", "300", "--key", "cap-1"); got.Status != string(ledger.StatusCompleted) || *got.CapturedAmount != 300 {
+		t.Fatalf("capture: %+v", got)
+	}
+	out, err := runCLI(t, append([]string{"transfers", "void", h.ID}, flags...)...)
+	if !errors.Is(err, errFailed) || !strings.Contains(out, string(ledger.CodeTransferNotHeld)) {
+		t.Fatalf("void after capture: %v %s, want the failure and transfer_not_held", err, out)
+	}
+	v := transfer("transfers", "send", "--from", a, "--to", b, "--amount", "100", "--currency", "EUR", "--hold")
+	if got := transfer("transfers", "void", v.ID); got.Status != string(ledger.StatusVoided) {
+		t.Fatalf("void: %+v", got)
+	}
+	if got := transfer("transfers", "refund", h.ID, "--amount", "100"); got.RefundOf != h.ID || got.Amount != 100 {
+		t.Fatalf("refund: %+v", got)
+	}
+	if got := transfer("transfers", "refund", h.ID); got.Amount != 200 {
+		t.Fatalf("refund of the rest: %+v", got)
+	}
+	out, err = runCLI(t, append([]string{"transfers", "refund", h.ID}, flags...)...)
+	if !errors.Is(err, errFailed) || !strings.Contains(out, string(ledger.CodeRefundExceedsCaptured)) {
+		t.Fatalf("refund of nothing left: %v %s", err, out)
+	}
+	for name, args := range map[string][]string{
+		"expires without hold": {"transfers", "send", "--from", a, "--to", b, "--amount", "1", "--currency", "EUR", "--expires", "1h"},
+		"bad expiry":           {"transfers", "send", "--from", a, "--to", b, "--amount", "1", "--currency", "EUR", "--hold", "--expires", "soon"},
+		"zero capture":         {"transfers", "capture", h.ID, "--amount", "0"},
+		"fraction":             {"transfers", "refund", h.ID, "--amount", "1.5"},
+	} {
+		if _, err := runCLI(t, append(args, flags...)...); err == nil || errors.Is(err, errFailed) {
+			t.Errorf("%s: got %v, want a flag error before sending", name, err)
+		}
+	}
+	if acc := func() api.AccountBody {
+		out, _ := runCLI(t, append([]string{"accounts", "show", a}, flags...)...)
+		var x api.AccountBody
+		_ = json.Unmarshal([]byte(out), &x)
+		return x
+	}(); acc.Balance != 1000 || acc.Held != 0 {
+		t.Fatalf("source: %+v, want 1000 held 0 (300 captured, 300 refunded)", acc)
+	}
+}
