@@ -97,11 +97,16 @@ func (s *Store) Apply(ctx context.Context, cmds []ledger.Command) ([]ledger.Resu
 		return nil, err
 	}
 	// Cache the committed keys, except refusals that are dead-lettered: their
-	// redeliveries must reach the table to be dead-lettered again.
+	// redeliveries must reach the table to be dead-lettered again. Count the
+	// steps the state machine refused: a saga step out of order, a capture
+	// or void of a transfer that is no longer (or never was) an open hold.
 	refused := map[string]bool{}
 	for i, r := range results {
 		if r.DeadLetter {
 			refused[keys[i].ID] = true
+		}
+		if r.Err != nil && (r.Err.Code == ledger.CodeIllegalTransition || r.Err.Code == ledger.CodeTransferNotHeld) {
+			s.stats().IllegalTransitions.Add(1)
 		}
 	}
 	cacheable := kept[:0:0]

@@ -98,8 +98,12 @@ func TestHolds(t *testing.T) {
 			t.Fatalf("expiry step after the capture: %d rows, want it deleted", n)
 		}
 		// Everything after the capture is refused and moves nothing.
+		illegal := f.Stats.IllegalTransitions.Load()
 		refused(t, "second capture", f.Apply(t, action(t, f, ledger.TypeCapture, h, 0))[0], ledger.CodeTransferNotHeld)
 		refused(t, "void after capture", f.Apply(t, action(t, f, ledger.TypeVoid, h, 0))[0], ledger.CodeTransferNotHeld)
+		if got := f.Stats.IllegalTransitions.Load() - illegal; got != 2 {
+			t.Fatalf("illegal transitions counted: %d, want 2", got)
+		}
 		exp := ledger.StepOf(r.Transfer, ledger.TypeExpire, h.Amount, "")
 		f.Clock.Step(2 * time.Hour)
 		if r := f.Apply(t, exp)[0]; r.Kind != ledger.Duplicate || r.Layer != ledger.LayerStateCAS {
@@ -448,15 +452,36 @@ func TestHoldsAcrossRegions(t *testing.T) {
 	if len(credits) != 1 || credits[0].Credit == nil || credits[0].Credit.Amount != 200 {
 		t.Fatalf("credit: got %+v, want one credit of 200", credits)
 	}
-	step := ledger.StepOf(transferStatus(t, eu, h.TransferID), ledger.TypeCredit, 200, "")
-	for range 3 {
-		if r := us.Apply(t, step)[0]; r.Kind != ledger.Duplicate {
-			t.Fatalf("credit again: got %v, want duplicate", r.Kind)
+	// Every saga step of the capture, delivered again 1, 2 and 50 times,
+	// is a duplicate (the credit's business key, the confirm's state CAS).
+	steps := func(cmd ledger.Command) (credit, confirm ledger.Command) {
+		rows, err := us.Store.PendingOutbox(context.Background(), 10)
+		if err != nil || len(rows) != 1 {
+			t.Fatalf("the credit's answer: %+v %v", rows, err)
 		}
+		confirm, err = ledger.DecodeCommand(rows[0].Payload)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cmd, confirm
 	}
+	credit, confirm := steps(ledger.StepOf(transferStatus(t, eu, h.TransferID), ledger.TypeCredit, 200, ""))
+	credit.CreatedAt = confirm.CreatedAt
 	if rs := relay(t, us, regions); len(rs) != 1 || rs[0].Transfer.Status != ledger.StatusCompleted {
 		t.Fatalf("confirm: got %+v", rs)
 	}
+	redeliver := func(f *ledgertest.Fixture, c ledger.Command) {
+		t.Helper()
+		for _, n := range []int{1, 2, 50} {
+			for range n {
+				if r := f.Apply(t, c)[0]; r.Kind != ledger.Duplicate {
+					t.Fatalf("%s delivered again: got %v %v, want duplicate", c.Type, r.Kind, r.Err)
+				}
+			}
+		}
+	}
+	redeliver(us, credit)
+	redeliver(eu, confirm)
 	if got := us.Balance(t, b); got != 200 {
 		t.Fatalf("payee: %d, want 200", got)
 	}
@@ -467,8 +492,26 @@ func TestHoldsAcrossRegions(t *testing.T) {
 		t.Fatalf("refund: got %s, want DEBITED (the payer is in eu)", r.Transfer.Status)
 	}
 	refused(t, "refund past the captured amount", us.Apply(t, refund(t, us, h, 60))[0], ledger.CodeRefundExceedsCaptured)
+	rows, err := us.Store.PendingOutbox(context.Background(), 10)
+	if err != nil || len(rows) != 1 {
+		t.Fatalf("the refund's credit step: %+v %v", rows, err)
+	}
+	refundCredit, err := ledger.DecodeCommand(rows[0].Payload)
+	if err != nil {
+		t.Fatal(err)
+	}
 	relay(t, us, regions) // credit the payer in eu
+	rows, err = eu.Store.PendingOutbox(context.Background(), 10)
+	if err != nil || len(rows) != 1 {
+		t.Fatalf("the refund's confirm step: %+v %v", rows, err)
+	}
+	refundConfirm, err := ledger.DecodeCommand(rows[0].Payload)
+	if err != nil {
+		t.Fatal(err)
+	}
 	relay(t, eu, regions) // confirm in us
+	redeliver(eu, refundCredit)
+	redeliver(us, refundConfirm)
 	if got := transferStatus(t, us, r.Transfer.ID); got.Status != ledger.StatusCompleted {
 		t.Fatalf("refund after the saga: %s, want COMPLETED", got.Status)
 	}
