@@ -277,3 +277,37 @@ func TestActionRepeatedAfterItsKey(t *testing.T) {
 		t.Fatalf("source: %+v, want 700 held 0 (captured once)", acc)
 	}
 }
+
+// TestHoldExpiresAcrossACrash: the region's ledger, router and API crash
+// right after a hold is made and come back after its expiry passed: the
+// expiry step, written with the hold, is sent and applied when they are
+// back, once; a capture then is refused.
+func TestHoldExpiresAcrossACrash(t *testing.T) {
+	e := mustEnv(t, time.Hour)
+	a, b := e.account(t, "eu", keyA, 1000), e.account(t, "eu", keyA, 0)
+	soon := time.Now().Add(300 * time.Millisecond).UTC().Format(time.RFC3339Nano)
+	r := e.do(t, "eu", "POST", "/v1/transfers", keyA, "brief", holdJSON(a, b, 100, soon))
+	var h api.TransferBody
+	r.json(t, &h)
+	if h.Status != string(ledger.StatusHeld) {
+		t.Fatalf("hold: %d %s", r.status, r.body)
+	}
+	if err := e.c.RestartRegion(t.Context(), "eu"); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.transfer(t, "us", keyA, h.ID); got.Status != string(ledger.StatusHeld) && got.Status != string(ledger.StatusExpired) {
+		t.Fatalf("after the crash: %s", got.Status)
+	}
+	e.quiet(t)
+	deadline := time.Now().Add(20 * time.Second)
+	for e.transfer(t, "eu", keyA, h.ID).Status != string(ledger.StatusExpired) {
+		if time.Now().After(deadline) {
+			t.Fatal("the hold did not expire after the crash")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	wantProblem(t, "capture after the expiry", e.do(t, "eu", "POST", "/v1/transfers/"+h.ID+"/capture", keyA, "c", ``), http.StatusConflict, ledger.CodeTransferNotHeld)
+	if acc := e.accountBody(t, "eu", keyA, a); acc.Held != 0 || acc.Balance != 1000 {
+		t.Fatalf("source: %+v", acc)
+	}
+}
