@@ -204,6 +204,13 @@ func (s *Handler) createTransfer(ctx context.Context, c call) reply {
 		if _, oerr := s.ownAccount(ctx, c.Client, req.From); oerr != nil {
 			return errReply(oerr)
 		}
+		if req.Hold {
+			// A retry of a hold after the expiry it asked for is no longer
+			// valid as new, but its key holds the first answer.
+			if k, ok, kerr := s.cfg.Store.Key(ctx, c.Client, c.Key); kerr == nil && ok && !k.InFlight && bytes.Equal(k.Fingerprint, req.fingerprint()) {
+				return s.replay(ctx, k)
+			}
+		}
 		return errReply(err)
 	}
 	claim := KeyClaim{Client: c.Client, Key: c.Key, Fingerprint: req.fingerprint(), TransferID: id, Now: now,
@@ -368,7 +375,10 @@ func (s *Handler) await(ctx context.Context, cmd ledger.Command, claim KeyClaim,
 			// A capture or void is not answered before its ledger decided
 			// it: the hold's state says nothing of which request won. The
 			// key holds no answer yet, so a retry gets the decision.
-			if ok && !k.InFlight { // decided: the captured amount is on its way (202)
+			if ok && !k.InFlight { // decided: the captured amount is on its way (202), now seen by a client: frozen
+				if k, err = s.cfg.Store.Answer(ctx, client, key, k.Status, k.Body, false); err != nil {
+					return errReply(err)
+				}
 				return stored(k, false)
 			}
 			return s.inFlightReply()

@@ -7,7 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/paymesh/paymesh/internal/testbed/cluster"
 	"github.com/paymesh/paymesh/services/api"
+	apiserver "github.com/paymesh/paymesh/services/api/server"
 	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 )
@@ -251,7 +253,19 @@ func TestActionAnsweredByItsDecision(t *testing.T) {
 // (the ledger's business key of actions); one that applied gets the hold it
 // captured.
 func TestActionRepeatedAfterItsKey(t *testing.T) {
-	e := mustEnv(t, time.Second)
+	for _, submitAll := range []bool{false, true} {
+		// Submitted, a repeat within the ledger stream's Msg-Id window is
+		// answered by the API from the action's record (submittedBefore).
+		t.Run(map[bool]string{false: "applied-here", true: "submitted"}[submitAll], func(t *testing.T) {
+			actionRepeatedAfterItsKey(t, submitAll)
+		})
+	}
+}
+
+func actionRepeatedAfterItsKey(t *testing.T, submitAll bool) {
+	e := mustEnv(t, time.Second, func(c *cluster.Config) {
+		c.API = func(_ string, ac *apiserver.Config) { ac.SubmitAll = submitAll }
+	})
 	a, b := e.account(t, "eu", keyA, 1000), e.account(t, "eu", keyA, 0)
 	r := e.do(t, "eu", "POST", "/v1/transfers", keyA, "held", holdJSON(a, b, 300, ""))
 	var h api.TransferBody

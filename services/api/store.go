@@ -30,6 +30,9 @@ type Ledger interface {
 	// Refunds returns the refunds of a transfer known in this region, and
 	// the total of those that moved money.
 	Refunds(ctx context.Context, id string) ([]ledger.Refund, int64, error)
+	// ActionByKey returns the capture or void a client's idempotency key
+	// made, or false.
+	ActionByKey(ctx context.Context, client, key string) (ledger.Action, bool, error)
 }
 
 // DeadLetters is what the operator endpoints ask of the region's

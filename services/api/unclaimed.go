@@ -288,21 +288,38 @@ func (s *Handler) submittedBefore(ctx context.Context, claim KeyClaim, cmd ledge
 	if rep, ok := s.fromKey(ctx, k, outcome); ok {
 		return rep
 	}
+	var st int
+	var b []byte
 	if cmd.IsAction() {
-		// A capture's or void's record is the ledger's to replay: it
-		// stores the answer with the key when the repeat reaches it.
-		return s.inFlightReply()
-	}
-	prior, found, err := s.cfg.Store.TransferByKey(ctx, claim.Client, claim.Key)
-	if err != nil {
-		return errReply(err)
-	}
-	if !found {
-		return s.inFlightReply()
-	}
-	st, b := Respond(ledger.Result{Kind: ledger.Duplicate, Transfer: prior})
-	if !bytes.Equal(prior.Fingerprint, cmd.Fingerprint()) {
-		st, b = problem(ledger.Errorf(ledger.CodeIdempotencyKeyReused, "the Idempotency-Key was used for a different request"))
+		// A capture's or void's record, with the hold as it is now: as the
+		// ledger answers a repeat of it.
+		a, found, err := s.cfg.Ledger.ActionByKey(ctx, claim.Client, claim.Key)
+		if err != nil {
+			return errReply(err)
+		}
+		if !found {
+			return s.inFlightReply()
+		}
+		hold, err := s.cfg.Ledger.Transfer(ctx, a.TransferID)
+		if err != nil {
+			return errReply(err)
+		}
+		st, b = RespondTo(cmd, ledger.Result{Kind: ledger.Duplicate, Action: &a, Transfer: hold})
+		if !bytes.Equal(a.Fingerprint, cmd.Fingerprint()) {
+			st, b = problem(ledger.Errorf(ledger.CodeIdempotencyKeyReused, "the Idempotency-Key was used for a different request"))
+		}
+	} else {
+		prior, found, err := s.cfg.Store.TransferByKey(ctx, claim.Client, claim.Key)
+		if err != nil {
+			return errReply(err)
+		}
+		if !found {
+			return s.inFlightReply()
+		}
+		st, b = Respond(ledger.Result{Kind: ledger.Duplicate, Transfer: prior})
+		if !bytes.Equal(prior.Fingerprint, cmd.Fingerprint()) {
+			st, b = problem(ledger.Errorf(ledger.CodeIdempotencyKeyReused, "the Idempotency-Key was used for a different request"))
+		}
 	}
 	if k, err = s.cfg.Store.AnswerUnclaimed(ctx, claim, st, b); err != nil {
 		return errReply(err)

@@ -341,6 +341,9 @@ func checkEffects(ops []Op, rows []row, chk *Check) (lost, doubled int) {
 			chk.fail("key %s: transfer %s is %s, but the acknowledged request was another (%s)", name, r.ID, b, describe(kops))
 		case !maybe[b] && r.Status != ledger.StatusRejected: // a refusal the ledger recorded moved nothing
 			chk.fail("key %s: transfer %s (%s) answers only refused requests (%s)", name, r.ID, b, describe(kops))
+		case r.Status == ledger.StatusRejected && answeredFinal(kops):
+			lost++
+			chk.fail("key %s LOST: answered 200/201 (%s) but transfer %s is REJECTED", name, describe(kops), r.ID)
 		case idsKnown && len(ids) > 0 && !ids[r.ID]:
 			chk.fail("key %s: transfer %s carries an ID no request of the key sent", name, r.ID)
 		case !slices.Contains([]ledger.Status{ledger.StatusCompleted, ledger.StatusRefunded, ledger.StatusRejected, ledger.StatusVoided, ledger.StatusExpired}, r.Status):
@@ -348,6 +351,18 @@ func checkEffects(ops []Op, rows []row, chk *Check) (lost, doubled int) {
 		}
 	}
 	return lost, doubled
+}
+
+// answeredFinal reports whether an API op of the key was answered 200 or
+// 201: a final success, which a REJECTED transfer contradicts (a 202 may
+// still end refused; a router's ack only says the command was stored).
+func answeredFinal(ops []Op) bool {
+	for _, op := range ops {
+		if op.Path == "api" && op.Outcome == OK && (op.Detail == "200" || op.Detail == "201") {
+			return true
+		}
+	}
+	return false
 }
 
 // describe summarises a key's ops: outcome and purpose of each.

@@ -78,14 +78,22 @@ func (e *env) holdFlow(ctx context.Context, rng *mrand.Rand, key, home, via stri
 	} else if e.submitUntilKnown(ctx, PurposeFirst, via, cmd) != OK {
 		return
 	}
+	// Every choice is drawn here, before any goroutine: the request's
+	// generator is not shared, and a seed replays the same requests.
 	amount := b.Amount
 	if rng.IntN(2) == 0 {
 		amount = b.Amount/2 + 1
 	}
-	pick := func() string { return e.names[rng.IntN(len(e.names))] }
-	capture := func() { e.act(ctx, pick(), key+"-capture", ledger.TypeCapture, id, amount) }
-	void := func() { e.act(ctx, pick(), key+"-void", ledger.TypeVoid, id, 0) }
-	switch x := rng.Float64(); {
+	captureVia, voidVia := e.names[rng.IntN(len(e.names))], e.names[rng.IntN(len(e.names))]
+	x := rng.Float64()
+	if !viaAPI {
+		// A router's ack says the hold is stored, not applied yet: give the
+		// ledger its moment, as a client acting on a webhook would.
+		time.Sleep(300 * time.Millisecond)
+	}
+	capture := func() { e.act(ctx, captureVia, key+"-capture", ledger.TypeCapture, id, amount) }
+	void := func() { e.act(ctx, voidVia, key+"-void", ledger.TypeVoid, id, 0) }
+	switch {
 	case x < 0.35:
 		capture()
 	case x < 0.6:
@@ -124,24 +132,38 @@ func (e *env) refundFlow(ctx context.Context, rng *mrand.Rand, key, home, via st
 	} else if e.submitUntilKnown(ctx, PurposeFirst, via, cmd) != OK {
 		return
 	}
-	// Give a cross-region payment the moment its credit takes; a refund
-	// that comes too early is refused, which the checker holds it to.
-	time.Sleep(300 * time.Millisecond)
 	payee, _ := e.c.IDs().HomeRegion(b.To)
 	part := b.Amount/2 + 1
+	// Every choice is drawn before any goroutine (see holdFlow).
+	type send struct {
+		viaAPI bool
+		via    string
+	}
+	var sends [3]send
+	for i := range sends {
+		sends[i] = send{rng.Float64() < apiShare, e.names[rng.IntN(len(e.names))]}
+	}
+	sequential := rng.IntN(2) == 0
+	// Give the payment the moment its credit takes (a router's ack says it
+	// is stored, not applied); a refund that comes too early is refused,
+	// which the checker holds it to.
+	time.Sleep(300 * time.Millisecond)
+	if !viaAPI {
+		time.Sleep(300 * time.Millisecond)
+	}
 	refund := func(n int, amount int64) {
 		rb := Body{Type: ledger.TypeRefund, From: b.To, To: b.From, Amount: amount, Currency: b.Currency}
 		rkey := fmt.Sprintf("%s-refund%d", key, n)
-		if rng.Float64() < apiShare {
+		if sd := sends[n-1]; sd.viaAPI {
 			payload, _ := json.Marshal(api.ActionRequest{Amount: amount})
-			e.postUntilKnownAt(ctx, PurposeFirst, e.names[rng.IntN(len(e.names))], rkey, rb, "/v1/transfers/"+id+"/refunds", payload)
+			e.postUntilKnownAt(ctx, PurposeFirst, sd.via, rkey, rb, "/v1/transfers/"+id+"/refunds", payload)
 			return
 		}
 		c := ledger.Command{Type: ledger.TypeRefund, TransferID: e.id(payee), ClientID: clientID, IdempotencyKey: rkey,
 			From: b.To, To: b.From, Amount: amount, Currency: b.Currency, CreatedAt: time.Now(), RefundOf: id}
-		e.submitUntilKnown(ctx, PurposeFirst, e.names[rng.IntN(len(e.names))], c)
+		e.submitUntilKnown(ctx, PurposeFirst, sends[n-1].via, c)
 	}
-	if rng.IntN(2) == 0 {
+	if sequential {
 		refund(1, part)
 		refund(2, b.Amount-part)
 		refund(3, 1) // past the total: refused
@@ -211,6 +233,13 @@ func (e *env) postAt(ctx context.Context, purpose, via, key string, b Body, path
 	}
 	var p api.Problem
 	_ = json.Unmarshal(raw, &p)
+	if p.Code == api.CodeIdempotencyKeyInFlight && b.Type != ledger.TypeTransfer {
+		// The key's request is still being decided: this op's outcome is
+		// its, unknown here. (A plain transfer's 409 stays a fail, as the
+		// scenarios' checks of conflicting bodies read it.)
+		e.hist.Complete(i, Unknown, detail, "")
+		return Unknown, res.StatusCode, string(p.Code)
+	}
 	e.hist.Complete(i, Fail, detail, "")
 	return Fail, res.StatusCode, string(p.Code)
 }
@@ -271,6 +300,9 @@ func checkActions(ops []Op, actions []action, chk *Check) (lost int) {
 			chk.fail("%s %s/%s of %s (in %s) was sent by no request of the history", a.typ, a.client, a.key, a.transfer, a.region)
 			continue
 		}
+		if prev, dup := recs[k]; dup {
+			chk.fail("%s %s/%s DOUBLED: recorded in %s and %s", a.typ, a.client, a.key, prev.region, a.region)
+		}
 		recs[k] = a
 	}
 	for _, k := range keys {
@@ -290,6 +322,8 @@ func checkActions(ops []Op, actions []action, chk *Check) (lost int) {
 			chk.fail("%s %s applied, but every request of it was refused (%s)", kops[0].Body.Type, name, describe(kops))
 		case ok && (a.transfer != kops[0].Transfer || a.typ != kops[0].Body.Type):
 			chk.fail("%s %s: its record is a %s of %s, the request a %s of %s", kops[0].Body.Type, name, a.typ, a.transfer, kops[0].Body.Type, kops[0].Transfer)
+		case ok && a.status == string(ledger.ActionApplied) && a.typ == ledger.TypeCapture && kops[0].Body.Amount > 0 && a.amount != kops[0].Body.Amount:
+			chk.fail("capture %s captured %d, the request asked for %d", name, a.amount, kops[0].Body.Amount)
 		}
 	}
 	return lost

@@ -188,3 +188,20 @@ func (s *Store) Refunds(ctx context.Context, id string) (refunds []ledger.Refund
 	}
 	return refunds, total, nil
 }
+
+// ActionByKey returns the capture or void a client's idempotency key made
+// (its business key), or false.
+func (s *Store) ActionByKey(ctx context.Context, client, key string) (ledger.Action, bool, error) {
+	var a ledger.Action
+	err := s.pool.QueryRow(ctx, `
+		SELECT client_id, idempotency_key, fingerprint, transfer_id, type, amount, status, coalesce(reason, ''), created_at
+		FROM transfer_actions WHERE client_id = $1 AND idempotency_key = $2`, client, key).Scan(
+		&a.ClientID, &a.IdempotencyKey, &a.Fingerprint, &a.TransferID, &a.Type, &a.Amount, &a.Status, &a.Reason, &a.CreatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ledger.Action{}, false, nil
+	}
+	if err != nil {
+		return ledger.Action{}, false, fmt.Errorf("read action: %w", err)
+	}
+	return a, true, nil
+}
