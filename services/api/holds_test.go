@@ -138,6 +138,11 @@ func TestHoldsOverHTTP(t *testing.T) {
 			time.Sleep(100 * time.Millisecond)
 		}
 		wantProblem(t, "capture after expiry", e.do(t, "eu", "POST", "/v1/transfers/"+x.ID+"/capture", keyA, "c4", ``), http.StatusConflict, ledger.CodeTransferNotHeld)
+		// The hold's retry, past the expiry it asked for, gets its first answer.
+		again := e.do(t, "us", "POST", "/v1/transfers", keyA, "h3", holdJSON(a, a2, 50, soon))
+		if again.status != r.status || string(again.body) != string(r.body) || again.header.Get(api.HeaderReplayed) != "true" {
+			t.Fatalf("hold retried after its expiry: %d %s, want the first answer %d %s replayed", again.status, again.body, r.status, r.body)
+		}
 		if acc := e.accountBody(t, "eu", keyA, a); acc.Held != 0 || acc.Balance != 900 {
 			t.Fatalf("account after expiry: %+v", acc)
 		}
