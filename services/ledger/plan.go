@@ -324,7 +324,10 @@ func (w *work) refundable(c Command) (int64, *int64, *Error) {
 	if n == 0 {
 		n = left
 	}
-	if n == 0 || n > left {
+	switch {
+	case n == 0:
+		return 0, nil, Errorf(CodeRefundExceedsCaptured, "transfer %s moved %d, all of it refunded: nothing is left to refund", c.RefundOf, moved)
+	case n > left:
 		return 0, nil, Errorf(CodeRefundExceedsCaptured, "transfer %s moved %d, of which %d is refunded: a refund of %d exceeds it", c.RefundOf, moved, *sum, n)
 	}
 	return n, sum, nil
