@@ -493,36 +493,12 @@ func (s *Store) queueLockState(ctx context.Context, tx pgx.Tx, b *pgx.Batch, cmd
 	if err := s.systemAccounts(ctx, tx, currencies, st.Issuance, st.Transit); err != nil {
 		return nil, err
 	}
-	if len(settle) > 0 {
-		slices.Sort(settle)
-		settle = slices.Compact(settle)
-		b.Queue(`SELECT `+transferColumns+` FROM transfers WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE`, settle).Query(func(rows pgx.Rows) error {
-			ts, err := pgx.CollectRows(rows, scanTransfer)
-			if err != nil {
-				return fmt.Errorf("lock transfers: %w", err)
-			}
-			st.Transfers = make(map[string]ledger.Transfer, len(ts))
-			for _, t := range ts {
-				st.Transfers[t.ID] = t
-			}
-			return nil
-		})
-	}
-	if len(credits) > 0 {
-		slices.Sort(credits)
-		credits = slices.Compact(credits)
-		b.Queue(`SELECT `+creditColumns+` FROM credits WHERE transfer_id = ANY($1::text[]) ORDER BY transfer_id FOR UPDATE`, credits).Query(func(rows pgx.Rows) error {
-			crs, err := pgx.CollectRows(rows, scanCredit)
-			if err != nil {
-				return fmt.Errorf("lock credits: %w", err)
-			}
-			st.Credits = make(map[string]ledger.Credit, len(crs))
-			for _, cr := range crs {
-				st.Credits[cr.TransferID] = cr
-			}
-			return nil
-		})
-	}
+	st.Transfers = map[string]ledger.Transfer{}
+	queueLocked(b, "transfers", `SELECT `+transferColumns+` FROM transfers WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE`,
+		settle, scanTransfer, func(t ledger.Transfer) { st.Transfers[t.ID] = t })
+	st.Credits = map[string]ledger.Credit{}
+	queueLocked(b, "credits", `SELECT `+creditColumns+` FROM credits WHERE transfer_id = ANY($1::text[]) ORDER BY transfer_id FOR UPDATE`,
+		credits, scanCredit, func(cr ledger.Credit) { st.Credits[cr.TransferID] = cr })
 	ids := make([]string, 0, 2*len(cmds))
 	for _, c := range cmds {
 		switch c.Type {
@@ -566,6 +542,27 @@ func (s *Store) queueLockState(ctx context.Context, tx pgx.Tx, b *pgx.Batch, cmd
 		})
 	}
 	return st, nil
+}
+
+// queueLocked queues, when there are ids, the statement sql that reads and
+// locks the rows of ids (sorted and deduplicated, so that concurrent
+// batches lock in one order) and hands each to put.
+func queueLocked[T any](b *pgx.Batch, what, sql string, ids []string, scan pgx.RowToFunc[T], put func(T)) {
+	if len(ids) == 0 {
+		return
+	}
+	slices.Sort(ids)
+	ids = slices.Compact(ids)
+	b.Queue(sql, ids).Query(func(rows pgx.Rows) error {
+		xs, err := pgx.CollectRows(rows, scan)
+		if err != nil {
+			return fmt.Errorf("lock %s: %w", what, err)
+		}
+		for _, x := range xs {
+			put(x)
+		}
+		return nil
+	})
 }
 
 // queuePlan queues the writes of a planned batch as set-based statements,
