@@ -86,25 +86,27 @@ func (e *env) holdFlow(ctx context.Context, rng *mrand.Rand, key, home, via stri
 	}
 	captureVia, voidVia := e.names[rng.IntN(len(e.names))], e.names[rng.IntN(len(e.names))]
 	x := rng.Float64()
-	if !viaAPI {
-		// A router's ack says the hold is stored, not applied yet: give the
-		// ledger its moment, as a client acting on a webhook would.
-		time.Sleep(300 * time.Millisecond)
-	}
 	capture := func() { e.act(ctx, captureVia, key+"-capture", ledger.TypeCapture, id, amount) }
 	void := func() { e.act(ctx, voidVia, key+"-void", ledger.TypeVoid, id, 0) }
-	switch {
-	case x < 0.35:
-		capture()
-	case x < 0.6:
-		void()
-	case x < 0.8:
-		var wg sync.WaitGroup
-		wg.Go(capture)
-		wg.Go(void)
-		wg.Wait()
-	default: // left to expire
-	}
+	e.later.Go(func() {
+		if !viaAPI {
+			// A router's ack says the hold is stored, not applied yet: give
+			// the ledger its moment, as a client acting on a webhook would.
+			time.Sleep(300 * time.Millisecond)
+		}
+		switch {
+		case x < 0.35:
+			capture()
+		case x < 0.6:
+			void()
+		case x < 0.8:
+			var wg sync.WaitGroup
+			wg.Go(capture)
+			wg.Go(void)
+			wg.Wait()
+		default: // left to expire
+		}
+	})
 }
 
 // act sends a capture or void of the hold id through the API of via.
@@ -144,13 +146,6 @@ func (e *env) refundFlow(ctx context.Context, rng *mrand.Rand, key, home, via st
 		sends[i] = send{rng.Float64() < apiShare, e.names[rng.IntN(len(e.names))]}
 	}
 	sequential := rng.IntN(2) == 0
-	// Give the payment the moment its credit takes (a router's ack says it
-	// is stored, not applied); a refund that comes too early is refused,
-	// which the checker holds it to.
-	time.Sleep(300 * time.Millisecond)
-	if !viaAPI {
-		time.Sleep(300 * time.Millisecond)
-	}
 	refund := func(n int, amount int64) {
 		rb := Body{Type: ledger.TypeRefund, From: b.To, To: b.From, Amount: amount, Currency: b.Currency}
 		rkey := fmt.Sprintf("%s-refund%d", key, n)
@@ -163,16 +158,25 @@ func (e *env) refundFlow(ctx context.Context, rng *mrand.Rand, key, home, via st
 			From: b.To, To: b.From, Amount: amount, Currency: b.Currency, CreatedAt: time.Now(), RefundOf: id}
 		e.submitUntilKnown(ctx, PurposeFirst, sends[n-1].via, c)
 	}
-	if sequential {
-		refund(1, part)
-		refund(2, b.Amount-part)
-		refund(3, 1) // past the total: refused
-		return
-	}
-	var wg sync.WaitGroup
-	wg.Go(func() { refund(1, part) })
-	wg.Go(func() { refund(2, part) })
-	wg.Wait()
+	e.later.Go(func() {
+		// Give the payment the moment its credit takes (a router's ack says
+		// it is stored, not applied); a refund that comes too early is
+		// refused, which the checker holds it to.
+		time.Sleep(300 * time.Millisecond)
+		if !viaAPI {
+			time.Sleep(300 * time.Millisecond)
+		}
+		if sequential {
+			refund(1, part)
+			refund(2, b.Amount-part)
+			refund(3, 1) // past the total: refused
+			return
+		}
+		var wg sync.WaitGroup
+		wg.Go(func() { refund(1, part) })
+		wg.Go(func() { refund(2, part) })
+		wg.Wait()
+	})
 }
 
 // postUntilKnownAt posts payload to path of a region's API as post does,

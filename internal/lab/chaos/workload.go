@@ -71,6 +71,9 @@ type env struct {
 	lastSlow atomic.Int64
 	// holdsDue is the latest expiry of the run's holds (Unix ms).
 	holdsDue atomic.Int64
+	// later runs the flows' second halves (flows.go), so that a worker
+	// goes on sending while a flow waits for its first request to apply.
+	later sync.WaitGroup
 
 	rngMu sync.Mutex
 	rng   *mrand.Rand
@@ -292,6 +295,7 @@ func (e *env) run(ctx context.Context, d time.Duration, workers int) {
 		})
 	}
 	wg.Wait()
+	e.later.Wait() // the flows' second halves
 }
 
 // request sends the workload's i-th request, drawn from the seed and i
