@@ -73,7 +73,7 @@ lint-openapi:
 ## compared by benchstat; the raw results are in bin/bench-telemetry.txt
 bench-telemetry: services
 	@mkdir -p bin
-	$(GO) test -c -o bin/ledger-server.test ./services/ledger/server
+	$(GO) test -c -o bin/ledger-server.test ./services/ledger/ledgerd
 	@rm -f bin/bench-telemetry.txt
 	@for i in $$(seq $(BENCH_COUNT)); do \
 		bin/ledger-server.test -test.run '^$$' -test.bench '^BenchmarkApplyPath$$' -test.benchtime $(BENCH_TIME) >bin/bench-round.txt \

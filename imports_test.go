@@ -23,7 +23,7 @@ var roles = []struct {
 	// Libraries anyone could import: nothing of the module but each other.
 	{"library", []string{"pkg/"}, nil},
 	// What the services share: logins, connections, migrations, telemetry.
-	{"platform", []string{"internal/platform/"}, []string{"library"}},
+	{"platform", []string{"platform/"}, []string{"library"}},
 	// The shipped services.
 	{"service", []string{"services/"}, []string{"library", "platform"}},
 	// Per-region configuration, read by the services' commands and by tests.
@@ -98,17 +98,17 @@ func TestPackageRoles(t *testing.T) {
 // or a test bed, and the platform importing a service.
 func TestPackageRolesCatch(t *testing.T) {
 	bad := map[string][]string{
-		module + "/services/ledger/server": {module + "/internal/lab/chaos"},
-		module + "/services/api":           {module + "/internal/testbed/cluster"},
-		module + "/internal/platform/pgdb": {module + "/services/ledger"},
-		module + "/pkg/dedup":              {module + "/internal/platform/pgdb"},
+		module + "/services/ledger/ledgerd": {module + "/internal/lab/chaos"},
+		module + "/services/api":            {module + "/internal/testbed/cluster"},
+		module + "/platform/pgdb":           {module + "/services/ledger"},
+		module + "/pkg/dedup":               {module + "/platform/pgdb"},
 	}
 	if got := violations(bad); len(got) != len(bad) {
 		t.Fatalf("got %d violations, want %d: %q", len(got), len(bad), got)
 	}
 	ok := map[string][]string{
-		module + "/internal/lab/chaos":     {module + "/internal/testbed/cluster", module + "/services/ledger"},
-		module + "/services/ledger/server": {module + "/internal/platform/pgdb", module + "/pkg/dedup", "github.com/jackc/pgx/v5"},
+		module + "/internal/lab/chaos":      {module + "/internal/testbed/cluster", module + "/services/ledger"},
+		module + "/services/ledger/ledgerd": {module + "/platform/pgdb", module + "/pkg/dedup", "github.com/jackc/pgx/v5"},
 	}
 	if got := violations(ok); len(got) != 0 {
 		t.Fatalf("got violations %q, want none", got)

@@ -11,11 +11,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/paymesh/paymesh/internal/platform/natsauth"
 	"github.com/paymesh/paymesh/internal/testbed/ledgertest"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
+	"github.com/paymesh/paymesh/platform/natsauth"
 	"github.com/paymesh/paymesh/services/ledger/dlq"
-	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
+	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 )
 
 // TestDLQCommands: paymesh dlq connects as the region's operator user,
@@ -31,7 +31,7 @@ func TestDLQCommands(t *testing.T) {
 	}
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
-	if err := ljs.EnsureStreams(ctx, js, ljs.Topology{Region: "eu"}); err != nil {
+	if err := ledgerstream.EnsureStreams(ctx, js, ledgerstream.Topology{Region: "eu"}); err != nil {
 		t.Fatal(err)
 	}
 	f := ledgertest.New(t)

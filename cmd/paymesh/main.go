@@ -29,20 +29,20 @@ import (
 	"github.com/paymesh/paymesh/internal/lab/dashboard"
 	"github.com/paymesh/paymesh/internal/lab/demo"
 	"github.com/paymesh/paymesh/internal/lab/loadgen"
-	"github.com/paymesh/paymesh/internal/platform/pgdb"
-	"github.com/paymesh/paymesh/internal/platform/startup"
 	"github.com/paymesh/paymesh/internal/testbed/faultproxy"
 	"github.com/paymesh/paymesh/pkg/dedup"
 	"github.com/paymesh/paymesh/pkg/idgen"
+	"github.com/paymesh/paymesh/platform/pgdb"
+	"github.com/paymesh/paymesh/platform/startup"
 	"github.com/paymesh/paymesh/services/api"
-	apipg "github.com/paymesh/paymesh/services/api/postgres"
-	apiserver "github.com/paymesh/paymesh/services/api/server"
+	"github.com/paymesh/paymesh/services/api/apid"
+	"github.com/paymesh/paymesh/services/api/apidb"
 	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/dlq"
-	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
+	"github.com/paymesh/paymesh/services/ledger/ledgerd"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
-	"github.com/paymesh/paymesh/services/ledger/server"
-	routerserver "github.com/paymesh/paymesh/services/router/server"
+	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
+	"github.com/paymesh/paymesh/services/router/routerd"
 	"github.com/paymesh/paymesh/services/telemetry"
 )
 
@@ -96,7 +96,7 @@ func (r regionDB) resolve(t regions.Table) (regions.Region, string, error) {
 
 // natsLogin is a service's user on its region's nats-server: in
 // docker-compose one per region and service (deploy/regions/nats/*.conf,
-// internal/platform/natsauth); none for a server without users.
+// platform/natsauth); none for a server without users.
 type natsLogin struct {
 	NATSUser     string `name:"nats-user" env:"PAYMESH_NATS_USER" help:"User on the region's nats-server (ledger-<region>, router-<region> or api-<region>; none for a server without users)."`
 	NATSPassword string `name:"nats-password" env:"PAYMESH_NATS_PASSWORD" help:"Password of --nats-user."`
@@ -111,9 +111,9 @@ type regionNATS struct {
 }
 
 // replicas returns --stream-replicas, or an error outside 1 to
-// ljs.MaxReplicas (0 is refused: the flag says what it means).
+// ledgerstream.MaxReplicas (0 is refused: the flag says what it means).
 func (r regionNATS) replicas() (int, error) {
-	if err := ljs.CheckReplicas(r.StreamReplicas); err != nil {
+	if err := ledgerstream.CheckReplicas(r.StreamReplicas); err != nil {
 		return 0, fmt.Errorf("--stream-replicas: %w", err)
 	}
 	return r.StreamReplicas, nil
@@ -197,11 +197,11 @@ func (c *ledgerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 	if err != nil {
 		return err
 	}
-	srv, err := server.Open(ctx, server.Config{OwnShards: own, StreamReplicas: replicas,
+	srv, err := ledgerd.Open(ctx, ledgerd.Config{OwnShards: own, StreamReplicas: replicas,
 		Region: reg.Name, Regions: ids, Node: c.Node, PostgresURL: url, NATSURL: c.NATSURL, NATSUser: c.NATSUser, NATSPassword: c.NATSPassword, Workers: c.Workers,
 		BatchSize: c.BatchSize, AckWait: c.AckWait, MaxDeliver: c.MaxDeliver, Lease: c.Lease,
 		WindowDays: c.WindowDays, OutboxRetention: c.OutboxKeep, CacheSize: c.CacheSize, Shards: c.Shards, Log: log.With("service", "ledger"),
-		Answers: apipg.Answers{}, AnswersSchema: new(apipg.Migrations()),
+		Answers: apidb.Answers{}, AnswersSchema: new(apidb.Migrations()),
 		MetricsListen: metricsListen(c.Metrics, reg.MetricsPort), ConnectTimeout: c.ConnectTimeout,
 	})
 	if err != nil {
@@ -295,7 +295,7 @@ func (c *apiCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, l
 	if listen == "" {
 		listen = fmt.Sprintf("127.0.0.1:%d", reg.APIPort)
 	}
-	srv, err := apiserver.Open(ctx, apiserver.Config{StreamReplicas: replicas, Region: reg.Name, Regions: ids, Node: c.Node, PostgresURL: url,
+	srv, err := apid.Open(ctx, apid.Config{StreamReplicas: replicas, Region: reg.Name, Regions: ids, Node: c.Node, PostgresURL: url,
 		NATSURL: c.NATSURL, NATSUser: c.NATSUser, NATSPassword: c.NATSPassword, OpsNATSUser: c.OpsNATSUser, OpsNATSPassword: c.OpsNATSPassword,
 		Shards: c.Shards, Wait: c.Wait, KeyTTL: c.KeyTTL, ClientCacheTTL: cmp.Or(c.ClientCacheTTL, -1), ClaimKeys: c.ClaimKeys, SubmitAll: c.SubmitAll,
 		Listen: listen, MetricsListen: metricsListen(c.Metrics, reg.APIMetricsPort), ConnectTimeout: c.ConnectTimeout,
@@ -357,7 +357,7 @@ func (c *clientCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 	}
 	// Open every region first: a missing database registers the client
 	// nowhere, and the error says which one and what to run.
-	stores := map[string]*apipg.Store{}
+	stores := map[string]*apidb.Store{}
 	var missing, found []string
 	for _, name := range names {
 		one := regionDB{Region: name, PostgresURL: c.PostgresURL}
@@ -388,7 +388,7 @@ func (c *clientCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 			return fmt.Errorf("region %s: %w", name, err)
 		}
 		defer pool.Close()
-		stores[name] = apipg.New(pool)
+		stores[name] = apidb.New(pool)
 		found = append(found, name)
 	}
 	if len(missing) > 0 {
@@ -678,7 +678,7 @@ func (c *routerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 	if err != nil {
 		return err
 	}
-	srv, err := routerserver.Open(ctx, routerserver.Config{StreamReplicas: replicas, Region: reg.Name, Regions: ids, PostgresURL: url,
+	srv, err := routerd.Open(ctx, routerd.Config{StreamReplicas: replicas, Region: reg.Name, Regions: ids, PostgresURL: url,
 		NATSURL: c.NATSURL, NATSUser: c.NATSUser, NATSPassword: c.NATSPassword, Shards: c.Shards, AckWait: c.AckWait,
 		MetricsListen: metricsListen(c.Metrics, reg.RouterMetricsPort), ConnectTimeout: c.ConnectTimeout, Log: log})
 	if err != nil {
@@ -720,7 +720,7 @@ func (c *migrateCmd) Run(ctx context.Context, t regions.Table) error {
 	if err := store.Migrate(ctx); err != nil {
 		return err
 	}
-	if err := apipg.New(pool).Migrate(ctx); err != nil {
+	if err := apidb.New(pool).Migrate(ctx); err != nil {
 		return err
 	}
 	if err := pgdb.Migrate(ctx, pool, dlq.Migrations()); err != nil {
@@ -892,7 +892,7 @@ func (c *chaosCmd) Run(ctx context.Context) error {
 }
 
 // cliVars are the defaults the flags' help and default tags name.
-var cliVars = kong.Vars{"default_pg": pgdb.DefaultURL, "default_batch": fmt.Sprint(ljs.DefaultBatchSize), "default_shards": fmt.Sprint(ljs.DefaultShards)}
+var cliVars = kong.Vars{"default_pg": pgdb.DefaultURL, "default_batch": fmt.Sprint(ledgerstream.DefaultBatchSize), "default_shards": fmt.Sprint(ledgerstream.DefaultShards)}
 
 func dashboardAddr(flag string) string {
 	if flag == "off" {

@@ -10,11 +10,11 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/paymesh/paymesh/internal/platform/natsauth"
 	"github.com/paymesh/paymesh/internal/testbed/ledgertest"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
-	apiserver "github.com/paymesh/paymesh/services/api/server"
-	routerserver "github.com/paymesh/paymesh/services/router/server"
+	"github.com/paymesh/paymesh/platform/natsauth"
+	"github.com/paymesh/paymesh/services/api/apid"
+	"github.com/paymesh/paymesh/services/router/routerd"
 )
 
 // TestServicesConnectAsTheirNATSUsers: the router and the API
@@ -46,10 +46,10 @@ func TestServicesConnectAsTheirNATSUsers(t *testing.T) {
 		var err error
 		switch service {
 		case natsauth.Router:
-			a, err = routerserver.Open(ctx, routerserver.Config{Region: "eu", Regions: ids, PostgresURL: url, NATSURL: topo.ClientURL("eu"),
+			a, err = routerd.Open(ctx, routerd.Config{Region: "eu", Regions: ids, PostgresURL: url, NATSURL: topo.ClientURL("eu"),
 				NATSUser: l.NATSUser, NATSPassword: l.NATSPassword, AckWait: time.Second})
 		default:
-			a, err = apiserver.Open(ctx, apiserver.Config{Region: "eu", Regions: ids, PostgresURL: url, NATSURL: topo.ClientURL("eu"),
+			a, err = apid.Open(ctx, apid.Config{Region: "eu", Regions: ids, PostgresURL: url, NATSURL: topo.ClientURL("eu"),
 				NATSUser: l.NATSUser, NATSPassword: l.NATSPassword, AckWait: time.Second})
 		}
 		if err == nil {

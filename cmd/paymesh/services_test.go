@@ -17,12 +17,12 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/paymesh/paymesh/internal/platform/pgdb"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/internal/testbed/pgtest"
 	"github.com/paymesh/paymesh/internal/testbed/syncbuf"
+	"github.com/paymesh/paymesh/platform/pgdb"
 	"github.com/paymesh/paymesh/services/api"
-	apipg "github.com/paymesh/paymesh/services/api/postgres"
+	"github.com/paymesh/paymesh/services/api/apidb"
 )
 
 // TestClientOneRegion: with only eu's database, `paymesh client acme`
@@ -46,7 +46,7 @@ func TestClientOneRegion(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	eu := apipg.New(pool)
+	eu := apidb.New(pool)
 	registered := func() bool {
 		_, ok, err := eu.ClientByID(ctx, "acme")
 		if err != nil {
@@ -102,7 +102,7 @@ func TestClientOperator(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	eu := apipg.New(pool)
+	eu := apidb.New(pool)
 	cmd := func(id string, operator bool, overdraft int64) *clientCmd {
 		return &clientCmd{PostgresURL: pgtest.AdminURL(), DBPrefix: prefix, ID: id, Rate: 100, Regions: []string{"eu"},
 			Operator: operator, Overdraft: overdraft, Key: id + "-key-0123456789"}
@@ -122,7 +122,7 @@ func TestClientOperator(t *testing.T) {
 	if err := cmd("acme", false, 0).Run(ctx, tab, ids, discard); err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd("acme", true, 0).Run(ctx, tab, ids, discard); !errors.Is(err, apipg.ErrRoleTaken) {
+	if err := cmd("acme", true, 0).Run(ctx, tab, ids, discard); !errors.Is(err, apidb.ErrRoleTaken) {
 		t.Fatalf("client acme registered again with --operator: got %v, want ErrRoleTaken", err)
 	}
 }

@@ -21,8 +21,8 @@ import (
 
 	"github.com/paymesh/paymesh/deploy/regions"
 	"github.com/paymesh/paymesh/internal/lab/compose"
-	"github.com/paymesh/paymesh/internal/platform/natsauth"
 	"github.com/paymesh/paymesh/internal/testbed/pgtest"
+	"github.com/paymesh/paymesh/platform/natsauth"
 )
 
 // repoRoot is the directory of docker-compose.yml, from which its relative
@@ -142,7 +142,7 @@ func ports(s compose.Service) []string {
 // (observability_test.go) and the leafnode hub nats-hub; every region's
 // nats service runs from its config in deploy/regions/nats and depends on
 // its WAN link to the hub; every ledger, router and API logs in to its
-// region's server as its own user (internal/platform/natsauth).
+// region's server as its own user (platform/natsauth).
 func TestComposeMatchesRegions(t *testing.T) {
 	p := loadCompose(t)
 	tab := mustTable(t)
@@ -491,7 +491,7 @@ func localPostgresMajor(t *testing.T) string {
 
 // localPostgresBin returns a local PostgreSQL program: on PATH, or the
 // newest /usr/lib/postgresql/<version>/bin/<name> (where the throwaway
-// clusters of internal/platform/pgdb come from). It skips the test when there is
+// clusters of platform/pgdb come from). It skips the test when there is
 // none.
 func localPostgresBin(t *testing.T, name string) string {
 	t.Helper()

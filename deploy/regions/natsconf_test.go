@@ -11,8 +11,8 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
-	"github.com/paymesh/paymesh/internal/platform/natsauth"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
+	"github.com/paymesh/paymesh/platform/natsauth"
 )
 
 // checkUsers compares the users a config gives a server with the
@@ -21,7 +21,7 @@ import (
 func checkUsers(t *testing.T, what string, got []*server.User, want []natsauth.User) {
 	t.Helper()
 	if !reflect.DeepEqual(got, natsembed.ServerUsers(want)) {
-		t.Errorf("%s differ from internal/platform/natsauth; want\n%s", what, natsauth.Conf(want, "  "))
+		t.Errorf("%s differ from platform/natsauth; want\n%s", what, natsauth.Conf(want, "  "))
 	}
 }
 
@@ -57,7 +57,7 @@ const serverNameEnv = "NATS_SERVER_NAME"
 // the table on 6222, and exactly one leaf remote, the hub reached through the
 // region's WAN link (compose service wan-<region>, which listens on the hub's
 // leaf port); every server has the users and permissions of
-// internal/platform/natsauth (the hub: a client user that may do nothing and
+// platform/natsauth (the hub: a client user that may do nothing and
 // one leafnode user per region, with which each region joins); and there is
 // no config for a region the table does not know.
 func TestNATSConfigs(t *testing.T) {

@@ -35,7 +35,7 @@
 //     distinct sonyflake machine id, and sonyflake IDs from different machine
 //     ids never collide, provided at most one Generator runs for each
 //     (region, node) at a time: the services lease their node id
-//     (internal/platform/nodelease) and mint under GeneratorConfig.Permit.
+//     (platform/nodelease) and mint under GeneratorConfig.Permit.
 //   - Monotonic per node: a Generator's successive IDs strictly increase,
 //     because sonyflake keeps an in-memory high-water time and sequence; if
 //     the wall clock steps back it keeps counting from the high-water mark

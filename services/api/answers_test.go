@@ -8,7 +8,7 @@ import (
 
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
 	"github.com/paymesh/paymesh/services/api"
-	apiserver "github.com/paymesh/paymesh/services/api/server"
+	"github.com/paymesh/paymesh/services/api/apid"
 )
 
 // TestAnswersPushed: with the keys' poll slowed to an hour, a transfer is
@@ -19,7 +19,7 @@ import (
 // API answers with the answer the notification carries.
 func TestAnswersPushed(t *testing.T) {
 	e := mustEnv(t, 24*time.Hour, func(c *cluster.Config) {
-		c.API = func(_ string, ac *apiserver.Config) { ac.AnswerPoll = time.Hour }
+		c.API = func(_ string, ac *apid.Config) { ac.AnswerPoll = time.Hour }
 	})
 	from := e.account(t, "eu", keyA, 1000)
 	to := e.account(t, "eu", keyA, 0)
@@ -46,7 +46,7 @@ func TestAnswersPushed(t *testing.T) {
 func TestClientCacheTTL(t *testing.T) {
 	const ttl = 3 * time.Second
 	e := mustEnv(t, 24*time.Hour, func(c *cluster.Config) {
-		c.API = func(_ string, ac *apiserver.Config) { ac.ClientCacheTTL = ttl }
+		c.API = func(_ string, ac *apid.Config) { ac.ClientCacheTTL = ttl }
 	})
 	id := e.account(t, "eu", keyA, 0)
 	const rotated = "key-a-rotated-0123456789"

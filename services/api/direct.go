@@ -10,7 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/paymesh/paymesh/services/ledger"
-	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
+	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 )
 
 // Applying a transfer here.
@@ -68,7 +68,7 @@ type directReq struct {
 // every other command is handed to the ledger stream, and the ledger
 // counts it when it gets it.
 type directGroup struct {
-	apply ljs.Applier // the region's ledger store, as the ledger's consumer applies with
+	apply ledgerstream.Applier // the region's ledger store, as the ledger's consumer applies with
 	stats *ledger.Stats
 	in    chan directReq
 	stop  chan struct{}
@@ -79,7 +79,7 @@ type directGroup struct {
 	closed bool
 }
 
-func newDirectGroup(a ljs.Applier, stats *ledger.Stats) *directGroup {
+func newDirectGroup(a ledgerstream.Applier, stats *ledger.Stats) *directGroup {
 	g := &directGroup{apply: a, stats: stats, in: make(chan directReq, directQueue), stop: make(chan struct{})}
 	g.wg.Go(g.run)
 	return g

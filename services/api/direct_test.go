@@ -12,7 +12,7 @@ import (
 
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
 	"github.com/paymesh/paymesh/services/api"
-	ledgerserver "github.com/paymesh/paymesh/services/ledger/server"
+	"github.com/paymesh/paymesh/services/ledger/ledgerd"
 )
 
 // TestApplyHere: by default the API applies its region's transfers in a
@@ -89,7 +89,7 @@ func TestRetryOfAHandedRequest(t *testing.T) {
 			}
 			return nil
 		}
-		c.Ledger = func(_ string, lc *ledgerserver.Config) { lc.BeforeApply = gate.beforeApply }
+		c.Ledger = func(_ string, lc *ledgerd.Config) { lc.BeforeApply = gate.beforeApply }
 	})
 	from := e.account(t, "eu", keyA, 1000)
 	to := e.account(t, "eu", keyA, 0)

@@ -34,11 +34,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"golang.org/x/time/rate"
 
-	"github.com/paymesh/paymesh/internal/platform/subjects"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/pkg/natstrace"
+	"github.com/paymesh/paymesh/platform/subjects"
 	"github.com/paymesh/paymesh/services/ledger"
-	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
+	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 )
 
 // Submitter hands a command to the region's router.
@@ -95,7 +95,7 @@ type Config struct {
 	// counts its own (default: a Stats of the Handler's). Without Apply
 	// every request is submitted to the ledger stream (Router). The
 	// claimed path (ClaimKeys) always submits.
-	Apply      ljs.Applier
+	Apply      ledgerstream.Applier
 	ApplyStats *ledger.Stats
 	// ApplyPID returns the Postgres backend process ID of Apply's one
 	// connection (nil: unknown). A request whose own transaction may still
@@ -256,7 +256,7 @@ func (s *Handler) do(ctx context.Context, home string, c call) reply {
 }
 
 // ForwardSubject is where region's API takes the calls forwarded from other
-// regions; only API users may publish or subscribe to it (internal/platform/natsauth).
+// regions; only API users may publish or subscribe to it (platform/natsauth).
 func ForwardSubject(region string) string { return subjects.API(region) }
 
 // maxForwarded bounds the calls from other regions served at once.
@@ -300,7 +300,7 @@ func (s *Handler) Listen() error {
 // answers now. A malformed one is dropped (the poll still finds every
 // answer).
 func (s *Handler) answered(m *nats.Msg) {
-	a, err := ljs.DecodeAnsweredKeys(m.Data)
+	a, err := ledgerstream.DecodeAnsweredKeys(m.Data)
 	if err != nil {
 		s.cfg.Log.Warn("answer notification dropped", "err", err)
 		return

@@ -9,7 +9,7 @@ import (
 
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
 	"github.com/paymesh/paymesh/services/api"
-	apiserver "github.com/paymesh/paymesh/services/api/server"
+	"github.com/paymesh/paymesh/services/api/apid"
 	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 )
@@ -269,7 +269,7 @@ func TestActionRepeatedAfterItsKey(t *testing.T) {
 
 func actionRepeatedAfterItsKey(t *testing.T, submitAll bool) {
 	e := mustEnv(t, time.Second, func(c *cluster.Config) {
-		c.API = func(_ string, ac *apiserver.Config) { ac.SubmitAll = submitAll }
+		c.API = func(_ string, ac *apid.Config) { ac.SubmitAll = submitAll }
 	})
 	a, b := e.account(t, "eu", keyA, 1000), e.account(t, "eu", keyA, 0)
 	r := e.do(t, "eu", "POST", "/v1/transfers", keyA, "held", holdJSON(a, b, 300, ""))

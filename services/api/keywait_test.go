@@ -9,15 +9,15 @@ import (
 
 	"github.com/paymesh/paymesh/internal/testbed/pgtest"
 	"github.com/paymesh/paymesh/services/api"
-	apipg "github.com/paymesh/paymesh/services/api/postgres"
+	"github.com/paymesh/paymesh/services/api/apidb"
 )
 
 // TestKeyWaiter: requests waiting for their keys are woken, with the
 // answered key, once it is answered; one that stopped waiting hears
 // nothing; and the poller stops when nobody waits.
 func TestKeyWaiter(t *testing.T) {
-	pool, _ := pgtest.MustDatabase(t, apipg.Migrations())
-	store := apipg.New(pool)
+	pool, _ := pgtest.MustDatabase(t, apidb.Migrations())
+	store := apidb.New(pool)
 	ctx := context.Background()
 	now := time.Now()
 	w := api.NewKeyWaiter(store, 5*time.Millisecond)
@@ -69,8 +69,8 @@ func TestKeyWaiter(t *testing.T) {
 // told of is not (only the poll would read it); a key told of while still
 // in flight keeps its waiter waiting.
 func TestKeyWaiterTold(t *testing.T) {
-	pool, _ := pgtest.MustDatabase(t, apipg.Migrations())
-	store := apipg.New(pool)
+	pool, _ := pgtest.MustDatabase(t, apidb.Migrations())
+	store := apidb.New(pool)
 	ctx := context.Background()
 	now := time.Now()
 	w := api.NewKeyWaiter(store, time.Hour)
@@ -120,8 +120,8 @@ func TestKeyWaiterTold(t *testing.T) {
 // reading the key (here it is still in flight in the database, so a read
 // would keep them waiting), and the waiter stops.
 func TestKeyWaiterToldTheAnswer(t *testing.T) {
-	pool, _ := pgtest.MustDatabase(t, apipg.Migrations())
-	store := apipg.New(pool)
+	pool, _ := pgtest.MustDatabase(t, apidb.Migrations())
+	store := apidb.New(pool)
 	ctx := context.Background()
 	now := time.Now()
 	w := api.NewKeyWaiter(store, time.Hour)

@@ -14,16 +14,16 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/paymesh/paymesh/internal/platform/natsauth"
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/internal/testbed/pgtest"
 	"github.com/paymesh/paymesh/pkg/idgen"
+	"github.com/paymesh/paymesh/platform/natsauth"
 	"github.com/paymesh/paymesh/services/api"
-	apiserver "github.com/paymesh/paymesh/services/api/server"
+	"github.com/paymesh/paymesh/services/api/apid"
 	"github.com/paymesh/paymesh/services/ledger"
-	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
-	"github.com/paymesh/paymesh/services/ledger/server"
+	"github.com/paymesh/paymesh/services/ledger/ledgerd"
+	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 )
 
 const (
@@ -54,8 +54,8 @@ func opsEnv(t *testing.T) (*env, *atomic.Bool, *pgxpool.Pool) {
 			}
 			return nil
 		},
-		Ledger: func(_ string, c *server.Config) { c.MaxDeliver = 2 },
-		API:    func(_ string, c *apiserver.Config) { c.OpsNATSUser, c.OpsNATSPassword = ops.Name, ops.Password },
+		Ledger: func(_ string, c *ledgerd.Config) { c.MaxDeliver = 2 },
+		API:    func(_ string, c *apid.Config) { c.OpsNATSUser, c.OpsNATSPassword = ops.Name, ops.Password },
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -184,7 +184,7 @@ func TestOperatorEndpoints(t *testing.T) {
 	all := waitLetters(t, e, 2)
 	failing.Store(false)
 	ghostSeq, lostSeq := all[0].Seq, all[1].Seq
-	if all[0].Reason != string(ledger.CodeAccountNotFound) || all[1].Reason != ljs.ReasonMaxDeliveries || all[1].Deliveries != 2 {
+	if all[0].Reason != string(ledger.CodeAccountNotFound) || all[1].Reason != ledgerstream.ReasonMaxDeliveries || all[1].Deliveries != 2 {
 		t.Fatalf("dead letters: got %+v, want account_not_found then max_deliveries after 2 deliveries", all)
 	}
 	if !strings.HasSuffix(all[1].Key, "/lost-1") || all[1].Subject == "" || all[1].LedgerSeq == 0 {
@@ -270,7 +270,7 @@ func TestOperatorEndpoints(t *testing.T) {
 			t.Fatalf("show: command %s (%v), payload %q: want the lost transfer %s", l.Command, err, l.Payload, lost.ID)
 		}
 		if l.Region != "eu" || l.FirstDeliveryAt == nil || l.LastDeliveryAt.Before(*l.FirstDeliveryAt) || l.Deliveries != 2 ||
-			l.Headers[ljs.HeaderDLQReason][0] != ljs.ReasonMaxDeliveries || l.CommandError != "" {
+			l.Headers[ledgerstream.HeaderDLQReason][0] != ledgerstream.ReasonMaxDeliveries || l.CommandError != "" {
 			t.Fatalf("show: got %s, want eu, first and last delivery, 2 deliveries, the reason header", r.body)
 		}
 	})

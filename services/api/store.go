@@ -48,7 +48,7 @@ type DeadLetters interface {
 }
 
 // Store is the API's own state in its region's database: its clients and
-// their idempotency keys. services/api/postgres's Store implements it.
+// their idempotency keys. services/api/apidb's Store implements it.
 // Every method returns an error only when the database fails.
 type Store interface {
 	// Ping reports whether the database answers (GET /readyz).

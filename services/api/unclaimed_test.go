@@ -14,12 +14,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/paymesh/paymesh/internal/platform/natsauth"
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
 	"github.com/paymesh/paymesh/pkg/idgen"
+	"github.com/paymesh/paymesh/platform/natsauth"
 	"github.com/paymesh/paymesh/services/api"
-	apiserver "github.com/paymesh/paymesh/services/api/server"
-	ledgerserver "github.com/paymesh/paymesh/services/ledger/server"
+	"github.com/paymesh/paymesh/services/api/apid"
+	"github.com/paymesh/paymesh/services/ledger/ledgerd"
 )
 
 // ledgerGate holds every ledger's batches before they apply while it is
@@ -131,8 +131,8 @@ func TestKeyGuaranteesBothPaths(t *testing.T) {
 			ledgerGate := newLedgerGate()
 			t.Cleanup(ledgerGate.release)
 			e := mustEnv(t, 24*time.Hour, func(c *cluster.Config) {
-				c.Ledger = func(_ string, lc *ledgerserver.Config) { lc.BeforeApply = ledgerGate.beforeApply }
-				c.API = func(_ string, ac *apiserver.Config) { ac.ClaimKeys, ac.SubmitAll = path.claim, path.submitAll }
+				c.Ledger = func(_ string, lc *ledgerd.Config) { lc.BeforeApply = ledgerGate.beforeApply }
+				c.API = func(_ string, ac *apid.Config) { ac.ClaimKeys, ac.SubmitAll = path.claim, path.submitAll }
 			})
 			from := e.account(t, "eu", keyA, 1000)
 			to := e.account(t, "eu", keyA, 0)
@@ -238,13 +238,13 @@ func TestUnclaimedAcrossProcesses(t *testing.T) {
 
 // secondAPI opens another API process of region eu, on node 3, as the
 // cluster's own is opened; with submitAll it submits every request.
-func secondAPI(t *testing.T, e *env, wait time.Duration, submitAll bool) *apiserver.Server {
+func secondAPI(t *testing.T, e *env, wait time.Duration, submitAll bool) *apid.Server {
 	t.Helper()
 	u, err := natsauth.UserOf("eu", natsauth.API)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := apiserver.Open(context.Background(), apiserver.Config{Region: "eu", Regions: e.c.IDs(), Node: 3,
+	srv, err := apid.Open(context.Background(), apid.Config{Region: "eu", Regions: e.c.IDs(), Node: 3,
 		PostgresURL: e.c.Region("eu").URL, NATSURL: e.topo.ClientURL("eu"), NATSUser: u.Name, NATSPassword: u.Password,
 		Shards: 4, AckWait: 2 * time.Second, Wait: wait, SubmitAll: submitAll, Listen: "127.0.0.1:0"})
 	if err != nil {
@@ -261,8 +261,8 @@ func unclaimedAcrossProcesses(t *testing.T, submitAll, secondHere bool) {
 	ledgerGate := newLedgerGate()
 	t.Cleanup(ledgerGate.release)
 	e := mustEnv(t, 24*time.Hour, func(c *cluster.Config) {
-		c.Ledger = func(_ string, lc *ledgerserver.Config) { lc.BeforeApply = ledgerGate.beforeApply }
-		c.API = func(_ string, ac *apiserver.Config) { ac.SubmitAll = submitAll }
+		c.Ledger = func(_ string, lc *ledgerd.Config) { lc.BeforeApply = ledgerGate.beforeApply }
+		c.API = func(_ string, ac *apid.Config) { ac.SubmitAll = submitAll }
 		// Applied here, the second process answers each repeat when its
 		// wait (1 s) runs out: two of them fit in the first's wait.
 		c.APIWait = 6 * time.Second

@@ -311,7 +311,7 @@ func transferStatus(t ledger.Transfer) int {
 
 // Respond renders the response to a client request's result. The ledger
 // stores it with the request's idempotency key in the transaction that
-// applies the transfer (services/api/postgres.Answers).
+// applies the transfer (services/api/apidb.Answers).
 func Respond(r ledger.Result) (int, []byte) {
 	return RespondTo(ledger.Command{}, r)
 }

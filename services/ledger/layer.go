@@ -11,7 +11,7 @@ const (
 	// LayerIdempotencyKey is the HTTP Idempotency-Key replay (services/api).
 	LayerIdempotencyKey Layer = "idempotency_key"
 	// LayerMsgID is the Nats-Msg-Id duplicate window of the route and
-	// ledger streams (JetStream; services/router, services/ledger/jetstream).
+	// ledger streams (JetStream; services/router, services/ledger/ledgerstream).
 	LayerMsgID Layer = "msg_id"
 	// LayerRecentCache is the consume-log's in-memory cache of recently
 	// committed keys (pkg/dedup's Cache).

@@ -13,9 +13,9 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/paymesh/paymesh/internal/platform/subjects"
 	"github.com/paymesh/paymesh/pkg/natstrace"
-	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
+	"github.com/paymesh/paymesh/platform/subjects"
+	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 )
 
 // Forwarding tunables.
@@ -89,7 +89,7 @@ func (r *Router) forwardFrom(ctx context.Context, cons jetstream.Consumer, log *
 	}
 	defer cc.Stop()
 	for {
-		batch, ok := ljs.NextBatch(ctx, inbox, forwardBatch)
+		batch, ok := ledgerstream.NextBatch(ctx, inbox, forwardBatch)
 		if !ok {
 			return nil
 		}
@@ -116,8 +116,8 @@ func (r *Router) forward(ctx context.Context, msgs []jetstream.Msg, log *slog.Lo
 		out.Data = m.Data()
 		msgID := m.Headers().Get(jetstream.MsgIDHeader)
 		out.Header.Set(jetstream.MsgIDHeader, msgID)
-		if to := m.Headers().Get(ljs.HeaderAnswerTo); to != "" {
-			out.Header.Set(ljs.HeaderAnswerTo, to) // the submitting API's, for the ledger to tell
+		if to := m.Headers().Get(ledgerstream.HeaderAnswerTo); to != "" {
+			out.Header.Set(ledgerstream.HeaderAnswerTo, to) // the submitting API's, for the ledger to tell
 		}
 		parent := natstrace.Extract(ctx, m.Headers())
 		opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(messaging(r.cfg.Region, subject, msgID, "send")...)}

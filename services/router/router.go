@@ -6,7 +6,7 @@
 //	route.<r>.<home>.<shard>   ROUTE_<R>: commands accepted in <r> for accounts
 //	                           homed in <home>, stored here first
 //	ledger.<home>.<shard>      the home region's ledger stream (see
-//	                           services/ledger/jetstream)
+//	                           services/ledger/ledgerstream)
 //
 // Store and forward: Submit stores a command in the local ROUTE stream (a
 // work queue), which succeeds while other regions are unreachable. The
@@ -34,11 +34,11 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/paymesh/paymesh/internal/platform/subjects"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/pkg/natstrace"
+	"github.com/paymesh/paymesh/platform/subjects"
 	"github.com/paymesh/paymesh/services/ledger"
-	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
+	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 )
 
 // Stream is the name of a region's route stream.
@@ -46,19 +46,19 @@ func Stream(region string) string { return subjects.RouteStream(region) }
 
 // EnsureStream creates or updates the region's route stream (file storage,
 // a Nats-Msg-Id window of window, replicas replicas; 0 for either takes the
-// default: ljs.DefaultDuplicateWindow, one replica). It is a work queue: a
+// default: ledgerstream.DefaultDuplicateWindow, one replica). It is a work queue: a
 // command stays, with no age limit, until the forwarder acks it after the
 // home region acked, then it is removed. It is idempotent, and sets an
 // existing stream's replica count to replicas. It returns an error for a
-// replica count ljs.CheckReplicas refuses, and JetStream's errors.
+// replica count ledgerstream.CheckReplicas refuses, and JetStream's errors.
 func EnsureStream(ctx context.Context, js jetstream.JetStream, region string, window time.Duration, replicas int) error {
 	if window <= 0 {
-		window = ljs.DefaultDuplicateWindow
+		window = ledgerstream.DefaultDuplicateWindow
 	}
 	if replicas == 0 {
 		replicas = 1
 	}
-	if err := ljs.CheckReplicas(replicas); err != nil {
+	if err := ledgerstream.CheckReplicas(replicas); err != nil {
 		return fmt.Errorf("ensure stream %s: %w", Stream(region), err)
 	}
 	_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
@@ -96,7 +96,7 @@ type Config struct {
 	Stats *Stats
 	// AnswerTo, if set, is the subject of the process that submits
 	// through this router (an API's, subjects.Answers): Submit sends it
-	// with each client request (ljs.HeaderAnswerTo), and the ledger tells
+	// with each client request (ledgerstream.HeaderAnswerTo), and the ledger tells
 	// that subject when the request is answered.
 	AnswerTo string
 }
@@ -146,8 +146,8 @@ func (r *Router) home(cmd ledger.Command) (region, account string, err error) {
 	return region, account, nil
 }
 
-func (r *Router) topo(region string) ljs.Topology {
-	return ljs.Topology{Region: region, Shards: r.cfg.Shards}
+func (r *Router) topo(region string) ledgerstream.Topology {
+	return ledgerstream.Topology{Region: region, Shards: r.cfg.Shards}
 }
 
 // Submit stores a command in the local route stream, addressed to its home
@@ -186,7 +186,7 @@ func (r *Router) submit(ctx context.Context, cmd ledger.Command, subject, stream
 	m.Data = cmd.Encode()
 	m.Header.Set(jetstream.MsgIDHeader, cmd.MsgKey())
 	if r.cfg.AnswerTo != "" && !cmd.IsStep() {
-		m.Header.Set(ljs.HeaderAnswerTo, r.cfg.AnswerTo)
+		m.Header.Set(ledgerstream.HeaderAnswerTo, r.cfg.AnswerTo)
 	}
 	ctx, span := tracer.Start(ctx, "send "+m.Subject, trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(
 		messaging(r.cfg.Region, m.Subject, cmd.MsgKey(), "send")...))

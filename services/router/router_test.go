@@ -9,11 +9,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/paymesh/paymesh/internal/platform/subjects"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/pkg/idgen"
+	"github.com/paymesh/paymesh/platform/subjects"
 	"github.com/paymesh/paymesh/services/ledger"
-	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
+	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 )
 
 func TestRetryDelay(t *testing.T) {
@@ -24,7 +24,7 @@ func TestRetryDelay(t *testing.T) {
 
 // embedded starts a nats-server for one test and returns a JetStream
 // handle on it, the regions eu and us, and eu's ledger topology (4 shards).
-func embedded(t *testing.T) (jetstream.JetStream, *idgen.Regions, ljs.Topology) {
+func embedded(t *testing.T) (jetstream.JetStream, *idgen.Regions, ledgerstream.Topology) {
 	t.Helper()
 	_, nc := natsembed.MustStart(t)
 	js, err := jetstream.New(nc)
@@ -32,7 +32,7 @@ func embedded(t *testing.T) (jetstream.JetStream, *idgen.Regions, ljs.Topology) 
 		t.Fatal(err)
 	}
 	ids, _ := idgen.NewRegions(map[string]uint8{"eu": 1, "us": 2})
-	return js, ids, ljs.Topology{Region: "eu", Shards: 4}
+	return js, ids, ledgerstream.Topology{Region: "eu", Shards: 4}
 }
 
 // TestSubmitAndForward: a command submitted in another region than its
@@ -44,7 +44,7 @@ func TestSubmitAndForward(t *testing.T) {
 	js, ids, topo := embedded(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if err := ljs.EnsureStreams(ctx, js, topo); err != nil {
+	if err := ledgerstream.EnsureStreams(ctx, js, topo); err != nil {
 		t.Fatal(err)
 	}
 	if err := EnsureStream(ctx, js, "us", 0, 0); err != nil {
@@ -128,7 +128,7 @@ func TestSubmitHomedHere(t *testing.T) {
 		t.Fatalf("without a ledger stream: route stream holds %d, %d direct; want 1 and 0", n, d)
 	}
 
-	if err := ljs.EnsureStreams(ctx, js, topo); err != nil {
+	if err := ledgerstream.EnsureStreams(ctx, js, topo); err != nil {
 		t.Fatal(err)
 	}
 	cmd := transfer()

@@ -10,7 +10,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/paymesh/paymesh/services/ledger/dlq"
-	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
+	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 	"github.com/paymesh/paymesh/services/router"
 )
 
@@ -44,10 +44,10 @@ func (m *Metrics) ObserveBacklog(region, stream string, pending Pending) error {
 }
 
 // LedgerPending returns the backlog of a region's ledger stream over all
-// its shard consumers (ljs.Backlog).
-func LedgerPending(js jetstream.JetStream, t ljs.Topology) Pending {
+// its shard consumers (ledgerstream.Backlog).
+func LedgerPending(js jetstream.JetStream, t ledgerstream.Topology) Pending {
 	return func(ctx context.Context) (int64, error) {
-		n, err := ljs.Backlog(ctx, js, t)
+		n, err := ledgerstream.Backlog(ctx, js, t)
 		if err != nil {
 			return 0, fmt.Errorf("ledger backlog %s: %w", t.Stream(), err)
 		}

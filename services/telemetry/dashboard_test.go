@@ -19,7 +19,7 @@ import (
 	"github.com/paymesh/paymesh/services/api"
 	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/dlq"
-	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
+	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 	"github.com/paymesh/paymesh/services/router"
 	"github.com/paymesh/paymesh/services/telemetry"
 )
@@ -116,13 +116,13 @@ func census(t *testing.T) *dlq.Census {
 	if err != nil {
 		t.Fatal(err)
 	}
-	topo := ljs.Topology{Region: "eu", Shards: 1}
-	if err := ljs.EnsureStreams(ctx, js, topo); err != nil {
+	topo := ledgerstream.Topology{Region: "eu", Shards: 1}
+	if err := ledgerstream.EnsureStreams(ctx, js, topo); err != nil {
 		t.Fatal(err)
 	}
 	m := nats.NewMsg(topo.DLQSubject())
 	m.Data = []byte("not a command")
-	m.Header.Set(ljs.HeaderDLQReason, string(ledger.CodeInvalidRequest))
+	m.Header.Set(ledgerstream.HeaderDLQReason, string(ledger.CodeInvalidRequest))
 	if _, err := js.PublishMsg(ctx, m); err != nil {
 		t.Fatal(err)
 	}

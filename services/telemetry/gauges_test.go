@@ -13,7 +13,7 @@ import (
 	"github.com/paymesh/paymesh/internal/testbed/ledgertest"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/services/ledger"
-	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
+	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 	"github.com/paymesh/paymesh/services/router"
 	"github.com/paymesh/paymesh/services/telemetry"
 )
@@ -60,8 +60,8 @@ func TestConsumerPending(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	topo := ljs.Topology{Region: "eu", Shards: 2}
-	if err := ljs.EnsureStreams(ctx, js, topo); err != nil {
+	topo := ledgerstream.Topology{Region: "eu", Shards: 2}
+	if err := ledgerstream.EnsureStreams(ctx, js, topo); err != nil {
 		t.Fatal(err)
 	}
 	if err := router.EnsureStream(ctx, js, "eu", time.Minute, 0); err != nil {
@@ -88,7 +88,7 @@ func TestConsumerPending(t *testing.T) {
 	}{
 		{topo.Stream(), telemetry.LedgerPending(js, topo)},
 		{router.Stream("eu"), telemetry.RoutePending(js, "eu")},
-		{"LEDGER_US", telemetry.LedgerPending(js, ljs.Topology{Region: "us"})}, // no such stream
+		{"LEDGER_US", telemetry.LedgerPending(js, ledgerstream.Topology{Region: "us"})}, // no such stream
 		{"BROKEN", broken},
 	} {
 		if err := m.ObserveBacklog("eu", o.stream, o.pending); err != nil {

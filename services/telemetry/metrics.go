@@ -24,8 +24,8 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/paymesh/paymesh/services/ledger"
-	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
+	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 	"github.com/paymesh/paymesh/services/router"
 )
 
@@ -233,26 +233,26 @@ func (m *Metrics) ObserveRouter(region string, st *router.Stats) error {
 // batches (size, transaction time) and saga stages (time since the
 // transfer's creation). Each records with the context the consumer passes,
 // so a sampled span there becomes the measurement's trace exemplar.
-func (m *Metrics) LedgerObserver(region, stream string) (ljs.Observer, error) {
+func (m *Metrics) LedgerObserver(region, stream string) (ledgerstream.Observer, error) {
 	meter := m.provider.Meter("paymesh/ledger")
 	size, err := meter.Int64Histogram("paymesh.apply.batch.size", metric.WithDescription("Commands per applied batch."),
 		metric.WithExplicitBucketBoundaries(1, 2, 4, 8, 16, 32, 64, 128, 256, 512))
 	if err != nil {
-		return ljs.Observer{}, fmt.Errorf("telemetry: %w", err)
+		return ledgerstream.Observer{}, fmt.Errorf("telemetry: %w", err)
 	}
 	latency, err := meter.Float64Histogram("paymesh.apply.duration.seconds", metric.WithDescription("Time to apply one batch in one transaction."),
 		metric.WithExplicitBucketBoundaries(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5))
 	if err != nil {
-		return ljs.Observer{}, fmt.Errorf("telemetry: %w", err)
+		return ledgerstream.Observer{}, fmt.Errorf("telemetry: %w", err)
 	}
 	stages, err := meter.Float64Histogram("paymesh.saga.stage.duration.seconds",
 		metric.WithDescription("Time from a cross-region transfer's creation until a saga stage ended here: credit (destination region), settle or refund (source region)."),
 		metric.WithExplicitBucketBoundaries(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300))
 	if err != nil {
-		return ljs.Observer{}, fmt.Errorf("telemetry: %w", err)
+		return ledgerstream.Observer{}, fmt.Errorf("telemetry: %w", err)
 	}
 	set := metric.WithAttributes(attribute.String("region", region), attribute.String("stream", stream))
-	return ljs.Observer{
+	return ledgerstream.Observer{
 		Batch: func(ctx context.Context, n int, took time.Duration) {
 			size.Record(ctx, int64(n), set)
 			latency.Record(ctx, took.Seconds(), set)

@@ -11,10 +11,10 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/paymesh/paymesh/internal/platform/subjects"
+	"github.com/paymesh/paymesh/platform/subjects"
 	"github.com/paymesh/paymesh/services/api"
-	apipg "github.com/paymesh/paymesh/services/api/postgres"
-	"github.com/paymesh/paymesh/services/ledger/server"
+	"github.com/paymesh/paymesh/services/api/apidb"
+	"github.com/paymesh/paymesh/services/ledger/ledgerd"
 )
 
 // APIProcessRun is the api scenario with the load from outside the API's
@@ -66,8 +66,8 @@ func (e *env) apiProcess(ctx context.Context) (APIProcessRun, error) {
 	if err := e.nats.js.DeleteStream(ctx, subjects.RouteStream(region)); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return res, fmt.Errorf("delete stream %s: %w", subjects.RouteStream(region), err)
 	}
-	setup, err := server.Open(ctx, server.Config{Region: region, Regions: e.regions, Node: 1, PostgresURL: url, NATSURL: e.nats.url,
-		Shards: e.cfg.Shards, CacheSize: 0, Answers: apipg.Answers{}, AnswersSchema: new(apipg.Migrations())})
+	setup, err := ledgerd.Open(ctx, ledgerd.Config{Region: region, Regions: e.regions, Node: 1, PostgresURL: url, NATSURL: e.nats.url,
+		Shards: e.cfg.Shards, CacheSize: 0, Answers: apidb.Answers{}, AnswersSchema: new(apidb.Migrations())})
 	if err != nil {
 		return res, err
 	}
@@ -77,7 +77,7 @@ func (e *env) apiProcess(ctx context.Context) (APIProcessRun, error) {
 	if err != nil {
 		return res, err
 	}
-	if err := apipg.New(store.Pool()).PutClient(ctx, api.RegisteredClient{ID: Client, Name: "bench", RatePerSec: 1_000_000}, apiKey); err != nil {
+	if err := apidb.New(store.Pool()).PutClient(ctx, api.RegisteredClient{ID: Client, Name: "bench", RatePerSec: 1_000_000}, apiKey); err != nil {
 		return res, err
 	}
 	reqs := e.apiRequests(accounts, e.cfg.APITransfers)

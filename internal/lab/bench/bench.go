@@ -27,10 +27,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/paymesh/paymesh/deploy/regions"
-	"github.com/paymesh/paymesh/internal/platform/pgdb"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/pkg/idgen"
-	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
+	"github.com/paymesh/paymesh/platform/pgdb"
+	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 )
 
 // Scenario names, in the order they run.
@@ -125,9 +125,9 @@ func (c Config) Defaults() Config {
 	}
 	def(&c.Accounts, 10_000, 2_000)
 	def(&c.Transfers, 200_000, 30_000)
-	def(&c.BatchSize, ljs.DefaultBatchSize, ljs.DefaultBatchSize)
+	def(&c.BatchSize, ledgerstream.DefaultBatchSize, ledgerstream.DefaultBatchSize)
 	def(&c.Workers, 2, 2)
-	def(&c.Shards, ljs.DefaultShards, ljs.DefaultShards)
+	def(&c.Shards, ledgerstream.DefaultShards, ledgerstream.DefaultShards)
 	def(&c.CacheSize, 100_000, 100_000)
 	def(&c.Window, 4096, 4096)
 	def(&c.CrossTransfers, 20_000, 4_000)

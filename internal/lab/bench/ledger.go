@@ -16,11 +16,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/paymesh/paymesh/internal/platform/pgdb"
 	"github.com/paymesh/paymesh/pkg/idgen"
+	"github.com/paymesh/paymesh/platform/pgdb"
 	"github.com/paymesh/paymesh/services/ledger"
-	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
-	"github.com/paymesh/paymesh/services/ledger/server"
+	"github.com/paymesh/paymesh/services/ledger/ledgerd"
+	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 )
 
 // region is the region every single-region run uses.
@@ -39,7 +39,7 @@ type ledgerRig struct {
 	e        *env
 	db       string
 	batch    int
-	srv      *server.Server
+	srv      *ledgerd.Server
 	accounts []string
 	// track receives every committed batch (the after-commit hook).
 	track atomic.Pointer[tracker]
@@ -60,12 +60,12 @@ func (e *env) openLedger(ctx context.Context, name string, batch, accounts int) 
 	if err := e.resetStreams(ctx); err != nil {
 		return nil, err
 	}
-	r.srv, err = server.Open(ctx, server.Config{
+	r.srv, err = ledgerd.Open(ctx, ledgerd.Config{
 		Region: region, Regions: e.regions, Node: 1, PostgresURL: url, NATSURL: e.nats.url,
 		NATSUser: e.nats.user, NATSPassword: e.nats.password, StreamReplicas: e.nats.replicas,
 		Workers: e.cfg.Workers, BatchSize: batch, Shards: e.cfg.Shards, CacheSize: e.cfg.CacheSize,
 		AfterCommit: r.afterCommit,
-		Observe: ljs.Observer{Batch: func(_ context.Context, size int, took time.Duration) {
+		Observe: ledgerstream.Observer{Batch: func(_ context.Context, size int, took time.Duration) {
 			r.batches.Add(1)
 			r.batchMsgs.Add(int64(size))
 			r.batchNanos.Add(int64(took))
@@ -236,7 +236,7 @@ func (r *ledgerRig) drive(ctx context.Context, p phase) (LedgerRun, error) {
 	r.batchMsgs.Store(0)
 	r.batchNanos.Store(0)
 	stats0 := r.srv.Stats.Duplicates()
-	topo := ljs.Topology{Region: region, Shards: e.cfg.Shards}
+	topo := ledgerstream.Topology{Region: region, Shards: e.cfg.Shards}
 
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -341,7 +341,7 @@ func (r *ledgerRig) window() int {
 }
 
 // publish sends command i of the phase without waiting for its ack.
-func (r *ledgerRig) publish(p phase, t *tracker, topo ljs.Topology, i int) (jetstream.PubAckFuture, error) {
+func (r *ledgerRig) publish(p phase, t *tracker, topo ledgerstream.Topology, i int) (jetstream.PubAckFuture, error) {
 	now := time.Now().UnixNano()
 	if !p.replay {
 		p.w.created[i] = now
@@ -475,7 +475,7 @@ func (e *env) resetStreams(ctx context.Context) error {
 	if admin == nil {
 		admin = e.nats.js
 	}
-	for _, s := range []string{ljs.Topology{Region: region}.Stream(), ljs.Topology{Region: region}.DLQStream()} {
+	for _, s := range []string{ledgerstream.Topology{Region: region}.Stream(), ledgerstream.Topology{Region: region}.DLQStream()} {
 		if err := admin.DeleteStream(ctx, s); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 			return fmt.Errorf("delete stream %s: %w", s, err)
 		}

@@ -17,8 +17,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
-	"github.com/paymesh/paymesh/services/ledger/server"
+	"github.com/paymesh/paymesh/services/ledger/ledgerd"
+	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 )
 
 // ProcessRun is the uniform workload applied by `paymesh ledger` in a
@@ -55,7 +55,7 @@ func (e *env) ledgerProcess(ctx context.Context) (ProcessRun, error) {
 	}
 	// The schema, the streams and the funded accounts, from this process;
 	// the consumers run in the child only.
-	setup, err := server.Open(ctx, server.Config{Region: region, Regions: e.regions, Node: 2, PostgresURL: url, NATSURL: e.nats.url,
+	setup, err := ledgerd.Open(ctx, ledgerd.Config{Region: region, Regions: e.regions, Node: 2, PostgresURL: url, NATSURL: e.nats.url,
 		Shards: e.cfg.Shards, CacheSize: 0})
 	if err != nil {
 		return ProcessRun{}, err
@@ -79,7 +79,7 @@ func (e *env) ledgerProcess(ctx context.Context) (ProcessRun, error) {
 	if err != nil {
 		return ProcessRun{}, err
 	}
-	topo := ljs.Topology{Region: region, Shards: e.cfg.Shards}
+	topo := ledgerstream.Topology{Region: region, Shards: e.cfg.Shards}
 	cpu0, _ := procCPU(pid)
 	first := time.Now()
 	var done atomic.Int64

@@ -7,8 +7,8 @@ import (
 
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
 	"github.com/paymesh/paymesh/services/api"
+	"github.com/paymesh/paymesh/services/ledger/ledgerd"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
-	"github.com/paymesh/paymesh/services/ledger/server"
 )
 
 // bugs are the deliberate bugs of the suite's own tests (bugs_test.go):
@@ -38,7 +38,7 @@ func (b bugs) install(c *cluster.Config) {
 
 	// Scenario 2.
 	if b.AckBeforeCommit {
-		onLedger(c, func(lc *server.Config) { lc.BeforeApply = ackBeforeApply })
+		onLedger(c, func(lc *ledgerd.Config) { lc.BeforeApply = ackBeforeApply })
 	}
 
 	// Scenario 3.
@@ -48,7 +48,7 @@ func (b bugs) install(c *cluster.Config) {
 
 	// Scenario 4 (with Config.dropBusinessKey).
 	if b.DedupByTransferID {
-		onLedger(c, func(lc *server.Config) { lc.RequestKey = keyByTransferID })
+		onLedger(c, func(lc *ledgerd.Config) { lc.RequestKey = keyByTransferID })
 	}
 
 	// Scenario 5.
@@ -68,7 +68,7 @@ func (b bugs) install(c *cluster.Config) {
 
 	// Scenario 9.
 	if b.NoRetry {
-		onLedger(c, func(lc *server.Config) { lc.MaxAttempts = 1 }) // the first retryable error gives up
+		onLedger(c, func(lc *ledgerd.Config) { lc.MaxAttempts = 1 }) // the first retryable error gives up
 	}
 
 	// Scenario 10.
@@ -87,11 +87,11 @@ func (b bugs) install(c *cluster.Config) {
 
 	// Scenario 1, the refunds' key.
 	if b.RefundKeyedByParent {
-		onLedger(c, func(lc *server.Config) { lc.RequestKey = refundByParent })
+		onLedger(c, func(lc *ledgerd.Config) { lc.RequestKey = refundByParent })
 	}
 
 	// Scenario 10, the expiry's clock.
 	if b.ExpiryClockBehind {
-		onLedger(c, func(lc *server.Config) { lc.Now = func() time.Time { return time.Now().Add(-time.Hour) } })
+		onLedger(c, func(lc *ledgerd.Config) { lc.Now = func() time.Time { return time.Now().Add(-time.Hour) } })
 	}
 }

@@ -9,10 +9,10 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/paymesh/paymesh/internal/platform/subjects"
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
-	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
-	"github.com/paymesh/paymesh/services/ledger/server"
+	"github.com/paymesh/paymesh/platform/subjects"
+	"github.com/paymesh/paymesh/services/ledger/ledgerd"
+	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 )
 
 // backlogBuild is how long scenario 14 holds the ledger of its region
@@ -79,7 +79,7 @@ func diskLossScenario() *scenario {
 		minRun:    3 * time.Second,
 		configure: func(e *env, c *cluster.Config) {
 			prev := c.Ledger
-			c.Ledger = func(region string, lc *server.Config) {
+			c.Ledger = func(region string, lc *ledgerd.Config) {
 				if prev != nil {
 					prev(region, lc)
 				}
@@ -103,7 +103,7 @@ func diskLossScenario() *scenario {
 			time.Sleep(backlogBuild)
 			ctx = context.WithoutCancel(ctx)
 			led := e.c.Region(r).Ledger
-			if n, err := ljs.Backlog(ctx, led.JetStream(), led.Topo); err == nil {
+			if n, err := ledgerstream.Backlog(ctx, led.JetStream(), led.Topo); err == nil {
 				st.backlog.Store(int64(n))
 			}
 			node, err := e.topo.StreamLeader(r, stream)

@@ -5,7 +5,7 @@ import (
 
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
 	"github.com/paymesh/paymesh/services/api"
-	apiserver "github.com/paymesh/paymesh/services/api/server"
+	"github.com/paymesh/paymesh/services/api/apid"
 	"github.com/paymesh/paymesh/services/ledger"
 )
 
@@ -13,7 +13,7 @@ import (
 // decorators installed before it (through the API's WrapStore seam).
 func wrapAPIStore(c *cluster.Config, wrap func(api.Store) api.Store) {
 	prev := c.API
-	c.API = func(region string, ac *apiserver.Config) {
+	c.API = func(region string, ac *apid.Config) {
 		if prev != nil {
 			prev(region, ac)
 		}
@@ -28,10 +28,10 @@ func wrapAPIStore(c *cluster.Config, wrap func(api.Store) api.Store) {
 }
 
 // claimKeys makes every region's API claim each key before it submits
-// (apiserver.Config.ClaimKeys).
+// (apid.Config.ClaimKeys).
 func claimKeys(c *cluster.Config) {
 	prev := c.API
-	c.API = func(region string, ac *apiserver.Config) {
+	c.API = func(region string, ac *apid.Config) {
 		if prev != nil {
 			prev(region, ac)
 		}

@@ -8,8 +8,8 @@ import (
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
 	"github.com/paymesh/paymesh/pkg/dedup"
 	"github.com/paymesh/paymesh/services/ledger"
+	"github.com/paymesh/paymesh/services/ledger/ledgerd"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
-	"github.com/paymesh/paymesh/services/ledger/server"
 )
 
 // The faults of the ledger's apply (scenarios 3, 4 and 5): decorators of
@@ -64,9 +64,9 @@ func keyByTransferID(c ledger.Command) string {
 
 // onLedger makes every region's ledger configuration go through change,
 // after the changes installed before it.
-func onLedger(c *cluster.Config, change func(*server.Config)) {
+func onLedger(c *cluster.Config, change func(*ledgerd.Config)) {
 	prev := c.Ledger
-	c.Ledger = func(region string, lc *server.Config) {
+	c.Ledger = func(region string, lc *ledgerd.Config) {
 		if prev != nil {
 			prev(region, lc)
 		}
@@ -77,7 +77,7 @@ func onLedger(c *cluster.Config, change func(*server.Config)) {
 // wrapConsumeLog makes every region's store decorate its consume-log with
 // wrap, around the decorators installed before it.
 func wrapConsumeLog(c *cluster.Config, wrap func(postgres.ConsumeLog) postgres.ConsumeLog) {
-	onLedger(c, func(lc *server.Config) {
+	onLedger(c, func(lc *ledgerd.Config) {
 		inner := lc.WrapConsumeLog
 		lc.WrapConsumeLog = func(l postgres.ConsumeLog) postgres.ConsumeLog {
 			if inner != nil {

@@ -3,10 +3,9 @@ package chaos
 import (
 	"context"
 
-	routerserver "github.com/paymesh/paymesh/services/router/server"
-
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/paymesh/paymesh/services/router/routerd"
 
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
 	"github.com/paymesh/paymesh/services/ledger"
@@ -88,7 +87,7 @@ func forwarded(m *nats.Msg) bool {
 // WrapJetStream seam).
 func wrapRouterJetStream(c *cluster.Config, wrap func(jetstream.JetStream) jetstream.JetStream) {
 	prev := c.Router
-	c.Router = func(region string, rc *routerserver.Config) {
+	c.Router = func(region string, rc *routerd.Config) {
 		if prev != nil {
 			prev(region, rc)
 		}

@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/paymesh/paymesh/internal/platform/subjects"
+	"github.com/paymesh/paymesh/platform/subjects"
 )
 
 // The R3 scenarios (13 and 14) attack clusteredRegion, which runs a

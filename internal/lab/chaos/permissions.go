@@ -10,9 +10,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/paymesh/paymesh/internal/platform/natsauth"
+	"github.com/paymesh/paymesh/platform/natsauth"
 	"github.com/paymesh/paymesh/services/ledger"
-	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
+	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 )
 
 // PurposeForged marks a command a region's ledger or API user tried to
@@ -86,7 +86,7 @@ func (f *forgery) forge(e *env) {
 		Currency: "EUR", CreatedAt: time.Now()}
 	i := e.hist.Invoke(Op{Client: cmd.ClientID, Key: cmd.IdempotencyKey, Body: e.body(cmd), Path: "forged", Via: from,
 		Purpose: PurposeForged, Transfer: cmd.TransferID, cmd: cmd})
-	m := nats.NewMsg(ljs.Topology{Region: to, Shards: shards}.Subject(src))
+	m := nats.NewMsg(ledgerstream.Topology{Region: to, Shards: shards}.Subject(src))
 	m.Data = cmd.Encode()
 	m.Header.Set("Nats-Msg-Id", cmd.MsgKey())
 	_ = nc.PublishMsg(m)

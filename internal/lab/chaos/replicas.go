@@ -7,7 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/paymesh/paymesh/internal/platform/subjects"
+	"github.com/paymesh/paymesh/platform/subjects"
 )
 
 // waitCurrent waits, at most currentWait, until every replica of the

@@ -27,16 +27,16 @@ import (
 
 	"github.com/paymesh/paymesh/deploy/regions"
 	"github.com/paymesh/paymesh/internal/lab/dashboard"
-	"github.com/paymesh/paymesh/internal/platform/pgdb"
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
 	"github.com/paymesh/paymesh/internal/testbed/faultproxy"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/internal/testbed/pgserver"
 	"github.com/paymesh/paymesh/pkg/idgen"
+	"github.com/paymesh/paymesh/platform/pgdb"
 	"github.com/paymesh/paymesh/services/api"
 	"github.com/paymesh/paymesh/services/ledger"
-	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
+	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 )
 
 // Config sets the demo's size and its duplicate injection rates (0..1).
@@ -635,9 +635,9 @@ func (d *driver) send(ctx context.Context, cmd ledger.Command) error {
 		d.poison++
 		d.mu.Unlock()
 		home, _ := d.c.IDs().HomeRegion(cmd.From)
-		m := nats.NewMsg(ljs.Topology{Region: home, Shards: 8}.Subject(cmd.From))
+		m := nats.NewMsg(ledgerstream.Topology{Region: home, Shards: 8}.Subject(cmd.From))
 		m.Data = []byte(strings.Replace(string(cmd.Encode()), `"amount":`, `"amount":0.5,"x":`, 1))
-		// Only routers may publish to ledger subjects (internal/platform/natsauth).
+		// Only routers may publish to ledger subjects (platform/natsauth).
 		if _, err := d.c.Region(home).RouterJetStream().PublishMsg(ctx, m); err != nil {
 			return err
 		}

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/paymesh/paymesh/internal/lab/compose"
-	"github.com/paymesh/paymesh/internal/platform/subjects"
+	"github.com/paymesh/paymesh/platform/subjects"
 )
 
 // leaderKillFor is how long the node leading a stream stays down: longer

@@ -1,6 +1,6 @@
 // Package cluster runs several paymesh regions in one process: per region a
-// database and the three services a deployment runs (services/ledger/server,
-// services/router/server, services/api/server, each with its own /metrics),
+// database and the three services a deployment runs (services/ledger/ledgerd,
+// services/router/routerd, services/api/apid, each with its own /metrics),
 // on an embedded multi-region NATS topology. The multi-region tests and the
 // demo use it.
 package cluster
@@ -16,19 +16,19 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/paymesh/paymesh/internal/platform/natsauth"
-	"github.com/paymesh/paymesh/internal/platform/pgdb"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/pkg/idgen"
+	"github.com/paymesh/paymesh/platform/natsauth"
+	"github.com/paymesh/paymesh/platform/pgdb"
 	"github.com/paymesh/paymesh/services/api"
-	apipg "github.com/paymesh/paymesh/services/api/postgres"
-	apiserver "github.com/paymesh/paymesh/services/api/server"
+	"github.com/paymesh/paymesh/services/api/apid"
+	"github.com/paymesh/paymesh/services/api/apidb"
 	"github.com/paymesh/paymesh/services/ledger"
-	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
+	"github.com/paymesh/paymesh/services/ledger/ledgerd"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
-	"github.com/paymesh/paymesh/services/ledger/server"
+	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 	"github.com/paymesh/paymesh/services/router"
-	routerserver "github.com/paymesh/paymesh/services/router/server"
+	"github.com/paymesh/paymesh/services/router/routerd"
 )
 
 // Config describes the regions to run.
@@ -48,7 +48,7 @@ type Config struct {
 	BatchSize      int
 	AckWait        time.Duration
 	// DuplicateWindow is the Nats-Msg-Id window of the route and ledger
-	// streams (default ljs.DefaultDuplicateWindow).
+	// streams (default ledgerstream.DefaultDuplicateWindow).
 	DuplicateWindow time.Duration
 	// Inject asks, per router publish, for a duplicate (see router.Config).
 	Inject func() bool
@@ -62,9 +62,9 @@ type Config struct {
 	// Ledger, Router and API, if set, change a region's service
 	// configuration just before the service opens: a test installs its own
 	// hooks and decorators through the services' seams here.
-	Ledger func(region string, c *server.Config)
-	Router func(region string, c *routerserver.Config)
-	API    func(region string, c *apiserver.Config)
+	Ledger func(region string, c *ledgerd.Config)
+	Router func(region string, c *routerd.Config)
+	API    func(region string, c *apid.Config)
 	// APIWait and KeyTTL configure each region's HTTP API (see api.Config).
 	APIWait time.Duration
 	KeyTTL  time.Duration
@@ -93,19 +93,19 @@ const connectTimeout = 10 * time.Second
 type Region struct {
 	Name   string
 	URL    string // database URL
-	Ledger *server.Server
+	Ledger *ledgerd.Server
 	Router *router.Router
 	API    *api.Handler
 	// APIStore is the API's own store: its clients and idempotency keys.
-	APIStore *apipg.Store
+	APIStore *apidb.Store
 	// APIURL is the base URL of the region's HTTP API.
 	APIURL string
 	// LedgerMetricsURL, RouterMetricsURL and APIMetricsURL serve each
 	// service's metrics (Prometheus text format or OpenMetrics), one
 	// endpoint per service as deployed.
 	LedgerMetricsURL, RouterMetricsURL, APIMetricsURL string
-	routerSrv                                         *routerserver.Server
-	apiSrv                                            *apiserver.Server
+	routerSrv                                         *routerd.Server
+	apiSrv                                            *apid.Server
 	// The addresses and counters, kept across restarts.
 	apiAddr     string
 	metrics     MetricsAddrs
@@ -130,7 +130,7 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	if cfg.Shards <= 0 {
-		cfg.Shards = ljs.DefaultShards
+		cfg.Shards = ledgerstream.DefaultShards
 	}
 	ids, err := idgen.NewRegions(cfg.Regions)
 	if err != nil {
@@ -189,7 +189,7 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) (err error) {
 	url := c.cfg.Topology.ClientURL(r.Name)
 	replicas := c.cfg.Topology.Replicas(r.Name)
 	// Each service connects as its own user of the region's server
-	// (internal/platform/natsauth), so it runs with the permissions it has in
+	// (platform/natsauth), so it runs with the permissions it has in
 	// docker-compose.
 	user := func(service string) natsauth.User {
 		u, err := natsauth.UserOf(r.Name, service)
@@ -211,20 +211,20 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) (err error) {
 		}
 	}()
 	lu := user(natsauth.Ledger)
-	lcfg := server.Config{
+	lcfg := ledgerd.Config{
 		Region: r.Name, Regions: c.ids, Node: 1, PostgresURL: r.URL, NATSURL: url, NATSUser: lu.Name, NATSPassword: lu.Password, Workers: 2,
 		BatchSize: c.cfg.BatchSize, AckWait: c.cfg.AckWait, MaxDeliver: 1000, Shards: c.cfg.Shards, DuplicateWindow: c.cfg.DuplicateWindow, StreamReplicas: replicas,
 		CacheSize: 10_000, AfterCommit: afterCommit, BeforeCommit: c.cfg.BeforeCommit, Log: log.With("service", "ledger"),
-		Answers: apipg.Answers{}, AnswersSchema: new(apipg.Migrations()), Stats: r.ledgerStats, MetricsListen: listen(r.metrics.Ledger), ConnectTimeout: connectTimeout,
+		Answers: apidb.Answers{}, AnswersSchema: new(apidb.Migrations()), Stats: r.ledgerStats, MetricsListen: listen(r.metrics.Ledger), ConnectTimeout: connectTimeout,
 	}
 	if c.cfg.Ledger != nil {
 		c.cfg.Ledger(r.Name, &lcfg)
 	}
-	if r.Ledger, err = server.Open(ctx, lcfg); err != nil {
+	if r.Ledger, err = ledgerd.Open(ctx, lcfg); err != nil {
 		return err
 	}
 	ru := user(natsauth.Router)
-	rcfg := routerserver.Config{
+	rcfg := routerd.Config{
 		Region: r.Name, Regions: c.ids, PostgresURL: r.URL, NATSURL: url, NATSUser: ru.Name, NATSPassword: ru.Password,
 		Shards: c.cfg.Shards, AckWait: c.cfg.AckWait, DuplicateWindow: c.cfg.DuplicateWindow, StreamReplicas: replicas, Inject: c.cfg.Inject,
 		Stats: r.routerStats, MetricsListen: listen(r.metrics.Router), ConnectTimeout: connectTimeout, Log: log,
@@ -232,12 +232,12 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) (err error) {
 	if c.cfg.Router != nil {
 		c.cfg.Router(r.Name, &rcfg)
 	}
-	if r.routerSrv, err = routerserver.Open(ctx, rcfg); err != nil {
+	if r.routerSrv, err = routerd.Open(ctx, rcfg); err != nil {
 		return err
 	}
 	r.Router = r.routerSrv.Router()
 	au := user(natsauth.API)
-	acfg := apiserver.Config{
+	acfg := apid.Config{
 		Region: r.Name, Regions: c.ids, Node: 2, PostgresURL: r.URL, NATSURL: url, NATSUser: au.Name, NATSPassword: au.Password,
 		Shards: c.cfg.Shards, AckWait: c.cfg.AckWait, DuplicateWindow: c.cfg.DuplicateWindow, StreamReplicas: replicas, Inject: c.cfg.Inject,
 		// The API submits through a router of its own connection,
@@ -252,7 +252,7 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) (err error) {
 	if c.cfg.API != nil {
 		c.cfg.API(r.Name, &acfg)
 	}
-	if r.apiSrv, err = apiserver.Open(ctx, acfg); err != nil {
+	if r.apiSrv, err = apid.Open(ctx, acfg); err != nil {
 		return err
 	}
 	r.API, r.APIStore, r.APIURL = r.apiSrv.API(), r.apiSrv.Store(), r.apiSrv.URL()
@@ -346,8 +346,8 @@ func (c *Cluster) Stores() []*postgres.Store {
 
 // APIStores returns every region's API store (clients and idempotency
 // keys).
-func (c *Cluster) APIStores() []*apipg.Store {
-	var out []*apipg.Store
+func (c *Cluster) APIStores() []*apidb.Store {
+	var out []*apidb.Store
 	for _, n := range c.Names() {
 		out = append(out, c.Region(n).APIStore)
 	}
@@ -361,7 +361,7 @@ func (c *Cluster) Backlog(ctx context.Context) (int64, error) {
 	var n int64
 	for _, name := range c.Names() {
 		r := c.Region(name)
-		b, err := ljs.Backlog(ctx, r.Ledger.JetStream(), r.Ledger.Topo)
+		b, err := ledgerstream.Backlog(ctx, r.Ledger.JetStream(), r.Ledger.Topo)
 		if err != nil {
 			return 0, err
 		}

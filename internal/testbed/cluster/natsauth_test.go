@@ -7,13 +7,13 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
-	"github.com/paymesh/paymesh/internal/platform/natsauth"
+	"github.com/paymesh/paymesh/platform/natsauth"
 	"github.com/paymesh/paymesh/services/ledger"
 )
 
 // TestServicesRunAsTheirNATSUsers: every region's ledger, router and API
 // are connected to their region's server as their own users of
-// internal/platform/natsauth, and with those permissions a cross-region transfer and
+// platform/natsauth, and with those permissions a cross-region transfer and
 // its saga go through to COMPLETED.
 func TestServicesRunAsTheirNATSUsers(t *testing.T) {
 	h := mustCluster(t, nil, nil)

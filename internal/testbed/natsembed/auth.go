@@ -3,7 +3,7 @@ package natsembed
 import (
 	"github.com/nats-io/nats-server/v2/server"
 
-	"github.com/paymesh/paymesh/internal/platform/natsauth"
+	"github.com/paymesh/paymesh/platform/natsauth"
 )
 
 // ServerUsers turns natsauth users into a server's users, as nats-server's

@@ -21,8 +21,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/paymesh/paymesh/internal/platform/natsauth"
 	"github.com/paymesh/paymesh/internal/testbed/faultproxy"
+	"github.com/paymesh/paymesh/platform/natsauth"
 )
 
 const (
@@ -77,7 +77,7 @@ type TopologyOptions struct {
 // The nodes of a region are numbered from 0: node i is the server named
 // NodeName(region, i), "<region>-<i+1>" in a cluster and "<region>" alone.
 //
-// The servers have the users and permissions of internal/platform/natsauth, as
+// The servers have the users and permissions of platform/natsauth, as
 // deploy/regions/nats/*.conf: a region's servers take only its services'
 // users (natsauth.UserOf, with natsauth.ConnectOptions), the hub takes no
 // clients, and each region joins the hub as its leafnode user.

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/paymesh/paymesh/internal/platform/pgdb"
 	"github.com/paymesh/paymesh/internal/testbed/pgserver"
+	"github.com/paymesh/paymesh/platform/pgdb"
 )
 
 // TestThrowaway starts a cluster from the local binaries, uses it,

@@ -12,8 +12,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/paymesh/paymesh/internal/platform/subjects"
-	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
+	"github.com/paymesh/paymesh/platform/subjects"
+	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 )
 
 // Depth is how many dead letters of one reason a region holds and when the
@@ -105,7 +105,7 @@ func (c *Census) refresh(ctx context.Context) error {
 		if m.Sequence > st.LastSeq { // newer than info: the next refresh counts it
 			break
 		}
-		letters = append(letters, indexed{seq: m.Sequence, at: m.Time, reason: c.intern(m.Header.Get(ljs.HeaderDLQReason))})
+		letters = append(letters, indexed{seq: m.Sequence, at: m.Time, reason: c.intern(m.Header.Get(ledgerstream.HeaderDLQReason))})
 		seq, changed = m.Sequence+1, true
 	}
 	next = max(next, st.LastSeq+1)

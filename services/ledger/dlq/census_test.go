@@ -12,13 +12,13 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/paymesh/paymesh/internal/platform/natsauth"
-	"github.com/paymesh/paymesh/internal/platform/pgdb"
 	"github.com/paymesh/paymesh/internal/testbed/ledgertest"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
+	"github.com/paymesh/paymesh/platform/natsauth"
+	"github.com/paymesh/paymesh/platform/pgdb"
 	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/dlq"
-	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
+	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 	"github.com/paymesh/paymesh/services/telemetry"
 )
 
@@ -59,8 +59,8 @@ func TestCensus(t *testing.T) {
 	ctx := context.Background()
 	nt := natsembed.MustStartTopology(t, "eu")
 	js, routerJS, opsJS := connect(t, nt, natsauth.Ledger), connect(t, nt, natsauth.Router), connect(t, nt, natsauth.Ops)
-	topo := ljs.Topology{Region: "eu", Shards: 4, DuplicateWindow: time.Second}
-	if err := ljs.EnsureStreams(ctx, js, topo); err != nil {
+	topo := ledgerstream.Topology{Region: "eu", Shards: 4, DuplicateWindow: time.Second}
+	if err := ledgerstream.EnsureStreams(ctx, js, topo); err != nil {
 		t.Fatal(err)
 	}
 	f := ledgertest.New(t)
@@ -93,7 +93,7 @@ func TestCensus(t *testing.T) {
 		t.Fatalf("no dead letters: got depth %v, oldest %v, want no series", depth, oldest)
 	}
 
-	pub := ljs.NewPublisher(routerJS, topo, f.Stats)
+	pub := ledgerstream.NewPublisher(routerJS, topo, f.Stats)
 	a, b := f.Account(t, "EUR", 100), f.Account(t, "EUR", 0)
 	stop := worker(t, js, failing{}, topo, f)
 	if _, err := pub.Publish(ctx, f.Transfer(t, a, b, 10)); err != nil {
@@ -110,7 +110,7 @@ func TestCensus(t *testing.T) {
 	letters := waitLetters(t, ops, 3)
 	notFound := string(ledger.CodeAccountNotFound)
 	depth, oldest := refresh()
-	if want := map[string]float64{ljs.ReasonMaxDeliveries: 1, notFound: 2}; !equal(depth, want) {
+	if want := map[string]float64{ledgerstream.ReasonMaxDeliveries: 1, notFound: 2}; !equal(depth, want) {
 		t.Fatalf("depth: got %v, want %v", depth, want)
 	}
 	if age := time.Since(letters[1].At).Seconds(); len(oldest) != 2 || oldest[notFound] < age-1 || oldest[notFound] > age+5 {
@@ -122,7 +122,7 @@ func TestCensus(t *testing.T) {
 		t.Fatal(err)
 	}
 	depth, oldest = refresh()
-	if want := map[string]float64{ljs.ReasonMaxDeliveries: 1, notFound: 1}; !equal(depth, want) {
+	if want := map[string]float64{ledgerstream.ReasonMaxDeliveries: 1, notFound: 1}; !equal(depth, want) {
 		t.Fatalf("depth after a discard: got %v, want %v", depth, want)
 	}
 	if age := time.Since(letters[2].At).Seconds(); oldest[notFound] > age+5 {
@@ -132,10 +132,10 @@ func TestCensus(t *testing.T) {
 		t.Fatal(err)
 	}
 	depth, oldest = refresh()
-	if want := map[string]float64{ljs.ReasonMaxDeliveries: 0, notFound: 1}; !equal(depth, want) {
+	if want := map[string]float64{ledgerstream.ReasonMaxDeliveries: 0, notFound: 1}; !equal(depth, want) {
 		t.Fatalf("depth after the head's discard: got %v, want %v", depth, want)
 	}
-	if _, ok := oldest[ljs.ReasonMaxDeliveries]; ok || len(oldest) != 1 {
+	if _, ok := oldest[ledgerstream.ReasonMaxDeliveries]; ok || len(oldest) != 1 {
 		t.Fatalf("oldest after the head's discard: got %v, want %s only", oldest, notFound)
 	}
 
@@ -175,14 +175,14 @@ func BenchmarkCensusRefresh(b *testing.B) {
 	ctx := context.Background()
 	nt := natsembed.MustStartTopology(b, "eu")
 	js := connect(b, nt, natsauth.Ledger)
-	topo := ljs.Topology{Region: "eu", Shards: 4, DuplicateWindow: time.Second}
-	if err := ljs.EnsureStreams(ctx, js, topo); err != nil {
+	topo := ledgerstream.Topology{Region: "eu", Shards: 4, DuplicateWindow: time.Second}
+	if err := ledgerstream.EnsureStreams(ctx, js, topo); err != nil {
 		b.Fatal(err)
 	}
 	const n = 5000
 	for i := range n {
 		m := nats.NewMsg(topo.DLQSubject())
-		m.Header.Set(ljs.HeaderDLQReason, []string{ljs.ReasonMaxDeliveries, string(ledger.CodeAccountNotFound)}[i%2])
+		m.Header.Set(ledgerstream.HeaderDLQReason, []string{ledgerstream.ReasonMaxDeliveries, string(ledger.CodeAccountNotFound)}[i%2])
 		m.Data = make([]byte, 200)
 		if _, err := js.PublishMsg(ctx, m); err != nil {
 			b.Fatal(err)

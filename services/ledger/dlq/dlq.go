@@ -1,6 +1,6 @@
 // Package dlq is the operator's side of a region's dead letters, the
 // messages the ledger gave up on (stream DLQ_<R>, written by
-// services/ledger/jetstream with its Paymesh-Dlq-* headers): list and show
+// services/ledger/ledgerstream with its Paymesh-Dlq-* headers): list and show
 // them, replay them to the ledger, or discard them with an audit record in
 // the region's database (table dlq_audit, migration set Migrations).
 //
@@ -25,10 +25,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/paymesh/paymesh/internal/platform/pgdb"
-	"github.com/paymesh/paymesh/internal/platform/subjects"
+	"github.com/paymesh/paymesh/platform/pgdb"
+	"github.com/paymesh/paymesh/platform/subjects"
 	"github.com/paymesh/paymesh/services/ledger"
-	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
+	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 )
 
 //go:embed migrations/*.sql
@@ -54,9 +54,9 @@ var ErrNotCommand = errors.New("dlq: the payload is not a command")
 var ErrUnsettled = errors.New("dlq: the ledger did not settle the replay")
 
 // Reasons returns every reason a dead letter can carry: the ledger's
-// codes and ljs.ReasonMaxDeliveries.
+// codes and ledgerstream.ReasonMaxDeliveries.
 func Reasons() []string {
-	out := []string{ljs.ReasonMaxDeliveries}
+	out := []string{ledgerstream.ReasonMaxDeliveries}
 	for _, c := range ledger.Codes() {
 		out = append(out, string(c))
 	}
@@ -77,7 +77,7 @@ type Ops struct {
 type Letter struct {
 	Seq        uint64    // sequence in DLQ_<R>
 	At         time.Time // when it was dead-lettered (the last delivery)
-	Reason     string    // a ledger.Code, or ljs.ReasonMaxDeliveries
+	Reason     string    // a ledger.Code, or ledgerstream.ReasonMaxDeliveries
 	Detail     string
 	Subject    string    // the original ledger subject
 	OrigSeq    uint64    // the original sequence in LEDGER_<R>
@@ -187,8 +187,8 @@ func (o *Ops) get(ctx context.Context, seq uint64) (Letter, error) {
 func letterOf(m *jetstream.RawStreamMsg) Letter {
 	h := m.Header
 	num := func(k string) uint64 { n, _ := strconv.ParseUint(h.Get(k), 10, 64); return n }
-	l := Letter{Seq: m.Sequence, At: m.Time, Reason: h.Get(ljs.HeaderDLQReason), Detail: h.Get(ljs.HeaderDLQDetail),
-		Subject: h.Get(ljs.HeaderDLQSubject), OrigSeq: num(ljs.HeaderDLQSequence), Deliveries: num(ljs.HeaderDLQDelivery),
+	l := Letter{Seq: m.Sequence, At: m.Time, Reason: h.Get(ledgerstream.HeaderDLQReason), Detail: h.Get(ledgerstream.HeaderDLQDetail),
+		Subject: h.Get(ledgerstream.HeaderDLQSubject), OrigSeq: num(ledgerstream.HeaderDLQSequence), Deliveries: num(ledgerstream.HeaderDLQDelivery),
 		Header: h, Data: m.Data}
 	l.Command, l.CommandErr = ledger.DecodeCommand(m.Data)
 	return l

@@ -9,13 +9,13 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/paymesh/paymesh/internal/platform/natsauth"
-	"github.com/paymesh/paymesh/internal/platform/pgdb"
 	"github.com/paymesh/paymesh/internal/testbed/ledgertest"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
+	"github.com/paymesh/paymesh/platform/natsauth"
+	"github.com/paymesh/paymesh/platform/pgdb"
 	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/dlq"
-	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
+	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 )
 
 // failing is an applier whose database is always down.
@@ -26,9 +26,9 @@ func (failing) Apply(context.Context, []ledger.Command) ([]ledger.Result, error)
 }
 
 // worker runs a ledger consumer until stop is called.
-func worker(tb testing.TB, js jetstream.JetStream, app ljs.Applier, topo ljs.Topology, f *ledgertest.Fixture) (stop func()) {
+func worker(tb testing.TB, js jetstream.JetStream, app ledgerstream.Applier, topo ledgerstream.Topology, f *ledgertest.Fixture) (stop func()) {
 	tb.Helper()
-	c := ljs.NewConsumer(js, app, ljs.ConsumerConfig{Topology: topo, Regions: f.Regions, Stats: f.Stats,
+	c := ledgerstream.NewConsumer(js, app, ledgerstream.ConsumerConfig{Topology: topo, Regions: f.Regions, Stats: f.Stats,
 		AckWait: time.Second, MaxDeliver: 2, BatchSize: 64})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -93,8 +93,8 @@ func TestRoundTrip(t *testing.T) {
 	// publishes commands, and the operator.
 	nt := natsembed.MustStartTopology(t, "eu")
 	js, routerJS, opsJS := connect(t, nt, natsauth.Ledger), connect(t, nt, natsauth.Router), connect(t, nt, natsauth.Ops)
-	topo := ljs.Topology{Region: "eu", Shards: 4, DuplicateWindow: time.Second}
-	if err := ljs.EnsureStreams(ctx, js, topo); err != nil {
+	topo := ledgerstream.Topology{Region: "eu", Shards: 4, DuplicateWindow: time.Second}
+	if err := ledgerstream.EnsureStreams(ctx, js, topo); err != nil {
 		t.Fatal(err)
 	}
 	f := ledgertest.New(t)
@@ -102,7 +102,7 @@ func TestRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	ops := &dlq.Ops{Region: "eu", JS: opsJS, Pool: f.Pool, Wait: 20 * time.Second}
-	pub := ljs.NewPublisher(routerJS, topo, f.Stats)
+	pub := ledgerstream.NewPublisher(routerJS, topo, f.Stats)
 	a, b := f.Account(t, "EUR", 100), f.Account(t, "EUR", 0)
 
 	// The database is down for two deliveries: dead-lettered.
@@ -122,8 +122,8 @@ func TestRoundTrip(t *testing.T) {
 	}
 	letters := waitLetters(t, ops, 2)
 	lostSeq, ghostSeq := letters[0].Seq, letters[1].Seq
-	if letters[0].Reason != ljs.ReasonMaxDeliveries || letters[1].Reason != string(ledger.CodeAccountNotFound) {
-		t.Fatalf("reasons: got %s %s, want %s %s", letters[0].Reason, letters[1].Reason, ljs.ReasonMaxDeliveries, ledger.CodeAccountNotFound)
+	if letters[0].Reason != ledgerstream.ReasonMaxDeliveries || letters[1].Reason != string(ledger.CodeAccountNotFound) {
+		t.Fatalf("reasons: got %s %s, want %s %s", letters[0].Reason, letters[1].Reason, ledgerstream.ReasonMaxDeliveries, ledger.CodeAccountNotFound)
 	}
 	if p, err := ops.List(ctx, dlq.Filter{Reason: string(ledger.CodeAccountNotFound)}); err != nil || len(p.Letters) != 1 || p.Letters[0].Seq != ghostSeq {
 		t.Fatalf("list --reason: got %+v %v, want %d", p, err, ghostSeq)
@@ -201,9 +201,9 @@ func TestRoundTrip(t *testing.T) {
 	m := pub.Msg(done)
 	m.Subject = topo.DLQSubject()
 	m.Header.Del(jetstream.MsgIDHeader)
-	m.Header.Set(ljs.HeaderDLQReason, ljs.ReasonMaxDeliveries)
-	m.Header.Set(ljs.HeaderDLQSubject, topo.Subject(a))
-	m.Header.Set(ljs.HeaderDLQSequence, "1")
+	m.Header.Set(ledgerstream.HeaderDLQReason, ledgerstream.ReasonMaxDeliveries)
+	m.Header.Set(ledgerstream.HeaderDLQSubject, topo.Subject(a))
+	m.Header.Set(ledgerstream.HeaderDLQSequence, "1")
 	ack, err := js.PublishMsg(ctx, m)
 	if err != nil {
 		t.Fatal(err)

@@ -12,10 +12,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/paymesh/paymesh/internal/platform/subjects"
+	"github.com/paymesh/paymesh/platform/subjects"
 	"github.com/paymesh/paymesh/services/ledger"
-	ljs "github.com/paymesh/paymesh/services/ledger/jetstream"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
+	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 )
 
 // HeaderReplayOf marks a replayed command with the dead-letter sequence it
@@ -252,7 +252,7 @@ func (o *Ops) settled(ctx context.Context, subject string, seq uint64) error {
 	}
 	deadline := time.Now().Add(wait)
 	for {
-		c, err := o.JS.Consumer(ctx, subjects.LedgerStream(o.Region), ljs.ShardDurable(shard))
+		c, err := o.JS.Consumer(ctx, subjects.LedgerStream(o.Region), ledgerstream.ShardDurable(shard))
 		if err == nil {
 			info, err := c.Info(ctx)
 			if err == nil && info.AckFloor.Stream >= seq {
@@ -281,7 +281,7 @@ func (o *Ops) deadLetterOf(ctx context.Context, after, seq uint64) (Letter, bool
 			return Letter{}, false, err
 		}
 		for _, l := range p.Letters {
-			if l.Header.Get(ljs.HeaderDLQSequence) == want {
+			if l.Header.Get(ledgerstream.HeaderDLQSequence) == want {
 				return l, true, nil
 			}
 		}

@@ -9,7 +9,7 @@ import (
 // Answers records, in the apply transaction, the first answer to the client
 // requests a batch settled, so that the answer is durable with the debit and
 // a repeat of the request gets it back unchanged. The API implements it
-// (services/api/postgres: it renders the HTTP response and stores it with
+// (services/api/apidb: it renders the HTTP response and stores it with
 // the request's idempotency key); the ledger only hands it the batch.
 type Answers interface {
 	// QueueAnswers queues its statements in b, the apply transaction's

@@ -1,5 +1,5 @@
 -- +goose Up
--- Moved to services/api/postgres with the clients table (see 00003).
+-- Moved to services/api/apidb with the clients table (see 00003).
 SELECT 1;
 
 -- +goose Down

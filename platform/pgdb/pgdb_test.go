@@ -1,0 +1,44 @@
+package pgdb_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"testing/fstest"
+	"time"
+
+	"github.com/paymesh/paymesh/internal/testbed/pgtest"
+	"github.com/paymesh/paymesh/platform/pgdb"
+)
+
+// TestMigrateConcurrently: processes that migrate one database at the same
+// time (a region's ledger and API at start) take turns, and every one of
+// them succeeds.
+func TestMigrateConcurrently(t *testing.T) {
+	pool, _ := pgtest.MustDatabase(t)
+	set := pgdb.Migration{Table: "probe_schema_version", FS: fstest.MapFS{
+		"00001_a.sql": {Data: []byte("-- +goose Up\nCREATE TABLE probe_a (id int);\nSELECT pg_sleep(0.2);\n-- +goose Down\nDROP TABLE probe_a;\n")},
+		"00002_b.sql": {Data: []byte("-- +goose Up\nCREATE TABLE probe_b (id int);\n-- +goose Down\nDROP TABLE probe_b;\n")},
+	}}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const procs = 4
+	errs := make([]error, procs)
+	var wg sync.WaitGroup
+	for i := range procs {
+		wg.Go(func() { errs[i] = pgdb.Migrate(ctx, pool, set) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("migration %d of %d: %v", i+1, procs, err)
+		}
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM probe_schema_version WHERE version_id > 0`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 2 {
+		t.Fatalf("got %d versions recorded, want 2", n)
+	}
+}

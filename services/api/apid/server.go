@@ -1,0 +1,382 @@
+// Package apid wires one region's HTTP API: its database pool (it migrates
+// the API's own tables, services/api/apidb), its NATS connection
+// (forwarded calls and the submitting router), optionally a second one as
+// the region's operator user for the dead-letter endpoints
+// (services/ledger/dlq), the HTTP listener, the idempotency-key cleanup and
+// its /metrics. cmd/paymesh and
+// internal/testbed/cluster run it.
+package apid
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"github.com/paymesh/paymesh/pkg/dedup"
+	"github.com/paymesh/paymesh/services/ledger"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+
+	"github.com/paymesh/paymesh/pkg/idgen"
+	"github.com/paymesh/paymesh/platform/natsconn"
+	"github.com/paymesh/paymesh/platform/nodelease"
+	"github.com/paymesh/paymesh/platform/pgdb"
+	"github.com/paymesh/paymesh/platform/subjects"
+	"github.com/paymesh/paymesh/services/api"
+	"github.com/paymesh/paymesh/services/api/apidb"
+	"github.com/paymesh/paymesh/services/ledger/dlq"
+	"github.com/paymesh/paymesh/services/ledger/postgres"
+	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
+	"github.com/paymesh/paymesh/services/router"
+	"github.com/paymesh/paymesh/services/telemetry"
+)
+
+// Config is everything a region's API needs.
+type Config struct {
+	Region  string
+	Regions *idgen.Regions
+	// Node is the node id in the region for the transfer IDs this process
+	// mints. Open leases it in the region's database (nodelease) and
+	// fails, naming the holder, while another live process holds it.
+	Node uint16
+	// NodeTTL is how long the node lease outlives this process after a
+	// crash (default nodelease.DefaultTTL).
+	NodeTTL      time.Duration
+	PostgresURL  string // the region's database
+	NATSURL      string // the region's servers: one URL, or a comma-separated list (every server of a cluster)
+	NATSUser     string // the API's user on that server (platform/natsauth); empty if it has none
+	NATSPassword string
+	// OpsNATSUser is the region's operator user on the same server
+	// (ops-<region>, platform/natsauth). With it the API serves
+	// the operator endpoints on the region's dead letters (/v1/ops/...,
+	// through services/ledger/dlq); without it they answer 503
+	// operator_api_disabled.
+	OpsNATSUser     string
+	OpsNATSPassword string
+	// OpsWait bounds how long a replay waits for the ledger's outcome
+	// (default 10 s, within the HTTP write timeout).
+	OpsWait time.Duration
+	Shards  int           // ledger subjects per region, as the ledgers
+	AckWait time.Duration // the submitting router's publish timeout (see router.Config)
+	// DuplicateWindow is the route stream's Nats-Msg-Id window (default
+	// ledgerstream.DefaultDuplicateWindow); the API makes sure the stream exists.
+	DuplicateWindow time.Duration
+	// StreamReplicas is how many servers of the region's JetStream
+	// cluster keep ROUTE_<R>, which the API creates or updates as the
+	// region's router does (0 means 1; give both the same count, or each
+	// start scales the stream to its own). Open fails for a count outside
+	// 1 to ledgerstream.MaxReplicas or above the region's servers.
+	StreamReplicas int
+	// Inject asks, per publish, for a duplicate (see router.Config).
+	Inject func() bool
+	// RouterStats, if set, counts the API's submissions (with the region
+	// router's, in one process).
+	RouterStats *router.Stats
+	// Wait, KeyTTL, AnswerPoll, ClientCacheTTL, ClaimKeys and Now
+	// configure the API (see api.Config).
+	Wait           time.Duration
+	KeyTTL         time.Duration
+	AnswerPoll     time.Duration
+	ClientCacheTTL time.Duration
+	ClaimKeys      bool
+	Now            func() time.Time
+	// SubmitAll makes the API submit every transfer request to the ledger
+	// stream. By default it applies its region's requests itself, in
+	// group commits of the ledger's transaction (api.Config.Apply), and
+	// submits only those it could not apply.
+	SubmitAll bool
+	// LedgerStats, if set, counts the results of the transfers applied
+	// here (with the region ledger's, in one process). The API's /metrics
+	// exports them as the ledger's, with consumer="api".
+	LedgerStats *ledger.Stats
+	// BeforeCommit, if set, runs in every apply transaction of this
+	// process just before its COMMIT, as the ledger's
+	// (postgres.Config.BeforeCommit): an error rolls the transaction back.
+	BeforeCommit func(ctx context.Context) error
+	// WrapStore, if set, decorates the API's store before the API uses it:
+	// cross-cutting concerns such as tracing, metrics or logging of every
+	// key and client lookup wrap the api.Store interface here instead of
+	// living in the adapter.
+	WrapStore func(api.Store) api.Store
+	// Listen is the HTTP address (default 127.0.0.1:0, a free port).
+	Listen string
+	// MetricsListen is where /metrics is served ("" for nowhere,
+	// "127.0.0.1:0" for a free port).
+	MetricsListen string
+	// ConnectTimeout bounds how long Open waits for Postgres and NATS to
+	// answer (0: one attempt each).
+	ConnectTimeout time.Duration
+	Log            *slog.Logger
+}
+
+// defaultWait is api.Config's default Wait, from which the HTTP write
+// timeout is derived.
+const defaultWait = 2 * time.Second
+
+// Server is a running region API.
+type Server struct {
+	cfg  Config
+	pool *pgxpool.Pool
+	// applyPool is the connection of the transactions the API runs
+	// itself (api.Config.Apply), nil with SubmitAll.
+	applyPool *pgxpool.Pool
+	lease     *nodelease.Lease
+	nc        *nats.Conn
+	opsNC     *nats.Conn // the operator user's connection, when configured
+	api       *api.Handler
+	store     *apidb.Store
+	ln        net.Listener
+	http      *http.Server
+	metrics   *telemetry.Served
+}
+
+// Open connects to the region's database and NATS server, waiting for each
+// up to cfg.ConnectTimeout, answers forwarded calls, binds cfg.Listen and
+// starts /metrics. It returns an error naming what could not be reached or
+// bound.
+func Open(ctx context.Context, cfg Config) (*Server, error) {
+	if cfg.StreamReplicas != 0 {
+		// Refused before anything is opened.
+		if err := ledgerstream.CheckReplicas(cfg.StreamReplicas); err != nil {
+			return nil, fmt.Errorf("api %s: %w", cfg.Region, err)
+		}
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Wait <= 0 {
+		cfg.Wait = defaultWait
+	}
+	if cfg.Listen == "" {
+		cfg.Listen = "127.0.0.1:0"
+	}
+	s := &Server{cfg: cfg}
+	if err := s.open(ctx); err != nil {
+		return nil, errors.Join(fmt.Errorf("api %s: %w", cfg.Region, err), s.Close())
+	}
+	return s, nil
+}
+
+func (s *Server) open(ctx context.Context) error {
+	cfg := s.cfg
+	if _, err := idgen.NewGenerator(cfg.Regions, cfg.Region, cfg.Node); err != nil {
+		return err
+	}
+	if err := pgdb.Wait(ctx, cfg.PostgresURL, cfg.ConnectTimeout, cfg.Log); err != nil {
+		return err
+	}
+	var err error
+	if s.pool, err = postgres.Connect(ctx, cfg.PostgresURL, time.Minute, 0); err != nil {
+		return err
+	}
+	host, _ := os.Hostname()
+	gen, lease, err := nodelease.OpenGenerator(ctx, s.pool, cfg.Regions, nodelease.Config{Region: cfg.Region, Node: cfg.Node,
+		Holder: fmt.Sprintf("api %s pid %d", host, os.Getpid()), TTL: cfg.NodeTTL, Log: cfg.Log})
+	if err != nil {
+		return err
+	}
+	s.lease = lease
+	s.nc, err = natsconn.Connect(ctx, natsconn.Config{URL: cfg.NATSURL, User: cfg.NATSUser, Password: cfg.NATSPassword,
+		Name: "paymesh-api-" + cfg.Region, Timeout: cfg.ConnectTimeout, Log: cfg.Log})
+	if err != nil {
+		return err
+	}
+	js, err := router.NewJetStream(s.nc, cfg.AckWait)
+	if err != nil {
+		return err
+	}
+	if err := router.EnsureStream(ctx, js, cfg.Region, cfg.DuplicateWindow, cfg.StreamReplicas); err != nil {
+		return err
+	}
+	// The ledger tells this process, on a subject of its own (named by
+	// its node, which no other live process of the region holds), which
+	// of the requests it submitted are answered.
+	answers := subjects.Answers(cfg.Region, strconv.Itoa(int(cfg.Node)))
+	rt := router.New(js, router.Config{Region: cfg.Region, Regions: cfg.Regions, Shards: cfg.Shards, AckWait: cfg.AckWait,
+		Inject: cfg.Inject, Stats: cfg.RouterStats, AnswerTo: answers})
+	// The API's own tables, migrated here as the ledger migrates its own.
+	s.store = apidb.New(s.pool)
+	if err := s.store.Migrate(ctx); err != nil {
+		return err
+	}
+	var store api.Store = s.store
+	if cfg.WrapStore != nil {
+		store = cfg.WrapStore(store)
+	}
+	led := postgres.New(s.pool, postgres.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen})
+	acfg := api.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen, Ledger: led, Store: store, Router: rt, NATS: s.nc,
+		Answers: answers, AnswerPoll: cfg.AnswerPoll, ClientCacheTTL: cfg.ClientCacheTTL, ClaimKeys: cfg.ClaimKeys, Wait: cfg.Wait, KeyTTL: cfg.KeyTTL, Now: cfg.Now, Log: cfg.Log}
+	if !cfg.SubmitAll {
+		// The region's ledger transaction, run here: its consume-log
+		// claims under a holder of this process (the node it leased), and
+		// the requests' first answers stored with their keys.
+		// One connection, as the group runs one transaction at a time:
+		// its backend tells this process's key locks from others'.
+		if s.applyPool, acfg.ApplyPID, err = postgres.ConnectOne(ctx, cfg.PostgresURL, time.Minute); err != nil {
+			return err
+		}
+		acfg.ApplyStats = cfg.LedgerStats
+		if acfg.ApplyStats == nil {
+			acfg.ApplyStats = &ledger.Stats{}
+		}
+		host, _ := os.Hostname()
+		consumeLog := dedup.New(dedup.Config{Holder: fmt.Sprintf("%s/api-%s-%d/%d", cfg.Region, host, os.Getpid(), cfg.Node)})
+		acfg.Apply = postgres.New(s.applyPool, postgres.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen, Dedup: consumeLog,
+			Answers: apidb.LockingAnswers{}, Stats: acfg.ApplyStats, BeforeCommit: cfg.BeforeCommit})
+	}
+	if cfg.OpsNATSUser != "" {
+		if acfg.DeadLetters, err = s.openOps(ctx); err != nil {
+			return err
+		}
+	}
+	s.api = api.New(acfg)
+	if err := s.api.Listen(); err != nil {
+		return err
+	}
+	if s.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	// A transfer may wait cfg.Wait for its final state before it is
+	// answered, and a replay OpsWait for the ledger's outcome: the write
+	// timeout leaves room for the longer and the write.
+	s.http = &http.Server{Handler: otelhttp.NewHandler(s.api, "paymesh api"), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+		WriteTimeout: max(cfg.Wait, cfg.OpsWait, defaultOpsWait) + 15*time.Second, IdleTimeout: time.Minute}
+	if cfg.MetricsListen != "" {
+		s.metrics, err = telemetry.ServeNew(cfg.MetricsListen, cfg.Log, func(m *telemetry.Metrics) error {
+			st := &s.api.Stats
+			if err := m.ObserveAPI(cfg.Region, &st.Replays, &st.Mismatches, &st.InFlight); err != nil {
+				return err
+			}
+			if acfg.Apply == nil || cfg.LedgerStats != nil {
+				return nil // the region's ledger exports the shared counters
+			}
+			return m.ObserveApplied(cfg.Region, acfg.ApplyStats)
+		})
+	}
+	return err
+}
+
+// defaultOpsWait is how long a replay through the API waits for the
+// ledger's outcome by default.
+const defaultOpsWait = 10 * time.Second
+
+// openOps connects as the region's operator user and returns the
+// region's dead-letter operations, their audit table migrated.
+func (s *Server) openOps(ctx context.Context) (*dlq.Ops, error) {
+	cfg := s.cfg
+	var err error
+	s.opsNC, err = natsconn.Connect(ctx, natsconn.Config{URL: cfg.NATSURL, User: cfg.OpsNATSUser, Password: cfg.OpsNATSPassword,
+		Name: "paymesh-api-ops-" + cfg.Region, Timeout: cfg.ConnectTimeout, Log: cfg.Log})
+	if err != nil {
+		return nil, fmt.Errorf("operator user %s: %w", cfg.OpsNATSUser, err)
+	}
+	js, err := jetstream.New(s.opsNC)
+	if err != nil {
+		return nil, fmt.Errorf("operator user %s: %w", cfg.OpsNATSUser, err)
+	}
+	if err := pgdb.Migrate(ctx, s.pool, dlq.Migrations()); err != nil {
+		return nil, err
+	}
+	wait := cfg.OpsWait
+	if wait <= 0 {
+		wait = defaultOpsWait
+	}
+	return &dlq.Ops{Region: cfg.Region, JS: js, Pool: s.pool, Wait: wait}, nil
+}
+
+// The adapters the API is assembled from.
+var (
+	_ api.Store       = (*apidb.Store)(nil)
+	_ api.Ledger      = (*postgres.Store)(nil)
+	_ api.DeadLetters = (*dlq.Ops)(nil)
+)
+
+// Store returns the API's own store (clients and idempotency keys), as
+// opened, without WrapStore's decorators: what an operator tool or a test
+// registers clients with.
+func (s *Server) Store() *apidb.Store { return s.store }
+
+// API returns the region's API handler.
+func (s *Server) API() *api.Handler { return s.api }
+
+// URL returns the API's base URL, http://host:port.
+func (s *Server) URL() string { return "http://" + s.ln.Addr().String() }
+
+// MetricsURL returns the address of /metrics, or "" when it is not served.
+func (s *Server) MetricsURL() string {
+	if s.metrics == nil {
+		return ""
+	}
+	return s.metrics.URL
+}
+
+// Run serves HTTP and removes expired idempotency keys until ctx ends, then
+// lets the requests in progress finish. It returns the HTTP server's error.
+func (s *Server) Run(ctx context.Context) error {
+	s.cfg.Log.Info("api listening", "region", s.cfg.Region, "url", s.URL(), "metrics", s.MetricsURL())
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { s.api.RunCleanup(ctx, time.Hour) })
+	wg.Go(func() {
+		<-ctx.Done()
+		shut, done := context.WithTimeout(context.Background(), s.cfg.Wait+5*time.Second)
+		defer done()
+		_ = s.http.Shutdown(shut)
+	})
+	err := s.http.Serve(s.ln)
+	cancel()
+	wg.Wait()
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// Close stops /metrics, the HTTP server and the answering of forwarded
+// calls, then closes the NATS connection, releases the node lease and
+// closes the database pool. It returns the errors of the servers and the
+// release, joined.
+func (s *Server) Close() error {
+	var errs []error
+	if s.metrics != nil {
+		errs = append(errs, s.metrics.Close())
+	}
+	if s.http != nil {
+		errs = append(errs, s.http.Close())
+	}
+	if s.ln != nil {
+		if err := s.ln.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, err)
+		}
+	}
+	if s.api != nil {
+		s.api.Close() // the transactions queued here run first
+	}
+	if s.applyPool != nil {
+		s.applyPool.Close()
+	}
+	if s.opsNC != nil {
+		s.opsNC.Close()
+	}
+	if s.nc != nil {
+		s.nc.Close()
+	}
+	if s.lease != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		errs = append(errs, s.lease.Release(ctx))
+	}
+	if s.pool != nil {
+		s.pool.Close()
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,336 @@
+// Package ledgerd wires one region's ledger: the Postgres store with its
+// consume-log, the JetStream streams, the retention job and the batching
+// consumers, and its /metrics. cmd/paymesh and internal/testbed/cluster run it.
+package ledgerd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/paymesh/paymesh/pkg/dedup"
+	"github.com/paymesh/paymesh/pkg/idgen"
+	"github.com/paymesh/paymesh/platform/natsconn"
+	"github.com/paymesh/paymesh/platform/nodelease"
+	"github.com/paymesh/paymesh/platform/pgdb"
+	"github.com/paymesh/paymesh/services/ledger"
+	"github.com/paymesh/paymesh/services/ledger/dlq"
+	"github.com/paymesh/paymesh/services/ledger/postgres"
+	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
+	"github.com/paymesh/paymesh/services/telemetry"
+)
+
+// Config is everything a region's ledger needs.
+type Config struct {
+	Region  string
+	Regions *idgen.Regions
+	// Node is the node id in the region this process mints account IDs
+	// with. Open leases it in the region's database (nodelease) and fails,
+	// naming the holder, while another live process holds it.
+	Node uint16
+	// NodeTTL is how long the node lease outlives this process after a
+	// crash (default nodelease.DefaultTTL).
+	NodeTTL      time.Duration
+	PostgresURL  string // the region's database
+	NATSURL      string // the region's servers: one URL, or a comma-separated list (every server of a cluster)
+	NATSUser     string // the ledger's user on that server (platform/natsauth); empty if it has none
+	NATSPassword string
+	Workers      int           // consumers in this process; each applies its own shards in order
+	OwnShards    []int         // shards this process applies (default: all); give replicas disjoint sets
+	BatchSize    int           // most messages per transaction
+	AckWait      time.Duration // JetStream redelivery timeout
+	MaxDeliver   int           // deliveries before dead-lettering
+	Lease        time.Duration // the transaction lease: longest a transaction may sit idle before Postgres ends it (postgres.Connect)
+	WindowDays   int           // consume-log retention
+	CacheSize    int           // recent-commit cache entries; 0 disables the cache
+	Shards       int           // ledger subjects per region
+	// DuplicateWindow is the ledger streams' Nats-Msg-Id window (default
+	// ledgerstream.DefaultDuplicateWindow).
+	DuplicateWindow time.Duration
+	// StreamReplicas is how many servers of the region's JetStream
+	// cluster keep LEDGER_<R> and DLQ_<R> (0 means 1; 3 for a cluster of
+	// three). Open sets it on existing streams too; it fails for a count
+	// outside 1 to ledgerstream.MaxReplicas or above the region's servers.
+	StreamReplicas int
+	// OutboxRetention is how long a sent outbox row is kept before the
+	// maintenance job deletes it (default postgres.DefaultOutboxRetention;
+	// negative keeps every row).
+	OutboxRetention time.Duration
+	// Stats, if set, receives the counters (kept across restarts by the
+	// caller); a new one is made otherwise.
+	Stats *ledger.Stats
+	// Answers, if set, records the first answer to every client request
+	// in the transaction that applies it (see postgres.Answers): whoever
+	// runs the ledger with the API hands in the API's (services/api/apidb).
+	Answers postgres.Answers
+	// AnswersSchema is the migration set of the tables Answers writes,
+	// applied at Open after the ledger's own, so that the ledger can commit
+	// whether or not the API has started yet (services/api/apidb's
+	// Migrations). The API applies the same set; the two are serialized by
+	// pgdb.Migrate's lock.
+	AnswersSchema *pgdb.Migration
+	// Observe receives the applied batches and saga stages (default: the
+	// histograms of /metrics when MetricsListen is set).
+	Observe ledgerstream.Observer
+	// AfterCommit is the consumers' failpoint (see jetstream.ConsumerConfig).
+	AfterCommit func([]jetstream.Msg) error
+	// BeforeApply is told each batch before it applies (see
+	// jetstream.ConsumerConfig).
+	BeforeApply func(ctx context.Context, msgs []jetstream.Msg)
+	// BeforeCommit is the store's failpoint (see postgres.Config).
+	BeforeCommit func(ctx context.Context) error
+	// WrapConsumeLog, if set, decorates the consume-log the store uses
+	// (see postgres.ConsumeLog): traces or metrics of its claims, say. The
+	// retention job runs on the undecorated log.
+	WrapConsumeLog func(postgres.ConsumeLog) postgres.ConsumeLog
+	// RequestKey names a command to the consume-log and the business key
+	// (see postgres.Config); nil for the default, ledger.Command.MsgKey.
+	RequestKey func(ledger.Command) string
+	// MaxAttempts is the store's retry budget per transaction (see
+	// postgres.Config; default 8).
+	MaxAttempts uint
+	// Now is the store's clock, by which holds expire (see
+	// postgres.Config; default time.Now).
+	Now func() time.Time
+	// MetricsListen is where /metrics is served ("" for nowhere,
+	// "127.0.0.1:0" for a free port).
+	MetricsListen string
+	// ConnectTimeout bounds how long Open waits for Postgres and NATS to
+	// answer (0: one attempt each).
+	ConnectTimeout time.Duration
+	Log            *slog.Logger
+}
+
+// Server is a running region ledger.
+type Server struct {
+	cfg   Config
+	Store *postgres.Store
+	Stats *ledger.Stats
+	Topo  ledgerstream.Topology
+	pool  *pgxpool.Pool
+	lease *nodelease.Lease
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	dedup *dedup.Log
+	// metrics serves /metrics; nil when it is not served.
+	metrics *telemetry.Served
+	// census counts the region's dead letters for /metrics; nil when it
+	// is not served.
+	census *dlq.Census
+}
+
+// censusEvery is how often the dead-letter census reads DLQ_<R>: one
+// stream info when nothing changed.
+const censusEvery = 5 * time.Second
+
+// Open connects to Postgres and NATS, migrates the database and creates the
+// streams. It returns an error naming what could not be reached.
+func Open(ctx context.Context, cfg Config) (*Server, error) {
+	if cfg.StreamReplicas != 0 {
+		// Refused before anything is opened.
+		if err := ledgerstream.CheckReplicas(cfg.StreamReplicas); err != nil {
+			return nil, fmt.Errorf("ledger %s: %w", cfg.Region, err)
+		}
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = 1
+	}
+	if cfg.Lease <= 0 {
+		cfg.Lease = 30 * time.Second
+	}
+	if cfg.OutboxRetention == 0 {
+		cfg.OutboxRetention = postgres.DefaultOutboxRetention
+	}
+	if _, err := idgen.NewGenerator(cfg.Regions, cfg.Region, cfg.Node); err != nil {
+		return nil, err
+	}
+	if err := pgdb.Wait(ctx, cfg.PostgresURL, cfg.ConnectTimeout, cfg.Log); err != nil {
+		return nil, fmt.Errorf("ledger %s: %w", cfg.Region, err)
+	}
+	pool, err := postgres.Connect(ctx, cfg.PostgresURL, cfg.Lease, 0)
+	if err != nil {
+		return nil, fmt.Errorf("ledger %s: %w", cfg.Region, err)
+	}
+	host, _ := os.Hostname()
+	gen, lease, err := nodelease.OpenGenerator(ctx, pool, cfg.Regions, nodelease.Config{Region: cfg.Region, Node: cfg.Node,
+		Holder: fmt.Sprintf("ledger %s pid %d", host, os.Getpid()), TTL: cfg.NodeTTL, Log: cfg.Log})
+	if err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("ledger %s: %w", cfg.Region, err)
+	}
+	release := func() { _ = lease.Release(context.WithoutCancel(ctx)); pool.Close() }
+	nc, err := natsconn.Connect(ctx, natsconn.Config{URL: cfg.NATSURL, User: cfg.NATSUser, Password: cfg.NATSPassword,
+		Name: "paymesh-ledger-" + cfg.Region, Timeout: cfg.ConnectTimeout, Log: cfg.Log})
+	if err != nil {
+		release()
+		return nil, fmt.Errorf("ledger %s: %w", cfg.Region, err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		release()
+		return nil, fmt.Errorf("ledger %s: %w", cfg.Region, err)
+	}
+	var cache *dedup.Cache
+	if cfg.CacheSize > 0 {
+		cache = dedup.NewCache(cfg.CacheSize)
+	}
+	stats := cfg.Stats
+	if stats == nil {
+		stats = &ledger.Stats{}
+	}
+	s := &Server{cfg: cfg, Stats: stats, pool: pool, lease: lease, nc: nc, js: js,
+		Topo: ledgerstream.Topology{Region: cfg.Region, Shards: cfg.Shards, DuplicateWindow: cfg.DuplicateWindow, Replicas: cfg.StreamReplicas}}
+	s.dedup = dedup.New(dedup.Config{
+		Holder: fmt.Sprintf("%s/%s-%d/%d", cfg.Region, host, os.Getpid(), cfg.Node), WindowDays: cfg.WindowDays, Cache: cache,
+	})
+	var consumeLog postgres.ConsumeLog = s.dedup
+	if cfg.WrapConsumeLog != nil {
+		consumeLog = cfg.WrapConsumeLog(consumeLog)
+	}
+	s.Store = postgres.New(pool, postgres.Config{Region: cfg.Region, IDs: gen, Regions: cfg.Regions, Dedup: consumeLog, Stats: s.Stats,
+		RequestKey: cfg.RequestKey, Answers: cfg.Answers, BeforeCommit: cfg.BeforeCommit, MaxAttempts: cfg.MaxAttempts, Now: cfg.Now,
+		OnRetry: func(op string, attempt int, err error) {
+			cfg.Log.Debug("transaction retried", "op", op, "attempt", attempt, "err", err)
+		}})
+	if err := s.Store.Migrate(ctx); err != nil {
+		return nil, errors.Join(fmt.Errorf("ledger %s: %w", cfg.Region, err), s.Close())
+	}
+	if cfg.AnswersSchema != nil {
+		if err := pgdb.Migrate(ctx, pool, *cfg.AnswersSchema); err != nil {
+			return nil, errors.Join(fmt.Errorf("ledger %s: %w", cfg.Region, err), s.Close())
+		}
+	}
+	if err := ledgerstream.EnsureStreams(ctx, js, s.Topo); err != nil {
+		return nil, errors.Join(fmt.Errorf("ledger %s: %w", cfg.Region, err), s.Close())
+	}
+	if cfg.MetricsListen != "" {
+		if s.metrics, err = telemetry.ServeNew(cfg.MetricsListen, cfg.Log, s.observe); err != nil {
+			return nil, errors.Join(fmt.Errorf("ledger %s: %w", cfg.Region, err), s.Close())
+		}
+	}
+	return s, nil
+}
+
+// observe registers the ledger's counters, its store's gauges and, unless
+// the caller gave an Observer, its batch and saga histograms with m.
+func (s *Server) observe(m *telemetry.Metrics) error {
+	if s.cfg.Observe.Batch == nil && s.cfg.Observe.Stage == nil {
+		o, err := m.LedgerObserver(s.cfg.Region, s.Topo.Stream())
+		if err != nil {
+			return err
+		}
+		s.cfg.Observe = o
+	}
+	if err := m.ObserveLedger(s.cfg.Region, s.Topo.Stream(), s.Stats); err != nil {
+		return err
+	}
+	if err := m.ObserveBacklog(s.cfg.Region, s.Topo.Stream(), telemetry.LedgerPending(s.js, s.Topo)); err != nil {
+		return err
+	}
+	s.census = dlq.NewCensus(s.js, s.cfg.Region)
+	if err := m.ObserveDeadLetters(s.cfg.Region, s.census); err != nil {
+		return err
+	}
+	return m.ObserveStore(s.cfg.Region, s.Store)
+}
+
+// MetricsURL returns the address of /metrics, or "" when it is not served.
+func (s *Server) MetricsURL() string {
+	if s.metrics == nil {
+		return ""
+	}
+	return s.metrics.URL
+}
+
+// JetStream returns the server's JetStream handle.
+func (s *Server) JetStream() jetstream.JetStream { return s.js }
+
+// Run runs the retention jobs (consume-log partitions, outbox pruning), the
+// dead-letter census (when /metrics is served) and the consumers until ctx
+// ends. It returns the first consumer set-up error.
+func (s *Server) Run(ctx context.Context) error {
+	s.cfg.Log.Info("ledger running", "region", s.cfg.Region, "stream", s.Topo.Stream(), "shards", s.cfg.OwnShards, "workers", s.cfg.Workers, "metrics", s.MetricsURL())
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Go(func() { s.dedup.RunRetention(ctx, s.pool, time.Hour, s.cfg.Log) })
+	if s.cfg.OutboxRetention > 0 {
+		wg.Go(func() { s.runOutboxPrune(ctx, time.Hour) })
+	}
+	if s.census != nil {
+		wg.Go(func() { s.census.Run(ctx, censusEvery, s.cfg.Log) })
+	}
+	errs := make(chan error, max(s.cfg.Workers, 1))
+	own := s.cfg.OwnShards
+	if len(own) == 0 {
+		own = ledgerstream.AllShards(s.Topo)
+	}
+	for _, shards := range ledgerstream.Split(own, min(s.cfg.Workers, len(own))) {
+		c := ledgerstream.NewConsumer(s.js, s.Store, ledgerstream.ConsumerConfig{
+			Topology: s.Topo, Shards: shards, BatchSize: s.cfg.BatchSize, AckWait: s.cfg.AckWait,
+			MaxDeliver: s.cfg.MaxDeliver, Regions: s.cfg.Regions, Stats: s.Stats, Log: s.cfg.Log,
+			AfterCommit: s.cfg.AfterCommit, BeforeApply: s.cfg.BeforeApply, Observe: s.cfg.Observe,
+		})
+		wg.Go(func() {
+			if err := c.Run(ctx); err != nil {
+				errs <- err
+				cancel()
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	return errors.Join(<-errs)
+}
+
+// runOutboxPrune deletes sent outbox rows older than the retention now and
+// then every interval until ctx ends, counting them in Stats.OutboxPruned
+// and logging each run that deleted any; a failed run is retried at the
+// next tick.
+func (s *Server) runOutboxPrune(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		n, err := s.Store.PruneOutbox(ctx, s.cfg.OutboxRetention, 0)
+		s.Stats.OutboxPruned.Add(n)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			s.cfg.Log.Error("outbox prune failed", "err", err, "pruned", n)
+		case n > 0:
+			s.cfg.Log.Info("outbox pruned", "rows", n, "retention", s.cfg.OutboxRetention)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Close stops /metrics, closes the NATS connection, releases the node
+// lease and closes the database pool, in that order. It returns the
+// errors of the metrics server and the release, joined.
+func (s *Server) Close() error {
+	var errs []error
+	if s.metrics != nil {
+		errs = append(errs, s.metrics.Close())
+	}
+	s.nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	errs = append(errs, s.lease.Release(ctx))
+	s.pool.Close()
+	return errors.Join(errs...)
+}

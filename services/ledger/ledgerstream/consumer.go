@@ -1,0 +1,464 @@
+package ledgerstream
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/paymesh/paymesh/pkg/idgen"
+	"github.com/paymesh/paymesh/pkg/natstrace"
+	"github.com/paymesh/paymesh/services/ledger"
+)
+
+// Applier applies a batch of valid commands in one transaction; the
+// Postgres store implements it.
+type Applier interface {
+	Apply(ctx context.Context, cmds []ledger.Command) ([]ledger.Result, error)
+}
+
+// Dead-letter headers.
+//
+// A message is dead-lettered when it can never apply as sent (the reason is
+// a ledger.Code), or when MaxDeliver attempts to apply it failed
+// (ReasonMaxDeliveries).
+const (
+	HeaderDLQReason   = "Paymesh-Dlq-Reason"   // a ledger.Code, or "max_deliveries"
+	HeaderDLQDetail   = "Paymesh-Dlq-Detail"   // human-readable reason
+	HeaderDLQSubject  = "Paymesh-Dlq-Subject"  // the original subject
+	HeaderDLQSequence = "Paymesh-Dlq-Sequence" // the original stream sequence
+	HeaderDLQDelivery = "Paymesh-Dlq-Delivery" // delivery count when dead-lettered
+)
+
+// ReasonMaxDeliveries is the dead-letter reason of a message whose apply
+// failed on MaxDeliver deliveries.
+const ReasonMaxDeliveries = "max_deliveries"
+
+// ConsumerConfig configures a ledger consumer.
+type ConsumerConfig struct {
+	Topology Topology
+	// Shards lists the ledger shards this consumer applies; empty means all.
+	// Each shard has its own durable JetStream consumer (ShardDurable), so
+	// a shard owned by one worker is applied in stream order. Workers that
+	// own the same shard share its durable: exactly-once still holds, but
+	// one account's commands may then apply out of order.
+	Shards []int
+	// BatchSize is the most messages applied in one transaction.
+	BatchSize int
+	// AckWait is how long a delivery may stay unacked before redelivery.
+	AckWait time.Duration
+	// MaxDeliver is the delivery on which a message whose apply keeps
+	// failing is dead-lettered instead of retried.
+	MaxDeliver int
+	// Regions parses IDs to check that commands belong to this region.
+	Regions *idgen.Regions
+	// AfterCommit, if set, runs after a batch committed and before its acks.
+	// It is a failpoint: returning an error skips the acks, as a crash would.
+	AfterCommit func(msgs []jetstream.Msg) error
+	// BeforeApply, if set, is called with a batch's valid messages, and the
+	// context of the batch's span, just before the store applies them (and
+	// again with each message when a failed batch is applied one by one):
+	// the place to log or trace what a worker is about to apply, such as
+	// the messages' stream sequences and delivery counts when chasing a
+	// redelivery loop. It must not ack, nak or terminate the messages: the
+	// consumer settles each after the transaction.
+	BeforeApply func(ctx context.Context, msgs []jetstream.Msg)
+	Stats       *ledger.Stats
+	// Observe is told what the consumer applied (metrics).
+	Observe Observer
+	Log     *slog.Logger
+}
+
+// Observer receives what a consumer applied, for metrics; a nil func is
+// skipped. The context carries the span the observation belongs to, so
+// that a metric can keep its trace as an exemplar.
+type Observer struct {
+	// Batch is told each committed batch's size and how long its
+	// transaction took, with the batch span.
+	Batch func(ctx context.Context, size int, took time.Duration)
+	// Stage is told each saga stage a committed step ended
+	// (ledger.SagaStage) and the time since its transfer's creation, with
+	// the span of the step's delivery, which is part of the transfer's
+	// trace.
+	Stage func(ctx context.Context, stage string, sinceCreated time.Duration)
+}
+
+// Defaults for ConsumerConfig's zero fields.
+const (
+	DefaultBatchSize  = 256
+	DefaultAckWait    = 30 * time.Second
+	DefaultMaxDeliver = 10
+)
+
+// Consumer applies the region's ledger stream in batches.
+type Consumer struct {
+	cfg     ConsumerConfig
+	js      jetstream.JetStream
+	applier Applier
+}
+
+// NewConsumer returns a consumer; Run starts it.
+func NewConsumer(js jetstream.JetStream, applier Applier, cfg ConsumerConfig) *Consumer {
+	cfg.Topology = cfg.Topology.withDefaults()
+	if len(cfg.Shards) == 0 {
+		cfg.Shards = AllShards(cfg.Topology)
+	}
+	if cfg.BatchSize <= 0 {
+		cfg.BatchSize = DefaultBatchSize
+	}
+	if cfg.AckWait <= 0 {
+		cfg.AckWait = DefaultAckWait
+	}
+	if cfg.MaxDeliver <= 0 {
+		cfg.MaxDeliver = DefaultMaxDeliver
+	}
+	if cfg.Stats == nil {
+		cfg.Stats = &ledger.Stats{}
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	return &Consumer{cfg: cfg, js: js, applier: applier}
+}
+
+// Run consumes its shards until ctx ends. Messages arrive through pull
+// subscriptions and are applied in batches of whatever has arrived, up to BatchSize: a
+// batch forms while the previous one commits. It returns an error only when
+// the consumer cannot be set up.
+func (c *Consumer) Run(ctx context.Context) error {
+	inbox := make(chan jetstream.Msg, 2*c.cfg.BatchSize)
+	for _, shard := range c.cfg.Shards {
+		stop, err := c.consumeShard(ctx, shard, inbox)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+
+	for {
+		batch, ok := NextBatch(ctx, inbox, c.cfg.BatchSize)
+		if !ok {
+			return nil
+		}
+		c.process(ctx, batch)
+	}
+}
+
+// NextBatch waits for a first message on inbox, then takes whatever else
+// has already arrived, up to max: a batch forms while the previous one is
+// being processed, and a lone message is not held back. It returns false
+// when ctx ends first.
+func NextBatch(ctx context.Context, inbox <-chan jetstream.Msg, max int) ([]jetstream.Msg, bool) {
+	var batch []jetstream.Msg
+	select {
+	case <-ctx.Done():
+		return nil, false
+	case m := <-inbox:
+		batch = append(batch, m)
+	}
+	for len(batch) < max {
+		select {
+		case m := <-inbox:
+			batch = append(batch, m)
+		default:
+			return batch, true
+		}
+	}
+	return batch, true
+}
+
+// consumeShard creates (or binds to) the shard's durable consumer and feeds
+// its messages, in stream order, into inbox. The returned func stops it.
+func (c *Consumer) consumeShard(ctx context.Context, shard int, inbox chan<- jetstream.Msg) (func(), error) {
+	t := c.cfg.Topology
+	durable := ShardDurable(shard)
+	var cons jetstream.Consumer
+	// Several workers may create the same durable at once; a losing
+	// concurrent create is retried.
+	_, err := backoff.Retry(ctx, func() (struct{}, error) {
+		var err error
+		cons, err = c.js.CreateOrUpdateConsumer(ctx, t.Stream(), jetstream.ConsumerConfig{
+			Durable:   durable,
+			AckPolicy: jetstream.AckExplicitPolicy,
+			AckWait:   c.cfg.AckWait,
+			// JetStream never gives up on a message by itself: the worker
+			// dead-letters it at MaxDeliver, so a worker that crashes on
+			// the last attempt cannot make it vanish.
+			MaxDeliver:    -1,
+			FilterSubject: t.ShardSubject(shard),
+			MaxAckPending: 4 * c.cfg.BatchSize,
+		})
+		return struct{}{}, err
+	}, backoff.WithMaxTries(5))
+	if err != nil {
+		return nil, fmt.Errorf("ledger consumer %s: %w", durable, err)
+	}
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		select {
+		case inbox <- m:
+		case <-ctx.Done(): // unacked: redelivered after AckWait
+		}
+	}, jetstream.PullMaxMessages(c.prefetch()), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		c.cfg.Log.Warn("ledger consume", "durable", durable, "err", err)
+	}))
+	if err != nil {
+		return nil, fmt.Errorf("ledger consumer %s: %w", durable, err)
+	}
+	return cc.Stop, nil
+}
+
+// prefetch is how many messages each shard's subscription may buffer. The
+// worker's shards share about two batches in all: a delivered message's
+// AckWait runs while it waits in the buffer, so a deep buffer would turn a
+// backlog into redeliveries.
+func (c *Consumer) prefetch() int {
+	return max(2*c.cfg.BatchSize/len(c.cfg.Shards), 8)
+}
+
+// process handles one batch: decode and validate each message (a message
+// that can never apply is dead-lettered, the rest go on), then apply the
+// valid ones.
+func (c *Consumer) process(ctx context.Context, msgs []jetstream.Msg) {
+	var (
+		cmds  []ledger.Command
+		valid []jetstream.Msg
+		spans []trace.Span
+	)
+	for _, m := range msgs {
+		md, err := m.Metadata()
+		if err != nil {
+			md = nil
+		}
+		span := c.startSpan(ctx, m, md)
+		if md != nil && md.NumDelivered > 1 {
+			c.cfg.Stats.Redeliveries.Add(1)
+		}
+		cmd, err := ledger.DecodeCommand(m.Data())
+		c.cfg.Stats.Delivered(cmd.Topic()) // the decoded type: TopicUnknown when it did not decode
+		if err == nil {
+			err = cmd.Validate(c.cfg.Topology.Region, c.cfg.Regions, time.Now())
+		}
+		if err != nil {
+			c.cfg.Stats.Invalid.Add(1)
+			c.deadLetter(ctx, m, err)
+			span.SetStatus(codes.Error, err.Error())
+			span.SetAttributes(attribute.String("paymesh.dead_letter.reason", string(ledger.ErrorCode(err))))
+			span.End()
+			continue
+		}
+		// The saga steps this command causes continue its trace.
+		cmd.Trace = natstrace.TraceParent(trace.ContextWithSpan(ctx, span))
+		cmds, valid, spans = append(cmds, cmd), append(valid, m), append(spans, span)
+	}
+	if len(cmds) > 0 {
+		c.apply(ctx, cmds, valid, spans)
+	}
+}
+
+var tracer = otel.Tracer("github.com/paymesh/paymesh/services/ledger/ledgerstream")
+
+// startSpan starts the span of one delivery attempt, a child of the trace
+// context in the message's headers. md is the message's metadata, nil when
+// it has none.
+func (c *Consumer) startSpan(ctx context.Context, m jetstream.Msg, md *jetstream.MsgMetadata) trace.Span {
+	h := m.Headers()
+	attrs := make([]attribute.KeyValue, 0, 8) // room for the metadata's: one allocation
+	attrs = append(attrs,
+		attribute.String("messaging.system", "nats"),
+		attribute.String("messaging.destination.name", m.Subject()),
+		attribute.String("messaging.message.id", h.Get(jetstream.MsgIDHeader)),
+		attribute.String("messaging.operation.type", "process"),
+		attribute.String("paymesh.region", c.cfg.Topology.Region),
+	)
+	parent := natstrace.Extract(ctx, h)
+	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
+	if md != nil {
+		attrs = append(attrs, attribute.Int64("messaging.nats.delivery_count", int64(md.NumDelivered)),
+			attribute.Int64("messaging.nats.stream_sequence", int64(md.Sequence.Stream)),
+			attribute.String("messaging.consumer.group.name", md.Consumer))
+		// Every attempt's span id derives from the message, so a redelivery
+		// links to its first attempt, whichever process ran it.
+		if tid := trace.SpanContextFromContext(parent).TraceID(); tid.IsValid() {
+			parent = natstrace.WithSpanID(parent, natstrace.AttemptSpanID(tid, md.Stream, md.Sequence.Stream, md.NumDelivered))
+			if md.NumDelivered > 1 {
+				first := trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, TraceFlags: trace.FlagsSampled,
+					SpanID: natstrace.AttemptSpanID(tid, md.Stream, md.Sequence.Stream, 1)})
+				opts = append(opts, trace.WithLinks(trace.Link{SpanContext: first,
+					Attributes: []attribute.KeyValue{attribute.String("paymesh.link", "first_attempt")}}))
+			}
+		}
+	}
+	_, span := tracer.Start(parent, "process "+m.Subject(), append(opts, trace.WithAttributes(attrs...))...)
+	return span
+}
+
+// endSpan records a delivery's outcome: the dedup outcome and the layer
+// that caught a duplicate.
+func endSpan(span trace.Span, r ledger.Result) {
+	switch r.Kind {
+	case ledger.Duplicate:
+		span.SetAttributes(attribute.String("paymesh.dedup.outcome", "duplicate"), attribute.String("paymesh.dedup.layer", string(r.Layer)))
+	case ledger.Applied, ledger.Rejected:
+		span.SetAttributes(attribute.String("paymesh.dedup.outcome", "first"), attribute.String("paymesh.result", r.Kind.String()))
+	default:
+		span.SetAttributes(attribute.String("paymesh.result", r.Kind.String()))
+	}
+	span.End()
+}
+
+// apply applies valid commands in one transaction and acks them after the
+// commit.
+func (c *Consumer) apply(ctx context.Context, cmds []ledger.Command, valid []jetstream.Msg, spans []trace.Span) {
+	links := make([]trace.Link, len(spans))
+	for i, sp := range spans {
+		links[i] = trace.Link{SpanContext: sp.SpanContext()}
+	}
+	// The batch's transaction is a span of its own, linked to each delivery;
+	// the store adds its retries to it as events.
+	ctx, batchSpan := tracer.Start(ctx, "apply batch", trace.WithLinks(links...),
+		trace.WithAttributes(attribute.Int("paymesh.batch.size", len(cmds)), attribute.String("paymesh.region", c.cfg.Topology.Region)))
+	defer batchSpan.End()
+	if c.cfg.BeforeApply != nil {
+		c.cfg.BeforeApply(ctx, valid)
+	}
+	began := time.Now()
+	results, err := c.applier.Apply(ctx, cmds)
+	if err == nil && c.cfg.Observe.Batch != nil {
+		c.cfg.Observe.Batch(ctx, len(cmds), time.Since(began))
+	}
+	if err != nil && len(cmds) > 1 && ctx.Err() == nil {
+		// Isolate whatever failed the batch: apply one by one, so that a
+		// single bad command cannot hold up or use the deliveries of others.
+		c.cfg.Log.Warn("apply batch failed; applying its commands one by one", "size", len(cmds), "err", err)
+		for i := range cmds {
+			c.apply(ctx, cmds[i:i+1], valid[i:i+1], spans[i:i+1])
+		}
+		return
+	}
+	if err != nil {
+		for _, sp := range spans {
+			sp.SetStatus(codes.Error, err.Error())
+			sp.End()
+		}
+		if ctx.Err() != nil {
+			return // shutting down: redelivered after AckWait, not a failed attempt
+		}
+		c.cfg.Stats.ApplyFailed.Add(1)
+		c.cfg.Log.Error("apply failed; the message will be redelivered", "err", err)
+		c.retryLater(ctx, valid[0], err, cmds[0].IsStep())
+		return
+	}
+	now := time.Now()
+	for i, r := range results {
+		c.cfg.Stats.Record(cmds[i].Topic(), r)
+		if stage := ledger.SagaStage(cmds[i], r); stage != "" && c.cfg.Observe.Stage != nil {
+			c.cfg.Observe.Stage(trace.ContextWithSpan(ctx, spans[i]), stage, now.Sub(cmds[i].CreatedAt))
+		}
+		endSpan(spans[i], r)
+	}
+	if c.cfg.AfterCommit != nil {
+		if err := c.cfg.AfterCommit(valid); err != nil {
+			c.cfg.Log.Warn("after-commit failpoint: acks skipped", "err", err)
+			return
+		}
+	}
+	c.notifyAnswered(valid, cmds, results)
+	var ack []jetstream.Msg
+	for i, r := range results {
+		switch {
+		case r.DeadLetter:
+			c.deadLetter(ctx, valid[i], r.Err)
+		case r.Kind == ledger.Parked:
+			// A saga step ahead of the state it needs: see it again later.
+			c.retryLater(ctx, valid[i], r.Err, true)
+		default:
+			ack = append(ack, valid[i])
+		}
+	}
+	c.ackAll(ctx, ack)
+}
+
+// retryLater leaves a message for redelivery with a growing delay. A client
+// request is dead-lettered on its MaxDeliver-th delivery instead, so that it
+// is never silently dropped. A saga step is never dead-lettered for a
+// failure that may pass (a database down, a step ahead of its state): its
+// money is in transit and only the step can settle it, so it is retried
+// for as long as it takes.
+func (c *Consumer) retryLater(ctx context.Context, m jetstream.Msg, cause error, step bool) {
+	md, err := m.Metadata()
+	if err == nil && !step && int(md.NumDelivered) >= c.cfg.MaxDeliver {
+		c.deadLetter(ctx, m, ledger.Errorf(ReasonMaxDeliveries, "gave up after %d deliveries: %v", md.NumDelivered, cause))
+		return
+	}
+	delay := time.Second
+	if err == nil {
+		delay = min(time.Duration(md.NumDelivered)*time.Second, c.cfg.AckWait)
+	}
+	_ = m.NakWithDelay(delay)
+}
+
+// ackAll acks committed messages with plain acks: each is one publish on
+// the connection, batched by its flusher, with no reply to wait for. A lost
+// ack only causes a redelivery, which the layers absorb, so waiting for the
+// server's confirmation (DoubleAck, a round trip per message) buys nothing.
+func (c *Consumer) ackAll(_ context.Context, msgs []jetstream.Msg) {
+	for _, m := range msgs {
+		if err := m.Ack(); err != nil {
+			c.cfg.Log.Warn("ack failed; the message will be redelivered", "err", err)
+		}
+	}
+}
+
+// deadLetter publishes a message to the dead-letter stream with its reason,
+// then terminates it. The dead-letter publish is deduplicated by the
+// original stream sequence, so a repeat is harmless; if it fails the message
+// is left for redelivery instead.
+func (c *Consumer) deadLetter(ctx context.Context, m jetstream.Msg, reason error) {
+	md, err := m.Metadata()
+	if err != nil {
+		c.cfg.Log.Error("dead-letter: no metadata", "err", err)
+		return
+	}
+	code := string(ledger.ErrorCode(reason))
+	if code == "" {
+		code = "internal"
+	}
+	dup, err := c.publishDLQ(ctx, m.Subject(), m.Data(), md.Sequence.Stream, md.NumDelivered, code, reason.Error())
+	if err != nil {
+		c.cfg.Log.Error("dead-letter publish failed; leaving the message for redelivery", "err", err)
+		_ = m.NakWithDelay(time.Second)
+		return
+	}
+	if !dup {
+		c.cfg.Stats.DeadLettered.Add(1)
+	}
+	if err := m.TermWithReason(code); err != nil {
+		c.cfg.Log.Warn("term after dead-letter", "err", err)
+	}
+}
+
+func (c *Consumer) publishDLQ(ctx context.Context, subject string, data []byte, seq, delivered uint64, code, detail string) (duplicate bool, err error) {
+	t := c.cfg.Topology
+	dl := nats.NewMsg(t.DLQSubject())
+	dl.Data = data
+	dl.Header.Set(HeaderDLQReason, code)
+	dl.Header.Set(HeaderDLQDetail, detail)
+	dl.Header.Set(HeaderDLQSubject, subject)
+	dl.Header.Set(HeaderDLQSequence, strconv.FormatUint(seq, 10))
+	dl.Header.Set(HeaderDLQDelivery, strconv.FormatUint(delivered, 10))
+	dl.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("dlq/%s/%d", t.Stream(), seq))
+	ack, err := c.js.PublishMsg(ctx, dl, jetstream.WithExpectStream(t.DLQStream()))
+	if err != nil {
+		return false, err
+	}
+	return ack.Duplicate, nil
+}
