@@ -14,8 +14,8 @@ import (
 
 	"github.com/paymesh/paymesh/platform/subjects"
 	"github.com/paymesh/paymesh/services/ledger"
-	"github.com/paymesh/paymesh/services/ledger/postgres"
 	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
+	"github.com/paymesh/paymesh/services/ledger/postgres"
 )
 
 // HeaderReplayOf marks a replayed command with the dead-letter sequence it
