@@ -11,7 +11,7 @@ BENCH_TIME  ?= 20000x
 
 ## demo: run the three-region demo on the local Postgres and an embedded NATS topology
 demo: services
-	$(GO) run ./cmd/paymesh demo $(ARGS)
+	$(GO) run ./cmd/paymesh-lab demo $(ARGS)
 
 ## sim: docker-compose.yml's topology as separate processes on this machine
 ## (nats-servers, a throwaway Postgres per region, WAN links, the services,
@@ -19,17 +19,17 @@ demo: services
 ## (about 3 minutes; ARGS=--quick for about 90 s). It needs no local NATS, only
 ## the local PostgreSQL binaries and Debian's prometheus.
 sim: prometheus build
-	bin/paymesh sim $(ARGS)
+	bin/paymesh-lab sim $(ARGS)
 
 ## bench: measure throughput and latency against same-run baselines (about
 ## 8 minutes; ARGS=--quick for about 1.5, ARGS="--json bench.json" for a file)
-bench: services
-	$(GO) run ./cmd/paymesh bench $(ARGS)
+bench: services build
+	bin/paymesh-lab bench $(ARGS)
 
 ## chaos: every built fault-injection scenario with 3 seeds, then the table of
 ## faults fired, operations and invariants (about 6 minutes; see docs/RELIABILITY.md)
 chaos: services
-	$(GO) run ./cmd/paymesh chaos --seeds 1,2,3 $(ARGS)
+	$(GO) run ./cmd/paymesh-lab chaos --seeds 1,2,3 $(ARGS)
 
 ## test: vet, lint the OpenAPI document, run every test against real Postgres
 ## and real JetStream, then the quick process simulation (make sim ARGS=--quick)
@@ -47,9 +47,10 @@ test: services browser prometheus
 test-short: services
 	$(GO) test -count=1 -short ./...
 
-## build: build bin/paymesh
+## build: build bin/paymesh (the product) and bin/paymesh-lab (the lab)
 build:
 	$(GO) build -o bin/paymesh ./cmd/paymesh
+	$(GO) build -o bin/paymesh-lab ./cmd/paymesh-lab
 
 ## fuzz: fuzz the ID parser for 30 s
 fuzz:

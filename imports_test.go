@@ -32,8 +32,10 @@ var roles = []struct {
 	{"testbed", []string{"internal/testbed/"}, []string{"library", "platform", "service", "deploy"}},
 	// The lab: demo, bench, chaos, dashboard, load, simulation.
 	{"lab", []string{"internal/lab/"}, []string{"library", "platform", "service", "deploy", "testbed"}},
-	// The command: every service, and the lab's commands.
-	{"command", []string{"cmd/"}, []string{"library", "platform", "service", "deploy", "testbed", "lab"}},
+	// The product: the services and the operator's tools (cmd/paymesh).
+	{"product", []string{"cmd/paymesh/"}, []string{"library", "platform", "service", "deploy"}},
+	// The lab's command (cmd/paymesh-lab): demo, sim, chaos, bench, load, wan.
+	{"lab command", []string{"cmd/paymesh-lab/"}, []string{"library", "platform", "service", "deploy", "testbed", "lab"}},
 }
 
 // roleOf returns the role of a package of the module, or "".
@@ -115,10 +117,51 @@ func TestPackageRolesCatch(t *testing.T) {
 	}
 }
 
+// notInProduct are the packages the product binary must not link: the lab,
+// the test beds, and an embedded nats-server (the lab's and the tests'
+// topology), by import path prefix.
+var notInProduct = []string{module + "/internal/lab/", module + "/internal/testbed/", "github.com/nats-io/nats-server/"}
+
+// labIn returns the packages of deps that the product must not link.
+func labIn(deps []string) []string {
+	var out []string
+	for _, d := range deps {
+		for _, p := range notInProduct {
+			if strings.HasPrefix(d+"/", p) {
+				out = append(out, d)
+			}
+		}
+	}
+	return out
+}
+
+// TestProductShipsNoLab: `go list -deps ./cmd/paymesh`, the binary the
+// product image holds, lists no lab, test-bed or nats-server package.
+func TestProductShipsNoLab(t *testing.T) {
+	pkgs := goList(t, "-deps", "./cmd/paymesh")
+	if _, ok := pkgs[module+"/services/ledger/ledgerd"]; !ok {
+		t.Fatalf("go list -deps ./cmd/paymesh lists no ledger (%d packages): want every dependency", len(pkgs))
+	}
+	var deps []string
+	for p := range pkgs {
+		deps = append(deps, p)
+	}
+	for _, d := range labIn(deps) {
+		t.Errorf("the product binary links %s", d)
+	}
+	if got := labIn([]string{module + "/internal/lab/chaos", "github.com/nats-io/nats-server/v2/server", module + "/internal/testbed/natsembed", module + "/services/api"}); len(got) != 3 {
+		t.Errorf("labIn found %q, want the lab, the nats-server and the test bed", got)
+	}
+}
+
 // goList returns every package of patterns with its non-test dependencies.
 func goList(t *testing.T, patterns ...string) map[string][]string {
 	t.Helper()
-	cmd := exec.Command("go", append([]string{"list", "-deps=false", "-json=ImportPath,Deps"}, patterns...)...)
+	args := []string{"list", "-json=ImportPath,Deps"}
+	if len(patterns) == 0 || patterns[0] != "-deps" {
+		args = append(args, "-deps=false")
+	}
+	cmd := exec.Command("go", append(args, patterns...)...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -290,7 +290,7 @@ func checkNATSNodes(t *testing.T, p *compose.Project, r regions.Region, image st
 }
 
 // TestComposeWANLinks: every region's nats-server joins the hub through
-// its WAN link wan-<region>, a `paymesh wan` of the paymesh image that
+// its WAN link wan-<region>, a `paymesh-lab wan` of the paymesh image that
 // listens on the hub's leaf port, forwards to nats-hub, takes its default
 // latency from the region's link, and publishes its control API on the
 // region's wan_control_port; loadgen applies its fault plan through those
@@ -598,25 +598,51 @@ func TestComposeEnvironmentMapsToHost(t *testing.T) {
 	}
 }
 
-// TestDockerfileBuildsPaymesh: the image every paymesh service runs is the
-// paymesh binary of ./cmd/paymesh (so every command of docker-compose.yml,
-// wan included, is one of its subcommands), built statically with a Go that
-// satisfies go.mod's go line, and its entrypoint.
+// images are the Dockerfile's two final targets: the binary each copies
+// from its build stage, and the commands of docker-compose.yml it may run
+// (the product's services and tools; the lab's WAN links and load).
+var images = map[string]struct {
+	pkg, binary string
+	commands    []string
+}{
+	"paymesh": {"./cmd/paymesh", "/paymesh", []string{"ledger", "router", "api", "migrate", "verify", "client", "dlq"}},
+	"lab":     {"./cmd/paymesh-lab", "/paymesh-lab", []string{"wan", "load"}},
+}
+
+// TestDockerfileBuildsPaymesh: the Dockerfile builds the product image
+// (./cmd/paymesh, the default target) and the lab image (./cmd/paymesh-lab,
+// target lab), each a static binary built with a Go that satisfies go.mod's
+// go line and run as its entrypoint; every paymesh service of
+// docker-compose.yml names its target, and the target's binary has the
+// service's command. No region service runs from the lab image.
 func TestDockerfileBuildsPaymesh(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join(repoRoot, "Dockerfile"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	df := string(b)
-	build := regexp.MustCompile(`(?m)^RUN CGO_ENABLED=0 go build .*-o (\S+) \./cmd/paymesh$`).FindStringSubmatch(df)
-	if build == nil {
-		t.Fatalf("Dockerfile: no static `go build -o <path> ./cmd/paymesh`:\n%s", df)
+	stages := regexp.MustCompile(`(?m)^FROM (\S+) AS (\S+)$`).FindAllStringSubmatch(df, -1)
+	if len(stages) == 0 || stages[len(stages)-1][2] != "paymesh" {
+		t.Errorf("Dockerfile: the last stage (the default target) is not paymesh, the product: %v", stages)
 	}
-	if want := "COPY --from=build " + build[1] + " /paymesh"; !strings.Contains(df, want) {
-		t.Errorf("Dockerfile: lacks %q, the binary built", want)
-	}
-	if !strings.Contains(df, `ENTRYPOINT ["/paymesh"]`) {
-		t.Error(`Dockerfile: entrypoint is not ["/paymesh"], which the services' commands are given to`)
+	for target, img := range images {
+		block := stageText(df, target)
+		if block == "" {
+			t.Errorf("Dockerfile: no stage %q", target)
+			continue
+		}
+		from := regexp.MustCompile(`(?m)^COPY --from=(\S+) (\S+) ` + regexp.QuoteMeta(img.binary) + `$`).FindStringSubmatch(block)
+		if from == nil {
+			t.Errorf("Dockerfile: stage %s copies no %s", target, img.binary)
+			continue
+		}
+		build := regexp.MustCompile(`(?m)^RUN CGO_ENABLED=0 go build -trimpath -o ` + regexp.QuoteMeta(from[2]) + ` ` + regexp.QuoteMeta(img.pkg) + `$`)
+		if !build.MatchString(stageText(df, from[1])) {
+			t.Errorf("Dockerfile: stage %s builds no static %s from %s", from[1], from[2], img.pkg)
+		}
+		if !strings.Contains(block, `ENTRYPOINT ["`+img.binary+`"]`) {
+			t.Errorf(`Dockerfile: stage %s: entrypoint is not ["%s"], which the services' commands are given to`, target, img.binary)
+		}
 	}
 	from := regexp.MustCompile(`(?m)^FROM golang:(\d+)\.(\d+)\S* AS build$`).FindStringSubmatch(df)
 	f := goMod(t)
@@ -629,10 +655,34 @@ func TestDockerfileBuildsPaymesh(t *testing.T) {
 	}
 	p := loadCompose(t)
 	for _, name := range p.ServiceNames() {
-		if s := p.Services[name]; s.Build && len(s.Command) == 0 {
-			t.Errorf("%s: no command for the paymesh image", name)
+		s := p.Services[name]
+		if !s.Build {
+			continue
+		}
+		img, ok := images[s.Target]
+		switch {
+		case !ok:
+			t.Errorf("%s: build target %q, want one of the Dockerfile's images (paymesh, lab)", name, s.Target)
+		case len(s.Command) == 0:
+			t.Errorf("%s: no command for the %s image", name, s.Target)
+		case !slices.Contains(img.commands, s.Command[0]):
+			t.Errorf("%s: command %q is not one of the %s image's (%v)", name, s.Command[0], s.Target, img.commands)
 		}
 	}
+}
+
+// stageText returns the lines of the Dockerfile's stage name, from its FROM
+// line to the next one ("" when there is none).
+func stageText(df, name string) string {
+	loc := regexp.MustCompile(`(?m)^FROM \S+ AS ` + regexp.QuoteMeta(name) + `$`).FindStringIndex(df)
+	if loc == nil {
+		return ""
+	}
+	rest := df[loc[0]:]
+	if next := regexp.MustCompile(`(?m)^FROM `).FindAllStringIndex(rest, 2); len(next) == 2 {
+		rest = rest[:next[1][0]]
+	}
+	return strings.TrimSpace(rest)
 }
 
 // TestComposeHealthchecksAnswer runs the healthchecks against the real

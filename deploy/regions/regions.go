@@ -36,7 +36,7 @@ type Region struct {
 	MetricsPort       int `yaml:"metrics_port"`
 	RouterMetricsPort int `yaml:"router_metrics_port"`
 	APIMetricsPort    int `yaml:"api_metrics_port"`
-	// WANPort is where the region's WAN link (paymesh wan) listens for the
+	// WANPort is where the region's WAN link (paymesh-lab wan) listens for the
 	// region's leafnode connection to the hub, on the host; WANControlPort
 	// serves the link's control API.
 	WANPort        int `yaml:"wan_port"`
@@ -105,7 +105,7 @@ type Table struct {
 }
 
 // WAN is the table of network round-trip times between regions: the
-// latency their WAN links (paymesh wan) play.
+// latency their WAN links (paymesh-lab wan) play.
 type WAN struct {
 	// RoundTrips maps a pair of regions, "eu-us", to its round-trip time,
 	// a Go duration ("80ms"). Every pair of regions is given once, in

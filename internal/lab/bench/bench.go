@@ -3,7 +3,7 @@
 // a hot account, duplicate replays, a large consume-log and cross-region
 // transfers, next to baselines measured in the same run on the same
 // database server (the same ledger applying one message per transaction,
-// TPC-B, and the apply transaction's SQL alone). `paymesh bench` runs it;
+// TPC-B, and the apply transaction's SQL alone). `paymesh-lab bench` runs it;
 // the figures are printed with their targets and can be written as JSON.
 package bench
 
@@ -363,7 +363,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Result, error) {
 	if e.nats.js, err = jetstream.New(e.nc, jetstream.WithPublishAsyncMaxPending(cfg.Window)); err != nil {
 		return res, err
 	}
-	fmt.Fprintf(out, "paymesh bench: %d accounts, %d transfers, batch size %d, %d workers, %d shards, window %d; Postgres %s (synchronous_commit=%s, fsync=%s), %d CPUs, load %s\n",
+	fmt.Fprintf(out, "paymesh-lab bench: %d accounts, %d transfers, batch size %d, %d workers, %d shards, window %d; Postgres %s (synchronous_commit=%s, fsync=%s), %d CPUs, load %s\n",
 		cfg.Accounts, cfg.Transfers, cfg.BatchSize, cfg.Workers, cfg.Shards, cfg.Window,
 		res.Machine.Postgres, res.Machine.SynchronousCommit, res.Machine.Fsync, res.Machine.CPUs, res.Machine.LoadAverage)
 
@@ -487,7 +487,7 @@ func (e *env) runAll(ctx context.Context, res *Result) error {
 	}
 	if cfg.has(APIProcess) {
 		if cfg.LedgerBinary == "" {
-			fmt.Fprintf(e.out, "%-13s skipped: no paymesh binary to run\n", APIProcess)
+			fmt.Fprintf(e.out, "%-13s skipped: no paymesh binary to run (make build, or paymesh-lab bench --paymesh)\n", APIProcess)
 		} else {
 			p, err := e.apiProcess(ctx)
 			if err != nil {
@@ -507,7 +507,7 @@ func (e *env) runAll(ctx context.Context, res *Result) error {
 	}
 	if cfg.has(LedgerProcess) {
 		if cfg.LedgerBinary == "" {
-			fmt.Fprintf(e.out, "%-13s skipped: no paymesh binary to run\n", LedgerProcess)
+			fmt.Fprintf(e.out, "%-13s skipped: no paymesh binary to run (make build, or paymesh-lab bench --paymesh)\n", LedgerProcess)
 		} else {
 			e.checkpoint(ctx)
 			p, err := e.ledgerProcess(ctx)

@@ -122,7 +122,7 @@ func figures(r Result) []Figure {
 // targets and verdicts, and what each figure means.
 func (r Result) Print(w io.Writer) {
 	m := r.Machine
-	fmt.Fprintf(w, "\n== paymesh bench (%s) ==\n%s\n", fmtSeconds(r.Elapsed), sharingNotice)
+	fmt.Fprintf(w, "\n== paymesh-lab bench (%s) ==\n%s\n", fmtSeconds(r.Elapsed), sharingNotice)
 	fmt.Fprintf(w, "machine: %d CPUs (load average %s at the start), %s; PostgreSQL %s with synchronous_commit=%s, fsync=%s, wal_sync_method=%s, shared_buffers=%s\n",
 		m.CPUs, m.LoadAverage, m.GoVersion, m.Postgres, m.SynchronousCommit, m.Fsync, m.WALSyncMethod, m.SharedBuffers)
 	if r.Config.Quick {

@@ -52,6 +52,9 @@ type Service struct {
 	Image string
 	// Build reports whether the image is built from a Dockerfile (build:).
 	Build bool
+	// Target is the Dockerfile stage built (build: target:), "" for the
+	// last one.
+	Target string
 	// Command overrides the image's command; nil keeps it.
 	Command []string
 	// Environment is the resolved environment: a variable the file lists
@@ -151,6 +154,9 @@ func convert(name string, s types.ServiceConfig) (Service, error) {
 		Environment: map[string]string{},
 		DependsOn:   map[string]string{},
 		Profiles:    slices.Clone(s.Profiles),
+	}
+	if s.Build != nil {
+		svc.Target = s.Build.Target
 	}
 	if len(s.Command) > 0 {
 		svc.Command = slices.Clone([]string(s.Command))

@@ -235,7 +235,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 		return Report{}, err
 	}
 	defer os.RemoveAll(dir)
-	// With Stay the links serve their control API, for paymesh load --faults.
+	// With Stay the links serve their control API, for paymesh-lab load --faults.
 	topts := natsembed.TopologyOptions{Regions: names, Dir: dir, Nodes: cfg.Nodes, LinkControl: cfg.Stay}
 	if cfg.WAN {
 		topts.Links = wanLinks(table)
@@ -289,7 +289,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 		return Report{}, err
 	}
 	nodes := topo.Nodes(names[0])
-	fmt.Fprintf(out, "paymesh demo: regions %s on one embedded NATS topology (hub + leafnodes), databases %s<region>\n",
+	fmt.Fprintf(out, "paymesh-lab demo: regions %s on one embedded NATS topology (hub + leafnodes), databases %s<region>\n",
 		strings.Join(names, ", "), cfg.DatabasePrefix)
 	fmt.Fprintf(out, "  NATS: %s per region, streams R%d; started in %s, the regions' services in %s\n",
 		map[bool]string{true: "one server", false: fmt.Sprintf("a JetStream cluster of %d", nodes)}[nodes == 1], nodes,
@@ -372,7 +372,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 		for i, n := range names {
 			links[i] = n + "=" + topo.LinkControlURL(n)
 		}
-		fmt.Fprintf(out, "  go run ./cmd/paymesh load --overdraft %d --faults default --wan %s   # load with WAN link faults\n", demoOverdraft, strings.Join(links, ","))
+		fmt.Fprintf(out, "  go run ./cmd/paymesh-lab load --overdraft %d --faults default --wan %s   # load with WAN link faults\n", demoOverdraft, strings.Join(links, ","))
 		<-ctx.Done()
 	}
 	return rep, nil

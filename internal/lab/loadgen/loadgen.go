@@ -2,8 +2,8 @@
 // clients would: it opens accounts with an overdraft in every region, sends
 // same-region and cross-region transfers (a set share of them cross-region)
 // to random regions, and retries some of them with the same
-// Idempotency-Key in another region. `paymesh load` runs it against the
-// demo's regions, docker-compose or the process simulation (paymesh sim),
+// Idempotency-Key in another region. `paymesh-lab load` runs it against the
+// demo's regions, docker-compose or the process simulation (paymesh-lab sim),
 // which reads the history of acknowledged transfers it can write.
 package loadgen
 

@@ -39,7 +39,7 @@ const NoFaults = "none"
 var FaultNames = []string{FaultKillLedger, FaultKillRouter, FaultKillAPI, FaultKillNATS, FaultCut, FaultKillLeader, FaultDegrade}
 
 // degradeLatency is added to the degraded link's latency: long enough that
-// the resets (at the rate of paymesh load's degrade) catch PubAcks in
+// the resets (at the rate of paymesh-lab load's degrade) catch PubAcks in
 // flight, whose publishes the routers then retry as duplicates.
 const degradeLatency = 150 * time.Millisecond
 

@@ -27,13 +27,13 @@ const (
 	kindPrometheus                 // Debian's prometheus, through internal/testbed/promcheck
 	kindService                    // a long-running paymesh process (ledger, router, api, wan)
 	kindSetup                      // a paymesh command run to completion before the load
-	kindLoad                       // paymesh load, with the fault schedule around it
+	kindLoad                       // paymesh-lab load, with the fault schedule around it
 	kindTool                       // a paymesh command run once the load has drained (verify)
 )
 
 func (k kind) String() string {
 	return [...]string{"?", "nats-server process", "throwaway Postgres", "prometheus (promcheck)", "paymesh process",
-		"paymesh command before the load", "paymesh load", "paymesh command after the load"}[k]
+		"paymesh command before the load", "paymesh-lab load", "paymesh command after the load"}[k]
 }
 
 // paymeshCommands maps the paymesh commands compose runs to their kind.
@@ -43,6 +43,12 @@ var paymeshCommands = map[string]kind{
 	"load":   kindLoad,
 	"verify": kindTool,
 }
+
+// The Dockerfile's targets: the product image (the default) and the lab's.
+const (
+	productTarget = "paymesh"
+	labTarget     = "lab"
+)
 
 // plan is the simulation's counterpart of every compose service.
 type plan struct {
@@ -78,7 +84,7 @@ func makePlan(p *compose.Project) (*plan, error) {
 			pl.kinds[name] = kindPostgres
 		case img == "prom/prometheus":
 			pl.kinds[name] = kindPrometheus
-		case s.Build && len(s.Command) > 0 && paymeshCommands[s.Command[0]] != 0:
+		case s.Build && (s.Target == productTarget || s.Target == labTarget) && len(s.Command) > 0 && paymeshCommands[s.Command[0]] != 0:
 			pl.kinds[name] = paymeshCommands[s.Command[0]]
 		default:
 			missing = append(missing, fmt.Sprintf("%s (image %q, command %q)", name, s.Image, s.Command))

@@ -48,6 +48,21 @@ func TestEveryComposeServiceHasACounterpart(t *testing.T) {
 			t.Errorf("no service runs as a %s", k)
 		}
 	}
+	// The WAN links and the load run from the lab binary, every region
+	// service and tool from the product's.
+	sm := &sim{plan: pl, cfg: Config{Binary: "paymesh", LabBinary: "paymesh-lab"}}
+	for n, k := range pl.kinds {
+		if k < kindService {
+			continue
+		}
+		want := "paymesh"
+		if c := p.Services[n].Command[0]; c == "wan" || c == "load" {
+			want = "paymesh-lab"
+		}
+		if got := sm.binary(n); got != want {
+			t.Errorf("%s (%s) runs %s, want %s", n, p.Services[n].Command[0], got, want)
+		}
+	}
 	if len(pl.order) != len(pl.kinds) {
 		t.Fatalf("start order has %d services, want %d", len(pl.order), len(pl.kinds))
 	}
@@ -71,7 +86,7 @@ func TestServiceWithoutCounterpart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := strings.Replace(string(b), "\nservices:\n", "\nservices:\n  cache:\n    image: redis:7\n", 1)
+	s := strings.Replace(string(b), "\nservices:\n", "\nservices:\n  cache:\n    image: redis:7\n  tool:\n    build: {context: ., target: debug}\n    command: [\"verify\"]\n", 1)
 	if s == string(b) {
 		t.Fatal("no services: line in docker-compose.yml")
 	}
@@ -84,7 +99,7 @@ func TestServiceWithoutCounterpart(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = makePlan(p)
-	if err == nil || !strings.Contains(err.Error(), `cache (image "redis:7"`) {
-		t.Fatalf("got %v, want an error naming the service cache", err)
+	if err == nil || !strings.Contains(err.Error(), `cache (image "redis:7"`) || !strings.Contains(err.Error(), "tool (") {
+		t.Fatalf("got %v, want an error naming the service cache, and tool (a Dockerfile target that is neither the product nor the lab)", err)
 	}
 }

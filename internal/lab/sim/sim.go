@@ -2,10 +2,10 @@
 // this machine: the hub's nats-server and each region's JetStream cluster of
 // three (built from the version go.mod pins, configured from
 // deploy/regions/nats with loopback ports), a throwaway Postgres per region
-// on its compose host port, a `paymesh wan` per region link, and per region
+// on its compose host port, a `paymesh-lab wan` per region link, and per region
 // the `paymesh ledger`, `router` and `api` processes with the environment
 // docker-compose.yml gives them. It registers the load client and runs
-// `paymesh load` as compose's setup and loadgen services do, fires a fault
+// `paymesh-lab load` as compose's setup and loadgen services do, fires a fault
 // schedule (kill -9 and restart of services and of nats nodes, among them
 // the node leading eu's ledger stream, a cut WAN link, a degraded one),
 // scrapes everything with Prometheus, and ends with a report: outcomes,
@@ -44,8 +44,12 @@ import (
 type Config struct {
 	// Root is the repository: docker-compose.yml, deploy/ and go.mod.
 	Root string
-	// Binary is the paymesh binary the services run (the shipped one).
+	// Binary is the product binary (cmd/paymesh): the services and tools
+	// of the compose services built from the Dockerfile's product target.
 	Binary string
+	// LabBinary is the lab binary (cmd/paymesh-lab): the WAN links and the
+	// load, the compose services built from its lab target.
+	LabBinary string
 	// BinDir caches nats-server builds (default Root/bin).
 	BinDir string
 	// Load is how long the load runs (default 120 s; 45 s with Quick).
@@ -139,8 +143,8 @@ func prepare(cfg Config, out io.Writer) (*sim, error) {
 	if cfg.Root == "" {
 		return nil, errors.New("sim: Config.Root: the repository folder is needed (docker-compose.yml, deploy/, go.mod)")
 	}
-	if cfg.Binary == "" {
-		return nil, errors.New("sim: Config.Binary: the paymesh binary is needed")
+	if cfg.Binary == "" || cfg.LabBinary == "" {
+		return nil, errors.New("sim: Config.Binary and Config.LabBinary: the paymesh and paymesh-lab binaries are needed")
 	}
 	if cfg.BinDir == "" {
 		cfg.BinDir = filepath.Join(cfg.Root, "bin")
@@ -309,7 +313,7 @@ func (s *sim) run(ctx context.Context) (*Report, error) {
 	if s.procs, err = newProcs(s.dir); err != nil {
 		return nil, err
 	}
-	s.logf("paymesh sim: docker-compose.yml as processes; run folder %s (logs in %s)", s.dir, filepath.Join(s.dir, "logs"))
+	s.logf("paymesh-lab sim: docker-compose.yml as processes; run folder %s (logs in %s)", s.dir, filepath.Join(s.dir, "logs"))
 	for _, name := range slices.Sorted(maps.Keys(s.plan.notRun)) {
 		s.logf("  not run: %s: %s", name, s.plan.notRun[name])
 	}
@@ -459,7 +463,7 @@ func (s *sim) startService(ctx context.Context, name string) error {
 	if s.cfg.NoWANLatency && strings.HasPrefix(name, wanServicePrefix) {
 		env["PAYMESH_WAN_LATENCY"] = "0"
 	}
-	return s.startProc(ctx, procSpec{Name: name, Path: s.cfg.Binary, Args: s.plan.project.Services[name].Command, Env: env})
+	return s.startProc(ctx, procSpec{Name: name, Path: s.binary(name), Args: s.plan.project.Services[name].Command, Env: env})
 }
 
 // startProc starts a process and waits until it listens on all its ports.
@@ -553,7 +557,16 @@ func (s *sim) startCommand(name string, extra []string) (*proc, error) {
 		return nil, err
 	}
 	args := append(slices.Clone(s.plan.project.Services[name].Command), extra...)
-	return s.procs.start(procSpec{Name: name, Path: s.cfg.Binary, Args: args, Env: env})
+	return s.procs.start(procSpec{Name: name, Path: s.binary(name), Args: args, Env: env})
+}
+
+// binary returns the binary a compose service runs: the lab's for the
+// Dockerfile's lab target, else the product's.
+func (s *sim) binary(name string) string {
+	if s.plan.project.Services[name].Target == labTarget {
+		return s.cfg.LabBinary
+	}
+	return s.cfg.Binary
 }
 
 // openStores opens each region's database in this process, for the checks.

@@ -22,8 +22,8 @@ import (
 // the local PostgreSQL and Prometheus binaries installed, and every fixed
 // port of the simulation free (a `make sim` or a demo running alongside
 // holds them; the test then skips rather than fight it). It returns the
-// config of a run with the shipped paymesh binary, built into a temporary
-// folder.
+// config of a run with the product and lab binaries, built into a
+// temporary folder.
 func needSim(t *testing.T) Config {
 	t.Helper()
 	if testing.Short() {
@@ -54,13 +54,17 @@ func needSim(t *testing.T) Config {
 	if err := checkPorts(s.ports()); err != nil {
 		t.Skipf("the simulation's ports are not free: %v", err)
 	}
-	bin := filepath.Join(t.TempDir(), "paymesh")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/paymesh")
-	cmd.Dir = r
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/paymesh: %v: %s", err, out)
+	dir := t.TempDir()
+	bins := map[string]string{}
+	for _, name := range []string{"paymesh", "paymesh-lab"} {
+		bins[name] = filepath.Join(dir, name)
+		cmd := exec.Command("go", "build", "-o", bins[name], "./cmd/"+name)
+		cmd.Dir = r
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go build ./cmd/%s: %v: %s", name, err, out)
+		}
 	}
-	return Config{Root: r, Binary: bin, Seed: 1}
+	return Config{Root: r, Binary: bins["paymesh"], LabBinary: bins["paymesh-lab"], Seed: 1}
 }
 
 // lineWriter is a concurrency-safe writer that calls on for each line.

@@ -1,5 +1,5 @@
 // Package faultproxy is a TCP proxy that plays a network link: paymesh's
-// WAN link between a region's nats-server and the hub (paymesh wan), and the
+// WAN link between a region's nats-server and the hub (paymesh-lab wan), and the
 // loopback links of the fault tests.
 //
 // A Proxy relays every connection to its target through a shaped link

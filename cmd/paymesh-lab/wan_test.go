@@ -19,10 +19,10 @@ import (
 	"github.com/paymesh/paymesh/internal/testbed/faultproxy/faultproxytest"
 )
 
-// buildPaymesh builds the paymesh binary into a temporary directory.
+// buildPaymesh builds the paymesh-lab binary into a temporary directory.
 func buildPaymesh(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "paymesh")
+	bin := filepath.Join(t.TempDir(), "paymesh-lab")
 	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
 	if err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
@@ -30,7 +30,7 @@ func buildPaymesh(t *testing.T) string {
 	return bin
 }
 
-// TestWANCommand runs `paymesh wan` as a process: it relays to its target
+// TestWANCommand runs `paymesh-lab wan` as a process: it relays to its target
 // with the asked latency, answers its control API, and exits 0 on SIGTERM.
 // Bad flags make it exit non-zero with a message naming the flag.
 func TestWANCommand(t *testing.T) {
@@ -117,7 +117,7 @@ func TestWANCommand(t *testing.T) {
 	}
 }
 
-// startWAN starts `paymesh wan` with args and extra environment, and
+// startWAN starts `paymesh-lab wan` with args and extra environment, and
 // returns the process and its first log line. The process is killed at
 // cleanup.
 func startWAN(t *testing.T, bin string, env []string, args ...string) (*exec.Cmd, string) {

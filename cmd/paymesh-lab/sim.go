@@ -21,6 +21,7 @@ type simCmd struct {
 	Report       string        `help:"Also write the report as JSON to this file." type:"path"`
 	Root         string        `help:"The repository (docker-compose.yml, deploy/, go.mod) (default: the current folder or the nearest one above it with docker-compose.yml and go.mod)." type:"existingdir"`
 	Seed         uint64        `default:"1" help:"Seed of the load."`
+	Paymesh      string        `name:"paymesh" help:"The product binary the services run (default: paymesh beside this command, else on PATH)." type:"existingfile"`
 }
 
 func (c *simCmd) Run(ctx context.Context) error {
@@ -31,11 +32,15 @@ func (c *simCmd) Run(ctx context.Context) error {
 			return err
 		}
 	}
+	bin, err := productBinary(c.Paymesh)
+	if err != nil {
+		return err
+	}
 	self, err := os.Executable()
 	if err != nil {
-		return fmt.Errorf("the paymesh binary for the services: %w", err)
+		return fmt.Errorf("the paymesh-lab binary for the WAN links and the load: %w", err)
 	}
-	rep, err := sim.Run(ctx, sim.Config{Root: root, Binary: self, Load: c.Load, Quick: c.Quick, Faults: c.Faults,
+	rep, err := sim.Run(ctx, sim.Config{Root: root, Binary: bin, LabBinary: self, Load: c.Load, Quick: c.Quick, Faults: c.Faults,
 		LoseCommands: c.LoseCommands, NoWANLatency: c.NoWANLatency, Live: isTerminal(os.Stdout), Seed: c.Seed}, os.Stdout)
 	if errors.Is(err, context.Canceled) {
 		fmt.Println("\ninterrupted: every process the simulation started is stopped and its Postgres clusters removed")

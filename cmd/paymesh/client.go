@@ -1,0 +1,164 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/alecthomas/kong"
+	"github.com/paymesh/paymesh/services/api"
+	"github.com/paymesh/paymesh/services/ledger"
+)
+
+// apiClient holds the flags of the client commands.
+type apiClient struct {
+	APIURL string `name:"api-url" env:"PAYMESH_API_URL" default:"http://127.0.0.1:8101" help:"Any region's API."`
+	APIKey string `name:"api-key" env:"PAYMESH_API_KEY" required:"" help:"Your API key (paymesh client prints one)."`
+}
+
+func (a apiClient) client() *api.Client { return &api.Client{BaseURL: a.APIURL, APIKey: a.APIKey} }
+
+// show prints an API answer, or its problem, and fails on a problem.
+func show(r api.Response, err error) error {
+	if len(r.Body) > 0 {
+		fmt.Println(string(r.Body))
+	}
+	if r.Replayed {
+		fmt.Fprintln(os.Stderr, "(replayed: the first response to this Idempotency-Key)")
+	}
+	if err != nil && len(r.Body) == 0 {
+		return err
+	}
+	if err != nil {
+		return errFailed
+	}
+	return nil
+}
+
+type accountsCmd struct {
+	Create struct {
+		apiClient
+		Currency string `required:"" help:"ISO 4217 currency."`
+		Region   string `help:"Home region (default: the region of --api-url)."`
+		Floor    int64  `help:"Lowest balance allowed (0: no overdraft)."`
+	} `cmd:"" help:"Open an account."`
+	Show struct {
+		apiClient
+		ID      string `arg:"" help:"Account id."`
+		Entries bool   `help:"Show its change-log instead."`
+		After   int64  `help:"With --entries: start after this version."`
+	} `cmd:"" help:"Show an account, from any region."`
+}
+
+func (c *accountsCmd) Run(ctx context.Context, k *kong.Context) error {
+	switch k.Command() {
+	case "accounts create":
+		return show(c.Create.client().CreateAccount(ctx, c.Create.Currency, c.Create.Region, c.Create.Floor))
+	default:
+		path := "/v1/accounts/" + c.Show.ID
+		if c.Show.Entries {
+			path += fmt.Sprintf("/entries?after=%d", c.Show.After)
+		}
+		return show(c.Show.client().Get(ctx, path))
+	}
+}
+
+type transfersCmd struct {
+	Send struct {
+		apiClient
+		From     string `required:"" help:"Your source account."`
+		To       string `required:"" help:"Destination account, in any region."`
+		Amount   string `required:"" help:"Integer minor units (cents)."`
+		Currency string `required:"" help:"ISO 4217 currency."`
+		Key      string `help:"Idempotency-Key (default: a new random one, printed, reused on retries)."`
+		Hold     bool   `help:"Authorize only: reserve the amount until a capture, a void or the expiry."`
+		Expires  string `help:"With --hold: when it expires (RFC 3339, or a duration from now such as 30m; default 7 days)."`
+	} `cmd:"" help:"Send a transfer (or a hold); retries safely on network errors."`
+	Show struct {
+		apiClient
+		ID string `arg:"" help:"Transfer id."`
+	} `cmd:"" help:"Show a transfer's status and legs, from any region."`
+	Capture struct {
+		apiClient
+		ID     string `arg:"" help:"Hold id."`
+		Amount string `help:"Integer minor units to capture (default: all of the hold)."`
+		Key    string `help:"Idempotency-Key (default: a new random one, printed, reused on retries)."`
+	} `cmd:"" help:"Capture a hold of yours, all of it or an amount; the rest is released."`
+	Void struct {
+		apiClient
+		ID  string `arg:"" help:"Hold id."`
+		Key string `help:"Idempotency-Key (default: a new random one, printed, reused on retries)."`
+	} `cmd:"" help:"Release a hold of yours."`
+	Refund struct {
+		apiClient
+		ID     string `arg:"" help:"Id of the transfer paid into your account."`
+		Amount string `help:"Integer minor units to give back (default: all that is still refundable)."`
+		Key    string `help:"Idempotency-Key (default: a new random one, printed, reused on retries)."`
+	} `cmd:"" help:"Refund a transfer paid into your account, in part or whole."`
+}
+
+func (c *transfersCmd) Run(ctx context.Context, k *kong.Context) error {
+	switch k.Command() {
+	case "transfers show <id>":
+		return show(c.Show.client().Get(ctx, "/v1/transfers/"+c.Show.ID))
+	case "transfers capture <id>":
+		amount, err := optionalAmount(c.Capture.Amount)
+		if err != nil {
+			return err
+		}
+		return show(c.Capture.client().Capture(ctx, c.Capture.ID, amount, idemKey(c.Capture.Key)))
+	case "transfers void <id>":
+		return show(c.Void.client().Void(ctx, c.Void.ID, idemKey(c.Void.Key)))
+	case "transfers refund <id>":
+		amount, err := optionalAmount(c.Refund.Amount)
+		if err != nil {
+			return err
+		}
+		return show(c.Refund.client().Refund(ctx, c.Refund.ID, amount, idemKey(c.Refund.Key)))
+	}
+	s := c.Send
+	amount, err := ledger.ParseAmount(s.Amount)
+	if err != nil {
+		return err
+	}
+	req := api.TransferRequest{From: s.From, To: s.To, Amount: amount, Currency: s.Currency, Hold: s.Hold}
+	if s.Expires != "" {
+		if !s.Hold {
+			return errors.New("--expires belongs to a hold (--hold)")
+		}
+		at, err := time.Parse(time.RFC3339, s.Expires)
+		if err != nil {
+			d, derr := time.ParseDuration(s.Expires)
+			if derr != nil {
+				return fmt.Errorf("--expires %q is neither an RFC 3339 time nor a duration", s.Expires)
+			}
+			at = time.Now().Add(d)
+		}
+		req.ExpiresAt = &at
+	}
+	return show(s.client().SendTransfer(ctx, req, idemKey(s.Key)))
+}
+
+// idemKey returns key, or a new random one, printed so that a retry by
+// hand can reuse it.
+func idemKey(key string) string {
+	if key == "" {
+		key = api.NewIdempotencyKey()
+		fmt.Fprintf(os.Stderr, "Idempotency-Key: %s\n", key)
+	}
+	return key
+}
+
+// optionalAmount parses an amount flag; empty is 0 (all).
+func optionalAmount(s string) (int64, error) {
+	if s == "" {
+		return 0, nil
+	}
+	n, err := ledger.ParseAmount(s)
+	if err == nil && n <= 0 {
+		err = ledger.Errorf(ledger.CodeInvalidAmount, "amount %d must be positive", n)
+	}
+	return n, err
+}

@@ -1,0 +1,246 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/paymesh/paymesh/deploy/regions"
+	"github.com/paymesh/paymesh/pkg/dedup"
+	"github.com/paymesh/paymesh/pkg/idgen"
+	"github.com/paymesh/paymesh/platform/pgdb"
+	"github.com/paymesh/paymesh/platform/startup"
+	"github.com/paymesh/paymesh/services/api"
+	"github.com/paymesh/paymesh/services/api/apidb"
+	"github.com/paymesh/paymesh/services/ledger"
+	"github.com/paymesh/paymesh/services/ledger/dlq"
+	"github.com/paymesh/paymesh/services/ledger/postgres"
+)
+
+type verifyCmd struct {
+	regionDB
+	All        bool   `help:"Check every region of the region table, and the invariants across them."`
+	DBPrefix   string `name:"database-prefix" env:"PAYMESH_DATABASE_PREFIX" help:"With --all: region databases are named <prefix><region> instead of the region table's."`
+	Quiescent  bool   `help:"With --all: also require that nothing is in transit (run it once traffic has stopped)."`
+	WindowDays int    `name:"dedup-window-days" env:"PAYMESH_DEDUP_WINDOW_DAYS" default:"7" help:"Days of consume-log kept."`
+}
+
+func (c *verifyCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions) error {
+	names := []string{c.Region}
+	if c.All {
+		names = nil
+		for _, r := range t.Regions {
+			names = append(names, r.Name)
+		}
+	}
+	var stores []*postgres.Store
+	for _, name := range names {
+		one := c.regionDB
+		one.Region = name
+		if c.All {
+			one.Database = "" // each region's own database
+			if c.DBPrefix != "" {
+				one.Database = c.DBPrefix + name
+			}
+		}
+		reg, url, err := one.resolve(t)
+		if err != nil {
+			return err
+		}
+		pool, err := postgres.Connect(ctx, url, time.Minute, 0)
+		if err != nil {
+			return fmt.Errorf("region %s: %w", reg.Name, err)
+		}
+		defer pool.Close()
+		stores = append(stores, postgres.New(pool, postgres.Config{Region: reg.Name, Regions: ids,
+			Dedup: dedup.New(dedup.Config{WindowDays: c.WindowDays})}))
+	}
+	var rep postgres.Report
+	var err error
+	if c.All {
+		rep, err = postgres.VerifyGlobal(ctx, stores, c.Quiescent)
+	} else {
+		rep, err = stores[0].Verify(ctx)
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Print(rep.String())
+	if !rep.OK() {
+		return errFailed
+	}
+	return nil
+}
+
+type clientCmd struct {
+	PostgresURL string        `name:"postgres-url" env:"PAYMESH_POSTGRES_URL" help:"Postgres server of the regions' databases (default: ${default_pg})."`
+	DBPrefix    string        `name:"database-prefix" env:"PAYMESH_DATABASE_PREFIX" help:"Region databases are named <prefix><region> instead of the region table's."`
+	URLs        []string      `name:"postgres-urls" env:"PAYMESH_POSTGRES_URLS" help:"region=URL of each region's Postgres server, when they differ (docker-compose)."`
+	Regions     []string      `name:"region" help:"Register the client only in these regions, comma-separated (default: every region of the region table)."`
+	ID          string        `arg:"" help:"Client id (1-64 characters)."`
+	Name        string        `help:"Display name." default:""`
+	Rate        int           `help:"Requests per second allowed." default:"100"`
+	Overdraft   int64         `name:"max-overdraft" help:"Most overdraft (minor units) the client may give its accounts." default:"0"`
+	Operator    bool          `help:"Register an operator instead of a client: its key reaches the operator endpoints (/v1/ops/..., the region's dead letters) and no account or transfer. The id is the operator's name in the dead-letter audit."`
+	Key         string        `env:"PAYMESH_CLIENT_KEY" help:"Use this API key instead of a new random one (at least 16 characters)."`
+	Wait        time.Duration `name:"connect-timeout" env:"PAYMESH_CONNECT_TIMEOUT" default:"60s" help:"How long to wait for a region's API to migrate its tables (docker-compose starts them together)."`
+}
+
+func (c *clientCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, log *slog.Logger) error {
+	if err := ledger.ValidClientID(c.ID); err != nil {
+		return err
+	}
+	role := api.RoleClient
+	if c.Operator {
+		role = api.RoleOperator
+		if c.Overdraft != 0 {
+			return errors.New("--max-overdraft with --operator: an operator moves no money")
+		}
+	}
+	key := c.Key
+	if key == "" {
+		raw := make([]byte, 24)
+		if _, err := rand.Read(raw); err != nil {
+			return err
+		}
+		key = "pm_" + hex.EncodeToString(raw)
+	} else if len(key) < 16 {
+		return fmt.Errorf("--key: an API key needs at least 16 characters")
+	}
+	servers := map[string]string{}
+	for _, u := range c.URLs {
+		region, url, ok := strings.Cut(u, "=")
+		if !ok {
+			return fmt.Errorf("--postgres-urls %q: want region=postgres://…", u)
+		}
+		servers[region] = url
+	}
+	names := c.Regions
+	if len(names) == 0 {
+		for _, r := range t.Regions {
+			names = append(names, r.Name)
+		}
+	}
+	// Open every region first: a missing database registers the client
+	// nowhere, and the error says which one and what to run.
+	stores := map[string]*apidb.Store{}
+	var missing, found []string
+	for _, name := range names {
+		one := regionDB{Region: name, PostgresURL: c.PostgresURL}
+		if u, ok := servers[name]; ok {
+			one.PostgresURL = u
+		}
+		if c.DBPrefix != "" {
+			one.Database = c.DBPrefix + name
+		}
+		reg, url, err := one.resolve(t)
+		if err != nil {
+			return err
+		}
+		pool, err := postgres.Connect(ctx, url, time.Minute, 0)
+		if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "3D000" { // invalid_catalog_name
+			db := one.Database
+			if db == "" {
+				db = reg.Postgres.Database
+			}
+			migrate := "paymesh migrate --region " + name
+			if one.Database != "" {
+				migrate += " --database " + one.Database
+			}
+			missing = append(missing, fmt.Sprintf("region %s: database %s does not exist; create it with `%s --create`", name, db, migrate))
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("region %s: %w", name, err)
+		}
+		defer pool.Close()
+		stores[name] = apidb.New(pool)
+		found = append(found, name)
+	}
+	if len(missing) > 0 {
+		hint := "or register the client only in the regions you run with --region"
+		if len(found) > 0 {
+			hint += " (--region " + strings.Join(found, ",") + ")"
+		}
+		return fmt.Errorf("%s;\n%s", strings.Join(missing, ";\n"), hint)
+	}
+	for _, name := range names {
+		put := func() error {
+			return stores[name].PutClient(ctx, api.RegisteredClient{ID: c.ID, Name: c.Name, Role: role, RatePerSec: c.Rate, MaxOverdraft: c.Overdraft}, key)
+		}
+		if err := untilMigrated(ctx, name, c.Wait, log, put); err != nil {
+			return fmt.Errorf("region %s: %w", name, err)
+		}
+	}
+	fmt.Println(key)
+	return nil
+}
+
+// untilMigrated runs f, and again every startup.Every for at most timeout
+// while it fails because the region's API tables do not exist yet (its API
+// migrates them at start), logging once that it waits. It returns f's last
+// error, saying what to run when the tables never came.
+func untilMigrated(ctx context.Context, region string, timeout time.Duration, log *slog.Logger, f func() error) error {
+	err := startup.Wait(ctx, timeout, log.With("region", region), "waiting for the region's API to migrate its tables", func() error {
+		err := f()
+		var pgErr *pgconn.PgError
+		if err != nil && (!errors.As(err, &pgErr) || pgErr.Code != "42P01") { // 42P01: undefined_table
+			return startup.Permanent(err)
+		}
+		return err
+	})
+	if late := (*startup.Timeout)(nil); errors.As(err, &late) {
+		return fmt.Errorf("the database is not migrated after %s (start the region's API, or run `paymesh migrate --region %s`): %w", late.After, region, late.Err)
+	}
+	return err
+}
+
+type migrateCmd struct {
+	regionDB
+	Create     bool `help:"Create the database first if it does not exist."`
+	WindowDays int  `name:"dedup-window-days" env:"PAYMESH_DEDUP_WINDOW_DAYS" default:"7" help:"Days of consume-log kept."`
+}
+
+func (c *migrateCmd) Run(ctx context.Context, t regions.Table) error {
+	reg, url, err := c.resolve(t)
+	if err != nil {
+		return err
+	}
+	if c.Create {
+		base := c.PostgresURL
+		if base == "" {
+			base = pgdb.DefaultURL
+		}
+		db := c.Database
+		if db == "" {
+			db = reg.Postgres.Database
+		}
+		if _, err := pgdb.Create(ctx, base, db, false); err != nil {
+			fmt.Fprintf(os.Stderr, "create database: %v (continuing)\n", err)
+		}
+	}
+	pool, err := postgres.Connect(ctx, url, time.Minute, 0)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	store := postgres.New(pool, postgres.Config{Region: reg.Name, Dedup: dedup.New(dedup.Config{WindowDays: c.WindowDays})})
+	if err := store.Migrate(ctx); err != nil {
+		return err
+	}
+	if err := apidb.New(pool).Migrate(ctx); err != nil {
+		return err
+	}
+	if err := pgdb.Migrate(ctx, pool, dlq.Migrations()); err != nil {
+		return err
+	}
+	fmt.Printf("region %s: database migrated\n", reg.Name)
+	return nil
+}

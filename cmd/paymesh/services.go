@@ -1,0 +1,227 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/paymesh/paymesh/deploy/regions"
+	"github.com/paymesh/paymesh/pkg/idgen"
+	"github.com/paymesh/paymesh/platform/pgdb"
+	"github.com/paymesh/paymesh/services/api/apid"
+	"github.com/paymesh/paymesh/services/api/apidb"
+	"github.com/paymesh/paymesh/services/ledger/ledgerd"
+	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
+	"github.com/paymesh/paymesh/services/router/routerd"
+)
+
+// regionDB names a region and its database.
+type regionDB struct {
+	Region      string `default:"eu" env:"PAYMESH_REGION" help:"Region name from the region table."`
+	PostgresURL string `name:"postgres-url" env:"PAYMESH_POSTGRES_URL" help:"Postgres server URL; its database is replaced by the region's (default: ${default_pg})."`
+	Database    string `env:"PAYMESH_DATABASE" help:"Database name (default: the region's postgres.database)."`
+}
+
+func (r regionDB) resolve(t regions.Table) (regions.Region, string, error) {
+	reg, ok := t.Get(r.Region)
+	if !ok {
+		return regions.Region{}, "", fmt.Errorf("unknown region %q", r.Region)
+	}
+	base := r.PostgresURL
+	if base == "" {
+		base = pgdb.DefaultURL
+	}
+	db := r.Database
+	if db == "" {
+		db = reg.Postgres.Database
+	}
+	url, err := pgdb.WithDatabase(base, db)
+	return reg, url, err
+}
+
+// natsLogin is a service's user on its region's nats-server: in
+// docker-compose one per region and service (deploy/regions/nats/*.conf,
+// platform/natsauth); none for a server without users.
+type natsLogin struct {
+	NATSUser     string `name:"nats-user" env:"PAYMESH_NATS_USER" help:"User on the region's nats-server (ledger-<region>, router-<region> or api-<region>; none for a server without users)."`
+	NATSPassword string `name:"nats-password" env:"PAYMESH_NATS_PASSWORD" help:"Password of --nats-user."`
+}
+
+// regionNATS is a service's region on NATS: its servers, its user there,
+// and how many replicas the streams it creates keep.
+type regionNATS struct {
+	NATSURL string `name:"nats-url" env:"PAYMESH_NATS_URL" default:"nats://127.0.0.1:4222" help:"NATS servers of the region: one URL, or a comma-separated list (every server of the region's JetStream cluster, so the service survives the loss of one)."`
+	natsLogin
+	StreamReplicas int `name:"stream-replicas" env:"PAYMESH_STREAM_REPLICAS" default:"1" help:"Replicas of the streams this service creates or updates (1 to 5; 3 on a region cluster of three servers). An existing stream is scaled to it."`
+}
+
+// replicas returns --stream-replicas, or an error outside 1 to
+// ledgerstream.MaxReplicas (0 is refused: the flag says what it means).
+func (r regionNATS) replicas() (int, error) {
+	if err := ledgerstream.CheckReplicas(r.StreamReplicas); err != nil {
+		return 0, fmt.Errorf("--stream-replicas: %w", err)
+	}
+	return r.StreamReplicas, nil
+}
+
+// dependencyWait bounds how long a service waits at start for its Postgres
+// and nats-server (docker-compose starts them together).
+type dependencyWait struct {
+	ConnectTimeout time.Duration `name:"connect-timeout" env:"PAYMESH_CONNECT_TIMEOUT" default:"60s" help:"How long to wait at start for Postgres and NATS to answer."`
+}
+
+// metricsListen returns where a service serves /metrics: flag, by default
+// 127.0.0.1:port, and nowhere ("") when flag is "off".
+func metricsListen(flag string, port int) string {
+	switch flag {
+	case "off":
+		return ""
+	case "":
+		return fmt.Sprintf("127.0.0.1:%d", port)
+	}
+	return flag
+}
+
+// app is a service's app type (services/*/server).
+type app interface {
+	Run(ctx context.Context) error
+	Close() error
+}
+
+// run runs a until ctx ends, then closes it. It returns Run's and Close's
+// errors, joined.
+func run(ctx context.Context, a app) error {
+	err := a.Run(ctx)
+	return errors.Join(err, a.Close())
+}
+
+type ledgerCmd struct {
+	regionDB
+	regionNATS
+	Node       uint16        `env:"PAYMESH_NODE" default:"1" help:"Node id (0-1023) for the account IDs this process mints; leased in the region's database at start (refused while another live process holds it)."`
+	Workers    int           `env:"PAYMESH_WORKERS" default:"2" help:"Consumers in this process."`
+	BatchSize  int           `name:"batch-size" env:"PAYMESH_BATCH_SIZE" default:"${default_batch}" help:"Most messages applied in one transaction."`
+	AckWait    time.Duration `name:"ack-wait" env:"PAYMESH_ACK_WAIT" default:"30s" help:"JetStream redelivery timeout."`
+	MaxDeliver int           `name:"max-deliver" env:"PAYMESH_MAX_DELIVER" default:"10" help:"Deliveries before a message is dead-lettered."`
+	Lease      time.Duration `env:"PAYMESH_LEASE" default:"30s" help:"Longest a transaction may sit idle before Postgres ends it and its claims pass on."`
+	WindowDays int           `name:"dedup-window-days" env:"PAYMESH_DEDUP_WINDOW_DAYS" default:"7" help:"Days of consume-log kept."`
+	CacheSize  int           `name:"cache-size" env:"PAYMESH_CACHE_SIZE" default:"100000" help:"Recently committed keys kept in memory (0 disables)."`
+	Shards     int           `env:"PAYMESH_SHARDS" default:"16" help:"Ledger subjects per region."`
+	OutboxKeep time.Duration `name:"outbox-retention" env:"PAYMESH_OUTBOX_RETENTION" default:"24h" help:"How long sent outbox rows are kept before they are deleted (negative keeps them all)."`
+	ShardSet   string        `name:"shard-set" env:"PAYMESH_SHARD_SET" default:"0/1" help:"i/n: this process applies the shards k with k mod n = i. Give each ledger replica of a region its own i."`
+	Metrics    string        `name:"metrics-listen" env:"PAYMESH_METRICS_LISTEN" help:"Address of /metrics (default: 127.0.0.1:<the region's metrics_port>; 'off' for none)."`
+	dependencyWait
+}
+
+// ownShards parses --shard-set.
+func (c *ledgerCmd) ownShards() ([]int, error) {
+	var i, n int
+	if _, err := fmt.Sscanf(c.ShardSet, "%d/%d", &i, &n); err != nil || n < 1 || i < 0 || i >= n || fmt.Sprintf("%d/%d", i, n) != c.ShardSet {
+		return nil, fmt.Errorf("--shard-set %q: want i/n with 0 <= i < n", c.ShardSet)
+	}
+	if c.Shards < n {
+		return nil, fmt.Errorf("--shard-set %q: only %d shards to share", c.ShardSet, c.Shards)
+	}
+	var own []int
+	for k := i; k < c.Shards; k += n {
+		own = append(own, k)
+	}
+	return own, nil
+}
+
+func (c *ledgerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, log *slog.Logger) error {
+	reg, url, err := c.resolve(t)
+	if err != nil {
+		return err
+	}
+	own, err := c.ownShards()
+	if err != nil {
+		return err
+	}
+	replicas, err := c.replicas()
+	if err != nil {
+		return err
+	}
+	srv, err := ledgerd.Open(ctx, ledgerd.Config{OwnShards: own, StreamReplicas: replicas,
+		Region: reg.Name, Regions: ids, Node: c.Node, PostgresURL: url, NATSURL: c.NATSURL, NATSUser: c.NATSUser, NATSPassword: c.NATSPassword, Workers: c.Workers,
+		BatchSize: c.BatchSize, AckWait: c.AckWait, MaxDeliver: c.MaxDeliver, Lease: c.Lease,
+		WindowDays: c.WindowDays, OutboxRetention: c.OutboxKeep, CacheSize: c.CacheSize, Shards: c.Shards, Log: log.With("service", "ledger"),
+		Answers: apidb.Answers{}, AnswersSchema: new(apidb.Migrations()),
+		MetricsListen: metricsListen(c.Metrics, reg.MetricsPort), ConnectTimeout: c.ConnectTimeout,
+	})
+	if err != nil {
+		return err
+	}
+	return run(ctx, srv)
+}
+
+type apiCmd struct {
+	regionDB
+	regionNATS
+	OpsNATSUser     string        `name:"ops-nats-user" env:"PAYMESH_OPS_NATS_USER" help:"The region's operator user on the same nats-servers (ops-<region>): serve the operator endpoints on the region's dead letters (/v1/ops/...). Without it they answer 503."`
+	OpsNATSPassword string        `name:"ops-nats-password" env:"PAYMESH_OPS_NATS_PASSWORD" help:"Password of --ops-nats-user."`
+	Listen          string        `env:"PAYMESH_API_LISTEN" help:"Address to listen on (default: 127.0.0.1:<the region's api_port>)."`
+	Node            uint16        `env:"PAYMESH_API_NODE" default:"2" help:"Node id (0-1023) for the transfer IDs this process mints; leased in the region's database at start (refused while another live process holds it)."`
+	Shards          int           `env:"PAYMESH_SHARDS" default:"16" help:"Ledger subjects per region (as the ledgers)."`
+	Wait            time.Duration `env:"PAYMESH_API_WAIT" default:"2s" help:"How long POST /v1/transfers waits for a final state before answering 202."`
+	KeyTTL          time.Duration `name:"key-ttl" env:"PAYMESH_KEY_TTL" default:"24h" help:"How long idempotency keys are kept."`
+	ClientCacheTTL  time.Duration `name:"client-cache-ttl" env:"PAYMESH_CLIENT_CACHE_TTL" default:"2s" help:"How long a client found by its API key is kept in memory; a revoked key keeps working for up to this long (0: no cache)."`
+	ClaimKeys       bool          `name:"claim-keys" env:"PAYMESH_CLAIM_KEYS" help:"Claim every transfer's idempotency key in a commit of its own before submitting it (by default a request whose accounts this process has seen is submitted unclaimed, and the ledger's transaction stores its key). Claiming keeps 422 for a repeat with another body while the first is in flight in another API process of the region."`
+	SubmitAll       bool          `name:"submit-all" env:"PAYMESH_SUBMIT_ALL" help:"Submit every transfer request to the region's ledger stream (by default the API applies them itself, in group commits of the ledger's own transaction, and submits only those it could not apply there)."`
+	Metrics         string        `name:"metrics-listen" env:"PAYMESH_API_METRICS_LISTEN" help:"Address of /metrics (default: 127.0.0.1:<the region's api_metrics_port>; 'off' for none)."`
+	dependencyWait
+}
+
+func (c *apiCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, log *slog.Logger) error {
+	reg, url, err := c.resolve(t)
+	if err != nil {
+		return err
+	}
+	replicas, err := c.replicas()
+	if err != nil {
+		return err
+	}
+	listen := c.Listen
+	if listen == "" {
+		listen = fmt.Sprintf("127.0.0.1:%d", reg.APIPort)
+	}
+	srv, err := apid.Open(ctx, apid.Config{StreamReplicas: replicas, Region: reg.Name, Regions: ids, Node: c.Node, PostgresURL: url,
+		NATSURL: c.NATSURL, NATSUser: c.NATSUser, NATSPassword: c.NATSPassword, OpsNATSUser: c.OpsNATSUser, OpsNATSPassword: c.OpsNATSPassword,
+		Shards: c.Shards, Wait: c.Wait, KeyTTL: c.KeyTTL, ClientCacheTTL: cmp.Or(c.ClientCacheTTL, -1), ClaimKeys: c.ClaimKeys, SubmitAll: c.SubmitAll,
+		Listen: listen, MetricsListen: metricsListen(c.Metrics, reg.APIMetricsPort), ConnectTimeout: c.ConnectTimeout,
+		Log: log.With("service", "api")})
+	if err != nil {
+		return err
+	}
+	return run(ctx, srv)
+}
+
+type routerCmd struct {
+	regionDB
+	regionNATS
+	Shards  int           `env:"PAYMESH_SHARDS" default:"16" help:"Ledger subjects per region (as the ledgers)."`
+	AckWait time.Duration `name:"ack-wait" env:"PAYMESH_ROUTER_ACK_WAIT" default:"10s" help:"How long a forward may take before it is retried."`
+	Metrics string        `name:"metrics-listen" env:"PAYMESH_ROUTER_METRICS_LISTEN" help:"Address of /metrics (default: 127.0.0.1:<the region's router_metrics_port>; 'off' for none)."`
+	dependencyWait
+}
+
+func (c *routerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, log *slog.Logger) error {
+	reg, url, err := c.resolve(t)
+	if err != nil {
+		return err
+	}
+	replicas, err := c.replicas()
+	if err != nil {
+		return err
+	}
+	srv, err := routerd.Open(ctx, routerd.Config{StreamReplicas: replicas, Region: reg.Name, Regions: ids, PostgresURL: url,
+		NATSURL: c.NATSURL, NATSUser: c.NATSUser, NATSPassword: c.NATSPassword, Shards: c.Shards, AckWait: c.AckWait,
+		MetricsListen: metricsListen(c.Metrics, reg.RouterMetricsPort), ConnectTimeout: c.ConnectTimeout, Log: log})
+	if err != nil {
+		return err
+	}
+	return run(ctx, srv)
+}
