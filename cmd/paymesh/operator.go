@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -94,33 +95,13 @@ type clientCmd struct {
 }
 
 func (c *clientCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, log *slog.Logger) error {
-	if err := ledger.ValidClientID(c.ID); err != nil {
+	client, err := c.registered()
+	if err != nil {
 		return err
 	}
-	role := api.RoleClient
-	if c.Operator {
-		role = api.RoleOperator
-		if c.Overdraft != 0 {
-			return errors.New("--max-overdraft with --operator: an operator moves no money")
-		}
-	}
-	key := c.Key
-	if key == "" {
-		raw := make([]byte, 24)
-		if _, err := rand.Read(raw); err != nil {
-			return err
-		}
-		key = "pm_" + hex.EncodeToString(raw)
-	} else if len(key) < 16 {
-		return fmt.Errorf("--key: an API key needs at least 16 characters")
-	}
-	servers := map[string]string{}
-	for _, u := range c.URLs {
-		region, url, ok := strings.Cut(u, "=")
-		if !ok {
-			return fmt.Errorf("--postgres-urls %q: want region=postgres://…", u)
-		}
-		servers[region] = url
+	key, err := c.apiKey()
+	if err != nil {
+		return err
 	}
 	names := c.Regions
 	if len(names) == 0 {
@@ -128,9 +109,75 @@ func (c *clientCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 			names = append(names, r.Name)
 		}
 	}
-	// Open every region first: a missing database registers the client
-	// nowhere, and the error says which one and what to run.
-	stores := map[string]*apidb.Store{}
+	stores, err := c.openStores(ctx, t, names)
+	defer func() {
+		for _, s := range stores {
+			s.close()
+		}
+	}()
+	if err != nil {
+		return err
+	}
+	for _, name := range names {
+		put := func() error { return stores[name].PutClient(ctx, client, key) }
+		if err := untilMigrated(ctx, name, c.Wait, log, put); err != nil {
+			return fmt.Errorf("region %s: %w", name, err)
+		}
+	}
+	fmt.Println(key)
+	return nil
+}
+
+// registered returns the client or operator the flags describe, or an
+// error naming the flag at fault.
+func (c *clientCmd) registered() (api.RegisteredClient, error) {
+	if err := ledger.ValidClientID(c.ID); err != nil {
+		return api.RegisteredClient{}, err
+	}
+	role := api.RoleClient
+	if c.Operator {
+		role = api.RoleOperator
+		if c.Overdraft != 0 {
+			return api.RegisteredClient{}, errors.New("--max-overdraft with --operator: an operator moves no money")
+		}
+	}
+	return api.RegisteredClient{ID: c.ID, Name: c.Name, Role: role, RatePerSec: c.Rate, MaxOverdraft: c.Overdraft}, nil
+}
+
+// apiKey returns --key, or a new random key when it is empty.
+func (c *clientCmd) apiKey() (string, error) {
+	if c.Key == "" {
+		raw := make([]byte, 24)
+		if _, err := rand.Read(raw); err != nil {
+			return "", err
+		}
+		return "pm_" + hex.EncodeToString(raw), nil
+	}
+	if len(c.Key) < 16 {
+		return "", fmt.Errorf("--key: an API key needs at least 16 characters")
+	}
+	return c.Key, nil
+}
+
+// regionStore is a region's API store and the pool it runs on.
+type regionStore struct {
+	*apidb.Store
+	close func()
+}
+
+// openStores opens the API store of every region of names; the caller
+// closes those it returns, also with an error. A missing database
+// registers the client nowhere: the error says which ones and what to run.
+func (c *clientCmd) openStores(ctx context.Context, t regions.Table, names []string) (map[string]regionStore, error) {
+	servers := map[string]string{}
+	for _, u := range c.URLs {
+		region, url, ok := strings.Cut(u, "=")
+		if !ok {
+			return nil, fmt.Errorf("--postgres-urls %q: want region=postgres://…", u)
+		}
+		servers[region] = url
+	}
+	stores := map[string]regionStore{}
 	var missing, found []string
 	for _, name := range names {
 		one := regionDB{Region: name, PostgresURL: c.PostgresURL}
@@ -140,28 +187,15 @@ func (c *clientCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 		if c.DBPrefix != "" {
 			one.Database = c.DBPrefix + name
 		}
-		reg, url, err := one.resolve(t)
-		if err != nil {
-			return err
-		}
-		pool, err := postgres.Connect(ctx, url, time.Minute, 0)
-		if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "3D000" { // invalid_catalog_name
-			db := one.Database
-			if db == "" {
-				db = reg.Postgres.Database
-			}
-			migrate := "paymesh migrate --region " + name
-			if one.Database != "" {
-				migrate += " --database " + one.Database
-			}
-			missing = append(missing, fmt.Sprintf("region %s: database %s does not exist; create it with `%s --create`", name, db, migrate))
+		store, err := one.openAPIStore(ctx, t)
+		if miss := (*missingDatabase)(nil); errors.As(err, &miss) {
+			missing = append(missing, miss.Error())
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("region %s: %w", name, err)
+			return stores, fmt.Errorf("region %s: %w", name, err)
 		}
-		defer pool.Close()
-		stores[name] = apidb.New(pool)
+		stores[name] = store
 		found = append(found, name)
 	}
 	if len(missing) > 0 {
@@ -169,18 +203,38 @@ func (c *clientCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 		if len(found) > 0 {
 			hint += " (--region " + strings.Join(found, ",") + ")"
 		}
-		return fmt.Errorf("%s;\n%s", strings.Join(missing, ";\n"), hint)
+		return stores, fmt.Errorf("%s;\n%s", strings.Join(missing, ";\n"), hint)
 	}
-	for _, name := range names {
-		put := func() error {
-			return stores[name].PutClient(ctx, api.RegisteredClient{ID: c.ID, Name: c.Name, Role: role, RatePerSec: c.Rate, MaxOverdraft: c.Overdraft}, key)
-		}
-		if err := untilMigrated(ctx, name, c.Wait, log, put); err != nil {
-			return fmt.Errorf("region %s: %w", name, err)
-		}
+	return stores, nil
+}
+
+// missingDatabase is the error of a region whose database does not exist.
+type missingDatabase struct{ region, database, migrate string }
+
+func (e *missingDatabase) Error() string {
+	return fmt.Sprintf("region %s: database %s does not exist; create it with `%s --create`", e.region, e.database, e.migrate)
+}
+
+// openAPIStore connects to the region's database and returns its API
+// store. It returns a *missingDatabase when the database does not exist.
+func (r regionDB) openAPIStore(ctx context.Context, t regions.Table) (regionStore, error) {
+	reg, url, err := r.resolve(t)
+	if err != nil {
+		return regionStore{}, err
 	}
-	fmt.Println(key)
-	return nil
+	pool, err := postgres.Connect(ctx, url, time.Minute, 0)
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "3D000" { // invalid_catalog_name
+		db := cmp.Or(r.Database, reg.Postgres.Database)
+		migrate := "paymesh migrate --region " + r.Region
+		if r.Database != "" {
+			migrate += " --database " + r.Database
+		}
+		return regionStore{}, &missingDatabase{region: r.Region, database: db, migrate: migrate}
+	}
+	if err != nil {
+		return regionStore{}, err
+	}
+	return regionStore{Store: apidb.New(pool), close: pool.Close}, nil
 }
 
 // untilMigrated runs f, and again every startup.Every for at most timeout
