@@ -25,7 +25,7 @@ type demoCmd struct {
 	Refunds       int     `default:"0" help:"Completed transfers refunded by their payee in that phase, half of them twice (0: 0.5 % of --transfers, at least 15; -1: none)."`
 	ClientRetry   float64 `name:"client-retry" default:"0.05" help:"Rate of client retries with the same key, in any region."`
 	ProducerRetry float64 `name:"producer-retry" default:"0.05" help:"Rate of router re-publishes with the same Nats-Msg-Id."`
-	DropAck       float64 `name:"drop-ack" default:"0.03" help:"Rate of committed ledger batches whose acks are dropped (forced redelivery)."`
+	DropAck       float64 `name:"drop-ack" default:"0.03" help:"Rate of the acks of committed ledger messages that are dropped (forced redelivery)."`
 	Poison        float64 `default:"0.002" help:"Rate of malformed messages."`
 	Faults        string  `default:"cut-us,restart-eu-ledger,restart-ap-nats" help:"Faults to fire during the run, comma-separated (empty for none): cut-us (3 s), restart-eu-ledger, restart-ap-nats."`
 	Report        string  `help:"Also write the report as JSON to this file."`

@@ -110,7 +110,7 @@ func TestVerifyAll(t *testing.T) {
 		}
 		t.Cleanup(pool.Close)
 		gen, _ := idgen.NewGenerator(ids, r.Name, 5)
-		s := postgres.New(pool, postgres.Config{Region: r.Name, Regions: ids, IDs: gen, Dedup: dedup.New(dedup.Config{})})
+		s := postgres.New(pool, postgres.Config{Region: r.Name, Regions: ids, IDs: gen, Dedup: postgres.NewConsumeLog(dedup.New(dedup.Config{}))})
 		if err := s.Migrate(ctx); err != nil {
 			t.Fatal(err)
 		}

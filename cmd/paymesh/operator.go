@@ -61,7 +61,7 @@ func (c *verifyCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 		}
 		defer pool.Close()
 		stores = append(stores, postgres.New(pool, postgres.Config{Region: reg.Name, Regions: ids,
-			Dedup: dedup.New(dedup.Config{WindowDays: c.WindowDays})}))
+			Dedup: postgres.NewConsumeLog(dedup.New(dedup.Config{WindowDays: c.WindowDays}))}))
 	}
 	var rep postgres.Report
 	var err error
@@ -285,7 +285,7 @@ func (c *migrateCmd) Run(ctx context.Context, t regions.Table) error {
 		return err
 	}
 	defer pool.Close()
-	store := postgres.New(pool, postgres.Config{Region: reg.Name, Dedup: dedup.New(dedup.Config{WindowDays: c.WindowDays})})
+	store := postgres.New(pool, postgres.Config{Region: reg.Name, Dedup: postgres.NewConsumeLog(dedup.New(dedup.Config{WindowDays: c.WindowDays}))})
 	if err := store.Migrate(ctx); err != nil {
 		return err
 	}

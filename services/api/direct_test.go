@@ -89,7 +89,7 @@ func TestRetryOfAHandedRequest(t *testing.T) {
 			}
 			return nil
 		}
-		c.Ledger = func(_ string, lc *ledgerd.Config) { lc.BeforeApply = gate.beforeApply }
+		c.Ledger = func(_ string, lc *ledgerd.Config) { lc.WrapJetStream = gate.wrap }
 	})
 	from := e.account(t, "eu", keyA, 1000)
 	to := e.account(t, "eu", keyA, 0)

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
+	"github.com/paymesh/paymesh/internal/testbed/jsfault"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/platform/natsauth"
 	"github.com/paymesh/paymesh/services/api"
@@ -22,7 +23,7 @@ import (
 	"github.com/paymesh/paymesh/services/ledger/ledgerd"
 )
 
-// ledgerGate holds every ledger's batches before they apply while it is
+// ledgerGate holds every ledger's deliveries before they apply while it is
 // closed, so that a request stays in flight. (Before COMMIT would not do
 // for the claimed path: the held transaction locks the key's row, and a
 // repeat would wait for it.)
@@ -49,17 +50,26 @@ func (g *ledgerGate) release() {
 	}
 }
 
-func (g *ledgerGate) beforeApply(ctx context.Context, _ []jetstream.Msg) {
+// wrap decorates a ledger's JetStream handle (ledgerd.Config's
+// WrapJetStream) so that its consumers' deliveries wait at the gate.
+func (g *ledgerGate) wrap(js jetstream.JetStream) jetstream.JetStream {
+	return jsfault.Wrap(js, nil, g.deliver)
+}
+
+// deliver holds m while the gate is closed (a minute at most, so that a
+// test that forgot to release it still ends).
+func (g *ledgerGate) deliver(m jetstream.Msg) jetstream.Msg {
 	if !g.closed.Load() {
-		return
+		return m
 	}
 	g.mu.Lock()
 	open := g.open
 	g.mu.Unlock()
 	select {
 	case <-open:
-	case <-ctx.Done():
+	case <-time.After(time.Minute):
 	}
+	return m
 }
 
 // gate holds a request in flight while it is closed.
@@ -131,7 +141,7 @@ func TestKeyGuaranteesBothPaths(t *testing.T) {
 			ledgerGate := newLedgerGate()
 			t.Cleanup(ledgerGate.release)
 			e := mustEnv(t, 24*time.Hour, func(c *cluster.Config) {
-				c.Ledger = func(_ string, lc *ledgerd.Config) { lc.BeforeApply = ledgerGate.beforeApply }
+				c.Ledger = func(_ string, lc *ledgerd.Config) { lc.WrapJetStream = ledgerGate.wrap }
 				c.API = func(_ string, ac *apid.Config) { ac.ClaimKeys, ac.SubmitAll = path.claim, path.submitAll }
 			})
 			from := e.account(t, "eu", keyA, 1000)
@@ -261,7 +271,7 @@ func unclaimedAcrossProcesses(t *testing.T, submitAll, secondHere bool) {
 	ledgerGate := newLedgerGate()
 	t.Cleanup(ledgerGate.release)
 	e := mustEnv(t, 24*time.Hour, func(c *cluster.Config) {
-		c.Ledger = func(_ string, lc *ledgerd.Config) { lc.BeforeApply = ledgerGate.beforeApply }
+		c.Ledger = func(_ string, lc *ledgerd.Config) { lc.WrapJetStream = ledgerGate.wrap }
 		c.API = func(_ string, ac *apid.Config) { ac.SubmitAll = submitAll }
 		// Applied here, the second process answers each repeat when its
 		// wait (1 s) runs out: two of them fit in the first's wait.

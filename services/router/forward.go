@@ -179,28 +179,14 @@ func endPublish(span trace.Span, ok bool, duplicates int64) {
 	span.End()
 }
 
-// publish sends a message asynchronously, twice when Inject asks for a
-// duplicate. A publish that cannot even be queued yields no futures.
+// publish sends a message asynchronously. A publish that cannot even be
+// queued yields no futures.
 func (r *Router) publish(m *nats.Msg) []jetstream.PubAckFuture {
-	copies := 1
-	if r.cfg.Inject != nil && r.cfg.Inject() {
-		copies = 2
+	f, err := r.js.PublishMsgAsync(m)
+	if err != nil {
+		return nil
 	}
-	var fs []jetstream.PubAckFuture
-	for i := range copies {
-		f, err := r.js.PublishMsgAsync(m)
-		if err != nil {
-			if i == 0 {
-				return nil
-			}
-			break
-		}
-		if i == 1 {
-			r.cfg.Stats.Injected.Add(1)
-		}
-		fs = append(fs, f)
-	}
-	return fs
+	return []jetstream.PubAckFuture{f}
 }
 
 // wait reports whether every copy was acked before ctx ended, and how many

@@ -87,10 +87,6 @@ type Config struct {
 	// it for its PubAck. A forwarder that crashed mid-batch delays its
 	// commands by this much.
 	AckWait time.Duration
-	// Inject, if set, is asked before every forward and relay publish; when
-	// it answers true the message is published twice (a producer retry with
-	// the same Nats-Msg-Id), for duplicate injection in tests and the demo.
-	Inject func() bool
 	// Stats, if set, receives the router's counters; a new one is made
 	// otherwise.
 	Stats *Stats

@@ -13,5 +13,4 @@ type Stats struct {
 	Relayed           atomic.Int64 // outbox steps the destination acked
 	RelayRetries      atomic.Int64 // relays that failed and will be retried
 	RelayDuplicates   atomic.Int64 // relays the destination recognised by Nats-Msg-Id
-	Injected          atomic.Int64 // extra publishes made by Config.Inject
 }

@@ -78,9 +78,9 @@ func TestMetricsCountInjectedDuplicates(t *testing.T) {
 	c, err := cluster.Start(ctx, cluster.Config{
 		Regions: map[string]uint8{"eu": 1, "us": 2, "ap": 3}, Topology: topo, PostgresURL: pgtest.AdminURL(),
 		DatabasePrefix: fmt.Sprintf("pmtest_metrics_%d_", os.Getpid()), Shards: 4, BatchSize: 32, AckWait: time.Second,
-		DropAck: func(msgs int) bool {
+		DropAck: func() bool {
 			if calls.Add(1)%5 == 0 {
-				dropped.Add(int64(msgs))
+				dropped.Add(1)
 				return true
 			}
 			return false
@@ -131,7 +131,7 @@ func TestMetricsCountInjectedDuplicates(t *testing.T) {
 		}
 		routerDups += scrape(t, reg.RouterMetricsURL, "paymesh_router_duplicates_total", map[string]string{"region": r, "layer": "msg_id"})
 		deliveries += scrape(t, reg.LedgerMetricsURL, "paymesh_deliveries_total", map[string]string{"region": r, "stream": reg.Ledger.Topo.Stream()})
-		injected += reg.Router.Stats().Injected.Load()
+		injected += reg.Injected()
 	}
 	if dropped.Load() == 0 || injected == 0 {
 		t.Fatalf("nothing injected: dropped %d, re-published %d", dropped.Load(), injected)

@@ -108,7 +108,7 @@ func (e *env) ceiling(ctx context.Context) (CeilingRun, error) {
 		return CeilingRun{}, err
 	}
 	log := dedup.New(dedup.Config{Holder: "bench-" + Ceiling})
-	store := postgres.New(pool, postgres.Config{Region: region, IDs: gen, Regions: e.regions, Dedup: log})
+	store := postgres.New(pool, postgres.Config{Region: region, IDs: gen, Regions: e.regions, Dedup: postgres.NewConsumeLog(log)})
 	if err := store.Migrate(ctx); err != nil {
 		return CeilingRun{}, err
 	}

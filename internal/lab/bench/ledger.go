@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/paymesh/paymesh/internal/testbed/jsfault"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/platform/pgdb"
 	"github.com/paymesh/paymesh/services/ledger"
@@ -64,7 +65,7 @@ func (e *env) openLedger(ctx context.Context, name string, batch, accounts int) 
 		Region: region, Regions: e.regions, Node: 1, PostgresURL: url, NATSURL: e.nats.url,
 		NATSUser: e.nats.user, NATSPassword: e.nats.password, StreamReplicas: e.nats.replicas,
 		Workers: e.cfg.Workers, BatchSize: batch, Shards: e.cfg.Shards, CacheSize: e.cfg.CacheSize,
-		AfterCommit: r.afterCommit,
+		WrapJetStream: func(js jetstream.JetStream) jetstream.JetStream { return jsfault.Wrap(js, nil, r.tracked) },
 		Observe: ledgerstream.Observer{Batch: func(_ context.Context, size int, took time.Duration) {
 			r.batches.Add(1)
 			r.batchMsgs.Add(int64(size))
@@ -84,15 +85,20 @@ func (e *env) openLedger(ctx context.Context, name string, batch, accounts int) 
 	return r, nil
 }
 
-// afterCommit tells the current phase's tracker which messages committed.
-func (r *ledgerRig) afterCommit(msgs []jetstream.Msg) error {
-	if t := r.track.Load(); t != nil {
-		now := time.Now().UnixNano()
-		for _, m := range msgs {
-			t.hit(m.Headers().Get(jetstream.MsgIDHeader), now)
-		}
+// tracked returns m whose ack tells the current phase's tracker that m
+// committed: the consumer acks a message right after its batch's COMMIT.
+func (r *ledgerRig) tracked(m jetstream.Msg) jetstream.Msg { return committedAck{Msg: m, r: r} }
+
+type committedAck struct {
+	jetstream.Msg
+	r *ledgerRig
+}
+
+func (m committedAck) Ack() error {
+	if t := m.r.track.Load(); t != nil {
+		t.hit(m.Headers().Get(jetstream.MsgIDHeader), time.Now().UnixNano())
 	}
-	return nil
+	return m.Msg.Ack()
 }
 
 // close stops the ledger and drops its database unless --keep.

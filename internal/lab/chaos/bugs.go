@@ -38,7 +38,7 @@ func (b bugs) install(c *cluster.Config) {
 
 	// Scenario 2.
 	if b.AckBeforeCommit {
-		onLedger(c, func(lc *ledgerd.Config) { lc.BeforeApply = ackBeforeApply })
+		onLedger(c, func(lc *ledgerd.Config) { lc.WrapJetStream = wrapped(lc.WrapJetStream, ackBeforeApply) })
 	}
 
 	// Scenario 3.
@@ -48,7 +48,7 @@ func (b bugs) install(c *cluster.Config) {
 
 	// Scenario 4 (with Config.dropBusinessKey).
 	if b.DedupByTransferID {
-		onLedger(c, func(lc *ledgerd.Config) { lc.RequestKey = keyByTransferID })
+		wrapConsumeLog(c, func(l postgres.ConsumeLog) postgres.ConsumeLog { return keyByTransferID{l} })
 	}
 
 	// Scenario 5.
@@ -87,7 +87,7 @@ func (b bugs) install(c *cluster.Config) {
 
 	// Scenario 1, the refunds' key.
 	if b.RefundKeyedByParent {
-		onLedger(c, func(lc *ledgerd.Config) { lc.RequestKey = refundByParent })
+		wrapConsumeLog(c, func(l postgres.ConsumeLog) postgres.ConsumeLog { return refundByParent{l} })
 	}
 
 	// Scenario 10, the expiry's clock.

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
+	"github.com/paymesh/paymesh/internal/testbed/jsfault"
 	"github.com/paymesh/paymesh/platform/subjects"
 	"github.com/paymesh/paymesh/services/ledger/ledgerd"
 	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
@@ -86,13 +87,12 @@ func diskLossScenario() *scenario {
 				if region != r {
 					return
 				}
-				inner := lc.BeforeApply
-				lc.BeforeApply = func(ctx context.Context, msgs []jetstream.Msg) {
-					st.gate.wait(ctx)
-					if inner != nil {
-						inner(ctx, msgs)
-					}
-				}
+				lc.WrapJetStream = wrapped(lc.WrapJetStream, func(js jetstream.JetStream) jetstream.JetStream {
+					return jsfault.Wrap(js, nil, func(m jetstream.Msg) jetstream.Msg {
+						st.gate.wait(context.Background())
+						return m
+					})
+				})
 			}
 		},
 		fault: func(ctx context.Context, e *env, d time.Duration) error {

@@ -49,17 +49,19 @@ func (assumeCommitted) IsMine(context.Context, dedup.Querier, string, dedup.Clai
 	return true, nil
 }
 
-// keyByTransferID is half of scenario 4's fault: it names a client request
-// by its transfer ID as well as its idempotency key, so the consume-log
+// keyByTransferID is half of scenario 4's fault: a consume-log that names a
+// client request by its transfer ID as well as its idempotency key, so it
 // claims a request sent again under a new transfer ID as new, and the
-// business-key match (which uses the same key) finds no earlier transfer.
-// With the schema's unique (client, key) constraint dropped too (the other
-// half, dropBusinessKey), the request applies again.
-func keyByTransferID(c ledger.Command) string {
+// business-key match (which asks the consume-log for the same name) finds
+// no earlier transfer. With the schema's unique (client, key) constraint
+// dropped too (the other half, dropBusinessKey), the request applies again.
+type keyByTransferID struct{ postgres.ConsumeLog }
+
+func (l keyByTransferID) RequestKey(c ledger.Command) string {
 	if c.IsStep() {
-		return c.MsgKey()
+		return l.ConsumeLog.RequestKey(c)
 	}
-	return c.MsgKey() + "#" + c.TransferID
+	return l.ConsumeLog.RequestKey(c) + "#" + c.TransferID
 }
 
 // onLedger makes every region's ledger configuration go through change,
@@ -88,14 +90,16 @@ func wrapConsumeLog(c *cluster.Config, wrap func(postgres.ConsumeLog) postgres.C
 	})
 }
 
-// refundByParent is the refunds' key fault: it names a refund by the
-// transfer it refunds instead of by its own idempotency key, so the
-// consume-log takes a second refund of one transfer for a repeat of the
-// first (or a conflict with it) and never applies it, though its router
+// refundByParent is the refunds' key fault: a consume-log that names a
+// refund by the transfer it refunds instead of by its own idempotency key,
+// so it takes a second refund of one transfer for a repeat of the first
+// (or a conflict with it) and never applies it, though its router
 // acknowledged it.
-func refundByParent(c ledger.Command) string {
+type refundByParent struct{ postgres.ConsumeLog }
+
+func (l refundByParent) RequestKey(c ledger.Command) string {
 	if c.Type == ledger.TypeRefund {
 		return "refund/" + c.RefundOf
 	}
-	return c.MsgKey()
+	return l.ConsumeLog.RequestKey(c)
 }

@@ -1,13 +1,12 @@
 package chaos
 
 import (
-	"context"
-
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/paymesh/paymesh/services/router/routerd"
 
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
+	"github.com/paymesh/paymesh/internal/testbed/jsfault"
 	"github.com/paymesh/paymesh/services/ledger"
 )
 
@@ -15,13 +14,15 @@ import (
 // decorators installed through the ledger consumer's and the router's
 // seams (see bugs.go), which remove the protection each scenario attacks.
 
-// ackBeforeApply is a ledger consumer's BeforeApply that acks the batch's
-// messages before the store applies them (scenario 2): a worker that dies
-// before its COMMIT has acknowledged transfers it never applied.
-func ackBeforeApply(_ context.Context, msgs []jetstream.Msg) {
-	for _, m := range msgs {
+// ackBeforeApply decorates a ledger's JetStream handle so that its
+// consumers ack every message as it is delivered, before the store applies
+// it (scenario 2): a worker that dies before its COMMIT has acknowledged
+// transfers it never applied.
+func ackBeforeApply(js jetstream.JetStream) jetstream.JetStream {
+	return jsfault.Wrap(js, nil, func(m jetstream.Msg) jetstream.Msg {
 		_ = m.Ack()
-	}
+		return m
+	})
 }
 
 // ackedAnyway is a router's JetStream whose asynchronous publishes of the
@@ -91,12 +92,15 @@ func wrapRouterJetStream(c *cluster.Config, wrap func(jetstream.JetStream) jetst
 		if prev != nil {
 			prev(region, rc)
 		}
-		inner := rc.WrapJetStream
-		rc.WrapJetStream = func(js jetstream.JetStream) jetstream.JetStream {
-			if inner != nil {
-				js = inner(js)
-			}
-			return wrap(js)
-		}
+		rc.WrapJetStream = wrapped(rc.WrapJetStream, wrap)
 	}
+}
+
+// wrapped returns a JetStream decorator that applies inner (if any), then
+// wrap: a seam's decorators installed one after another.
+func wrapped(inner, wrap func(jetstream.JetStream) jetstream.JetStream) func(jetstream.JetStream) jetstream.JetStream {
+	if inner == nil {
+		return wrap
+	}
+	return func(js jetstream.JetStream) jetstream.JetStream { return wrap(inner(js)) }
 }

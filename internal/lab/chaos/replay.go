@@ -40,7 +40,7 @@ func checkReplay(ctx context.Context, c *cluster.Cluster) (Check, error) {
 			return chk, err
 		}
 		store := postgres.New(r.Ledger.Store.Pool(), postgres.Config{Region: n, IDs: gen, Regions: c.IDs(),
-			Dedup: dedup.New(dedup.Config{Holder: "chaos-replay/" + n}), Answers: apidb.Answers{}})
+			Dedup: postgres.NewConsumeLog(dedup.New(dedup.Config{Holder: "chaos-replay/" + n})), Answers: apidb.Answers{}})
 		cmds, err := readStreamRetrying(ctx, r.Ledger.JetStream(), r.Ledger.Topo.Stream())
 		if err != nil {
 			return chk, fmt.Errorf("read %s: %w", r.Ledger.Topo.Stream(), err)

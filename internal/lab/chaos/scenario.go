@@ -50,10 +50,10 @@ type scenario struct {
 	// configure changes the cluster's configuration before it starts: the
 	// scenario installs its own hooks through the services' seams.
 	configure func(e *env, c *cluster.Config)
-	// beforeCommit and dropAck are the ledger failpoints (see
+	// beforeCommit and dropAck are the ledger's faults (see
 	// cluster.Config), consulted only while the workload runs.
 	beforeCommit func(ctx context.Context, e *env) error
-	dropAck      func(e *env, msgs int) bool
+	dropAck      func(e *env) bool
 	// fault runs alongside the workload, for d; it must leave the cluster
 	// whole (healed, restarted) when it returns.
 	fault func(ctx context.Context, e *env, d time.Duration) error
@@ -151,10 +151,11 @@ var builtin = []*scenario{
 	},
 	{
 		name: "2-kill",
-		what: "ledger workers killed: 5% of committed batches skip their acks (a crash after COMMIT, before the ack: the " +
-			"AfterCommit failpoint), 3% of apply transactions fail just before COMMIT (a crash mid-transaction), and two " +
+		what: "ledger workers killed: 5% of the acks of committed messages are lost (a crash after COMMIT, before the " +
+			"ack: a decorator of the ledger's JetStream handle), 3% of apply transactions fail just before COMMIT (a crash " +
+			"mid-transaction: a decorator of the consume-log), and two " +
 			"regions' ledger, router and API are restarted at random times",
-		counts: "batches killed after COMMIT + transactions killed before COMMIT + region restarts",
+		counts: "acks lost after COMMIT + transactions killed before COMMIT + region restarts",
 		beforeCommit: func(_ context.Context, e *env) error {
 			if e.coin(0.03) {
 				e.fired.Add(1)
@@ -162,7 +163,7 @@ var builtin = []*scenario{
 			}
 			return nil
 		},
-		dropAck: func(e *env, _ int) bool {
+		dropAck: func(e *env) bool {
 			if e.coin(0.05) {
 				e.fired.Add(1)
 				return true

@@ -170,7 +170,7 @@ func start(ctx context.Context, cfg Config, sc *scenario, seed uint64) (_ *env, 
 		}
 	}
 	if sc.dropAck != nil {
-		ccfg.DropAck = func(msgs int) bool { return e.active.Load() && sc.dropAck(e, msgs) }
+		ccfg.DropAck = func() bool { return e.active.Load() && sc.dropAck(e) }
 	}
 	if e.c, err = cluster.Start(ctx, ccfg); err != nil {
 		return nil, err

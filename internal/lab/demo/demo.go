@@ -51,7 +51,7 @@ type Config struct {
 	Seed              uint64
 	ClientRetry       float64 // a client sends a request again, sometimes in another region
 	ProducerRetry     float64 // a router publishes a message twice with the same Nats-Msg-Id
-	DropAck           float64 // a ledger batch's acks are dropped after commit (forced redelivery)
+	DropAck           float64 // a committed ledger message's ack is dropped (forced redelivery)
 	Poison            float64 // malformed messages (dead-lettered)
 	// HTTPShare is the share of transfers sent through the HTTP API (the
 	// rest go straight to the routers).
@@ -265,9 +265,9 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 		Regions: table.Codes(), Topology: topo, PostgresURL: cfg.PostgresURL, DatabasePrefix: cfg.DatabasePrefix,
 		Shards: 8, BatchSize: 128, AckWait: 2 * time.Second, APIWait: 2 * time.Second, APIAddrs: addrs, MetricsAddrs: metricsAddrs,
 		Inject: coin(cfg.ProducerRetry),
-		DropAck: func(msgs int) bool {
+		DropAck: func() bool {
 			if dropAck() {
-				dropped.Add(int64(msgs))
+				dropped.Add(1)
 				return true
 			}
 			return false
@@ -794,7 +794,7 @@ func (d *driver) report(ctx context.Context, elapsed time.Duration) Report {
 		}
 		rs := r.Router.Stats()
 		rep.Caught[string(ledger.LayerMsgID)] += rs.DuplicateSubmits.Load() + rs.ForwardDuplicates.Load() + rs.RelayDuplicates.Load()
-		rep.Injected["router re-publish (same Nats-Msg-Id)"] += rs.Injected.Load()
+		rep.Injected["router re-publish (same Nats-Msg-Id)"] += r.Injected()
 		var recorded int64
 		_ = r.Ledger.Store.Pool().QueryRow(ctx, `SELECT count(*) FROM transfers`).Scan(&recorded)
 		rep.Recorded += recorded

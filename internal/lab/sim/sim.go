@@ -581,7 +581,7 @@ func (s *sim) openStores(ctx context.Context) error {
 			return fmt.Errorf("sim: region %s: %w", r.Name, err)
 		}
 		s.pools = append(s.pools, pool)
-		s.stores[r.Name] = postgres.New(pool, postgres.Config{Region: r.Name, Regions: s.ids, Dedup: dedup.New(dedup.Config{WindowDays: 7})})
+		s.stores[r.Name] = postgres.New(pool, postgres.Config{Region: r.Name, Regions: s.ids, Dedup: postgres.NewConsumeLog(dedup.New(dedup.Config{WindowDays: 7}))})
 	}
 	return nil
 }

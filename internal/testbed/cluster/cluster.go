@@ -12,10 +12,13 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/paymesh/paymesh/internal/testbed/jsfault"
+	"github.com/paymesh/paymesh/internal/testbed/ledgertest"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/platform/natsauth"
@@ -50,14 +53,18 @@ type Config struct {
 	// DuplicateWindow is the Nats-Msg-Id window of the route and ledger
 	// streams (default ledgerstream.DefaultDuplicateWindow).
 	DuplicateWindow time.Duration
-	// Inject asks, per router publish, for a duplicate (see router.Config).
+	// Inject asks, per asynchronous publish of a router (forwards and
+	// relays, the region's router's and the API's), for a second copy
+	// under the same Nats-Msg-Id (jsfault.JetStream.Twice); Region.Injected
+	// counts them.
 	Inject func() bool
-	// DropAck asks, per committed ledger batch of msgs messages, to skip
-	// its acks (a forced redelivery).
-	DropAck func(msgs int) bool
-	// BeforeCommit runs in every ledger apply transaction just before its
-	// COMMIT (a failpoint: an error aborts the transaction, as a crash
-	// would).
+	// DropAck asks, per ack of a ledger message whose batch committed, to
+	// drop it (jsfault.AckDropped): JetStream redelivers the message.
+	DropAck func() bool
+	// BeforeCommit runs in every apply transaction of the ledger and of
+	// the API, as its last statement before COMMIT (a consume-log
+	// decorator, ledgertest.FailBeforeCommit): an error aborts the transaction, as a
+	// crash would.
 	BeforeCommit func(ctx context.Context) error
 	// Ledger, Router and API, if set, change a region's service
 	// configuration just before the service opens: a test installs its own
@@ -111,6 +118,7 @@ type Region struct {
 	metrics     MetricsAddrs
 	ledgerStats *ledger.Stats
 	routerStats *router.Stats
+	injected    *atomic.Int64
 	stop        context.CancelFunc
 	done        sync.WaitGroup
 }
@@ -143,7 +151,7 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 			c.Stop()
 			return nil, fmt.Errorf("region %s: %w", name, err)
 		}
-		r := &Region{Name: name, URL: url, apiAddr: cfg.APIAddrs[name], metrics: cfg.MetricsAddrs[name]}
+		r := &Region{Name: name, URL: url, apiAddr: cfg.APIAddrs[name], metrics: cfg.MetricsAddrs[name], injected: new(atomic.Int64)}
 		c.regions[name] = r
 		if err := c.startRegion(ctx, r); err != nil {
 			c.Stop()
@@ -174,16 +182,44 @@ func (c *Cluster) Names() []string {
 	return out
 }
 
-func (c *Cluster) startRegion(ctx context.Context, r *Region) (err error) {
-	var afterCommit func([]jetstream.Msg) error
-	if c.cfg.DropAck != nil {
-		afterCommit = func(msgs []jetstream.Msg) error {
-			if c.cfg.DropAck(len(msgs)) {
-				return errors.New("acks dropped")
-			}
-			return nil
-		}
+// Injected returns how many second copies Config.Inject made in the
+// region's routers (its own and its API's), across restarts.
+func (r *Region) Injected() int64 { return r.injected.Load() }
+
+// publisherJetStream decorates a router's JetStream handle with inject's
+// second copies, counted in the region's Injected; nil for no decorator.
+func (r *Region) publisherJetStream(inject func() bool) func(jetstream.JetStream) jetstream.JetStream {
+	if inject == nil {
+		return nil
 	}
+	twice := func() bool {
+		if inject() {
+			r.injected.Add(1)
+			return true
+		}
+		return false
+	}
+	return func(js jetstream.JetStream) jetstream.JetStream { return jsfault.Wrap(js, twice, nil) }
+}
+
+// ledgerJetStream decorates the ledger's JetStream handle: the acks that
+// Config.DropAck drops. It is nil without DropAck.
+func (c *Cluster) ledgerJetStream(js jetstream.JetStream) jetstream.JetStream {
+	if c.cfg.DropAck == nil {
+		return js
+	}
+	return jsfault.Wrap(js, nil, func(m jetstream.Msg) jetstream.Msg { return jsfault.DropAck(m, c.cfg.DropAck) })
+}
+
+// consumeLog decorates a store's consume-log with Config.BeforeCommit.
+func (c *Cluster) consumeLog(l postgres.ConsumeLog) postgres.ConsumeLog {
+	if c.cfg.BeforeCommit == nil {
+		return l
+	}
+	return ledgertest.FailBeforeCommit(l, c.cfg.BeforeCommit)
+}
+
+func (c *Cluster) startRegion(ctx context.Context, r *Region) (err error) {
 	// Every server of the region, and as many stream replicas as it has
 	// servers: a cluster region's services survive the loss of one.
 	url := c.cfg.Topology.ClientURL(r.Name)
@@ -214,7 +250,7 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) (err error) {
 	lcfg := ledgerd.Config{
 		Region: r.Name, Regions: c.ids, Node: 1, PostgresURL: r.URL, NATSURL: url, NATSUser: lu.Name, NATSPassword: lu.Password, Workers: 2,
 		BatchSize: c.cfg.BatchSize, AckWait: c.cfg.AckWait, MaxDeliver: 1000, Shards: c.cfg.Shards, DuplicateWindow: c.cfg.DuplicateWindow, StreamReplicas: replicas,
-		CacheSize: 10_000, AfterCommit: afterCommit, BeforeCommit: c.cfg.BeforeCommit, Log: log.With("service", "ledger"),
+		CacheSize: 10_000, WrapJetStream: c.ledgerJetStream, WrapConsumeLog: c.consumeLog, Log: log.With("service", "ledger"),
 		Answers: apidb.Answers{}, AnswersSchema: new(apidb.Migrations()), Stats: r.ledgerStats, MetricsListen: listen(r.metrics.Ledger), ConnectTimeout: connectTimeout,
 	}
 	if c.cfg.Ledger != nil {
@@ -226,7 +262,7 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) (err error) {
 	ru := user(natsauth.Router)
 	rcfg := routerd.Config{
 		Region: r.Name, Regions: c.ids, PostgresURL: r.URL, NATSURL: url, NATSUser: ru.Name, NATSPassword: ru.Password,
-		Shards: c.cfg.Shards, AckWait: c.cfg.AckWait, DuplicateWindow: c.cfg.DuplicateWindow, StreamReplicas: replicas, Inject: c.cfg.Inject,
+		Shards: c.cfg.Shards, AckWait: c.cfg.AckWait, DuplicateWindow: c.cfg.DuplicateWindow, StreamReplicas: replicas, WrapJetStream: r.publisherJetStream(c.cfg.Inject),
 		Stats: r.routerStats, MetricsListen: listen(r.metrics.Router), ConnectTimeout: connectTimeout, Log: log,
 	}
 	if c.cfg.Router != nil {
@@ -239,13 +275,13 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) (err error) {
 	au := user(natsauth.API)
 	acfg := apid.Config{
 		Region: r.Name, Regions: c.ids, Node: 2, PostgresURL: r.URL, NATSURL: url, NATSUser: au.Name, NATSPassword: au.Password,
-		Shards: c.cfg.Shards, AckWait: c.cfg.AckWait, DuplicateWindow: c.cfg.DuplicateWindow, StreamReplicas: replicas, Inject: c.cfg.Inject,
+		Shards: c.cfg.Shards, AckWait: c.cfg.AckWait, DuplicateWindow: c.cfg.DuplicateWindow, StreamReplicas: replicas, WrapJetStream: r.publisherJetStream(c.cfg.Inject),
 		// The API submits through a router of its own connection,
 		// counted with the region's router.
 		RouterStats: r.Router.Stats(),
 		// The transfers it applies itself count with the ledger's, and
 		// meet the same faults before COMMIT.
-		LedgerStats: r.Ledger.Stats, BeforeCommit: c.cfg.BeforeCommit,
+		LedgerStats: r.Ledger.Stats, WrapConsumeLog: c.consumeLog,
 		Wait: c.cfg.APIWait, KeyTTL: c.cfg.KeyTTL, Now: c.cfg.Now,
 		Listen: listen(r.apiAddr), MetricsListen: listen(r.metrics.API), ConnectTimeout: connectTimeout, Log: log.With("service", "api"),
 	}
@@ -314,7 +350,7 @@ func (c *Cluster) RestartRegion(ctx context.Context, name string) error {
 	old := c.Region(name)
 	old.close()
 	r := &Region{Name: name, URL: old.URL, apiAddr: old.apiAddr, metrics: old.metrics,
-		ledgerStats: old.Ledger.Stats, routerStats: old.Router.Stats()}
+		ledgerStats: old.Ledger.Stats, routerStats: old.Router.Stats(), injected: old.injected}
 	if err := c.startRegion(ctx, r); err != nil {
 		return err
 	}

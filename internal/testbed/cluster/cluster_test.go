@@ -48,15 +48,11 @@ func mustCluster(tb testing.TB, inject, dropAck func() bool) *harness {
 // mustClusterOn runs the three regions on topo.
 func mustClusterOn(tb testing.TB, topo *natsembed.Topology, inject, dropAck func() bool) *harness {
 	tb.Helper()
-	var drop func(int) bool
-	if dropAck != nil {
-		drop = func(int) bool { return dropAck() }
-	}
 	ctx := context.Background()
 	prefix := fmt.Sprintf("pmtest_%d_%d_", os.Getpid(), time.Now().UnixNano()%1e6)
 	c, err := cluster.Start(ctx, cluster.Config{
 		Regions: regionCodes, Topology: topo, PostgresURL: pgtest.AdminURL(), DatabasePrefix: prefix,
-		Shards: 4, BatchSize: 64, AckWait: 2 * time.Second, Inject: inject, DropAck: drop,
+		Shards: 4, BatchSize: 64, AckWait: 2 * time.Second, Inject: inject, DropAck: dropAck,
 	})
 	if err != nil {
 		tb.Fatal(err)
@@ -215,7 +211,7 @@ func TestCrossRegionTransfers(t *testing.T) {
 	var injected, caughtByMsgID, ledgerDups, redeliveries, routeDups int64
 	for _, n := range h.c.Names() {
 		r := h.c.Region(n)
-		injected += r.Router.Stats().Injected.Load()
+		injected += r.Injected()
 		caughtByMsgID += r.Router.Stats().ForwardDuplicates.Load() + r.Router.Stats().RelayDuplicates.Load()
 		routeDups += r.Router.Stats().DuplicateSubmits.Load()
 		for layer, v := range r.Ledger.Stats.Duplicates() {

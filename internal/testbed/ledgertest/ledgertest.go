@@ -5,6 +5,7 @@ package ledgertest
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,6 +19,26 @@ import (
 	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 )
+
+// FailBeforeCommit decorates a store's consume-log so that fail runs
+// after its Release, the apply transaction's last statement: an error
+// rolls the transaction back with all its writes done, as a crash just
+// before COMMIT would; a slow fail holds the transaction open there.
+func FailBeforeCommit(l postgres.ConsumeLog, fail func(ctx context.Context) error) postgres.ConsumeLog {
+	return failBeforeCommit{ConsumeLog: l, fail: fail}
+}
+
+type failBeforeCommit struct {
+	postgres.ConsumeLog
+	fail func(ctx context.Context) error
+}
+
+func (l failBeforeCommit) Release(ctx context.Context, tx dedup.Querier, consumer string, claims []dedup.Claim) error {
+	if err := l.ConsumeLog.Release(ctx, tx, consumer, claims); err != nil {
+		return err
+	}
+	return l.fail(ctx)
+}
 
 // Fixture is one region's ledger database with a steppable clock.
 type Fixture struct {
@@ -61,15 +82,16 @@ func On(tb testing.TB, pool *pgxpool.Pool, url string, mods ...func(*postgres.Co
 		tb.Fatal(err)
 	}
 	f := &Fixture{Pool: pool, URL: url, Regions: regions, Stats: &ledger.Stats{}, Clock: &Clock{t: time.Now().UTC()}}
-	cfg := postgres.Config{Region: "eu", Regions: regions, Stats: f.Stats, Now: f.Clock.Now}
+	node := uint16(nodes.Add(1) % idgen.MaxNode)
+	f.Log = dedup.New(dedup.Config{Holder: fmt.Sprintf("test-%d-%d", node, time.Now().UnixNano()), WindowDays: 3, Now: f.Clock.Now})
+	cfg := postgres.Config{Region: "eu", Regions: regions, Stats: f.Stats, Now: f.Clock.Now, Dedup: postgres.NewConsumeLog(f.Log)}
 	for _, m := range mods {
 		m(&cfg)
 	}
-	if f.IDs, err = idgen.NewGenerator(regions, cfg.Region, uint16(nodes.Add(1)%idgen.MaxNode)); err != nil {
+	if f.IDs, err = idgen.NewGenerator(regions, cfg.Region, node); err != nil {
 		tb.Fatal(err)
 	}
-	f.Log = dedup.New(dedup.Config{Holder: "test-" + f.ID(tb), WindowDays: 3, Now: f.Clock.Now})
-	cfg.IDs, cfg.Dedup = f.IDs, f.Log
+	cfg.IDs = f.IDs
 	f.Store = postgres.New(pool, cfg)
 	if err := f.Store.Migrate(context.Background()); err != nil {
 		tb.Fatal(err)

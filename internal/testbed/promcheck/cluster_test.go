@@ -183,7 +183,7 @@ func TestEveryPanelHasData(t *testing.T) {
 	c, err := cluster.Start(ctx, cluster.Config{
 		Regions: map[string]uint8{"eu": 1, "us": 2, "ap": 3}, Topology: topo, PostgresURL: pgtest.AdminURL(),
 		DatabasePrefix: fmt.Sprintf("pmtest_promcheck_%d_", os.Getpid()), Shards: 4, BatchSize: 32, AckWait: time.Second,
-		DropAck: func(int) bool { return faulty.Load() && batches.Add(1)%3 == 0 },
+		DropAck: func() bool { return faulty.Load() && batches.Add(1)%3 == 0 },
 		Inject:  func() bool { return faulty.Load() && batches.Load()%2 == 0 },
 	})
 	if err != nil {

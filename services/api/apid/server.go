@@ -11,8 +11,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/paymesh/paymesh/pkg/dedup"
-	"github.com/paymesh/paymesh/services/ledger"
 	"log/slog"
 	"net"
 	"net/http"
@@ -20,6 +18,9 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/paymesh/paymesh/pkg/dedup"
+	"github.com/paymesh/paymesh/services/ledger"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
@@ -76,8 +77,6 @@ type Config struct {
 	// start scales the stream to its own). Open fails for a count outside
 	// 1 to ledgerstream.MaxReplicas or above the region's servers.
 	StreamReplicas int
-	// Inject asks, per publish, for a duplicate (see router.Config).
-	Inject func() bool
 	// RouterStats, if set, counts the API's submissions (with the region
 	// router's, in one process).
 	RouterStats *router.Stats
@@ -98,10 +97,12 @@ type Config struct {
 	// here (with the region ledger's, in one process). The API's /metrics
 	// exports them as the ledger's, with consumer="api".
 	LedgerStats *ledger.Stats
-	// BeforeCommit, if set, runs in every apply transaction of this
-	// process just before its COMMIT, as the ledger's
-	// (postgres.Config.BeforeCommit): an error rolls the transaction back.
-	BeforeCommit func(ctx context.Context) error
+	// WrapConsumeLog, if set, decorates the consume-log of the transfers
+	// applied here, as the ledger's (ledgerd.Config.WrapConsumeLog).
+	WrapConsumeLog func(postgres.ConsumeLog) postgres.ConsumeLog
+	// WrapJetStream, if set, decorates the JetStream handle the API
+	// builds, before its router and forwarded calls use it.
+	WrapJetStream func(jetstream.JetStream) jetstream.JetStream
 	// WrapStore, if set, decorates the API's store before the API uses it:
 	// cross-cutting concerns such as tracing, metrics or logging of every
 	// key and client lookup wrap the api.Store interface here instead of
@@ -194,6 +195,9 @@ func (s *Server) open(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if cfg.WrapJetStream != nil {
+		js = cfg.WrapJetStream(js)
+	}
 	if err := router.EnsureStream(ctx, js, cfg.Region, cfg.DuplicateWindow, cfg.StreamReplicas); err != nil {
 		return err
 	}
@@ -202,7 +206,7 @@ func (s *Server) open(ctx context.Context) error {
 	// of the requests it submitted are answered.
 	answers := subjects.Answers(cfg.Region, strconv.Itoa(int(cfg.Node)))
 	rt := router.New(js, router.Config{Region: cfg.Region, Regions: cfg.Regions, Shards: cfg.Shards, AckWait: cfg.AckWait,
-		Inject: cfg.Inject, Stats: cfg.RouterStats, AnswerTo: answers})
+		Stats: cfg.RouterStats, AnswerTo: answers})
 	// The API's own tables, migrated here as the ledger migrates its own.
 	s.store = apidb.New(s.pool)
 	if err := s.store.Migrate(ctx); err != nil {
@@ -229,9 +233,12 @@ func (s *Server) open(ctx context.Context) error {
 			acfg.ApplyStats = &ledger.Stats{}
 		}
 		host, _ := os.Hostname()
-		consumeLog := dedup.New(dedup.Config{Holder: fmt.Sprintf("%s/api-%s-%d/%d", cfg.Region, host, os.Getpid(), cfg.Node)})
+		consumeLog := postgres.NewConsumeLog(dedup.New(dedup.Config{Holder: fmt.Sprintf("%s/api-%s-%d/%d", cfg.Region, host, os.Getpid(), cfg.Node)}))
+		if cfg.WrapConsumeLog != nil {
+			consumeLog = cfg.WrapConsumeLog(consumeLog)
+		}
 		acfg.Apply = postgres.New(s.applyPool, postgres.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen, Dedup: consumeLog,
-			Answers: apidb.LockingAnswers{}, Stats: acfg.ApplyStats, BeforeCommit: cfg.BeforeCommit})
+			Answers: apidb.LockingAnswers{}, Stats: acfg.ApplyStats})
 	}
 	if cfg.OpsNATSUser != "" {
 		if acfg.DeadLetters, err = s.openOps(ctx); err != nil {

@@ -80,20 +80,14 @@ type Config struct {
 	// Observe receives the applied batches and saga stages (default: the
 	// histograms of /metrics when MetricsListen is set).
 	Observe ledgerstream.Observer
-	// AfterCommit is the consumers' failpoint (see jetstream.ConsumerConfig).
-	AfterCommit func([]jetstream.Msg) error
-	// BeforeApply is told each batch before it applies (see
-	// jetstream.ConsumerConfig).
-	BeforeApply func(ctx context.Context, msgs []jetstream.Msg)
-	// BeforeCommit is the store's failpoint (see postgres.Config).
-	BeforeCommit func(ctx context.Context) error
+	// WrapJetStream, if set, decorates the JetStream handle the ledger
+	// builds, before its consumers, topology and dead-letter publishes use
+	// it: traces or metrics of its deliveries and acks, say.
+	WrapJetStream func(jetstream.JetStream) jetstream.JetStream
 	// WrapConsumeLog, if set, decorates the consume-log the store uses
 	// (see postgres.ConsumeLog): traces or metrics of its claims, say. The
 	// retention job runs on the undecorated log.
 	WrapConsumeLog func(postgres.ConsumeLog) postgres.ConsumeLog
-	// RequestKey names a command to the consume-log and the business key
-	// (see postgres.Config); nil for the default, ledger.Command.MsgKey.
-	RequestKey func(ledger.Command) string
 	// MaxAttempts is the store's retry budget per transaction (see
 	// postgres.Config; default 8).
 	MaxAttempts uint
@@ -182,6 +176,9 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		release()
 		return nil, fmt.Errorf("ledger %s: %w", cfg.Region, err)
 	}
+	if cfg.WrapJetStream != nil {
+		js = cfg.WrapJetStream(js)
+	}
 	var cache *dedup.Cache
 	if cfg.CacheSize > 0 {
 		cache = dedup.NewCache(cfg.CacheSize)
@@ -195,12 +192,12 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	s.dedup = dedup.New(dedup.Config{
 		Holder: fmt.Sprintf("%s/%s-%d/%d", cfg.Region, host, os.Getpid(), cfg.Node), WindowDays: cfg.WindowDays, Cache: cache,
 	})
-	var consumeLog postgres.ConsumeLog = s.dedup
+	consumeLog := postgres.NewConsumeLog(s.dedup)
 	if cfg.WrapConsumeLog != nil {
 		consumeLog = cfg.WrapConsumeLog(consumeLog)
 	}
 	s.Store = postgres.New(pool, postgres.Config{Region: cfg.Region, IDs: gen, Regions: cfg.Regions, Dedup: consumeLog, Stats: s.Stats,
-		RequestKey: cfg.RequestKey, Answers: cfg.Answers, BeforeCommit: cfg.BeforeCommit, MaxAttempts: cfg.MaxAttempts, Now: cfg.Now,
+		Answers: cfg.Answers, MaxAttempts: cfg.MaxAttempts, Now: cfg.Now,
 		OnRetry: func(op string, attempt int, err error) {
 			cfg.Log.Debug("transaction retried", "op", op, "attempt", attempt, "err", err)
 		}})
@@ -281,7 +278,7 @@ func (s *Server) Run(ctx context.Context) error {
 		c := ledgerstream.NewConsumer(s.js, s.Store, ledgerstream.ConsumerConfig{
 			Topology: s.Topo, Shards: shards, BatchSize: s.cfg.BatchSize, AckWait: s.cfg.AckWait,
 			MaxDeliver: s.cfg.MaxDeliver, Regions: s.cfg.Regions, Stats: s.Stats, Log: s.cfg.Log,
-			AfterCommit: s.cfg.AfterCommit, BeforeApply: s.cfg.BeforeApply, Observe: s.cfg.Observe,
+			Observe: s.cfg.Observe,
 		})
 		wg.Go(func() {
 			if err := c.Run(ctx); err != nil {

@@ -61,18 +61,7 @@ type ConsumerConfig struct {
 	MaxDeliver int
 	// Regions parses IDs to check that commands belong to this region.
 	Regions *idgen.Regions
-	// AfterCommit, if set, runs after a batch committed and before its acks.
-	// It is a failpoint: returning an error skips the acks, as a crash would.
-	AfterCommit func(msgs []jetstream.Msg) error
-	// BeforeApply, if set, is called with a batch's valid messages, and the
-	// context of the batch's span, just before the store applies them (and
-	// again with each message when a failed batch is applied one by one):
-	// the place to log or trace what a worker is about to apply, such as
-	// the messages' stream sequences and delivery counts when chasing a
-	// redelivery loop. It must not ack, nak or terminate the messages: the
-	// consumer settles each after the transaction.
-	BeforeApply func(ctx context.Context, msgs []jetstream.Msg)
-	Stats       *ledger.Stats
+	Stats   *ledger.Stats
 	// Observe is told what the consumer applied (metrics).
 	Observe Observer
 	Log     *slog.Logger
@@ -327,9 +316,6 @@ func (c *Consumer) apply(ctx context.Context, cmds []ledger.Command, valid []jet
 	ctx, batchSpan := tracer.Start(ctx, "apply batch", trace.WithLinks(links...),
 		trace.WithAttributes(attribute.Int("paymesh.batch.size", len(cmds)), attribute.String("paymesh.region", c.cfg.Topology.Region)))
 	defer batchSpan.End()
-	if c.cfg.BeforeApply != nil {
-		c.cfg.BeforeApply(ctx, valid)
-	}
 	began := time.Now()
 	results, err := c.applier.Apply(ctx, cmds)
 	if err == nil && c.cfg.Observe.Batch != nil {
@@ -364,12 +350,6 @@ func (c *Consumer) apply(ctx context.Context, cmds []ledger.Command, valid []jet
 			c.cfg.Observe.Stage(trace.ContextWithSpan(ctx, spans[i]), stage, now.Sub(cmds[i].CreatedAt))
 		}
 		endSpan(spans[i], r)
-	}
-	if c.cfg.AfterCommit != nil {
-		if err := c.cfg.AfterCommit(valid); err != nil {
-			c.cfg.Log.Warn("after-commit failpoint: acks skipped", "err", err)
-			return
-		}
 	}
 	c.notifyAnswered(valid, cmds, results)
 	var ack []jetstream.Msg

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/paymesh/paymesh/internal/testbed/jsfault"
 	"github.com/paymesh/paymesh/internal/testbed/ledgertest"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/services/ledger"
@@ -196,21 +197,20 @@ func TestCrashAfterCommitBeforeAck(t *testing.T) {
 	h := mustHarness(t)
 	a, b := h.f.Account(t, "EUR", 100), h.f.Account(t, "EUR", 0)
 	cmd := h.f.Transfer(t, a, b, 40)
-	var crashes atomic.Int64
-	h.worker(t, h.f.Store, func(c *ledgerstream.ConsumerConfig) {
-		c.AckWait = time.Second
-		c.AfterCommit = func([]jetstream.Msg) error {
-			if crashes.Add(1) == 1 {
-				return errors.New("crash after commit")
-			}
-			return nil
-		}
+	// The first ack is lost on its way, as when the worker crashes after
+	// its COMMIT: a decorator of the consumer's JetStream handle drops it.
+	var acks atomic.Int64
+	js := h.js
+	h.js = jsfault.Wrap(js, nil, func(m jetstream.Msg) jetstream.Msg {
+		return jsfault.DropAck(m, func() bool { return acks.Add(1) == 1 })
 	})
+	h.worker(t, h.f.Store, func(c *ledgerstream.ConsumerConfig) { c.AckWait = time.Second })
+	h.js = js
 	if _, err := h.pub.Publish(context.Background(), cmd); err != nil {
 		t.Fatal(err)
 	}
 	h.drained(t)
-	if crashes.Load() < 2 {
+	if acks.Load() < 2 {
 		t.Fatalf("the message was not redelivered after the crash")
 	}
 	if got := h.f.Stats.Redeliveries.Load(); got < 1 {
@@ -221,50 +221,6 @@ func TestCrashAfterCommitBeforeAck(t *testing.T) {
 	}
 	if got := h.f.Balance(t, a); got != 60 {
 		t.Fatalf("balance: got %d, want 60", got)
-	}
-	h.f.MustVerify(t)
-}
-
-// TestBeforeApply: the hook sees each batch's messages before the store
-// applies them, and the consumer applies and acks them after it.
-func TestBeforeApply(t *testing.T) {
-	h := mustHarness(t)
-	a, b := h.f.Account(t, "EUR", 100), h.f.Account(t, "EUR", 0)
-	cmd := h.f.Transfer(t, a, b, 40)
-	type seen struct {
-		ids     []string
-		balance int64
-		err     error
-	}
-	saw := make(chan seen, 16)
-	h.worker(t, h.f.Store, func(c *ledgerstream.ConsumerConfig) {
-		c.BeforeApply = func(ctx context.Context, msgs []jetstream.Msg) {
-			var s seen
-			for _, m := range msgs {
-				s.ids = append(s.ids, m.Headers().Get(jetstream.MsgIDHeader))
-			}
-			acct, err := h.f.Store.Account(ctx, a)
-			s.balance, s.err = acct.Balance, err
-			saw <- s
-		}
-	})
-	if _, err := h.pub.Publish(context.Background(), cmd); err != nil {
-		t.Fatal(err)
-	}
-	h.drained(t)
-	close(saw)
-	var batches []seen
-	for s := range saw {
-		batches = append(batches, s)
-	}
-	if len(batches) != 1 || len(batches[0].ids) != 1 || batches[0].ids[0] != cmd.MsgKey() {
-		t.Fatalf("BeforeApply saw %+v, want one batch of %s", batches, cmd.MsgKey())
-	}
-	if s := batches[0]; s.err != nil || s.balance != 100 {
-		t.Fatalf("source balance when BeforeApply ran: got %d %v, want 100 (not yet applied)", s.balance, s.err)
-	}
-	if got := h.f.Balance(t, a); got != 60 {
-		t.Fatalf("balance after the apply: got %d, want 60", got)
 	}
 	h.f.MustVerify(t)
 }
@@ -281,7 +237,7 @@ func TestRedeliveryWhileFirstAttemptRuns(t *testing.T) {
 	inHook := make(chan struct{})
 	slow := ledgertest.On(t, h.f.Pool, h.f.URL, func(c *postgres.Config) {
 		c.Stats = h.f.Stats
-		c.BeforeCommit = func(context.Context) error {
+		c.Dedup = ledgertest.FailBeforeCommit(c.Dedup, func(context.Context) error {
 			first := false
 			slowOnce.Do(func() { first = true })
 			if first {
@@ -289,7 +245,7 @@ func TestRedeliveryWhileFirstAttemptRuns(t *testing.T) {
 				time.Sleep(3 * time.Second) // past the 1 s AckWait
 			}
 			return nil
-		}
+		})
 	})
 	fast := ledgertest.On(t, h.f.Pool, h.f.URL, func(c *postgres.Config) { c.Stats = h.f.Stats })
 	oneSecond := func(c *ledgerstream.ConsumerConfig) { c.AckWait = time.Second }

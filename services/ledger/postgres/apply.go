@@ -119,13 +119,8 @@ func (s *Store) Apply(ctx context.Context, cmds []ledger.Command) ([]ledger.Resu
 	return results, nil
 }
 
-// requestKey is the command's consume-log key (Config.RequestKey).
-func (s *Store) requestKey(c ledger.Command) string {
-	if s.cfg.RequestKey != nil {
-		return s.cfg.RequestKey(c)
-	}
-	return c.MsgKey()
-}
+// requestKey is the command's consume-log key (ConsumeLog.RequestKey).
+func (s *Store) requestKey(c ledger.Command) string { return s.cfg.Dedup.RequestKey(c) }
 
 // applyTx is one attempt of the apply transaction: claim → classify → plan
 // → write. It returns the results and the first claims it keeps.
@@ -273,7 +268,7 @@ func plan(state *ledger.Batch, cmds []ledger.Command, claims []dedup.Claim, fate
 }
 
 // write is the write stage, one round trip: the plan's writes and the first
-// responses; then the released claims are deleted and BeforeCommit runs.
+// responses; then the released claims are deleted, the transaction's last statement.
 func (s *Store) write(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, results []ledger.Result, p planned) error {
 	b := &pgx.Batch{}
 	if len(p.cmds) > 0 {
@@ -286,15 +281,7 @@ func (s *Store) write(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, res
 			return fmt.Errorf("write batch: %w", err)
 		}
 	}
-	if err := s.cfg.Dedup.Release(ctx, tx, Consumer, p.release); err != nil {
-		return err
-	}
-	if s.cfg.BeforeCommit != nil {
-		if err := s.cfg.BeforeCommit(ctx); err != nil {
-			return err
-		}
-	}
-	return nil
+	return s.cfg.Dedup.Release(ctx, tx, Consumer, p.release)
 }
 
 // pick returns the commands at idx.
@@ -360,7 +347,7 @@ func (s *Store) queueExistingActions(b *pgx.Batch, cmds []ledger.Command, idx []
 
 // queueExistingTransfers queues the lookup of transfers sharing a business
 // key or an ID with the commands at idx; the result is filled in when the
-// batch runs. A transfer is known by its request's key (Config.RequestKey),
+// batch runs. A transfer is known by its request's key (ConsumeLog.RequestKey),
 // the key the consume-log claims.
 func (s *Store) queueExistingTransfers(b *pgx.Batch, cmds []ledger.Command, idx []int) *knownTransfers {
 	k := &knownTransfers{byKey: map[string]ledger.Transfer{}, byID: map[string]bool{}}

@@ -103,23 +103,14 @@ type Config struct {
 	IDs *idgen.Generator
 	// Regions tells an ID's home region, to route saga steps.
 	Regions *idgen.Regions
-	// Dedup is the consume-log (a *dedup.Log, or a decorator of one).
+	// Dedup is the consume-log (NewConsumeLog of a *dedup.Log, or a
+	// decorator of one).
 	Dedup ConsumeLog
-	// RequestKey, if set, names a command to the apply's two request
-	// layers: it is the command's consume-log key, and for a client request
-	// the key its earlier transfer is matched by (the business key). Both
-	// layers use this one function so that they cannot disagree on what
-	// "the same request" is; the default, ledger.Command.MsgKey, is a
-	// client and its Idempotency-Key (a saga step: its transfer and type).
-	RequestKey func(ledger.Command) string
 	// MaxAttempts is how many times a transaction runs, at most, when it
 	// meets a serialization failure, deadlock, lock timeout, business-key
 	// race, lost connection or fenced claim; the last such error gives it
 	// up (counted in Stats.GaveUp). 1 never retries. Default 8.
 	MaxAttempts uint
-	// BeforeCommit, if set, runs inside every apply transaction just before
-	// COMMIT. Tests use it as a failpoint; an error aborts the transaction.
-	BeforeCommit func(ctx context.Context) error
 	// OnRetry, if set, is told about every retried transaction attempt.
 	OnRetry func(op string, attempt int, err error)
 	// Stats, if set, receives the store's counters.

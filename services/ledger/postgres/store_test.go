@@ -476,7 +476,7 @@ func TestLateCommitIsFenced(t *testing.T) {
 	inHook := make(chan struct{})
 	var once sync.Once
 	slow := ledgertest.On(t, leased, url, func(c *postgres.Config) {
-		c.BeforeCommit = func(context.Context) error {
+		c.Dedup = ledgertest.FailBeforeCommit(c.Dedup, func(context.Context) error {
 			hung := false
 			once.Do(func() { hung = true })
 			if hung {
@@ -484,7 +484,7 @@ func TestLateCommitIsFenced(t *testing.T) {
 				time.Sleep(2500 * time.Millisecond) // past the 1 s lease
 			}
 			return nil
-		}
+		})
 	})
 	fast := ledgertest.On(t, pool, url)
 	a, b := fast.Account(t, "EUR", 100), fast.Account(t, "EUR", 0)
@@ -603,7 +603,7 @@ func TestCachedRedeliveriesNeedNoTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	log := dedup.New(dedup.Config{Holder: "cache-test", WindowDays: 3, Cache: dedup.NewCache(100)})
-	store := postgres.New(pool, postgres.Config{Region: "eu", Regions: f.Regions, IDs: f.IDs, Dedup: log})
+	store := postgres.New(pool, postgres.Config{Region: "eu", Regions: f.Regions, IDs: f.IDs, Dedup: postgres.NewConsumeLog(log)})
 	if _, err := store.Apply(context.Background(), cmds); err != nil {
 		t.Fatal(err)
 	}

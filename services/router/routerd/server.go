@@ -44,8 +44,6 @@ type Config struct {
 	// for a count outside 1 to ledgerstream.MaxReplicas or above the region's
 	// servers.
 	StreamReplicas int
-	// Inject asks, per publish, for a duplicate (see router.Config).
-	Inject func() bool
 	// WrapJetStream, if set, wraps the JetStream handle the router builds
 	// on its connection before anything uses it: the forwarder, the relay,
 	// Submit and JetStream all go through what it returns. It is where a
@@ -119,7 +117,7 @@ func (s *Server) open(ctx context.Context) error {
 		return err
 	}
 	s.rt = router.New(s.js, router.Config{Region: cfg.Region, Regions: cfg.Regions, Shards: cfg.Shards, AckWait: cfg.AckWait,
-		Inject: cfg.Inject, Stats: cfg.Stats})
+		Stats: cfg.Stats})
 	s.store = postgres.New(s.pool, postgres.Config{Region: cfg.Region, Regions: cfg.Regions})
 	if cfg.MetricsListen != "" {
 		s.metrics, err = telemetry.ServeNew(cfg.MetricsListen, cfg.Log, func(m *telemetry.Metrics) error {

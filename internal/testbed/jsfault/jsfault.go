@@ -1,0 +1,105 @@
+// Package jsfault decorates a JetStream handle for fault tests and the
+// demo: a producer's retry (a second publish under the same Nats-Msg-Id),
+// and a look at every message a consumer delivers before the consumer's
+// handler does (to drop its ack after the commit, ack it too early, or hold
+// it back). The services take it through their WrapJetStream seams, so
+// nothing of it ships and the services' hot paths hold no fault switch.
+package jsfault
+
+import (
+	"context"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// JetStream is a decorated JetStream handle. Its zero hooks change nothing.
+type JetStream struct {
+	jetstream.JetStream
+	// Twice, if set, is asked before every asynchronous publish; when it
+	// answers true the message is published a second time under the same
+	// Nats-Msg-Id, as a producer that retries, and the second copy's
+	// future is returned: its PubAck says Duplicate when the stream caught
+	// it, so the publisher counts what its stream's window caught. (When
+	// the second copy cannot be queued the first one's future is returned.)
+	Twice func() bool
+	// Deliver, if set, is handed every message a consumer created or
+	// looked up through this handle delivers to Consume's handler, before
+	// the handler; the handler gets the message it returns. It may block
+	// (the consumer's buffer then fills and it stops pulling).
+	Deliver func(jetstream.Msg) jetstream.Msg
+}
+
+// Wrap returns js decorated with twice and deliver (either may be nil).
+func Wrap(js jetstream.JetStream, twice func() bool, deliver func(jetstream.Msg) jetstream.Msg) *JetStream {
+	return &JetStream{JetStream: js, Twice: twice, Deliver: deliver}
+}
+
+// PublishMsgAsync publishes m, twice when Twice says so.
+func (j *JetStream) PublishMsgAsync(m *nats.Msg, opts ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
+	f, err := j.JetStream.PublishMsgAsync(m, opts...)
+	if err != nil || j.Twice == nil || !j.Twice() {
+		return f, err
+	}
+	again, err := j.JetStream.PublishMsgAsync(m, opts...)
+	if err != nil {
+		return f, nil
+	}
+	return again, nil
+}
+
+// CreateOrUpdateConsumer returns the consumer, its deliveries decorated.
+func (j *JetStream) CreateOrUpdateConsumer(ctx context.Context, stream string, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
+	c, err := j.JetStream.CreateOrUpdateConsumer(ctx, stream, cfg)
+	return j.consumer(c), err
+}
+
+// CreateConsumer returns the consumer, its deliveries decorated.
+func (j *JetStream) CreateConsumer(ctx context.Context, stream string, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
+	c, err := j.JetStream.CreateConsumer(ctx, stream, cfg)
+	return j.consumer(c), err
+}
+
+// Consumer returns the consumer, its deliveries decorated.
+func (j *JetStream) Consumer(ctx context.Context, stream, name string) (jetstream.Consumer, error) {
+	c, err := j.JetStream.Consumer(ctx, stream, name)
+	return j.consumer(c), err
+}
+
+func (j *JetStream) consumer(c jetstream.Consumer) jetstream.Consumer {
+	if c == nil || j.Deliver == nil {
+		return c
+	}
+	return consumer{Consumer: c, deliver: j.Deliver}
+}
+
+// consumer hands Consume's deliveries to deliver first.
+type consumer struct {
+	jetstream.Consumer
+	deliver func(jetstream.Msg) jetstream.Msg
+}
+
+func (c consumer) Consume(h jetstream.MessageHandler, opts ...jetstream.PullConsumeOpt) (jetstream.ConsumeContext, error) {
+	return c.Consumer.Consume(func(m jetstream.Msg) { h(c.deliver(m)) }, opts...)
+}
+
+// DropAck returns m whose Ack asks drop first: when it answers true the
+// ack is lost on its way (nothing is sent, and Ack reports success), so
+// JetStream delivers the message again after its AckWait. A consumer that
+// acks only what its transaction committed sees every dropped ack after
+// the commit.
+func DropAck(m jetstream.Msg, drop func() bool) jetstream.Msg {
+	return droppedAck{Msg: m, drop: drop}
+}
+
+type droppedAck struct {
+	jetstream.Msg
+	drop func() bool
+}
+
+func (m droppedAck) Ack() error {
+	if m.drop() {
+		return nil
+	}
+	return m.Msg.Ack()
+}
