@@ -295,7 +295,7 @@ func TestRetentionDoesNotBlockClaims(t *testing.T) {
 
 	maintained := make(chan error, 1)
 	go func() { _, err := l.Maintain(ctx, pool); maintained <- err }()
-	time.Sleep(200 * time.Millisecond)
+	waitForDetach(t, pool, maintained)
 	start := time.Now()
 	claimTx(t, l, pool, dedup.Key{ID: "meanwhile", Origin: clk.Now()})
 	if d := time.Since(start); d > time.Second {
@@ -311,6 +311,33 @@ func TestRetentionDoesNotBlockClaims(t *testing.T) {
 	var n int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_class WHERE relname = $1`, dedup.PartitionName(old)).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("expired partition still exists (%d, %v)", n, err)
+	}
+}
+
+// waitForDetach waits, for at most 10 s, until a session of pool's database
+// runs a DETACH PARTITION: retention has created today's partition and is
+// detaching the expired one. It fails the test if maintained reports that
+// the retention run ended first.
+func waitForDetach(t *testing.T, pool *pgxpool.Pool, maintained <-chan error) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var n int
+		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND query LIKE 'ALTER TABLE dedup_log DETACH PARTITION%'`).Scan(&n); err != nil {
+			t.Fatalf("read pg_stat_activity: %v", err)
+		}
+		if n > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("retention started no DETACH PARTITION within 10s")
+		}
+		select {
+		case err := <-maintained:
+			t.Fatalf("retention ended (%v) before its DETACH PARTITION was seen", err)
+		case <-time.After(10 * time.Millisecond):
+		}
 	}
 }
 

@@ -40,52 +40,111 @@ func (l *Log) Maintain(ctx context.Context, pool *pgxpool.Pool) (Maintenance, er
 	var m Maintenance
 	now := l.cfg.Now()
 	lo, hi := l.horizon(now), day(now).AddDate(0, 0, l.cfg.AheadDays)
-	conn, err := pool.Acquire(ctx)
+	conn, err := lockPartitions(ctx, pool)
 	if err != nil {
-		return m, fmt.Errorf("dedup: maintain: %w", err)
+		return m, err
 	}
-	defer conn.Release()
-	for _, sql := range []string{`SELECT pg_advisory_lock(` + fmt.Sprint(partitionLock) + `)`, `SET lock_timeout = '` + maintainLockTimeout + `'`} {
-		if _, err := conn.Exec(ctx, sql); err != nil {
-			conn.Conn().Close(ctx) //nolint:errcheck // discard a connection in an unknown state
-			return m, fmt.Errorf("dedup: maintain: %w", err)
-		}
-	}
-	defer func() {
-		ctx := context.Background()
-		if _, err := conn.Exec(ctx, `RESET lock_timeout; SELECT pg_advisory_unlock(`+fmt.Sprint(partitionLock)+`)`); err != nil {
-			conn.Conn().Close(ctx) //nolint:errcheck // the lock dies with the session
-		}
-	}()
+	defer unlockPartitions(conn)
 	existing, err := partitions(ctx, conn)
 	if err != nil {
 		return m, err
 	}
 	// Create first: claims need tomorrow's partition more than anyone needs
-	// an old one gone. A partition is built as a plain table with a CHECK of
-	// its range, then attached: ATTACH takes a lock that does not conflict
-	// with claims (CREATE TABLE … PARTITION OF would block them).
+	// an old one gone.
+	if m.Created, err = createPartitions(ctx, conn, existing, lo, hi); err != nil {
+		return m, err
+	}
+	m.Dropped, err = dropPartitions(ctx, conn, existing, lo)
+	return m, err
+}
+
+// lockPartitions acquires a connection that holds the advisory lock
+// serialising Maintain, with the short lock timeout of partition changes.
+// unlockPartitions gives it back.
+func lockPartitions(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Conn, error) {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("dedup: maintain: %w", err)
+	}
+	for _, sql := range []string{`SELECT pg_advisory_lock(` + fmt.Sprint(partitionLock) + `)`, `SET lock_timeout = '` + maintainLockTimeout + `'`} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			conn.Conn().Close(ctx) //nolint:errcheck // discard a connection in an unknown state
+			conn.Release()
+			return nil, fmt.Errorf("dedup: maintain: %w", err)
+		}
+	}
+	return conn, nil
+}
+
+// unlockPartitions releases the advisory lock and the lock timeout of a
+// connection from lockPartitions, and returns it to its pool. It runs even
+// when the caller's context has ended.
+func unlockPartitions(conn *pgxpool.Conn) {
+	defer conn.Release()
+	ctx := context.Background()
+	if _, err := conn.Exec(ctx, `RESET lock_timeout; SELECT pg_advisory_unlock(`+fmt.Sprint(partitionLock)+`)`); err != nil {
+		conn.Conn().Close(ctx) //nolint:errcheck // the lock dies with the session
+	}
+}
+
+// createPartitions creates the partitions of the days from lo to hi that
+// do not exist yet, and returns the names of those it created.
+func createPartitions(ctx context.Context, conn *pgxpool.Conn, existing map[string]partition, lo, hi time.Time) ([]string, error) {
+	var created []string
 	for d := lo; !d.After(hi); d = d.AddDate(0, 0, 1) {
 		name := PartitionName(d)
 		if _, ok := existing[name]; ok {
 			continue
 		}
-		ident := pgx.Identifier{name}.Sanitize()
-		from, to := d.Format(time.DateOnly), d.AddDate(0, 0, 1).Format(time.DateOnly)
-		for _, sql := range []string{
-			`CREATE TABLE IF NOT EXISTS ` + ident + ` (LIKE dedup_log INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`,
-			fmt.Sprintf(`ALTER TABLE %s ADD CONSTRAINT %s CHECK (origin_day >= '%s' AND origin_day < '%s')`,
-				ident, pgx.Identifier{name + "_range"}.Sanitize(), from, to),
-			fmt.Sprintf(`ALTER TABLE dedup_log ATTACH PARTITION %s FOR VALUES FROM ('%s') TO ('%s')`, ident, from, to),
-		} {
-			if _, err := conn.Exec(ctx, sql); err != nil && !isDuplicateObject(err) {
-				return m, fmt.Errorf("dedup: create %s: %w", name, err)
-			}
+		if err := createPartition(ctx, conn, name, d); err != nil {
+			return created, err
 		}
-		m.Created = append(m.Created, name)
+		created = append(created, name)
 	}
-	// Postgres allows one pending detach per table: finish an interrupted
-	// one before starting the next.
+	return created, nil
+}
+
+// createPartition creates the partition name of day d. It is built as a
+// plain table with a CHECK of its range, then attached: ATTACH takes a lock
+// that does not conflict with claims (CREATE TABLE … PARTITION OF would
+// block them). It finishes what an interrupted earlier run began.
+func createPartition(ctx context.Context, conn *pgxpool.Conn, name string, d time.Time) error {
+	ident := pgx.Identifier{name}.Sanitize()
+	from, to := d.Format(time.DateOnly), d.AddDate(0, 0, 1).Format(time.DateOnly)
+	for _, sql := range []string{
+		`CREATE TABLE IF NOT EXISTS ` + ident + ` (LIKE dedup_log INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`,
+		fmt.Sprintf(`ALTER TABLE %s ADD CONSTRAINT %s CHECK (origin_day >= '%s' AND origin_day < '%s')`,
+			ident, pgx.Identifier{name + "_range"}.Sanitize(), from, to),
+		fmt.Sprintf(`ALTER TABLE dedup_log ATTACH PARTITION %s FOR VALUES FROM ('%s') TO ('%s')`, ident, from, to),
+	} {
+		if _, err := conn.Exec(ctx, sql); err != nil && !isDuplicateObject(err) {
+			return fmt.Errorf("dedup: create %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// dropPartitions drops the partitions wholly before the horizon lo, and
+// returns the names of those it dropped.
+func dropPartitions(ctx context.Context, conn *pgxpool.Conn, existing map[string]partition, lo time.Time) ([]string, error) {
+	var dropped []string
+	for _, name := range detachOrder(existing) {
+		p := existing[name]
+		if !p.day.Before(lo) {
+			continue
+		}
+		if err := dropPartition(ctx, conn, name, p); err != nil {
+			return dropped, err
+		}
+		dropped = append(dropped, name)
+	}
+	return dropped, nil
+}
+
+// detachOrder returns the names of the partitions in the order to detach
+// them: Postgres allows one pending detach per table, so an interrupted one
+// comes first, to be finished before the next starts.
+func detachOrder(existing map[string]partition) []string {
 	names := slices.Collect(maps.Keys(existing))
 	slices.SortFunc(names, func(a, b string) int {
 		pa, pb := existing[a], existing[b]
@@ -97,25 +156,24 @@ func (l *Log) Maintain(ctx context.Context, pool *pgxpool.Pool) (Maintenance, er
 		}
 		return strings.Compare(a, b)
 	})
-	for _, name := range names {
-		p := existing[name]
-		if !p.day.Before(lo) {
-			continue
-		}
-		ident := pgx.Identifier{name}.Sanitize()
-		detach := `ALTER TABLE dedup_log DETACH PARTITION ` + ident + ` CONCURRENTLY`
-		if p.detachPending { // an earlier detach was interrupted
-			detach = `ALTER TABLE dedup_log DETACH PARTITION ` + ident + ` FINALIZE`
-		}
-		if _, err := conn.Exec(ctx, detach); err != nil {
-			return m, fmt.Errorf("dedup: detach %s: %w", name, err)
-		}
-		if _, err := conn.Exec(ctx, `DROP TABLE `+ident); err != nil {
-			return m, fmt.Errorf("dedup: drop %s: %w", name, err)
-		}
-		m.Dropped = append(m.Dropped, name)
+	return names
+}
+
+// dropPartition detaches the partition name CONCURRENTLY, or finishes its
+// interrupted detach, and drops it.
+func dropPartition(ctx context.Context, conn *pgxpool.Conn, name string, p partition) error {
+	ident := pgx.Identifier{name}.Sanitize()
+	detach := `ALTER TABLE dedup_log DETACH PARTITION ` + ident + ` CONCURRENTLY`
+	if p.detachPending { // an earlier detach was interrupted
+		detach = `ALTER TABLE dedup_log DETACH PARTITION ` + ident + ` FINALIZE`
 	}
-	return m, nil
+	if _, err := conn.Exec(ctx, detach); err != nil {
+		return fmt.Errorf("dedup: detach %s: %w", name, err)
+	}
+	if _, err := conn.Exec(ctx, `DROP TABLE `+ident); err != nil {
+		return fmt.Errorf("dedup: drop %s: %w", name, err)
+	}
+	return nil
 }
 
 // RunRetention calls Maintain now and then every interval until ctx ends,

@@ -244,6 +244,37 @@ const MaxClockSkew = 5 * time.Minute
 // time now. It returns an *Error; an error here means the command can never
 // apply.
 func (c Command) Validate(home string, ids *idgen.Regions, now time.Time) error {
+	if err := c.validateFields(now); err != nil {
+		return err
+	}
+	r, err := c.regions(ids)
+	if err != nil {
+		return err
+	}
+	kind, ok := commandKinds[c.Type]
+	if !ok {
+		return Errorf(CodeInvalidRequest, "type %q is not one of transfer, fund, capture, void, refund, credit, confirm, refuse, expire", c.Type)
+	}
+	if kind.check != nil {
+		if err := kind.check(c, r); err != nil {
+			return err
+		}
+	}
+	if where := kind.appliesIn(r); where != home {
+		return Errorf(CodeWrongRegion, "a %s of %s->%s applies in region %s, not %s", c.Type, c.From, c.To, where, home)
+	}
+	if c.Type != TypeRefuse && c.Reason != "" {
+		return Errorf(CodeInvalidRequest, "only a refuse step has a reason")
+	}
+	if c.RefundOf != "" && c.Type != TypeRefund && !c.IsStep() {
+		return Errorf(CodeInvalidRequest, "only a refund has refund_of")
+	}
+	return nil
+}
+
+// validateFields checks the fields that need no region: the request's
+// identity, its creation time, its amount and currency, and its hold.
+func (c Command) validateFields(now time.Time) error {
 	if err := validKeyPart("client_id", c.ClientID, 64); err != nil {
 		return err
 	}
@@ -258,8 +289,15 @@ func (c Command) Validate(home string, ids *idgen.Regions, now time.Time) error 
 	if !c.IsStep() && c.CreatedAt.After(now.Add(MaxClockSkew)) {
 		return Errorf(CodeInvalidRequest, "created_at %s is more than %s in the future", c.CreatedAt.Format(time.RFC3339), MaxClockSkew)
 	}
-	// A capture or refund without an amount takes all there is; a void
-	// takes none.
+	if err := c.validateAmount(); err != nil {
+		return err
+	}
+	return c.validateHold()
+}
+
+// validateAmount checks the amount and the currency. A capture or refund
+// without an amount takes all there is; a void takes none.
+func (c Command) validateAmount() error {
 	switch {
 	case c.Type == TypeVoid && c.Amount != 0:
 		return Errorf(CodeInvalidAmount, "a void has no amount, got %d", c.Amount)
@@ -267,83 +305,6 @@ func (c Command) Validate(home string, ids *idgen.Regions, now time.Time) error 
 		return Errorf(CodeInvalidAmount, "amount %d must be positive", c.Amount)
 	case !ValidCurrency(c.Currency):
 		return Errorf(CodeInvalidCurrency, "currency %q is not an ISO 4217 currency code", c.Currency)
-	}
-	if err := c.validateHold(); err != nil {
-		return err
-	}
-	tr, err := ids.HomeRegion(c.TransferID)
-	if err != nil {
-		return Errorf(CodeInvalidRequest, "transfer_id: %v", err)
-	}
-	to, err := ids.HomeRegion(c.To)
-	if err != nil {
-		return Errorf(CodeInvalidRequest, "to: %v", err)
-	}
-	var from string
-	if c.Type != TypeFund {
-		if from, err = ids.HomeRegion(c.From); err != nil {
-			return Errorf(CodeInvalidRequest, "from: %v", err)
-		}
-		if c.From == c.To {
-			return Errorf(CodeSameAccount, "source and destination are both %s", c.From)
-		}
-		if from != tr {
-			return Errorf(CodeInvalidRequest, "transfer_id %s is not from the source account's region %s", c.TransferID, from)
-		}
-	}
-	if c.RefundOf != "" {
-		if _, err := ids.HomeRegion(c.RefundOf); err != nil {
-			return Errorf(CodeInvalidRequest, "refund_of: %v", err)
-		}
-	}
-	// where is the region whose ledger applies this command.
-	where := map[string]string{TypeTransfer: from, TypeFund: to, TypeCredit: to, TypeConfirm: from, TypeRefuse: from,
-		TypeExpire: from, TypeRefund: from, TypeCapture: from, TypeVoid: from}
-	switch c.Type {
-	case TypeFund:
-		if c.From != "" {
-			return Errorf(CodeInvalidRequest, "a fund command has no from account")
-		}
-		if tr != to {
-			return Errorf(CodeInvalidRequest, "transfer_id %s is not from the account's region %s", c.TransferID, to)
-		}
-	case TypeCredit, TypeConfirm:
-		if from == to {
-			return Errorf(CodeInvalidRequest, "a %s step belongs to a cross-region transfer", c.Type)
-		}
-	case TypeRefuse:
-		if from == to {
-			return Errorf(CodeInvalidRequest, "a %s step belongs to a cross-region transfer", c.Type)
-		}
-		if c.Reason == "" {
-			return Errorf(CodeInvalidRequest, "a refuse step needs a reason")
-		}
-	case TypeRefund:
-		if c.RefundOf == "" {
-			return Errorf(CodeInvalidRequest, "a refund names the transfer it refunds (refund_of)")
-		}
-		// The refunded transfer was made in its payer's region: this
-		// refund's destination.
-		if parent, _ := ids.HomeRegion(c.RefundOf); parent != to {
-			return Errorf(CodeInvalidRequest, "refund_of %s is not from the payer's region %s", c.RefundOf, to)
-		}
-	case TypeCapture, TypeVoid:
-	case TypeExpire:
-		if c.ExpiresAt.IsZero() {
-			return Errorf(CodeInvalidRequest, "an expire step carries its hold's expires_at")
-		}
-	case TypeTransfer:
-	default:
-		return Errorf(CodeInvalidRequest, "type %q is not one of transfer, fund, capture, void, refund, credit, confirm, refuse, expire", c.Type)
-	}
-	if where[c.Type] != home {
-		return Errorf(CodeWrongRegion, "a %s of %s->%s applies in region %s, not %s", c.Type, c.From, c.To, where[c.Type], home)
-	}
-	if c.Type != TypeRefuse && c.Reason != "" {
-		return Errorf(CodeInvalidRequest, "only a refuse step has a reason")
-	}
-	if c.RefundOf != "" && c.Type != TypeRefund && !c.IsStep() {
-		return Errorf(CodeInvalidRequest, "only a refund has refund_of")
 	}
 	return nil
 }
@@ -362,6 +323,127 @@ func (c Command) validateHold() error {
 		return Errorf(CodeInvalidRequest, "expires_at %s is not after the hold's creation", c.ExpiresAt.Format(time.RFC3339))
 	case c.Hold && c.ExpiresAt.After(c.CreatedAt.Add(MaxHoldExpiry)):
 		return Errorf(CodeInvalidRequest, "expires_at %s is more than %s after the hold's creation", c.ExpiresAt.Format(time.RFC3339), MaxHoldExpiry)
+	}
+	return nil
+}
+
+// commandRegions are the home regions of the ids a command names; from is
+// empty for a fund, refundOf when the command names no refunded transfer.
+type commandRegions struct {
+	transfer, from, to, refundOf string
+}
+
+// regions resolves the home regions of the ids the command names. A command
+// with a source must name two accounts, and its transfer id must come from
+// the source's region.
+func (c Command) regions(ids *idgen.Regions) (commandRegions, error) {
+	var r commandRegions
+	var err error
+	if r.transfer, err = ids.HomeRegion(c.TransferID); err != nil {
+		return r, Errorf(CodeInvalidRequest, "transfer_id: %v", err)
+	}
+	if r.to, err = ids.HomeRegion(c.To); err != nil {
+		return r, Errorf(CodeInvalidRequest, "to: %v", err)
+	}
+	if c.Type != TypeFund {
+		if r.from, err = ids.HomeRegion(c.From); err != nil {
+			return r, Errorf(CodeInvalidRequest, "from: %v", err)
+		}
+		if c.From == c.To {
+			return r, Errorf(CodeSameAccount, "source and destination are both %s", c.From)
+		}
+		if r.from != r.transfer {
+			return r, Errorf(CodeInvalidRequest, "transfer_id %s is not from the source account's region %s", c.TransferID, r.from)
+		}
+	}
+	if c.RefundOf != "" {
+		if r.refundOf, err = ids.HomeRegion(c.RefundOf); err != nil {
+			return r, Errorf(CodeInvalidRequest, "refund_of: %v", err)
+		}
+	}
+	return r, nil
+}
+
+// commandKind is what Validate knows of one command type.
+type commandKind struct {
+	// atDestination: the command applies in the region of its destination
+	// account; every other applies in its source's.
+	atDestination bool
+	// check validates the fields particular to the type; nil when there
+	// are none.
+	check func(Command, commandRegions) error
+}
+
+// appliesIn returns the region whose ledger applies a command of the kind.
+func (k commandKind) appliesIn(r commandRegions) string {
+	if k.atDestination {
+		return r.to
+	}
+	return r.from
+}
+
+// commandKinds holds every command type the ledger applies.
+var commandKinds = map[string]commandKind{
+	TypeTransfer: {},
+	TypeFund:     {atDestination: true, check: Command.validateFund},
+	TypeCapture:  {},
+	TypeVoid:     {},
+	TypeRefund:   {check: Command.validateRefund},
+	TypeCredit:   {atDestination: true, check: Command.validateCrossRegion},
+	TypeConfirm:  {check: Command.validateCrossRegion},
+	TypeRefuse:   {check: Command.validateRefuse},
+	TypeExpire:   {check: Command.validateExpire},
+}
+
+// validateFund checks a fund: it has no source (the ledger fills in the
+// issuance account) and its transfer id is from the account's region.
+func (c Command) validateFund(r commandRegions) error {
+	if c.From != "" {
+		return Errorf(CodeInvalidRequest, "a fund command has no from account")
+	}
+	if r.transfer != r.to {
+		return Errorf(CodeInvalidRequest, "transfer_id %s is not from the account's region %s", c.TransferID, r.to)
+	}
+	return nil
+}
+
+// validateRefund checks that a refund names the transfer it refunds, made
+// in its payer's region: this refund's destination.
+func (c Command) validateRefund(r commandRegions) error {
+	if c.RefundOf == "" {
+		return Errorf(CodeInvalidRequest, "a refund names the transfer it refunds (refund_of)")
+	}
+	if r.refundOf != r.to {
+		return Errorf(CodeInvalidRequest, "refund_of %s is not from the payer's region %s", c.RefundOf, r.to)
+	}
+	return nil
+}
+
+// validateCrossRegion checks that a credit or confirm step belongs to a
+// cross-region transfer.
+func (c Command) validateCrossRegion(r commandRegions) error {
+	if r.from == r.to {
+		return Errorf(CodeInvalidRequest, "a %s step belongs to a cross-region transfer", c.Type)
+	}
+	return nil
+}
+
+// validateRefuse checks that a refuse step belongs to a cross-region
+// transfer and carries the reason of the refusal.
+func (c Command) validateRefuse(r commandRegions) error {
+	if err := c.validateCrossRegion(r); err != nil {
+		return err
+	}
+	if c.Reason == "" {
+		return Errorf(CodeInvalidRequest, "a refuse step needs a reason")
+	}
+	return nil
+}
+
+// validateExpire checks that an expire step carries its hold's expiry.
+func (c Command) validateExpire(commandRegions) error {
+	if c.ExpiresAt.IsZero() {
+		return Errorf(CodeInvalidRequest, "an expire step carries its hold's expires_at")
 	}
 	return nil
 }

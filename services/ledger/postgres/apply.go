@@ -557,122 +557,219 @@ func queueLocked[T any](b *pgx.Batch, what, sql string, ids []string, scan pgx.R
 // transfers, credits, the change-log, one compare-and-set balance update
 // per account, and the outbox rows of the next saga steps.
 func (s *Store) queuePlan(b *pgx.Batch, cmds []ledger.Command, p ledger.Plan) {
-	var (
-		nt                              newTransfers
-		na                              newActions
-		uID, uFrom, uTo, uReason        []string
-		uFromV, uToV, uCaptured         []int64
-		cID, cFrom, cTo, cCur, cStatus  []string
-		cReason, cRefundOf              []*string
-		cAmount                         []int64
-		cCreated                        []time.Time
-		pTransfer, pLeg, pAccount       []string
-		pAmount, pAfter, pVersion       []int64
-		oMsg, oRegion, oAccount, oTrace []string
-		oPayload                        [][]byte
-		oDue                            []*time.Time
-		cancel                          []string
-	)
+	var w planWrites
 	for i, o := range p.Outcomes {
-		c := cmds[i]
-		if o.Action != nil {
-			na.add(o.Action)
-		}
-		switch {
-		case !c.IsStep() && !c.IsAction() && (o.Result == ledger.Applied || o.Result == ledger.Rejected):
-			nt.add(c, o.Transfer)
-		case o.Credit != nil:
-			cr := o.Credit
-			cID, cFrom, cTo, cCur, cStatus = append(cID, cr.TransferID), append(cFrom, cr.From), append(cTo, cr.To), append(cCur, cr.Currency), append(cStatus, string(cr.Status))
-			cReason, cAmount, cCreated = append(cReason, optional(cr.Reason)), append(cAmount, cr.Amount), append(cCreated, cr.CreatedAt)
-			cRefundOf = append(cRefundOf, optional(ledger.Code(cr.RefundOf)))
-		case o.Result == ledger.Applied: // a transfer moved on: settled, captured, voided, expired
-			t := o.Transfer
-			uID, uFrom, uTo, uReason = append(uID, t.ID), append(uFrom, string(o.FromStatus)), append(uTo, string(t.Status)), append(uReason, string(t.Reason))
-			uFromV, uToV, uCaptured = append(uFromV, o.FromVersion), append(uToV, t.Version), append(uCaptured, t.CapturedAmount)
-		}
-		if o.CancelTimer != "" {
-			cancel = append(cancel, ledger.Command{Type: ledger.TypeExpire, TransferID: o.CancelTimer}.MsgKey())
-		}
-		for _, ps := range o.Postings {
-			pTransfer, pLeg, pAccount = append(pTransfer, ps.TransferID), append(pLeg, string(ps.Leg)), append(pAccount, ps.AccountID)
-			pAmount, pAfter, pVersion = append(pAmount, ps.Amount), append(pAfter, ps.BalanceAfter), append(pVersion, ps.AccountVersion)
-		}
-		for _, m := range o.Outbox {
-			oMsg, oRegion, oAccount = append(oMsg, m.Command.MsgKey()), append(oRegion, m.Region), append(oAccount, m.Account)
-			oTrace = append(oTrace, c.Trace)
-			oPayload = append(oPayload, m.Command.Encode())
-			var due *time.Time
-			if !m.DueAt.IsZero() {
-				due = &m.DueAt
-			}
-			oDue = append(oDue, due)
-		}
+		w.add(cmds[i], o)
 	}
-	aID := make([]string, len(p.Accounts))
-	aFrom, aTo, aBal := make([]int64, len(p.Accounts)), make([]int64, len(p.Accounts)), make([]int64, len(p.Accounts))
-	aFromHeld, aHeld := make([]int64, len(p.Accounts)), make([]int64, len(p.Accounts))
-	for i, a := range p.Accounts {
-		aID[i], aFrom[i], aTo[i], aBal[i] = a.ID, a.FromVersion, a.ToVersion, a.ToBalance
-		aFromHeld[i], aHeld[i] = a.FromHeld, a.ToHeld
-	}
-
-	if len(nt.id) > 0 {
-		b.Queue(`
-			INSERT INTO transfers (id, client_id, idempotency_key, type, from_account, to_account, currency, status, reason,
-			                       fingerprint, amount, version, created_at, expires_at, refund_of)
-			SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
-			                     $9::text[], $10::bytea[], $11::bigint[], $12::bigint[], $13::timestamptz[], $14::timestamptz[], $15::text[])`,
-			nt.id, nt.client, nt.key, nt.typ, nt.from, nt.to, nt.cur, nt.status, nt.reason, nt.fp, nt.amount, nt.version, nt.created,
-			nt.expires, nt.refundOf)
-	}
-	if len(na.transfer) > 0 {
-		b.Queue(`
-			INSERT INTO transfer_actions (client_id, idempotency_key, fingerprint, transfer_id, type, amount, status, reason, created_at)
-			SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::text[], $6::bigint[], $7::text[], $8::text[], $9::timestamptz[])`,
-			na.client, na.key, na.fp, na.transfer, na.typ, na.amount, na.status, na.reason, na.created)
-	}
-	if len(uID) > 0 {
-		b.Queue(advanceTransfersSQL, uID, uFrom, uFromV, uTo, uToV, uReason, uCaptured).Exec(func(tag pgconn.CommandTag) error {
-			if tag.RowsAffected() != int64(len(uID)) {
-				s.stats().StaleVersions.Add(1)
-				return ledger.Errorf(ledger.CodeStaleVersion, "transfer compare-and-set matched %d of %d transfers", tag.RowsAffected(), len(uID))
-			}
-			return nil
-		})
-	}
-	if len(cID) > 0 {
-		b.Queue(`
-			INSERT INTO credits (transfer_id, from_account, to_account, currency, status, reason, amount, created_at, refund_of)
-			SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bigint[], $8::timestamptz[], $9::text[])`,
-			cID, cFrom, cTo, cCur, cStatus, cReason, cAmount, cCreated, cRefundOf)
-	}
+	w.transfers.queue(b)
+	w.actions.queue(b)
+	s.queueAdvanced(b, w.advanced)
+	w.credits.queue(b)
 	s.queueRefunded(b, p.Refunded)
-	if len(pTransfer) > 0 {
-		b.Queue(`
-			INSERT INTO postings (transfer_id, leg, account_id, amount, balance_after, account_version)
-			SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[])`,
-			pTransfer, pLeg, pAccount, pAmount, pAfter, pVersion)
+	w.postings.queue(b)
+	queueBalances(b, p.Accounts)
+	w.outbox.queue(b)
+	queueCancelTimers(b, w.cancelTimers)
+}
+
+// planWrites collects, column by column, the rows a planned batch writes.
+type planWrites struct {
+	transfers newTransfers
+	actions   newActions
+	advanced  advancedTransfers
+	credits   newCredits
+	postings  newPostings
+	outbox    newOutbox
+	// cancelTimers holds the outbox keys of the expiry steps of holds
+	// captured or voided.
+	cancelTimers []string
+}
+
+// add collects the writes of command c's outcome o.
+func (w *planWrites) add(c ledger.Command, o ledger.Outcome) {
+	if o.Action != nil {
+		w.actions.add(o.Action)
 	}
-	if len(aID) > 0 {
-		b.Queue(updateBalancesSQL, aID, aFrom, aTo, aBal, aFromHeld, aHeld).Exec(func(tag pgconn.CommandTag) error {
-			if tag.RowsAffected() != int64(len(aID)) {
-				return ledger.Errorf(ledger.CodeStaleVersion, "balance compare-and-set matched %d of %d accounts", tag.RowsAffected(), len(aID))
-			}
-			return nil
-		})
+	switch {
+	case !c.IsStep() && !c.IsAction() && (o.Result == ledger.Applied || o.Result == ledger.Rejected):
+		w.transfers.add(c, o.Transfer)
+	case o.Credit != nil:
+		w.credits.add(o.Credit)
+	case o.Result == ledger.Applied: // a transfer moved on: settled, captured, voided, expired
+		w.advanced.add(o)
 	}
-	if len(oMsg) > 0 {
-		b.Queue(`
-			INSERT INTO outbox (msg_id, region, account, payload, trace_parent, due_at)
-			SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::timestamptz[])`,
-			oMsg, oRegion, oAccount, oPayload, oTrace, oDue)
+	if o.CancelTimer != "" {
+		w.cancelTimers = append(w.cancelTimers, ledger.Command{Type: ledger.TypeExpire, TransferID: o.CancelTimer}.MsgKey())
 	}
-	if len(cancel) > 0 {
-		// A hold captured or voided: its expiry step is not due any more.
-		// One already relayed finds the hold settled (a duplicate).
-		b.Queue(`DELETE FROM outbox WHERE msg_id = ANY($1::text[]) AND sent_at IS NULL`, cancel)
+	for _, ps := range o.Postings {
+		w.postings.add(ps)
 	}
+	for _, m := range o.Outbox {
+		w.outbox.add(m, c.Trace)
+	}
+}
+
+// queue queues the insert of the transfers, if any.
+func (n *newTransfers) queue(b *pgx.Batch) {
+	if len(n.id) == 0 {
+		return
+	}
+	b.Queue(`
+		INSERT INTO transfers (id, client_id, idempotency_key, type, from_account, to_account, currency, status, reason,
+		                       fingerprint, amount, version, created_at, expires_at, refund_of)
+		SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
+		                     $9::text[], $10::bytea[], $11::bigint[], $12::bigint[], $13::timestamptz[], $14::timestamptz[], $15::text[])`,
+		n.id, n.client, n.key, n.typ, n.from, n.to, n.cur, n.status, n.reason, n.fp, n.amount, n.version, n.created,
+		n.expires, n.refundOf)
+}
+
+// queue queues the insert of the captures and voids, if any.
+func (n *newActions) queue(b *pgx.Batch) {
+	if len(n.transfer) == 0 {
+		return
+	}
+	b.Queue(`
+		INSERT INTO transfer_actions (client_id, idempotency_key, fingerprint, transfer_id, type, amount, status, reason, created_at)
+		SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::text[], $6::bigint[], $7::text[], $8::text[], $9::timestamptz[])`,
+		n.client, n.key, n.fp, n.transfer, n.typ, n.amount, n.status, n.reason, n.created)
+}
+
+// advancedTransfers collects the columns of the transfers a batch moves to
+// their next status.
+type advancedTransfers struct {
+	id, from, to, reason []string
+	fromV, toV, captured []int64
+}
+
+func (u *advancedTransfers) add(o ledger.Outcome) {
+	t := o.Transfer
+	u.id, u.from, u.to, u.reason = append(u.id, t.ID), append(u.from, string(o.FromStatus)), append(u.to, string(t.Status)), append(u.reason, string(t.Reason))
+	u.fromV, u.toV, u.captured = append(u.fromV, o.FromVersion), append(u.toV, t.Version), append(u.captured, t.CapturedAmount)
+}
+
+// queueAdvanced queues the compare-and-set of the advanced transfers, if
+// any; it fails the batch unless every transfer is still in the status and
+// version the batch read.
+func (s *Store) queueAdvanced(b *pgx.Batch, u advancedTransfers) {
+	if len(u.id) == 0 {
+		return
+	}
+	b.Queue(advanceTransfersSQL, u.id, u.from, u.fromV, u.to, u.toV, u.reason, u.captured).Exec(func(tag pgconn.CommandTag) error {
+		if tag.RowsAffected() != int64(len(u.id)) {
+			s.stats().StaleVersions.Add(1)
+			return ledger.Errorf(ledger.CodeStaleVersion, "transfer compare-and-set matched %d of %d transfers", tag.RowsAffected(), len(u.id))
+		}
+		return nil
+	})
+}
+
+// newCredits collects the columns of the credits a batch records.
+type newCredits struct {
+	id, from, to, cur, status []string
+	reason, refundOf          []*string
+	amount                    []int64
+	created                   []time.Time
+}
+
+func (n *newCredits) add(cr *ledger.Credit) {
+	n.id, n.from, n.to, n.cur, n.status = append(n.id, cr.TransferID), append(n.from, cr.From), append(n.to, cr.To), append(n.cur, cr.Currency), append(n.status, string(cr.Status))
+	n.reason, n.amount, n.created = append(n.reason, optional(cr.Reason)), append(n.amount, cr.Amount), append(n.created, cr.CreatedAt)
+	n.refundOf = append(n.refundOf, optional(ledger.Code(cr.RefundOf)))
+}
+
+// queue queues the insert of the credits, if any.
+func (n *newCredits) queue(b *pgx.Batch) {
+	if len(n.id) == 0 {
+		return
+	}
+	b.Queue(`
+		INSERT INTO credits (transfer_id, from_account, to_account, currency, status, reason, amount, created_at, refund_of)
+		SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bigint[], $8::timestamptz[], $9::text[])`,
+		n.id, n.from, n.to, n.cur, n.status, n.reason, n.amount, n.created, n.refundOf)
+}
+
+// newPostings collects the columns of the change-log rows a batch records.
+type newPostings struct {
+	transfer, leg, account []string
+	amount, after, version []int64
+}
+
+func (n *newPostings) add(ps ledger.Posting) {
+	n.transfer, n.leg, n.account = append(n.transfer, ps.TransferID), append(n.leg, string(ps.Leg)), append(n.account, ps.AccountID)
+	n.amount, n.after, n.version = append(n.amount, ps.Amount), append(n.after, ps.BalanceAfter), append(n.version, ps.AccountVersion)
+}
+
+// queue queues the insert of the postings, if any.
+func (n *newPostings) queue(b *pgx.Batch) {
+	if len(n.transfer) == 0 {
+		return
+	}
+	b.Queue(`
+		INSERT INTO postings (transfer_id, leg, account_id, amount, balance_after, account_version)
+		SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[])`,
+		n.transfer, n.leg, n.account, n.amount, n.after, n.version)
+}
+
+// queueBalances queues one compare-and-set balance update per changed
+// account, if any; it fails the batch unless every account is still in the
+// version and held amount the batch read.
+func queueBalances(b *pgx.Batch, accounts []ledger.AccountChange) {
+	if len(accounts) == 0 {
+		return
+	}
+	id := make([]string, len(accounts))
+	from, to, bal := make([]int64, len(accounts)), make([]int64, len(accounts)), make([]int64, len(accounts))
+	fromHeld, held := make([]int64, len(accounts)), make([]int64, len(accounts))
+	for i, a := range accounts {
+		id[i], from[i], to[i], bal[i] = a.ID, a.FromVersion, a.ToVersion, a.ToBalance
+		fromHeld[i], held[i] = a.FromHeld, a.ToHeld
+	}
+	b.Queue(updateBalancesSQL, id, from, to, bal, fromHeld, held).Exec(func(tag pgconn.CommandTag) error {
+		if tag.RowsAffected() != int64(len(id)) {
+			return ledger.Errorf(ledger.CodeStaleVersion, "balance compare-and-set matched %d of %d accounts", tag.RowsAffected(), len(id))
+		}
+		return nil
+	})
+}
+
+// newOutbox collects the columns of the outbox rows a batch queues: the
+// saga steps it causes, each with the trace of the delivery that caused it.
+type newOutbox struct {
+	msg, region, account, trace []string
+	payload                     [][]byte
+	due                         []*time.Time
+}
+
+func (n *newOutbox) add(m ledger.OutboxMessage, trace string) {
+	n.msg, n.region, n.account = append(n.msg, m.Command.MsgKey()), append(n.region, m.Region), append(n.account, m.Account)
+	n.trace = append(n.trace, trace)
+	n.payload = append(n.payload, m.Command.Encode())
+	var due *time.Time
+	if !m.DueAt.IsZero() {
+		due = &m.DueAt
+	}
+	n.due = append(n.due, due)
+}
+
+// queue queues the insert of the outbox rows, if any.
+func (n *newOutbox) queue(b *pgx.Batch) {
+	if len(n.msg) == 0 {
+		return
+	}
+	b.Queue(`
+		INSERT INTO outbox (msg_id, region, account, payload, trace_parent, due_at)
+		SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::timestamptz[])`,
+		n.msg, n.region, n.account, n.payload, n.trace, n.due)
+}
+
+// queueCancelTimers queues the delete of the unsent outbox rows msgIDs, if
+// any: a hold captured or voided, its expiry step is not due any more. One
+// already relayed finds the hold settled (a duplicate).
+func queueCancelTimers(b *pgx.Batch, msgIDs []string) {
+	if len(msgIDs) == 0 {
+		return
+	}
+	b.Queue(`DELETE FROM outbox WHERE msg_id = ANY($1::text[]) AND sent_at IS NULL`, msgIDs)
 }
 
 // queueRefunded queues the refunded amounts a batch's refunds changed, each

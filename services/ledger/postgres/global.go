@@ -20,6 +20,10 @@ type regionSaga struct {
 	unsent    int64                      // outbox rows not relayed yet
 }
 
+// regionSagas holds what each region, by name, contributes to the global
+// checks.
+type regionSagas map[string]regionSaga
+
 // VerifyGlobal runs every region's own checks and then the checks that need
 // all regions (each region is read in one snapshot of its own):
 //   - per currency, the transit balances of all regions sum to the money in
@@ -33,7 +37,7 @@ type regionSaga struct {
 // It returns an error only when a database cannot be read.
 func VerifyGlobal(ctx context.Context, stores []*Store, quiescent bool) (Report, error) {
 	rep := Report{Region: "global"}
-	sagas := map[string]regionSaga{}
+	sagas := regionSagas{}
 	for _, s := range stores {
 		r, err := s.Verify(ctx)
 		if err != nil {
@@ -61,46 +65,84 @@ func prefixed(r Report) []Check {
 	return out
 }
 
-func globalChecks(sagas map[string]regionSaga, ids *idgen.Regions, quiescent bool) []Check {
+// globalChecks runs the checks that need all regions' saga state; ids
+// names the home region of every id.
+func globalChecks(sagas regionSagas, ids *idgen.Regions, quiescent bool) []Check {
+	settled, inTransit := sagas.checkSettled(ids)
+	checks := []Check{checkTransit(sagas.transitBalances(), inTransit), sagas.checkCredited(ids), settled}
+	if quiescent {
+		checks = append(checks, sagas.checkQuiescent(inTransit))
+	}
+	return checks
+}
+
+// checkSettled checks each cross-region transfer against its credit: a
+// refunded transfer was refused, a completed one credited. It also returns
+// the money in transit per currency: debited transfers whose credit is not
+// applied.
+func (sagas regionSagas) checkSettled(ids *idgen.Regions) (Check, map[string]int64) {
+	settled := Check{Name: "no transfer is both credited and refunded; refunds answer refusals", OK: true}
 	inTransit := map[string]int64{}
-	transit := map[string]int64{}
-	credited := Check{Name: "no transfer is credited without its debit"}
-	settled := Check{Name: "no transfer is both credited and refunded; refunds answer refusals"}
-	fail := func(c *Check, format string, args ...any) {
-		if len(c.Failures) < MaxFailures {
-			c.Failures = append(c.Failures, fmt.Sprintf(format, args...))
-		}
-		c.OK = false
-	}
-	credited.OK, settled.OK = true, true
-	credit := func(t ledger.Transfer) (ledger.Credit, bool) {
-		dest, err := ids.HomeRegion(t.To)
-		if err != nil {
-			return ledger.Credit{}, false
-		}
-		c, ok := sagas[dest].credits[t.ID]
-		return c, ok
-	}
 	for _, s := range sagas {
-		for cur, b := range s.transit {
-			transit[cur] += b
-		}
 		for _, t := range s.transfers {
-			c, ok := credit(t)
+			c, ok := sagas.creditOf(t, ids)
 			applied := ok && c.Status == ledger.CreditApplied
 			settled.Checked++
 			switch {
 			case t.Status == ledger.StatusDebited && !applied:
 				inTransit[t.Currency] += t.Moved()
 			case t.Status == ledger.StatusRefunded && applied:
-				fail(&settled, "transfer %s is REFUNDED but was credited", t.ID)
+				settled.fail("transfer %s is REFUNDED but was credited", t.ID)
 			case t.Status == ledger.StatusRefunded && !ok:
-				fail(&settled, "transfer %s is REFUNDED without a refused credit", t.ID)
+				settled.fail("transfer %s is REFUNDED without a refused credit", t.ID)
 			case t.Status == ledger.StatusCompleted && !applied:
-				fail(&settled, "transfer %s is COMPLETED but was not credited", t.ID)
+				settled.fail("transfer %s is COMPLETED but was not credited", t.ID)
 			}
 		}
 	}
+	return settled, inTransit
+}
+
+// creditOf returns the credit of the cross-region transfer t in its
+// destination's region, if there is one.
+func (sagas regionSagas) creditOf(t ledger.Transfer, ids *idgen.Regions) (ledger.Credit, bool) {
+	dest, err := ids.HomeRegion(t.To)
+	if err != nil {
+		return ledger.Credit{}, false
+	}
+	c, ok := sagas[dest].credits[t.ID]
+	return c, ok
+}
+
+// transitBalances sums the regions' transit balances per currency.
+func (sagas regionSagas) transitBalances() map[string]int64 {
+	transit := map[string]int64{}
+	for _, s := range sagas {
+		for cur, b := range s.transit {
+			transit[cur] += b
+		}
+	}
+	return transit
+}
+
+// checkTransit checks, per currency, that the transit balances equal the
+// money in transit.
+func checkTransit(transit, inTransit map[string]int64) Check {
+	money := Check{Name: "per currency, transit balances equal the money in transit", OK: true}
+	for _, cur := range sortedCurrencies(transit, inTransit) {
+		money.Checked++
+		if transit[cur] != inTransit[cur] {
+			money.fail("%s: transit accounts hold %d, transfers in transit amount to %d", cur, transit[cur], inTransit[cur])
+		}
+	}
+	return money
+}
+
+// checkCredited checks each credit against its transfer in the source
+// region: the transfer exists, is in a status the credit allows, and moves
+// the same money between the same accounts.
+func (sagas regionSagas) checkCredited(ids *idgen.Regions) Check {
+	credited := Check{Name: "no transfer is credited without its debit", OK: true}
 	for region, s := range sagas {
 		for _, c := range s.credits {
 			credited.Checked++
@@ -108,46 +150,49 @@ func globalChecks(sagas map[string]regionSaga, ids *idgen.Regions, quiescent boo
 			t, ok := sagas[source].transfers[c.TransferID]
 			switch {
 			case err != nil || !ok:
-				fail(&credited, "%s: credit of %s has no debit in region %s", region, c.TransferID, source)
+				credited.fail("%s: credit of %s has no debit in region %s", region, c.TransferID, source)
 			case c.Status == ledger.CreditApplied && t.Status != ledger.StatusDebited && t.Status != ledger.StatusCompleted:
-				fail(&credited, "%s: credit of %s applied but the transfer is %s", region, c.TransferID, t.Status)
+				credited.fail("%s: credit of %s applied but the transfer is %s", region, c.TransferID, t.Status)
 			case c.Status == ledger.CreditRefused && t.Status != ledger.StatusDebited && t.Status != ledger.StatusRefunded:
-				fail(&credited, "%s: credit of %s refused but the transfer is %s", region, c.TransferID, t.Status)
+				credited.fail("%s: credit of %s refused but the transfer is %s", region, c.TransferID, t.Status)
 			case c.Amount != t.Moved() || c.Currency != t.Currency || c.From != t.From || c.To != t.To:
-				fail(&credited, "%s: credit of %s does not match its transfer", region, c.TransferID)
+				credited.fail("%s: credit of %s does not match its transfer", region, c.TransferID)
 			}
 		}
 	}
-	money := Check{Name: "per currency, transit balances equal the money in transit", OK: true}
-	for _, cur := range sortedCurrencies(transit, inTransit) {
-		money.Checked++
-		if transit[cur] != inTransit[cur] {
-			fail(&money, "%s: transit accounts hold %d, transfers in transit amount to %d", cur, transit[cur], inTransit[cur])
+	return credited
+}
+
+// checkQuiescent checks that, once all work is done, no money is in
+// transit, no transfer is still DEBITED and no outbox row is unsent.
+func (sagas regionSagas) checkQuiescent(inTransit map[string]int64) Check {
+	q := Check{Name: "after quiescence nothing is left in transit", OK: true}
+	for cur, n := range inTransit {
+		q.Checked++
+		if n != 0 {
+			q.fail("%s: %d still in transit", cur, n)
 		}
 	}
-	checks := []Check{money, credited, settled}
-	if quiescent {
-		q := Check{Name: "after quiescence nothing is left in transit", OK: true}
-		for cur, n := range inTransit {
-			q.Checked++
-			if n != 0 {
-				fail(&q, "%s: %d still in transit", cur, n)
+	for region, s := range sagas {
+		q.Checked++
+		if s.unsent != 0 {
+			q.fail("%s: %d outbox rows not relayed", region, s.unsent)
+		}
+		for _, t := range s.transfers {
+			if t.Status == ledger.StatusDebited {
+				q.fail("%s: transfer %s is still DEBITED", region, t.ID)
 			}
 		}
-		for region, s := range sagas {
-			q.Checked++
-			if s.unsent != 0 {
-				fail(&q, "%s: %d outbox rows not relayed", region, s.unsent)
-			}
-			for _, t := range s.transfers {
-				if t.Status == ledger.StatusDebited {
-					fail(&q, "%s: transfer %s is still DEBITED", region, t.ID)
-				}
-			}
-		}
-		checks = append(checks, q)
 	}
-	return checks
+	return q
+}
+
+// fail records a failure of the check, listing at most MaxFailures.
+func (c *Check) fail(format string, args ...any) {
+	if len(c.Failures) < MaxFailures {
+		c.Failures = append(c.Failures, fmt.Sprintf(format, args...))
+	}
+	c.OK = false
 }
 
 func sortedCurrencies(ms ...map[string]int64) []string {
