@@ -34,6 +34,7 @@ import (
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/platform/pgdb"
 	"github.com/paymesh/paymesh/platform/startup"
+	"github.com/paymesh/paymesh/platform/telemetry"
 	"github.com/paymesh/paymesh/services/api"
 	"github.com/paymesh/paymesh/services/api/apid"
 	"github.com/paymesh/paymesh/services/api/apidb"
@@ -43,7 +44,6 @@ import (
 	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 	"github.com/paymesh/paymesh/services/router/routerd"
-	"github.com/paymesh/paymesh/services/telemetry"
 )
 
 // errFailed makes main exit 1 after a command already printed why.

@@ -31,13 +31,14 @@ import (
 	"github.com/paymesh/paymesh/platform/nodelease"
 	"github.com/paymesh/paymesh/platform/pgdb"
 	"github.com/paymesh/paymesh/platform/subjects"
+	"github.com/paymesh/paymesh/platform/telemetry"
 	"github.com/paymesh/paymesh/services/api"
 	"github.com/paymesh/paymesh/services/api/apidb"
 	"github.com/paymesh/paymesh/services/ledger/dlq"
+	"github.com/paymesh/paymesh/services/ledger/ledgerd"
 	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 	"github.com/paymesh/paymesh/services/router"
-	"github.com/paymesh/paymesh/services/telemetry"
 )
 
 // Config is everything a region's API needs.
@@ -251,18 +252,23 @@ func (s *Server) open(ctx context.Context) error {
 	s.http = &http.Server{Handler: otelhttp.NewHandler(s.api, "paymesh api"), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
 		WriteTimeout: max(cfg.Wait, cfg.OpsWait, defaultOpsWait) + 15*time.Second, IdleTimeout: time.Minute}
 	if cfg.MetricsListen != "" {
-		s.metrics, err = telemetry.ServeNew(cfg.MetricsListen, cfg.Log, func(m *telemetry.Metrics) error {
-			st := &s.api.Stats
-			if err := m.ObserveAPI(cfg.Region, &st.Replays, &st.Mismatches, &st.InFlight); err != nil {
-				return err
-			}
-			if acfg.Apply == nil || cfg.LedgerStats != nil {
-				return nil // the region's ledger exports the shared counters
-			}
-			return m.ObserveApplied(cfg.Region, acfg.ApplyStats)
-		})
+		s.metrics, err = telemetry.ServeNew(cfg.MetricsListen, cfg.Log, func(m *telemetry.Metrics) error { return s.observe(m, acfg.ApplyStats) })
 	}
 	return err
+}
+
+// observe registers the API's counters with m and, unless the region's
+// ledger exports them (Config.LedgerStats), applied's under the ledger's
+// names: the counts of the transfers this process applies itself, nil when
+// it applies none.
+func (s *Server) observe(m *telemetry.Metrics, applied *ledger.Stats) error {
+	if err := ObserveAPI(m, s.cfg.Region, &s.api.Stats); err != nil {
+		return err
+	}
+	if applied == nil || s.cfg.LedgerStats != nil {
+		return nil // the region's ledger exports the shared counters
+	}
+	return ledgerd.ObserveApplied(m, s.cfg.Region, applied)
 }
 
 // defaultOpsWait is how long a replay through the API waits for the

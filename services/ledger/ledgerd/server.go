@@ -1,6 +1,8 @@
 // Package ledgerd wires one region's ledger: the Postgres store with its
 // consume-log, the JetStream streams, the retention job and the batching
-// consumers, and its /metrics. cmd/paymesh and internal/testbed/cluster run it.
+// consumers, and its /metrics, whose instruments it defines (metrics.go;
+// the API exports the transfers it applies itself with them too).
+// cmd/paymesh and internal/testbed/cluster run it.
 package ledgerd
 
 import (
@@ -21,11 +23,11 @@ import (
 	"github.com/paymesh/paymesh/platform/natsconn"
 	"github.com/paymesh/paymesh/platform/nodelease"
 	"github.com/paymesh/paymesh/platform/pgdb"
+	"github.com/paymesh/paymesh/platform/telemetry"
 	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/dlq"
 	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
-	"github.com/paymesh/paymesh/services/telemetry"
 )
 
 // Config is everything a region's ledger needs.
@@ -227,23 +229,23 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 // the caller gave an Observer, its batch and saga histograms with m.
 func (s *Server) observe(m *telemetry.Metrics) error {
 	if s.cfg.Observe.Batch == nil && s.cfg.Observe.Stage == nil {
-		o, err := m.LedgerObserver(s.cfg.Region, s.Topo.Stream())
+		o, err := NewObserver(m, s.cfg.Region, s.Topo.Stream())
 		if err != nil {
 			return err
 		}
 		s.cfg.Observe = o
 	}
-	if err := m.ObserveLedger(s.cfg.Region, s.Topo.Stream(), s.Stats); err != nil {
+	if err := ObserveLedger(m, s.cfg.Region, s.Topo.Stream(), s.Stats); err != nil {
 		return err
 	}
-	if err := m.ObserveBacklog(s.cfg.Region, s.Topo.Stream(), telemetry.LedgerPending(s.js, s.Topo)); err != nil {
+	if err := m.ObserveBacklog(s.cfg.Region, s.Topo.Stream(), Pending(s.js, s.Topo)); err != nil {
 		return err
 	}
 	s.census = dlq.NewCensus(s.js, s.cfg.Region)
-	if err := m.ObserveDeadLetters(s.cfg.Region, s.census); err != nil {
+	if err := ObserveDeadLetters(m, s.cfg.Region, s.census); err != nil {
 		return err
 	}
-	return m.ObserveStore(s.cfg.Region, s.Store)
+	return ObserveStore(m, s.cfg.Region, s.Store)
 }
 
 // MetricsURL returns the address of /metrics, or "" when it is not served.
