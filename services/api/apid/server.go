@@ -1,5 +1,5 @@
 // Package apid wires one region's HTTP API: its database pool (it migrates
-// the API's own tables, services/api/apidb), its NATS connection
+// the API's part of the region's schema, services/regiondb), its NATS connection
 // (forwarded calls and the submitting router), optionally a second one as
 // the region's operator user for the dead-letter endpoints
 // (services/ledger/dlq), the HTTP listener, the idempotency-key cleanup and
@@ -38,6 +38,7 @@ import (
 	"github.com/paymesh/paymesh/services/ledger/ledgerd"
 	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
+	"github.com/paymesh/paymesh/services/regiondb"
 	"github.com/paymesh/paymesh/services/router"
 )
 
@@ -204,11 +205,12 @@ func (s *Server) open(ctx context.Context) error {
 	answers := subjects.Answers(cfg.Region, strconv.Itoa(int(cfg.Node)))
 	rt := router.New(js, router.Config{Region: cfg.Region, Regions: cfg.Regions, Shards: cfg.Shards, AckWait: cfg.AckWait,
 		Inject: cfg.Inject, Stats: cfg.RouterStats, AnswerTo: answers})
-	// The API's own tables, migrated here as the ledger migrates its own.
-	s.store = apidb.New(s.pool)
-	if err := s.store.Migrate(ctx); err != nil {
+	// The API's own tables, migrated here as the ledger migrates its own,
+	// and the dead-letter audit's when it serves the operator endpoints.
+	if err := regiondb.Migrate(ctx, s.pool, regiondb.Schema{API: new(apidb.Migrations()), DeadLetters: cfg.OpsNATSUser != ""}); err != nil {
 		return err
 	}
+	s.store = apidb.New(s.pool)
 	var store api.Store = s.store
 	if cfg.WrapStore != nil {
 		store = cfg.WrapStore(store)
@@ -276,7 +278,7 @@ func (s *Server) observe(m *telemetry.Metrics, applied *ledger.Stats) error {
 const defaultOpsWait = 10 * time.Second
 
 // openOps connects as the region's operator user and returns the
-// region's dead-letter operations, their audit table migrated.
+// region's dead-letter operations (open migrated their audit table).
 func (s *Server) openOps(ctx context.Context) (*dlq.Ops, error) {
 	cfg := s.cfg
 	var err error
@@ -288,9 +290,6 @@ func (s *Server) openOps(ctx context.Context) (*dlq.Ops, error) {
 	js, err := jetstream.New(s.opsNC)
 	if err != nil {
 		return nil, fmt.Errorf("operator user %s: %w", cfg.OpsNATSUser, err)
-	}
-	if err := pgdb.Migrate(ctx, s.pool, dlq.Migrations()); err != nil {
-		return nil, err
 	}
 	wait := cfg.OpsWait
 	if wait <= 0 {

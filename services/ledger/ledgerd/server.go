@@ -28,6 +28,7 @@ import (
 	"github.com/paymesh/paymesh/services/ledger/dlq"
 	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
+	"github.com/paymesh/paymesh/services/regiondb"
 )
 
 // Config is everything a region's ledger needs.
@@ -72,12 +73,17 @@ type Config struct {
 	// Answers, if set, records the first answer to every client request
 	// in the transaction that applies it (see postgres.Answers): whoever
 	// runs the ledger with the API hands in the API's (services/api/apidb).
+	// The ledger runs the API's code only through this interface, which its
+	// adapter declares, so that its packages never link the API
+	// (services/ledger's TestLedgerDoesNotLinkAPI).
 	Answers postgres.Answers
-	// AnswersSchema is the migration set of the tables Answers writes,
-	// applied at Open after the ledger's own, so that the ledger can commit
-	// whether or not the API has started yet (services/api/apidb's
-	// Migrations). The API applies the same set; the two are serialized by
-	// pgdb.Migrate's lock.
+	// AnswersSchema is the migration set of the tables Answers writes
+	// (services/api/apidb's Migrations), applied at Open after the
+	// ledger's own as the API's part of the region's schema
+	// (services/regiondb), so that the ledger can commit whether or not the
+	// API has started yet. The API applies the same set; the two are
+	// serialized by pgdb.Migrate's lock. It is handed in for the reason
+	// Answers is.
 	AnswersSchema *pgdb.Migration
 	// Observe receives the applied batches and saga stages (default: the
 	// histograms of /metrics when MetricsListen is set).
@@ -206,13 +212,10 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 		OnRetry: func(op string, attempt int, err error) {
 			cfg.Log.Debug("transaction retried", "op", op, "attempt", attempt, "err", err)
 		}})
-	if err := s.Store.Migrate(ctx); err != nil {
+	// The ledger's own part, and the API's when this ledger writes the
+	// API's answers: its transaction needs their tables.
+	if err := regiondb.Migrate(ctx, pool, regiondb.Schema{Ledger: s.Store, API: cfg.AnswersSchema}); err != nil {
 		return nil, errors.Join(fmt.Errorf("ledger %s: %w", cfg.Region, err), s.Close())
-	}
-	if cfg.AnswersSchema != nil {
-		if err := pgdb.Migrate(ctx, pool, *cfg.AnswersSchema); err != nil {
-			return nil, errors.Join(fmt.Errorf("ledger %s: %w", cfg.Region, err), s.Close())
-		}
 	}
 	if err := ledgerstream.EnsureStreams(ctx, js, s.Topo); err != nil {
 		return nil, errors.Join(fmt.Errorf("ledger %s: %w", cfg.Region, err), s.Close())
