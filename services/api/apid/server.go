@@ -215,26 +215,16 @@ func (s *Server) open(ctx context.Context) error {
 	if cfg.WrapStore != nil {
 		store = cfg.WrapStore(store)
 	}
+	// The API reads the ledger's accounts and transfers through api.Ledger,
+	// an interface it declares, handed the ledger's Postgres adapter here:
+	// services/api does not import the adapter (see openApply).
 	led := postgres.New(s.pool, postgres.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen})
 	acfg := api.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen, Ledger: led, Store: store, Router: rt, NATS: s.nc,
 		Answers: answers, AnswerPoll: cfg.AnswerPoll, ClientCacheTTL: cfg.ClientCacheTTL, ClaimKeys: cfg.ClaimKeys, Wait: cfg.Wait, KeyTTL: cfg.KeyTTL, Now: cfg.Now, Log: cfg.Log}
 	if !cfg.SubmitAll {
-		// The region's ledger transaction, run here: its consume-log
-		// claims under a holder of this process (the node it leased), and
-		// the requests' first answers stored with their keys.
-		// One connection, as the group runs one transaction at a time:
-		// its backend tells this process's key locks from others'.
-		if s.applyPool, acfg.ApplyPID, err = postgres.ConnectOne(ctx, cfg.PostgresURL, time.Minute); err != nil {
+		if err := s.openApply(ctx, gen, &acfg); err != nil {
 			return err
 		}
-		acfg.ApplyStats = cfg.LedgerStats
-		if acfg.ApplyStats == nil {
-			acfg.ApplyStats = &ledger.Stats{}
-		}
-		host, _ := os.Hostname()
-		consumeLog := dedup.New(dedup.Config{Holder: fmt.Sprintf("%s/api-%s-%d/%d", cfg.Region, host, os.Getpid(), cfg.Node)})
-		acfg.Apply = postgres.New(s.applyPool, postgres.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen, Dedup: consumeLog,
-			Answers: apidb.LockingAnswers{}, Stats: acfg.ApplyStats, BeforeCommit: cfg.BeforeCommit})
 	}
 	if cfg.OpsNATSUser != "" {
 		if acfg.DeadLetters, err = s.openOps(ctx); err != nil {
@@ -257,6 +247,35 @@ func (s *Server) open(ctx context.Context) error {
 		s.metrics, err = telemetry.ServeNew(cfg.MetricsListen, cfg.Log, func(m *telemetry.Metrics) error { return s.observe(m, acfg.ApplyStats) })
 	}
 	return err
+}
+
+// openApply sets acfg's Apply to the region's ledger transaction, run
+// here: its consume-log claims under a holder of this process (the node it
+// leased, whose IDs gen mints), and the requests' first answers stored
+// with their keys. The API asks it through ledgerstream.Applier, and the
+// ledger's transaction stores the API's answers through postgres.Answers,
+// which this wiring hands the API's adapter. Each service declares what it
+// runs of the other's code: the ledger's packages never link the API
+// (services/ledger's TestLedgerDoesNotLinkAPI), services/api imports no
+// ledger adapter, and a transfer is still applied in the one transaction
+// the ledger defines, whichever process runs it.
+func (s *Server) openApply(ctx context.Context, gen *idgen.Generator, acfg *api.Config) error {
+	cfg := s.cfg
+	// One connection, as the group runs one transaction at a time: its
+	// backend tells this process's key locks from others'.
+	var err error
+	if s.applyPool, acfg.ApplyPID, err = postgres.ConnectOne(ctx, cfg.PostgresURL, time.Minute); err != nil {
+		return err
+	}
+	acfg.ApplyStats = cfg.LedgerStats
+	if acfg.ApplyStats == nil {
+		acfg.ApplyStats = &ledger.Stats{}
+	}
+	host, _ := os.Hostname()
+	consumeLog := dedup.New(dedup.Config{Holder: fmt.Sprintf("%s/api-%s-%d/%d", cfg.Region, host, os.Getpid(), cfg.Node)})
+	acfg.Apply = postgres.New(s.applyPool, postgres.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen, Dedup: consumeLog,
+		Answers: apidb.LockingAnswers{}, Stats: acfg.ApplyStats, BeforeCommit: cfg.BeforeCommit})
+	return nil
 }
 
 // observe registers the API's counters with m and, unless the region's

@@ -148,6 +148,20 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("ledger %s: %w", cfg.Region, err)
 		}
 	}
+	if _, err := idgen.NewGenerator(cfg.Regions, cfg.Region, cfg.Node); err != nil {
+		return nil, err
+	}
+	cfg = withDefaults(cfg)
+	s := &Server{cfg: cfg, Stats: cfg.Stats,
+		Topo: ledgerstream.Topology{Region: cfg.Region, Shards: cfg.Shards, DuplicateWindow: cfg.DuplicateWindow, Replicas: cfg.StreamReplicas}}
+	if err := s.open(ctx); err != nil {
+		return nil, errors.Join(fmt.Errorf("ledger %s: %w", cfg.Region, err), s.Close())
+	}
+	return s, nil
+}
+
+// withDefaults returns cfg with its unset fields given their defaults.
+func withDefaults(cfg Config) Config {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
@@ -160,46 +174,83 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.OutboxRetention == 0 {
 		cfg.OutboxRetention = postgres.DefaultOutboxRetention
 	}
-	if _, err := idgen.NewGenerator(cfg.Regions, cfg.Region, cfg.Node); err != nil {
+	if cfg.Stats == nil {
+		cfg.Stats = &ledger.Stats{}
+	}
+	return cfg
+}
+
+// open connects, leases the node, builds the store, migrates the region's
+// database, creates the streams and starts /metrics, in that order. What
+// it opened is released by Close.
+func (s *Server) open(ctx context.Context) error {
+	gen, err := s.connectPostgres(ctx)
+	if err != nil {
+		return err
+	}
+	if err := s.connectNATS(ctx); err != nil {
+		return err
+	}
+	s.newStore(gen)
+	// The ledger's own part, and the API's when this ledger writes the
+	// API's answers: its transaction needs their tables.
+	if err := regiondb.Migrate(ctx, s.pool, regiondb.Schema{Ledger: s.Store, API: s.cfg.AnswersSchema}); err != nil {
+		return err
+	}
+	if err := ledgerstream.EnsureStreams(ctx, s.js, s.Topo); err != nil {
+		return err
+	}
+	if s.cfg.MetricsListen != "" {
+		if s.metrics, err = telemetry.ServeNew(s.cfg.MetricsListen, s.cfg.Log, s.observe); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// connectPostgres waits for the region's database, opens the pool with
+// the transaction lease and leases the node, whose ID generator it returns.
+func (s *Server) connectPostgres(ctx context.Context) (*idgen.Generator, error) {
+	cfg := s.cfg
+	if err := pgdb.Wait(ctx, cfg.PostgresURL, cfg.ConnectTimeout, cfg.Log); err != nil {
 		return nil, err
 	}
-	if err := pgdb.Wait(ctx, cfg.PostgresURL, cfg.ConnectTimeout, cfg.Log); err != nil {
-		return nil, fmt.Errorf("ledger %s: %w", cfg.Region, err)
-	}
-	pool, err := postgres.Connect(ctx, cfg.PostgresURL, cfg.Lease, 0)
-	if err != nil {
-		return nil, fmt.Errorf("ledger %s: %w", cfg.Region, err)
+	var err error
+	if s.pool, err = postgres.Connect(ctx, cfg.PostgresURL, cfg.Lease, 0); err != nil {
+		return nil, err
 	}
 	host, _ := os.Hostname()
-	gen, lease, err := nodelease.OpenGenerator(ctx, pool, cfg.Regions, nodelease.Config{Region: cfg.Region, Node: cfg.Node,
+	gen, lease, err := nodelease.OpenGenerator(ctx, s.pool, cfg.Regions, nodelease.Config{Region: cfg.Region, Node: cfg.Node,
 		Holder: fmt.Sprintf("ledger %s pid %d", host, os.Getpid()), TTL: cfg.NodeTTL, Log: cfg.Log})
 	if err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("ledger %s: %w", cfg.Region, err)
+		return nil, err
 	}
-	release := func() { _ = lease.Release(context.WithoutCancel(ctx)); pool.Close() }
-	nc, err := natsconn.Connect(ctx, natsconn.Config{URL: cfg.NATSURL, User: cfg.NATSUser, Password: cfg.NATSPassword,
+	s.lease = lease
+	return gen, nil
+}
+
+// connectNATS connects to the region's servers as the ledger's user.
+func (s *Server) connectNATS(ctx context.Context) error {
+	cfg := s.cfg
+	var err error
+	s.nc, err = natsconn.Connect(ctx, natsconn.Config{URL: cfg.NATSURL, User: cfg.NATSUser, Password: cfg.NATSPassword,
 		Name: "paymesh-ledger-" + cfg.Region, Timeout: cfg.ConnectTimeout, Log: cfg.Log})
 	if err != nil {
-		release()
-		return nil, fmt.Errorf("ledger %s: %w", cfg.Region, err)
+		return err
 	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		nc.Close()
-		release()
-		return nil, fmt.Errorf("ledger %s: %w", cfg.Region, err)
-	}
+	s.js, err = jetstream.New(s.nc)
+	return err
+}
+
+// newStore builds the consume-log, decorated by WrapConsumeLog, and the
+// store that applies with it and mints account IDs with gen.
+func (s *Server) newStore(gen *idgen.Generator) {
+	cfg := s.cfg
 	var cache *dedup.Cache
 	if cfg.CacheSize > 0 {
 		cache = dedup.NewCache(cfg.CacheSize)
 	}
-	stats := cfg.Stats
-	if stats == nil {
-		stats = &ledger.Stats{}
-	}
-	s := &Server{cfg: cfg, Stats: stats, pool: pool, lease: lease, nc: nc, js: js,
-		Topo: ledgerstream.Topology{Region: cfg.Region, Shards: cfg.Shards, DuplicateWindow: cfg.DuplicateWindow, Replicas: cfg.StreamReplicas}}
+	host, _ := os.Hostname()
 	s.dedup = dedup.New(dedup.Config{
 		Holder: fmt.Sprintf("%s/%s-%d/%d", cfg.Region, host, os.Getpid(), cfg.Node), WindowDays: cfg.WindowDays, Cache: cache,
 	})
@@ -207,25 +258,11 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.WrapConsumeLog != nil {
 		consumeLog = cfg.WrapConsumeLog(consumeLog)
 	}
-	s.Store = postgres.New(pool, postgres.Config{Region: cfg.Region, IDs: gen, Regions: cfg.Regions, Dedup: consumeLog, Stats: s.Stats,
+	s.Store = postgres.New(s.pool, postgres.Config{Region: cfg.Region, IDs: gen, Regions: cfg.Regions, Dedup: consumeLog, Stats: s.Stats,
 		RequestKey: cfg.RequestKey, Answers: cfg.Answers, BeforeCommit: cfg.BeforeCommit, MaxAttempts: cfg.MaxAttempts, Now: cfg.Now,
 		OnRetry: func(op string, attempt int, err error) {
 			cfg.Log.Debug("transaction retried", "op", op, "attempt", attempt, "err", err)
 		}})
-	// The ledger's own part, and the API's when this ledger writes the
-	// API's answers: its transaction needs their tables.
-	if err := regiondb.Migrate(ctx, pool, regiondb.Schema{Ledger: s.Store, API: cfg.AnswersSchema}); err != nil {
-		return nil, errors.Join(fmt.Errorf("ledger %s: %w", cfg.Region, err), s.Close())
-	}
-	if err := ledgerstream.EnsureStreams(ctx, js, s.Topo); err != nil {
-		return nil, errors.Join(fmt.Errorf("ledger %s: %w", cfg.Region, err), s.Close())
-	}
-	if cfg.MetricsListen != "" {
-		if s.metrics, err = telemetry.ServeNew(cfg.MetricsListen, cfg.Log, s.observe); err != nil {
-			return nil, errors.Join(fmt.Errorf("ledger %s: %w", cfg.Region, err), s.Close())
-		}
-	}
-	return s, nil
 }
 
 // observe registers the ledger's counters, its store's gauges and, unless
@@ -325,17 +362,24 @@ func (s *Server) runOutboxPrune(ctx context.Context, every time.Duration) {
 }
 
 // Close stops /metrics, closes the NATS connection, releases the node
-// lease and closes the database pool, in that order. It returns the
-// errors of the metrics server and the release, joined.
+// lease and closes the database pool, in that order, each if Open got
+// that far. It returns the errors of the metrics server and the release,
+// joined.
 func (s *Server) Close() error {
 	var errs []error
 	if s.metrics != nil {
 		errs = append(errs, s.metrics.Close())
 	}
-	s.nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	errs = append(errs, s.lease.Release(ctx))
-	s.pool.Close()
+	if s.nc != nil {
+		s.nc.Close()
+	}
+	if s.lease != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		errs = append(errs, s.lease.Release(ctx))
+	}
+	if s.pool != nil {
+		s.pool.Close()
+	}
 	return errors.Join(errs...)
 }
