@@ -97,12 +97,14 @@ func TestPackageRoles(t *testing.T) {
 }
 
 // TestPackageRolesCatch: the rule refuses a service that imports the lab
-// or a test bed, and the platform importing a service.
+// or a test bed, and the platform importing a service (telemetry reading a
+// service's counters, say: each service registers its own instruments).
 func TestPackageRolesCatch(t *testing.T) {
 	bad := map[string][]string{
 		module + "/services/ledger/ledgerd": {module + "/internal/lab/chaos"},
 		module + "/services/api":            {module + "/internal/testbed/cluster"},
 		module + "/platform/pgdb":           {module + "/services/ledger"},
+		module + "/platform/telemetry":      {module + "/services/router"},
 		module + "/pkg/dedup":               {module + "/platform/pgdb"},
 	}
 	if got := violations(bad); len(got) != len(bad) {

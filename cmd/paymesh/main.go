@@ -21,7 +21,7 @@ import (
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/platform/pgdb"
 	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
-	"github.com/paymesh/paymesh/services/telemetry"
+	"github.com/paymesh/paymesh/platform/telemetry"
 )
 
 // errFailed makes main exit 1 after a command already printed why.

@@ -21,8 +21,8 @@ import (
 	"github.com/paymesh/paymesh/services/api"
 	"github.com/paymesh/paymesh/services/api/apidb"
 	"github.com/paymesh/paymesh/services/ledger"
-	"github.com/paymesh/paymesh/services/ledger/dlq"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
+	"github.com/paymesh/paymesh/services/regiondb"
 )
 
 type verifyCmd struct {
@@ -286,13 +286,7 @@ func (c *migrateCmd) Run(ctx context.Context, t regions.Table) error {
 	}
 	defer pool.Close()
 	store := postgres.New(pool, postgres.Config{Region: reg.Name, Dedup: postgres.NewConsumeLog(dedup.New(dedup.Config{WindowDays: c.WindowDays}))})
-	if err := store.Migrate(ctx); err != nil {
-		return err
-	}
-	if err := apidb.New(pool).Migrate(ctx); err != nil {
-		return err
-	}
-	if err := pgdb.Migrate(ctx, pool, dlq.Migrations()); err != nil {
+	if err := regiondb.Migrate(ctx, pool, regiondb.Schema{Ledger: store, API: new(apidb.Migrations()), DeadLetters: true}); err != nil {
 		return err
 	}
 	fmt.Printf("region %s: database migrated\n", reg.Name)

@@ -11,18 +11,35 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/paymesh/paymesh/pkg/natstrace"
-	"github.com/paymesh/paymesh/services/ledger/postgres"
 )
 
-// Outbox is what the relay needs of a region's ledger database; the Postgres
-// store implements it.
-type Outbox interface {
-	PendingOutbox(ctx context.Context, limit int, skip ...string) ([]postgres.OutboxRow, error)
-	MarkSent(ctx context.Context, ids []int64) error
-	MarkFailed(ctx context.Context, ids []int64) error
+// Step is a saga step waiting in the region's outbox to be relayed to the
+// ledger of Region.
+type Step struct {
+	ID      int64  // the step's row in the outbox, by which it is marked
+	MsgID   string // the step's Nats-Msg-Id
+	Region  string // the region whose ledger applies it
+	Account string // the account whose shard carries it
+	Payload []byte // the encoded ledger.Command
+	// Attempts counts the relays of the step tried before.
+	Attempts int
+	// TraceParent continues the transfer's trace when the step is relayed.
+	TraceParent string
 }
 
-var _ Outbox = (*postgres.Store)(nil)
+// Outbox is what the relay needs of a region's outbox. The router declares
+// it and knows no database: the composition root (services/router/routerd)
+// hands in the ledger store's outbox, adapted to it.
+type Outbox interface {
+	// PendingSteps returns up to limit steps to relay now, oldest first,
+	// none for the regions in skip.
+	PendingSteps(ctx context.Context, limit int, skip ...string) ([]Step, error)
+	// MarkSent records that the steps were acked by their destination
+	// streams: they are never relayed again.
+	MarkSent(ctx context.Context, ids []int64) error
+	// MarkFailed counts a failed relay attempt of the steps.
+	MarkFailed(ctx context.Context, ids []int64) error
+}
 
 // Relay tunables.
 const (
@@ -40,19 +57,9 @@ func (r *Router) RunRelay(ctx context.Context, outbox Outbox, log *slog.Logger) 
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	type backoffState struct {
-		until    time.Time
-		failures uint64
-	}
-	down := map[string]*backoffState{}
+	down := regionBackoff{}
 	for ctx.Err() == nil {
-		var skip []string
-		for region, b := range down {
-			if time.Now().Before(b.until) {
-				skip = append(skip, region)
-			}
-		}
-		rows, err := outbox.PendingOutbox(ctx, relayBatch, skip...)
+		steps, err := outbox.PendingSteps(ctx, relayBatch, down.skip()...)
 		if err != nil {
 			if ctx.Err() == nil {
 				log.Warn("relay: read outbox", "err", err)
@@ -60,66 +67,111 @@ func (r *Router) RunRelay(ctx context.Context, outbox Outbox, log *slog.Logger) 
 			sleep(ctx, time.Second)
 			continue
 		}
-		if len(rows) == 0 {
+		if len(steps) == 0 {
 			sleep(ctx, relayIdle)
 			continue
 		}
-		futures := make([][]jetstream.PubAckFuture, len(rows))
-		spans := make([]trace.Span, len(rows))
-		for i, row := range rows {
-			m := nats.NewMsg(r.topo(row.Region).Subject(row.Account))
-			m.Data = row.Payload
-			m.Header.Set(jetstream.MsgIDHeader, row.MsgID)
-			sctx, span := tracer.Start(natstrace.WithTraceParent(ctx, row.TraceParent), "relay "+m.Subject,
-				trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(messaging(r.cfg.Region, m.Subject, row.MsgID, "send")...))
-			if row.Attempts > 0 {
-				span.AddEvent("retry", trace.WithAttributes(attribute.Int64("paymesh.attempt", int64(row.Attempts+1))))
-			}
-			natstrace.Inject(sctx, m)
-			spans[i] = span
-			futures[i] = r.publish(m)
-		}
-		wctx, cancel := context.WithTimeout(ctx, r.publishTimeout())
-		var sent, failed []int64
-		failedRegions := map[string]bool{}
-		for i, row := range rows {
-			ok, dup := wait(wctx, futures[i])
-			endPublish(spans[i], ok, dup)
-			if !ok {
-				failed = append(failed, row.ID)
-				failedRegions[row.Region] = true
-				continue
-			}
-			sent = append(sent, row.ID)
-			r.cfg.Stats.RelayDuplicates.Add(dup)
-		}
-		cancel()
+		sent, failed, failedRegions := r.relay(ctx, steps)
 		if ctx.Err() != nil {
 			return
 		}
-		if err := outbox.MarkSent(ctx, sent); err != nil {
-			log.Warn("relay: mark sent (the steps go out again)", "err", err)
-		} else {
-			r.cfg.Stats.Relayed.Add(int64(len(sent)))
+		r.mark(ctx, outbox, sent, failed, log)
+		down.update(steps, failedRegions)
+	}
+}
+
+// relay publishes steps and waits for their PubAcks, up to the publish
+// timeout. It returns the IDs of the steps acked and of those not, and the
+// regions of the latter.
+func (r *Router) relay(ctx context.Context, steps []Step) (sent, failed []int64, failedRegions map[string]bool) {
+	futures := make([][]jetstream.PubAckFuture, len(steps))
+	spans := make([]trace.Span, len(steps))
+	for i, st := range steps {
+		futures[i], spans[i] = r.publishStep(ctx, st)
+	}
+	wctx, cancel := context.WithTimeout(ctx, r.publishTimeout())
+	defer cancel()
+	failedRegions = map[string]bool{}
+	for i, st := range steps {
+		ok, dup := wait(wctx, futures[i])
+		endPublish(spans[i], ok, dup)
+		if !ok {
+			failed = append(failed, st.ID)
+			failedRegions[st.Region] = true
+			continue
 		}
-		if len(failed) > 0 {
-			r.cfg.Stats.RelayRetries.Add(int64(len(failed)))
-			_ = outbox.MarkFailed(ctx, failed)
+		sent = append(sent, st.ID)
+		r.cfg.Stats.RelayDuplicates.Add(dup)
+	}
+	return sent, failed, failedRegions
+}
+
+// publishStep publishes st to its region's ledger stream, in a producer
+// span that continues the transfer's trace, and returns the PubAck futures
+// and the span, which the caller ends.
+func (r *Router) publishStep(ctx context.Context, st Step) ([]jetstream.PubAckFuture, trace.Span) {
+	m := nats.NewMsg(r.topo(st.Region).Subject(st.Account))
+	m.Data = st.Payload
+	m.Header.Set(jetstream.MsgIDHeader, st.MsgID)
+	sctx, span := tracer.Start(natstrace.WithTraceParent(ctx, st.TraceParent), "relay "+m.Subject,
+		trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(messaging(r.cfg.Region, m.Subject, st.MsgID, "send")...))
+	if st.Attempts > 0 {
+		span.AddEvent("retry", trace.WithAttributes(attribute.Int64("paymesh.attempt", int64(st.Attempts+1))))
+	}
+	natstrace.Inject(sctx, m)
+	return r.publish(m), span
+}
+
+// mark records in the outbox which steps were acked and which failed, and
+// counts them.
+func (r *Router) mark(ctx context.Context, outbox Outbox, sent, failed []int64, log *slog.Logger) {
+	if err := outbox.MarkSent(ctx, sent); err != nil {
+		log.Warn("relay: mark sent (the steps go out again)", "err", err)
+	} else {
+		r.cfg.Stats.Relayed.Add(int64(len(sent)))
+	}
+	if len(failed) > 0 {
+		r.cfg.Stats.RelayRetries.Add(int64(len(failed)))
+		_ = outbox.MarkFailed(ctx, failed)
+	}
+}
+
+// regionBackoff is, for each region whose relays failed, until when the
+// relay skips it.
+type regionBackoff map[string]*backoffState
+
+type backoffState struct {
+	until    time.Time
+	failures uint64
+}
+
+// skip returns the regions to skip now.
+func (b regionBackoff) skip() []string {
+	var skip []string
+	for region, s := range b {
+		if time.Now().Before(s.until) {
+			skip = append(skip, region)
 		}
-		for _, row := range rows {
-			if failedRegions[row.Region] {
-				b := down[row.Region]
-				if b == nil {
-					b = &backoffState{}
-					down[row.Region] = b
-				}
-				if time.Now().After(b.until) {
-					b.failures++
-					b.until = time.Now().Add(retryDelay(b.failures))
-				}
-			} else {
-				delete(down, row.Region)
-			}
+	}
+	return skip
+}
+
+// update backs off further from each region of failed whose delay is
+// over, and forgets the regions of steps whose relays succeeded.
+func (b regionBackoff) update(steps []Step, failed map[string]bool) {
+	for _, st := range steps {
+		if !failed[st.Region] {
+			delete(b, st.Region)
+			continue
+		}
+		s := b[st.Region]
+		if s == nil {
+			s = &backoffState{}
+			b[st.Region] = s
+		}
+		if time.Now().After(s.until) {
+			s.failures++
+			s.until = time.Now().Add(retryDelay(s.failures))
 		}
 	}
 }

@@ -1,5 +1,5 @@
 // Package apid wires one region's HTTP API: its database pool (it migrates
-// the API's own tables, services/api/apidb), its NATS connection
+// the API's part of the region's schema, services/regiondb), its NATS connection
 // (forwarded calls and the submitting router), optionally a second one as
 // the region's operator user for the dead-letter endpoints
 // (services/ledger/dlq), the HTTP listener, the idempotency-key cleanup and
@@ -32,13 +32,15 @@ import (
 	"github.com/paymesh/paymesh/platform/nodelease"
 	"github.com/paymesh/paymesh/platform/pgdb"
 	"github.com/paymesh/paymesh/platform/subjects"
+	"github.com/paymesh/paymesh/platform/telemetry"
 	"github.com/paymesh/paymesh/services/api"
 	"github.com/paymesh/paymesh/services/api/apidb"
 	"github.com/paymesh/paymesh/services/ledger/dlq"
+	"github.com/paymesh/paymesh/services/ledger/ledgerd"
 	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
+	"github.com/paymesh/paymesh/services/regiondb"
 	"github.com/paymesh/paymesh/services/router"
-	"github.com/paymesh/paymesh/services/telemetry"
 )
 
 // Config is everything a region's API needs.
@@ -207,38 +209,26 @@ func (s *Server) open(ctx context.Context) error {
 	answers := subjects.Answers(cfg.Region, strconv.Itoa(int(cfg.Node)))
 	rt := router.New(js, router.Config{Region: cfg.Region, Regions: cfg.Regions, Shards: cfg.Shards, AckWait: cfg.AckWait,
 		Stats: cfg.RouterStats, AnswerTo: answers})
-	// The API's own tables, migrated here as the ledger migrates its own.
-	s.store = apidb.New(s.pool)
-	if err := s.store.Migrate(ctx); err != nil {
+	// The API's own tables, migrated here as the ledger migrates its own,
+	// and the dead-letter audit's when it serves the operator endpoints.
+	if err := regiondb.Migrate(ctx, s.pool, regiondb.Schema{API: new(apidb.Migrations()), DeadLetters: cfg.OpsNATSUser != ""}); err != nil {
 		return err
 	}
+	s.store = apidb.New(s.pool)
 	var store api.Store = s.store
 	if cfg.WrapStore != nil {
 		store = cfg.WrapStore(store)
 	}
+	// The API reads the ledger's accounts and transfers through api.Ledger,
+	// an interface it declares, handed the ledger's Postgres adapter here:
+	// services/api does not import the adapter (see openApply).
 	led := postgres.New(s.pool, postgres.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen})
 	acfg := api.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen, Ledger: led, Store: store, Router: rt, NATS: s.nc,
 		Answers: answers, AnswerPoll: cfg.AnswerPoll, ClientCacheTTL: cfg.ClientCacheTTL, ClaimKeys: cfg.ClaimKeys, Wait: cfg.Wait, KeyTTL: cfg.KeyTTL, Now: cfg.Now, Log: cfg.Log}
 	if !cfg.SubmitAll {
-		// The region's ledger transaction, run here: its consume-log
-		// claims under a holder of this process (the node it leased), and
-		// the requests' first answers stored with their keys.
-		// One connection, as the group runs one transaction at a time:
-		// its backend tells this process's key locks from others'.
-		if s.applyPool, acfg.ApplyPID, err = postgres.ConnectOne(ctx, cfg.PostgresURL, time.Minute); err != nil {
+		if err := s.openApply(ctx, gen, &acfg); err != nil {
 			return err
 		}
-		acfg.ApplyStats = cfg.LedgerStats
-		if acfg.ApplyStats == nil {
-			acfg.ApplyStats = &ledger.Stats{}
-		}
-		host, _ := os.Hostname()
-		consumeLog := postgres.NewConsumeLog(dedup.New(dedup.Config{Holder: fmt.Sprintf("%s/api-%s-%d/%d", cfg.Region, host, os.Getpid(), cfg.Node)}))
-		if cfg.WrapConsumeLog != nil {
-			consumeLog = cfg.WrapConsumeLog(consumeLog)
-		}
-		acfg.Apply = postgres.New(s.applyPool, postgres.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen, Dedup: consumeLog,
-			Answers: apidb.LockingAnswers{}, Stats: acfg.ApplyStats})
 	}
 	if cfg.OpsNATSUser != "" {
 		if acfg.DeadLetters, err = s.openOps(ctx); err != nil {
@@ -258,18 +248,55 @@ func (s *Server) open(ctx context.Context) error {
 	s.http = &http.Server{Handler: otelhttp.NewHandler(s.api, "paymesh api"), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
 		WriteTimeout: max(cfg.Wait, cfg.OpsWait, defaultOpsWait) + 15*time.Second, IdleTimeout: time.Minute}
 	if cfg.MetricsListen != "" {
-		s.metrics, err = telemetry.ServeNew(cfg.MetricsListen, cfg.Log, func(m *telemetry.Metrics) error {
-			st := &s.api.Stats
-			if err := m.ObserveAPI(cfg.Region, &st.Replays, &st.Mismatches, &st.InFlight); err != nil {
-				return err
-			}
-			if acfg.Apply == nil || cfg.LedgerStats != nil {
-				return nil // the region's ledger exports the shared counters
-			}
-			return m.ObserveApplied(cfg.Region, acfg.ApplyStats)
-		})
+		s.metrics, err = telemetry.ServeNew(cfg.MetricsListen, cfg.Log, func(m *telemetry.Metrics) error { return s.observe(m, acfg.ApplyStats) })
 	}
 	return err
+}
+
+// openApply sets acfg's Apply to the region's ledger transaction, run
+// here: its consume-log claims under a holder of this process (the node it
+// leased, whose IDs gen mints), and the requests' first answers stored
+// with their keys. The API asks it through ledgerstream.Applier, and the
+// ledger's transaction stores the API's answers through postgres.Answers,
+// which this wiring hands the API's adapter. Each service declares what it
+// runs of the other's code: the ledger's packages never link the API
+// (services/ledger's TestLedgerDoesNotLinkAPI), services/api imports no
+// ledger adapter, and a transfer is still applied in the one transaction
+// the ledger defines, whichever process runs it.
+func (s *Server) openApply(ctx context.Context, gen *idgen.Generator, acfg *api.Config) error {
+	cfg := s.cfg
+	// One connection, as the group runs one transaction at a time: its
+	// backend tells this process's key locks from others'.
+	var err error
+	if s.applyPool, acfg.ApplyPID, err = postgres.ConnectOne(ctx, cfg.PostgresURL, time.Minute); err != nil {
+		return err
+	}
+	acfg.ApplyStats = cfg.LedgerStats
+	if acfg.ApplyStats == nil {
+		acfg.ApplyStats = &ledger.Stats{}
+	}
+	host, _ := os.Hostname()
+	consumeLog := postgres.NewConsumeLog(dedup.New(dedup.Config{Holder: fmt.Sprintf("%s/api-%s-%d/%d", cfg.Region, host, os.Getpid(), cfg.Node)}))
+	if cfg.WrapConsumeLog != nil {
+		consumeLog = cfg.WrapConsumeLog(consumeLog)
+	}
+	acfg.Apply = postgres.New(s.applyPool, postgres.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen, Dedup: consumeLog,
+		Answers: apidb.LockingAnswers{}, Stats: acfg.ApplyStats})
+	return nil
+}
+
+// observe registers the API's counters with m and, unless the region's
+// ledger exports them (Config.LedgerStats), applied's under the ledger's
+// names: the counts of the transfers this process applies itself, nil when
+// it applies none.
+func (s *Server) observe(m *telemetry.Metrics, applied *ledger.Stats) error {
+	if err := ObserveAPI(m, s.cfg.Region, &s.api.Stats); err != nil {
+		return err
+	}
+	if applied == nil || s.cfg.LedgerStats != nil {
+		return nil // the region's ledger exports the shared counters
+	}
+	return ledgerd.ObserveApplied(m, s.cfg.Region, applied)
 }
 
 // defaultOpsWait is how long a replay through the API waits for the
@@ -277,7 +304,7 @@ func (s *Server) open(ctx context.Context) error {
 const defaultOpsWait = 10 * time.Second
 
 // openOps connects as the region's operator user and returns the
-// region's dead-letter operations, their audit table migrated.
+// region's dead-letter operations (open migrated their audit table).
 func (s *Server) openOps(ctx context.Context) (*dlq.Ops, error) {
 	cfg := s.cfg
 	var err error
@@ -289,9 +316,6 @@ func (s *Server) openOps(ctx context.Context) (*dlq.Ops, error) {
 	js, err := jetstream.New(s.opsNC)
 	if err != nil {
 		return nil, fmt.Errorf("operator user %s: %w", cfg.OpsNATSUser, err)
-	}
-	if err := pgdb.Migrate(ctx, s.pool, dlq.Migrations()); err != nil {
-		return nil, err
 	}
 	wait := cfg.OpsWait
 	if wait <= 0 {

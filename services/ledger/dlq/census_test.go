@@ -16,10 +16,11 @@ import (
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/platform/natsauth"
 	"github.com/paymesh/paymesh/platform/pgdb"
+	"github.com/paymesh/paymesh/platform/telemetry"
 	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/dlq"
+	"github.com/paymesh/paymesh/services/ledger/ledgerd"
 	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
-	"github.com/paymesh/paymesh/services/telemetry"
 )
 
 // scrape returns the samples of name on url, keyed by their reason label.
@@ -73,11 +74,11 @@ func TestCensus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := m.ObserveDeadLetters("eu", census); err != nil {
+	if err := ledgerd.ObserveDeadLetters(m, "eu", census); err != nil {
 		t.Fatal(err)
 	}
 	us := dlq.NewCensus(js, "us")
-	if err := m.ObserveDeadLetters("us", us); err != nil {
+	if err := ledgerd.ObserveDeadLetters(m, "us", us); err != nil {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(m.Handler())

@@ -1,6 +1,8 @@
 // Package ledgerd wires one region's ledger: the Postgres store with its
 // consume-log, the JetStream streams, the retention job and the batching
-// consumers, and its /metrics. cmd/paymesh and internal/testbed/cluster run it.
+// consumers, and its /metrics, whose instruments it defines (metrics.go;
+// the API exports the transfers it applies itself with them too).
+// cmd/paymesh and internal/testbed/cluster run it.
 package ledgerd
 
 import (
@@ -21,11 +23,12 @@ import (
 	"github.com/paymesh/paymesh/platform/natsconn"
 	"github.com/paymesh/paymesh/platform/nodelease"
 	"github.com/paymesh/paymesh/platform/pgdb"
+	"github.com/paymesh/paymesh/platform/telemetry"
 	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/dlq"
 	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
-	"github.com/paymesh/paymesh/services/telemetry"
+	"github.com/paymesh/paymesh/services/regiondb"
 )
 
 // Config is everything a region's ledger needs.
@@ -70,12 +73,17 @@ type Config struct {
 	// Answers, if set, records the first answer to every client request
 	// in the transaction that applies it (see postgres.Answers): whoever
 	// runs the ledger with the API hands in the API's (services/api/apidb).
+	// The ledger runs the API's code only through this interface, which its
+	// adapter declares, so that its packages never link the API
+	// (services/ledger's TestLedgerDoesNotLinkAPI).
 	Answers postgres.Answers
-	// AnswersSchema is the migration set of the tables Answers writes,
-	// applied at Open after the ledger's own, so that the ledger can commit
-	// whether or not the API has started yet (services/api/apidb's
-	// Migrations). The API applies the same set; the two are serialized by
-	// pgdb.Migrate's lock.
+	// AnswersSchema is the migration set of the tables Answers writes
+	// (services/api/apidb's Migrations), applied at Open after the
+	// ledger's own as the API's part of the region's schema
+	// (services/regiondb), so that the ledger can commit whether or not the
+	// API has started yet. The API applies the same set; the two are
+	// serialized by pgdb.Migrate's lock. It is handed in for the reason
+	// Answers is.
 	AnswersSchema *pgdb.Migration
 	// Observe receives the applied batches and saga stages (default: the
 	// histograms of /metrics when MetricsListen is set).
@@ -134,6 +142,20 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("ledger %s: %w", cfg.Region, err)
 		}
 	}
+	if _, err := idgen.NewGenerator(cfg.Regions, cfg.Region, cfg.Node); err != nil {
+		return nil, err
+	}
+	cfg = withDefaults(cfg)
+	s := &Server{cfg: cfg, Stats: cfg.Stats,
+		Topo: ledgerstream.Topology{Region: cfg.Region, Shards: cfg.Shards, DuplicateWindow: cfg.DuplicateWindow, Replicas: cfg.StreamReplicas}}
+	if err := s.open(ctx); err != nil {
+		return nil, errors.Join(fmt.Errorf("ledger %s: %w", cfg.Region, err), s.Close())
+	}
+	return s, nil
+}
+
+// withDefaults returns cfg with its unset fields given their defaults.
+func withDefaults(cfg Config) Config {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
@@ -146,49 +168,88 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.OutboxRetention == 0 {
 		cfg.OutboxRetention = postgres.DefaultOutboxRetention
 	}
-	if _, err := idgen.NewGenerator(cfg.Regions, cfg.Region, cfg.Node); err != nil {
+	if cfg.Stats == nil {
+		cfg.Stats = &ledger.Stats{}
+	}
+	return cfg
+}
+
+// open connects, leases the node, builds the store, migrates the region's
+// database, creates the streams and starts /metrics, in that order. What
+// it opened is released by Close.
+func (s *Server) open(ctx context.Context) error {
+	gen, err := s.connectPostgres(ctx)
+	if err != nil {
+		return err
+	}
+	if err := s.connectNATS(ctx); err != nil {
+		return err
+	}
+	s.newStore(gen)
+	// The ledger's own part, and the API's when this ledger writes the
+	// API's answers: its transaction needs their tables.
+	if err := regiondb.Migrate(ctx, s.pool, regiondb.Schema{Ledger: s.Store, API: s.cfg.AnswersSchema}); err != nil {
+		return err
+	}
+	if err := ledgerstream.EnsureStreams(ctx, s.js, s.Topo); err != nil {
+		return err
+	}
+	if s.cfg.MetricsListen != "" {
+		if s.metrics, err = telemetry.ServeNew(s.cfg.MetricsListen, s.cfg.Log, s.observe); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// connectPostgres waits for the region's database, opens the pool with
+// the transaction lease and leases the node, whose ID generator it returns.
+func (s *Server) connectPostgres(ctx context.Context) (*idgen.Generator, error) {
+	cfg := s.cfg
+	if err := pgdb.Wait(ctx, cfg.PostgresURL, cfg.ConnectTimeout, cfg.Log); err != nil {
 		return nil, err
 	}
-	if err := pgdb.Wait(ctx, cfg.PostgresURL, cfg.ConnectTimeout, cfg.Log); err != nil {
-		return nil, fmt.Errorf("ledger %s: %w", cfg.Region, err)
-	}
-	pool, err := postgres.Connect(ctx, cfg.PostgresURL, cfg.Lease, 0)
-	if err != nil {
-		return nil, fmt.Errorf("ledger %s: %w", cfg.Region, err)
+	var err error
+	if s.pool, err = postgres.Connect(ctx, cfg.PostgresURL, cfg.Lease, 0); err != nil {
+		return nil, err
 	}
 	host, _ := os.Hostname()
-	gen, lease, err := nodelease.OpenGenerator(ctx, pool, cfg.Regions, nodelease.Config{Region: cfg.Region, Node: cfg.Node,
+	gen, lease, err := nodelease.OpenGenerator(ctx, s.pool, cfg.Regions, nodelease.Config{Region: cfg.Region, Node: cfg.Node,
 		Holder: fmt.Sprintf("ledger %s pid %d", host, os.Getpid()), TTL: cfg.NodeTTL, Log: cfg.Log})
 	if err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("ledger %s: %w", cfg.Region, err)
+		return nil, err
 	}
-	release := func() { _ = lease.Release(context.WithoutCancel(ctx)); pool.Close() }
-	nc, err := natsconn.Connect(ctx, natsconn.Config{URL: cfg.NATSURL, User: cfg.NATSUser, Password: cfg.NATSPassword,
+	s.lease = lease
+	return gen, nil
+}
+
+// connectNATS connects to the region's servers as the ledger's user.
+func (s *Server) connectNATS(ctx context.Context) error {
+	cfg := s.cfg
+	var err error
+	s.nc, err = natsconn.Connect(ctx, natsconn.Config{URL: cfg.NATSURL, User: cfg.NATSUser, Password: cfg.NATSPassword,
 		Name: "paymesh-ledger-" + cfg.Region, Timeout: cfg.ConnectTimeout, Log: cfg.Log})
 	if err != nil {
-		release()
-		return nil, fmt.Errorf("ledger %s: %w", cfg.Region, err)
+		return err
 	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		nc.Close()
-		release()
-		return nil, fmt.Errorf("ledger %s: %w", cfg.Region, err)
+	if s.js, err = jetstream.New(s.nc); err != nil {
+		return err
 	}
 	if cfg.WrapJetStream != nil {
-		js = cfg.WrapJetStream(js)
+		s.js = cfg.WrapJetStream(s.js)
 	}
+	return nil
+}
+
+// newStore builds the consume-log, decorated by WrapConsumeLog, and the
+// store that applies with it and mints account IDs with gen.
+func (s *Server) newStore(gen *idgen.Generator) {
+	cfg := s.cfg
 	var cache *dedup.Cache
 	if cfg.CacheSize > 0 {
 		cache = dedup.NewCache(cfg.CacheSize)
 	}
-	stats := cfg.Stats
-	if stats == nil {
-		stats = &ledger.Stats{}
-	}
-	s := &Server{cfg: cfg, Stats: stats, pool: pool, lease: lease, nc: nc, js: js,
-		Topo: ledgerstream.Topology{Region: cfg.Region, Shards: cfg.Shards, DuplicateWindow: cfg.DuplicateWindow, Replicas: cfg.StreamReplicas}}
+	host, _ := os.Hostname()
 	s.dedup = dedup.New(dedup.Config{
 		Holder: fmt.Sprintf("%s/%s-%d/%d", cfg.Region, host, os.Getpid(), cfg.Node), WindowDays: cfg.WindowDays, Cache: cache,
 	})
@@ -196,51 +257,34 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.WrapConsumeLog != nil {
 		consumeLog = cfg.WrapConsumeLog(consumeLog)
 	}
-	s.Store = postgres.New(pool, postgres.Config{Region: cfg.Region, IDs: gen, Regions: cfg.Regions, Dedup: consumeLog, Stats: s.Stats,
+	s.Store = postgres.New(s.pool, postgres.Config{Region: cfg.Region, IDs: gen, Regions: cfg.Regions, Dedup: consumeLog, Stats: s.Stats,
 		Answers: cfg.Answers, MaxAttempts: cfg.MaxAttempts, Now: cfg.Now,
 		OnRetry: func(op string, attempt int, err error) {
 			cfg.Log.Debug("transaction retried", "op", op, "attempt", attempt, "err", err)
 		}})
-	if err := s.Store.Migrate(ctx); err != nil {
-		return nil, errors.Join(fmt.Errorf("ledger %s: %w", cfg.Region, err), s.Close())
-	}
-	if cfg.AnswersSchema != nil {
-		if err := pgdb.Migrate(ctx, pool, *cfg.AnswersSchema); err != nil {
-			return nil, errors.Join(fmt.Errorf("ledger %s: %w", cfg.Region, err), s.Close())
-		}
-	}
-	if err := ledgerstream.EnsureStreams(ctx, js, s.Topo); err != nil {
-		return nil, errors.Join(fmt.Errorf("ledger %s: %w", cfg.Region, err), s.Close())
-	}
-	if cfg.MetricsListen != "" {
-		if s.metrics, err = telemetry.ServeNew(cfg.MetricsListen, cfg.Log, s.observe); err != nil {
-			return nil, errors.Join(fmt.Errorf("ledger %s: %w", cfg.Region, err), s.Close())
-		}
-	}
-	return s, nil
 }
 
 // observe registers the ledger's counters, its store's gauges and, unless
 // the caller gave an Observer, its batch and saga histograms with m.
 func (s *Server) observe(m *telemetry.Metrics) error {
 	if s.cfg.Observe.Batch == nil && s.cfg.Observe.Stage == nil {
-		o, err := m.LedgerObserver(s.cfg.Region, s.Topo.Stream())
+		o, err := NewObserver(m, s.cfg.Region, s.Topo.Stream())
 		if err != nil {
 			return err
 		}
 		s.cfg.Observe = o
 	}
-	if err := m.ObserveLedger(s.cfg.Region, s.Topo.Stream(), s.Stats); err != nil {
+	if err := ObserveLedger(m, s.cfg.Region, s.Topo.Stream(), s.Stats); err != nil {
 		return err
 	}
-	if err := m.ObserveBacklog(s.cfg.Region, s.Topo.Stream(), telemetry.LedgerPending(s.js, s.Topo)); err != nil {
+	if err := m.ObserveBacklog(s.cfg.Region, s.Topo.Stream(), Pending(s.js, s.Topo)); err != nil {
 		return err
 	}
 	s.census = dlq.NewCensus(s.js, s.cfg.Region)
-	if err := m.ObserveDeadLetters(s.cfg.Region, s.census); err != nil {
+	if err := ObserveDeadLetters(m, s.cfg.Region, s.census); err != nil {
 		return err
 	}
-	return m.ObserveStore(s.cfg.Region, s.Store)
+	return ObserveStore(m, s.cfg.Region, s.Store)
 }
 
 // MetricsURL returns the address of /metrics, or "" when it is not served.
@@ -317,17 +361,24 @@ func (s *Server) runOutboxPrune(ctx context.Context, every time.Duration) {
 }
 
 // Close stops /metrics, closes the NATS connection, releases the node
-// lease and closes the database pool, in that order. It returns the
-// errors of the metrics server and the release, joined.
+// lease and closes the database pool, in that order, each if Open got
+// that far. It returns the errors of the metrics server and the release,
+// joined.
 func (s *Server) Close() error {
 	var errs []error
 	if s.metrics != nil {
 		errs = append(errs, s.metrics.Close())
 	}
-	s.nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	errs = append(errs, s.lease.Release(ctx))
-	s.pool.Close()
+	if s.nc != nil {
+		s.nc.Close()
+	}
+	if s.lease != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		errs = append(errs, s.lease.Release(ctx))
+	}
+	if s.pool != nil {
+		s.pool.Close()
+	}
 	return errors.Join(errs...)
 }

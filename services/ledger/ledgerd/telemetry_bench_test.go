@@ -22,10 +22,10 @@ import (
 	"github.com/paymesh/paymesh/internal/testbed/pgtest"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/pkg/natstrace"
+	"github.com/paymesh/paymesh/platform/telemetry"
 	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/ledgerd"
 	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
-	"github.com/paymesh/paymesh/services/telemetry"
 )
 
 // BenchmarkApplyPath measures what telemetry costs the ledger's apply path:
@@ -152,7 +152,7 @@ func newApplyEnv(tb testing.TB, on bool, accounts int) *applyEnv {
 		tb.Fatal(err)
 	}
 	const region = "eu"
-	observe, err := tel.metrics.LedgerObserver(region, ledgerstream.Topology{Region: region}.Stream())
+	observe, err := ledgerd.NewObserver(tel.metrics, region, ledgerstream.Topology{Region: region}.Stream())
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -172,10 +172,10 @@ func newApplyEnv(tb testing.TB, on bool, accounts int) *applyEnv {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { _ = srv.Close() })
-	if err := tel.metrics.ObserveLedger(region, srv.Topo.Stream(), srv.Stats); err != nil {
+	if err := ledgerd.ObserveLedger(tel.metrics, region, srv.Topo.Stream(), srv.Stats); err != nil {
 		tb.Fatal(err)
 	}
-	if err := tel.metrics.ObserveStore(region, srv.Store); err != nil {
+	if err := ledgerd.ObserveStore(tel.metrics, region, srv.Store); err != nil {
 		tb.Fatal(err)
 	}
 	ids, err := idgen.NewGenerator(regions, region, 2)

@@ -19,10 +19,10 @@ import (
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/platform/natsconn"
 	"github.com/paymesh/paymesh/platform/pgdb"
+	"github.com/paymesh/paymesh/platform/telemetry"
 	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 	"github.com/paymesh/paymesh/services/router"
-	"github.com/paymesh/paymesh/services/telemetry"
 )
 
 // Config is everything a region's router needs.
@@ -121,10 +121,10 @@ func (s *Server) open(ctx context.Context) error {
 	s.store = postgres.New(s.pool, postgres.Config{Region: cfg.Region, Regions: cfg.Regions})
 	if cfg.MetricsListen != "" {
 		s.metrics, err = telemetry.ServeNew(cfg.MetricsListen, cfg.Log, func(m *telemetry.Metrics) error {
-			if err := m.ObserveRouter(cfg.Region, s.rt.Stats()); err != nil {
+			if err := ObserveRouter(m, cfg.Region, s.rt.Stats()); err != nil {
 				return err
 			}
-			return m.ObserveBacklog(cfg.Region, router.Stream(cfg.Region), telemetry.RoutePending(s.js, cfg.Region))
+			return m.ObserveBacklog(cfg.Region, router.Stream(cfg.Region), Pending(s.js, cfg.Region))
 		})
 	}
 	return err
@@ -151,7 +151,7 @@ func (s *Server) Run(ctx context.Context) error {
 	s.cfg.Log.Info("router running", "region", s.cfg.Region, "stream", router.Stream(s.cfg.Region), "metrics", s.MetricsURL())
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Go(func() { s.rt.RunRelay(ctx, s.store, s.cfg.Log.With("service", "relay")) })
+	wg.Go(func() { s.rt.RunRelay(ctx, outbox{s.store}, s.cfg.Log.With("service", "relay")) })
 	err := s.rt.RunForwarder(ctx, s.cfg.Log.With("service", "forwarder"))
 	cancel()
 	wg.Wait()

@@ -9,7 +9,7 @@ import (
 
 	"go.opentelemetry.io/otel"
 
-	"github.com/paymesh/paymesh/services/telemetry"
+	"github.com/paymesh/paymesh/platform/telemetry"
 )
 
 // TestSetupTracing: without OTEL_* variables nothing is exported; with an

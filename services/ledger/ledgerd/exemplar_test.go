@@ -1,4 +1,4 @@
-package telemetry_test
+package ledgerd_test
 
 import (
 	"context"
@@ -10,8 +10,9 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/paymesh/paymesh/platform/telemetry"
 	"github.com/paymesh/paymesh/services/ledger"
-	"github.com/paymesh/paymesh/services/telemetry"
+	"github.com/paymesh/paymesh/services/ledger/ledgerd"
 )
 
 // TestExemplars: a measurement recorded with a sampled span in its context
@@ -23,7 +24,7 @@ func TestExemplars(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	observe, err := m.LedgerObserver("eu", "LEDGER_EU")
+	observe, err := ledgerd.NewObserver(m, "eu", "LEDGER_EU")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package telemetry_test
+package promcheck_test
 
 import (
 	"context"
@@ -16,12 +16,15 @@ import (
 
 	"github.com/paymesh/paymesh/internal/testbed/ledgertest"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
+	"github.com/paymesh/paymesh/platform/telemetry"
 	"github.com/paymesh/paymesh/services/api"
+	"github.com/paymesh/paymesh/services/api/apid"
 	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/dlq"
+	"github.com/paymesh/paymesh/services/ledger/ledgerd"
 	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 	"github.com/paymesh/paymesh/services/router"
-	"github.com/paymesh/paymesh/services/telemetry"
+	"github.com/paymesh/paymesh/services/router/routerd"
 )
 
 // TestDashboardQueriesExist: every metric a query of the Grafana dashboard
@@ -31,27 +34,26 @@ func TestDashboardQueriesExist(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := m.ObserveLedger("eu", "LEDGER_EU", &ledger.Stats{}); err != nil {
+	if err := ledgerd.ObserveLedger(m, "eu", "LEDGER_EU", &ledger.Stats{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.ObserveRouter("eu", &router.Stats{}); err != nil {
+	if err := routerd.ObserveRouter(m, "eu", &router.Stats{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.ObserveStore("eu", ledgertest.New(t).Store); err != nil {
+	if err := ledgerd.ObserveStore(m, "eu", ledgertest.New(t).Store); err != nil {
 		t.Fatal(err)
 	}
-	st := &api.Stats{}
-	if err := m.ObserveAPI("eu", &st.Replays, &st.Mismatches, &st.InFlight); err != nil {
+	if err := apid.ObserveAPI(m, "eu", &api.Stats{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := m.ObserveBacklog("eu", "LEDGER_EU", func(context.Context) (int64, error) { return 0, nil }); err != nil {
 		t.Fatal(err)
 	}
 	// The dead-letter census exports its gauges once it knows a dead letter.
-	if err := m.ObserveDeadLetters("eu", census(t)); err != nil {
+	if err := ledgerd.ObserveDeadLetters(m, "eu", census(t)); err != nil {
 		t.Fatal(err)
 	}
-	observe, err := m.LedgerObserver("eu", "LEDGER_EU")
+	observe, err := ledgerd.NewObserver(m, "eu", "LEDGER_EU")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +69,7 @@ func TestDashboardQueriesExist(t *testing.T) {
 			exported[name] = true
 		}
 	}
-	b, err := os.ReadFile("../../deploy/grafana/paymesh.json")
+	b, err := os.ReadFile(dashboardFile)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +139,7 @@ func census(t *testing.T) *dlq.Census {
 // values of paymesh_deliveries_total's region label, several at once or
 // all), and every metric every panel queries is filtered by it.
 func TestDashboardRegionVariable(t *testing.T) {
-	b, err := os.ReadFile("../../deploy/grafana/paymesh.json")
+	b, err := os.ReadFile(dashboardFile)
 	if err != nil {
 		t.Fatal(err)
 	}
