@@ -20,8 +20,8 @@ import (
 	"github.com/paymesh/paymesh/deploy/regions"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/platform/pgdb"
-	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 	"github.com/paymesh/paymesh/platform/telemetry"
+	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 )
 
 // errFailed makes main exit 1 after a command already printed why.

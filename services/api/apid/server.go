@@ -188,27 +188,10 @@ func (s *Server) open(ctx context.Context) error {
 		return err
 	}
 	s.lease = lease
-	s.nc, err = natsconn.Connect(ctx, natsconn.Config{URL: cfg.NATSURL, User: cfg.NATSUser, Password: cfg.NATSPassword,
-		Name: "paymesh-api-" + cfg.Region, Timeout: cfg.ConnectTimeout, Log: cfg.Log})
+	rt, answers, err := s.openRouter(ctx)
 	if err != nil {
 		return err
 	}
-	js, err := router.NewJetStream(s.nc, cfg.AckWait)
-	if err != nil {
-		return err
-	}
-	if cfg.WrapJetStream != nil {
-		js = cfg.WrapJetStream(js)
-	}
-	if err := router.EnsureStream(ctx, js, cfg.Region, cfg.DuplicateWindow, cfg.StreamReplicas); err != nil {
-		return err
-	}
-	// The ledger tells this process, on a subject of its own (named by
-	// its node, which no other live process of the region holds), which
-	// of the requests it submitted are answered.
-	answers := subjects.Answers(cfg.Region, strconv.Itoa(int(cfg.Node)))
-	rt := router.New(js, router.Config{Region: cfg.Region, Regions: cfg.Regions, Shards: cfg.Shards, AckWait: cfg.AckWait,
-		Stats: cfg.RouterStats, AnswerTo: answers})
 	// The API's own tables, migrated here as the ledger migrates its own,
 	// and the dead-letter audit's when it serves the operator endpoints.
 	if err := regiondb.Migrate(ctx, s.pool, regiondb.Schema{API: new(apidb.Migrations()), DeadLetters: cfg.OpsNATSUser != ""}); err != nil {
@@ -251,6 +234,35 @@ func (s *Server) open(ctx context.Context) error {
 		s.metrics, err = telemetry.ServeNew(cfg.MetricsListen, cfg.Log, func(m *telemetry.Metrics) error { return s.observe(m, acfg.ApplyStats) })
 	}
 	return err
+}
+
+// openRouter connects to the region's servers as the API's user and
+// returns the router the API submits through, on its route stream, and
+// the subject on which the ledger answers this process.
+func (s *Server) openRouter(ctx context.Context) (rt *router.Router, answers string, err error) {
+	cfg := s.cfg
+	s.nc, err = natsconn.Connect(ctx, natsconn.Config{URL: cfg.NATSURL, User: cfg.NATSUser, Password: cfg.NATSPassword,
+		Name: "paymesh-api-" + cfg.Region, Timeout: cfg.ConnectTimeout, Log: cfg.Log})
+	if err != nil {
+		return nil, "", err
+	}
+	js, err := router.NewJetStream(s.nc, cfg.AckWait)
+	if err != nil {
+		return nil, "", err
+	}
+	if cfg.WrapJetStream != nil {
+		js = cfg.WrapJetStream(js)
+	}
+	if err := router.EnsureStream(ctx, js, cfg.Region, cfg.DuplicateWindow, cfg.StreamReplicas); err != nil {
+		return nil, "", err
+	}
+	// The ledger tells this process, on a subject of its own (named by
+	// its node, which no other live process of the region holds), which
+	// of the requests it submitted are answered.
+	answers = subjects.Answers(cfg.Region, strconv.Itoa(int(cfg.Node)))
+	rt = router.New(js, router.Config{Region: cfg.Region, Regions: cfg.Regions, Shards: cfg.Shards, AckWait: cfg.AckWait,
+		Stats: cfg.RouterStats, AnswerTo: answers})
+	return rt, answers, nil
 }
 
 // openApply sets acfg's Apply to the region's ledger transaction, run
