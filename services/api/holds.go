@@ -11,7 +11,7 @@ import (
 )
 
 // Captures, voids and refunds. Each is a client request with an
-// Idempotency-Key, run on the unclaimed path (submitUnclaimed) in the region
+// Idempotency-Key, run on the unclaimed path (unclaimedPath.submit) in the region
 // whose ledger decides it:
 //   - a capture or void in the hold's region (its ID's), by the client that
 //     made the hold; the command carries the hold's accounts, which the
@@ -31,87 +31,111 @@ type refundTarget struct {
 	Currency string `json:"currency"`
 }
 
+// holds serves the actions on a transfer: capture and void (of a hold),
+// refund (of a payment).
+type holds struct {
+	cfg       *Config
+	fwd       *forwarder
+	unclaimed *unclaimedPath
+	// The operations: a capture or void in the hold's region; a refund's
+	// target in the transfer's region, the refund in the payee's.
+	capture, void, target, refund operation
+}
+
+func newHolds(cfg *Config, fwd *forwarder, unclaimed *unclaimedPath) *holds {
+	h := &holds{cfg: cfg, fwd: fwd, unclaimed: unclaimed}
+	h.capture = operation{name: ledger.TypeCapture, run: h.actHere(ledger.TypeCapture)}
+	h.void = operation{name: ledger.TypeVoid, run: h.actHere(ledger.TypeVoid)}
+	h.target = operation{name: "refund_target", run: h.targetHere}
+	h.refund = operation{name: "create_refund", run: h.refundHere}
+	return h
+}
+
 func transferNotFound(id string) error {
 	return ledger.Errorf(ledger.CodeNotFound, "transfer %s does not exist", id)
 }
 
-// postAction serves POST /v1/transfers/{id}/capture and /void.
-func (s *Handler) postAction(op string) func(context.Context, *http.Request, string) reply {
+// postAction serves POST /v1/transfers/{id}/capture and /void: op runs in
+// the hold's region.
+func (h *holds) postAction(op operation) func(context.Context, *http.Request, string) reply {
 	return func(ctx context.Context, r *http.Request, client string) reply {
-		c, home, err := s.actionCall(op, r, client)
+		c, home, err := h.actionCall(op.name, r, client)
 		if err != nil {
 			return errReply(err)
 		}
-		return s.do(ctx, home, c)
+		return h.fwd.do(ctx, home, op, c)
 	}
 }
 
-// actionCall reads a capture, void or refund request: its key, its body
-// and the transfer it names, with that transfer's region.
-func (s *Handler) actionCall(op string, r *http.Request, client string) (call, string, error) {
+// actionCall reads a capture, void or refund request (kind: the
+// operation's name): its key, its body and the transfer it names, with
+// that transfer's region.
+func (h *holds) actionCall(kind string, r *http.Request, client string) (call, string, error) {
 	key, err := idempotencyKey(r)
 	if err != nil {
 		return call{}, "", err
 	}
-	body, err := s.readActionBody(op, r)
+	body, err := readActionBody(kind, r)
 	if err != nil {
 		return call{}, "", err
 	}
 	id := r.PathValue("id")
-	home, err := s.home(id)
+	home, err := h.fwd.home(id)
 	if err != nil {
 		return call{}, "", transferNotFound(id)
 	}
-	return call{Op: op, Client: client, ID: id, Key: key, Body: body}, home, nil
+	return call{Client: client, ID: id, Key: key, Body: body}, home, nil
 }
 
 // readActionBody reads and checks the body of a capture, void or refund;
 // an empty one (or only white space) is nil.
-func (s *Handler) readActionBody(op string, r *http.Request) ([]byte, error) {
-	body, err := s.readBody(r)
+func readActionBody(kind string, r *http.Request) ([]byte, error) {
+	body, err := readBody(r)
 	if err != nil {
 		return nil, err
 	}
 	if len(bytes.TrimSpace(body)) == 0 {
 		return nil, nil
 	}
-	if _, err := DecodeActionRequest(op, body); err != nil {
+	if _, err := DecodeActionRequest(kind, body); err != nil {
 		return nil, err
 	}
 	return body, nil
 }
 
-// actOnHold runs a capture or void in the hold's region.
-func (s *Handler) actOnHold(ctx context.Context, c call) reply {
-	req, err := DecodeActionRequest(c.Op, c.Body)
-	if err != nil {
-		return errReply(err)
+// actHere returns the run of a capture or void (typ) in the hold's region.
+func (h *holds) actHere(typ string) func(context.Context, call) reply {
+	return func(ctx context.Context, c call) reply {
+		req, err := DecodeActionRequest(typ, c.Body)
+		if err != nil {
+			return errReply(err)
+		}
+		if err := validKey(c.Key); err != nil {
+			return errReply(err)
+		}
+		t, err := h.cfg.Ledger.Transfer(ctx, c.ID)
+		if err == nil && t.ClientID != c.Client {
+			err = transferNotFound(c.ID)
+		}
+		if err != nil {
+			return errReply(err)
+		}
+		now := h.cfg.Now()
+		cmd := ledger.Command{Type: typ, TransferID: t.ID, ClientID: c.Client, IdempotencyKey: c.Key,
+			From: t.From, To: t.To, Amount: req.Amount, Currency: t.Currency, CreatedAt: now}
+		return h.submit(ctx, c, cmd, t.ID, now)
 	}
-	if err := validKey(c.Key); err != nil {
-		return errReply(err)
-	}
-	t, err := s.cfg.Ledger.Transfer(ctx, c.ID)
-	if err == nil && t.ClientID != c.Client {
-		err = transferNotFound(c.ID)
-	}
-	if err != nil {
-		return errReply(err)
-	}
-	now := s.cfg.Now()
-	cmd := ledger.Command{Type: c.Op, TransferID: t.ID, ClientID: c.Client, IdempotencyKey: c.Key,
-		From: t.From, To: t.To, Amount: req.Amount, Currency: t.Currency, CreatedAt: now}
-	return s.submitAction(ctx, c, cmd, t.ID, now)
 }
 
 // postRefund serves POST /v1/transfers/{id}/refunds: it learns the
 // transfer's accounts from its region, then runs the refund in the payee's.
-func (s *Handler) postRefund(ctx context.Context, r *http.Request, client string) reply {
-	c, home, err := s.actionCall("create_refund", r, client)
+func (h *holds) postRefund(ctx context.Context, r *http.Request, client string) reply {
+	c, home, err := h.actionCall(h.refund.name, r, client)
 	if err != nil {
 		return errReply(err)
 	}
 	id := c.ID
-	rep := s.do(ctx, home, call{Op: "refund_target", Client: client, ID: id})
+	rep := h.fwd.do(ctx, home, h.target, call{Client: client, ID: id})
 	if rep.Status != http.StatusOK {
 		return rep
 	}
@@ -119,27 +143,27 @@ func (s *Handler) postRefund(ctx context.Context, r *http.Request, client string
 	if err := json.Unmarshal(rep.Body, &target); err != nil {
 		return errReply(err)
 	}
-	payee, err := s.home(target.To)
+	payee, err := h.fwd.home(target.To)
 	if err != nil {
 		return errReply(transferNotFound(id))
 	}
 	c.Target = &target
-	return s.do(ctx, payee, c)
+	return h.fwd.do(ctx, payee, h.refund, c)
 }
 
-// readRefundTarget answers, in the transfer's region, with its accounts: to
-// the API process that forwards the refund, never to a client.
-func (s *Handler) readRefundTarget(ctx context.Context, c call) reply {
-	t, err := s.cfg.Ledger.Transfer(ctx, c.ID)
+// targetHere answers, in the transfer's region, with its accounts: to the
+// API process that forwards the refund, never to a client.
+func (h *holds) targetHere(ctx context.Context, c call) reply {
+	t, err := h.cfg.Ledger.Transfer(ctx, c.ID)
 	if err != nil {
 		return errReply(err)
 	}
 	return jsonReply(http.StatusOK, refundTarget{From: t.From, To: t.To, Currency: t.Currency})
 }
 
-// createRefund runs a refund in the payee's region, for the owner of the
+// refundHere runs a refund in the payee's region, for the owner of the
 // payee's account.
-func (s *Handler) createRefund(ctx context.Context, c call) reply {
+func (h *holds) refundHere(ctx context.Context, c call) reply {
 	req, err := DecodeActionRequest(ledger.TypeRefund, c.Body)
 	if err != nil {
 		return errReply(err)
@@ -150,28 +174,26 @@ func (s *Handler) createRefund(ctx context.Context, c call) reply {
 	if c.Target == nil {
 		return errReply(ledger.Errorf(ledger.CodeInvalidRequest, "a refund call names its transfer's accounts"))
 	}
-	if _, err := s.ownAccount(ctx, c.Client, c.Target.To); ledger.ErrorCode(err) == ledger.CodeAccountNotFound {
+	if _, err := ownAccount(ctx, h.cfg.Ledger, c.Client, c.Target.To); ledger.ErrorCode(err) == ledger.CodeAccountNotFound {
 		return errReply(transferNotFound(c.ID)) // not the payee's owner: as if there were no such transfer
 	} else if err != nil {
 		return errReply(err)
 	}
-	id, err := s.cfg.IDs.NextString()
+	id, err := h.cfg.IDs.NextString()
 	if err != nil {
 		return errReply(err)
 	}
-	now := s.cfg.Now()
+	now := h.cfg.Now()
 	cmd := ledger.Command{Type: ledger.TypeRefund, TransferID: id, ClientID: c.Client, IdempotencyKey: c.Key,
 		From: c.Target.To, To: c.Target.From, Amount: req.Amount, Currency: c.Target.Currency, CreatedAt: now, RefundOf: c.ID}
-	return s.submitAction(ctx, c, cmd, id, now)
+	return h.submit(ctx, c, cmd, id, now)
 }
 
-// submitAction validates cmd and runs it on the unclaimed path, its key's
-// row naming the transfer id.
-func (s *Handler) submitAction(ctx context.Context, c call, cmd ledger.Command, id string, now time.Time) reply {
-	if err := cmd.Validate(s.cfg.Region, s.cfg.Regions, now); err != nil {
+// submit validates cmd and runs it on the unclaimed path, its key's row
+// naming the transfer id.
+func (h *holds) submit(ctx context.Context, c call, cmd ledger.Command, id string, now time.Time) reply {
+	if err := cmd.Validate(h.cfg.Region, h.cfg.Regions, now); err != nil {
 		return errReply(err)
 	}
-	claim := KeyClaim{Client: c.Client, Key: c.Key, Fingerprint: RequestFingerprint(cmd), TransferID: id, Now: now,
-		Lease: s.cfg.Wait + 5*time.Second, TTL: s.cfg.KeyTTL}
-	return s.submitUnclaimed(ctx, c, cmd, claim)
+	return h.unclaimed.submit(ctx, cmd, h.cfg.claim(c.Client, c.Key, RequestFingerprint(cmd), id, now))
 }

@@ -90,21 +90,27 @@ type DeadLetterOutcomeBody struct {
 	At            *time.Time `json:"at,omitempty"`
 }
 
+// ops serves the operator endpoints (/v1/ops/dead-letters/...).
+type ops struct {
+	cfg *Config
+}
+
 // DiscardRequest is the body of POST /v1/ops/dead-letters/{seq}/discard.
 type DiscardRequest struct {
 	Reason string `json:"reason"`
 }
 
-func (s *Handler) listDeadLetters(ctx context.Context, r *http.Request, _ RegisteredClient) reply {
+// list serves GET /v1/ops/dead-letters.
+func (o *ops) list(ctx context.Context, r *http.Request, _ RegisteredClient) reply {
 	f, err := deadLetterFilter(r)
 	if err != nil {
 		return errReply(err)
 	}
-	p, err := s.cfg.DeadLetters.List(ctx, f)
+	p, err := o.cfg.DeadLetters.List(ctx, f)
 	if err != nil {
-		return s.opsErr(err)
+		return o.opsErr(err)
 	}
-	page := DeadLettersBody{Region: s.cfg.Region, DeadLetters: []DeadLetterBody{}}
+	page := DeadLettersBody{Region: o.cfg.Region, DeadLetters: []DeadLetterBody{}}
 	for _, l := range p.Letters {
 		page.DeadLetters = append(page.DeadLetters, letterBody(l))
 	}
@@ -156,16 +162,17 @@ func deadLetterFilter(r *http.Request) (dlq.Filter, error) {
 	return f, nil
 }
 
-func (s *Handler) showDeadLetter(ctx context.Context, r *http.Request, _ RegisteredClient) reply {
+// show serves GET /v1/ops/dead-letters/{seq}.
+func (o *ops) show(ctx context.Context, r *http.Request, _ RegisteredClient) reply {
 	seq, err := deadLetterSeq(r)
 	if err != nil {
 		return errReply(err)
 	}
-	l, err := s.cfg.DeadLetters.Show(ctx, seq)
+	l, err := o.cfg.DeadLetters.Show(ctx, seq)
 	if err != nil {
-		return s.opsErr(err)
+		return o.opsErr(err)
 	}
-	b := DeadLetterDetailBody{Region: s.cfg.Region, DeadLetterBody: letterBody(l), LastDeliveryAt: l.At,
+	b := DeadLetterDetailBody{Region: o.cfg.Region, DeadLetterBody: letterBody(l), LastDeliveryAt: l.At,
 		Headers: map[string][]string(l.Header), Payload: l.Data}
 	if b.Headers == nil {
 		b.Headers = map[string][]string{}
@@ -181,12 +188,13 @@ func (s *Handler) showDeadLetter(ctx context.Context, r *http.Request, _ Registe
 	return jsonReply(http.StatusOK, b)
 }
 
-func (s *Handler) replayDeadLetter(ctx context.Context, r *http.Request, op RegisteredClient) reply {
+// replay serves POST /v1/ops/dead-letters/{seq}/replay.
+func (o *ops) replay(ctx context.Context, r *http.Request, op RegisteredClient) reply {
 	seq, err := deadLetterSeq(r)
 	if err != nil {
 		return errReply(err)
 	}
-	body, err := s.readBody(r)
+	body, err := readBody(r)
 	if err != nil {
 		return errReply(err)
 	}
@@ -195,14 +203,14 @@ func (s *Handler) replayDeadLetter(ctx context.Context, r *http.Request, op Regi
 			return errReply(err)
 		}
 	}
-	out, err := s.cfg.DeadLetters.Replay(ctx, seq, op.ID)
+	out, err := o.cfg.DeadLetters.Replay(ctx, seq, op.ID)
 	if err != nil {
-		return s.opsErr(err)
+		return o.opsErr(err)
 	}
 	if out.Operator == "" && out.Kind != dlq.Deferred {
 		out.Operator = op.ID // the audit records this replay under it
 	}
-	rep := jsonReply(http.StatusOK, s.outcomeBody(out))
+	rep := jsonReply(http.StatusOK, o.outcomeBody(out))
 	if out.Kind == dlq.Deferred {
 		wait := max(time.Until(out.RetryAt), 0)
 		rep.Header = map[string]string{"Retry-After": strconv.Itoa(int(wait.Round(time.Second).Seconds()) + 1)}
@@ -210,12 +218,13 @@ func (s *Handler) replayDeadLetter(ctx context.Context, r *http.Request, op Regi
 	return rep
 }
 
-func (s *Handler) discardDeadLetter(ctx context.Context, r *http.Request, op RegisteredClient) reply {
+// discard serves POST /v1/ops/dead-letters/{seq}/discard.
+func (o *ops) discard(ctx context.Context, r *http.Request, op RegisteredClient) reply {
 	seq, err := deadLetterSeq(r)
 	if err != nil {
 		return errReply(err)
 	}
-	body, err := s.readBody(r)
+	body, err := readBody(r)
 	if err != nil {
 		return errReply(err)
 	}
@@ -229,11 +238,11 @@ func (s *Handler) discardDeadLetter(ctx context.Context, r *http.Request, op Reg
 	case len(req.Reason) > MaxDiscardReason:
 		return errReply(ledger.Errorf(ledger.CodeInvalidRequest, "the reason is %d bytes, over the %d-byte limit", len(req.Reason), MaxDiscardReason))
 	}
-	out, err := s.cfg.DeadLetters.Discard(ctx, seq, op.ID, req.Reason)
+	out, err := o.cfg.DeadLetters.Discard(ctx, seq, op.ID, req.Reason)
 	if err != nil {
-		return s.opsErr(err)
+		return o.opsErr(err)
 	}
-	return jsonReply(http.StatusOK, s.outcomeBody(out))
+	return jsonReply(http.StatusOK, o.outcomeBody(out))
 }
 
 // opsDisabled answers the operator endpoints of an API started without
@@ -253,7 +262,7 @@ func deadLetterSeq(r *http.Request) (uint64, error) {
 
 // opsErr answers a failed dead-letter operation: the errors the operator
 // can act on with their codes, any other as internal (and logged).
-func (s *Handler) opsErr(err error) reply {
+func (o *ops) opsErr(err error) reply {
 	var code ledger.Code
 	switch {
 	case errors.Is(err, dlq.ErrNotFound):
@@ -263,7 +272,7 @@ func (s *Handler) opsErr(err error) reply {
 	case errors.Is(err, dlq.ErrUnsettled):
 		code = CodeReplayUnsettled
 	default:
-		s.cfg.Log.Error("dead-letter operation failed", "region", s.cfg.Region, "stream", subjects.DLQStream(s.cfg.Region), "err", err)
+		o.cfg.Log.Error("dead-letter operation failed", "region", o.cfg.Region, "stream", subjects.DLQStream(o.cfg.Region), "err", err)
 		return errReply(err)
 	}
 	msg := strings.TrimPrefix(err.Error(), "dlq: ")
@@ -275,14 +284,14 @@ func letterBody(l dlq.Letter) DeadLetterBody {
 		Deliveries: l.Deliveries, DeadLetteredAt: l.At, Key: l.Key()}
 }
 
-func (s *Handler) outcomeBody(o dlq.Outcome) DeadLetterOutcomeBody {
-	b := DeadLetterOutcomeBody{Region: s.cfg.Region, Seq: o.Seq, Key: o.Key, Outcome: string(o.Kind), Layer: string(o.Layer),
-		Reason: o.Reason, Detail: o.Detail, LedgerSeq: o.LedgerSeq, NewDeadLetter: o.NewSeq, Operator: o.Operator, Why: o.Why}
-	if !o.RetryAt.IsZero() {
-		b.RetryAt = &o.RetryAt
+func (o *ops) outcomeBody(out dlq.Outcome) DeadLetterOutcomeBody {
+	b := DeadLetterOutcomeBody{Region: o.cfg.Region, Seq: out.Seq, Key: out.Key, Outcome: string(out.Kind), Layer: string(out.Layer),
+		Reason: out.Reason, Detail: out.Detail, LedgerSeq: out.LedgerSeq, NewDeadLetter: out.NewSeq, Operator: out.Operator, Why: out.Why}
+	if !out.RetryAt.IsZero() {
+		b.RetryAt = &out.RetryAt
 	}
-	if !o.At.IsZero() {
-		b.At = &o.At
+	if !out.At.IsZero() {
+		b.At = &out.At
 	}
 	return b
 }

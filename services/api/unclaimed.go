@@ -34,99 +34,129 @@ import (
 //
 // Accounts this process has not seen it reads first (Store.CheckAccounts,
 // no claim, no write), and remembers. Only Config.ClaimKeys takes the
-// claimed path (StartKey).
+// claimed path (claimed.go) for transfers; captures, voids and refunds
+// always take this one (holds.go).
 
-// accountCache remembers accounts this process read: who owns them. An
-// account's owner and kind never change and accounts are never deleted,
-// so an entry is never stale; the cache only bounds its size.
-type accountCache struct {
-	mu    sync.RWMutex
-	owner map[string]string // account ID -> its client if a customer account, "" otherwise
+// unclaimedPath runs client requests without claiming their key first
+// (see above).
+type unclaimedPath struct {
+	cfg      *Config
+	stats    *Stats
+	answers  *answerer
+	seen     *accountCache
+	direct   *directGroup // nil unless Config.Apply
+	inflight inFlight     // the requests submitted here and not answered yet
 }
 
-// maxAccountCache bounds the accounts remembered; the cache starts over when
-// it is full.
-const maxAccountCache = 1 << 17
-
-func (c *accountCache) remember(a ledger.Account) {
-	owner := ""
-	if a.Kind == ledger.KindCustomer {
-		owner = a.ClientID
+// transfer checks a transfer request's accounts, then submits it.
+func (p *unclaimedPath) transfer(ctx context.Context, x newTransfer) reply {
+	if err := p.resolveAccounts(ctx, x); err != nil {
+		return errReply(err)
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.room()
-	c.owner[a.ID] = owner
+	return p.submit(ctx, x.command(x.claim.TransferID, x.claim.Now), x.claim)
 }
 
-// room makes the map, or starts it over when full. c.mu is held.
-func (c *accountCache) room() {
-	if c.owner == nil || len(c.owner) >= maxAccountCache {
-		c.owner = map[string]string{}
+// resolveAccounts vouches for the request's accounts from the accounts this
+// process has seen, or reads them (one round trip shared with concurrent
+// requests, no commit).
+func (p *unclaimedPath) resolveAccounts(ctx context.Context, x newTransfer) error {
+	if p.seen.vouches(x.claim.Client, x.req.From, x.claim.Destination) {
+		return nil
 	}
-}
-
-// rememberExists records that account id exists (its owner unknown: it is
-// not vouched for as anyone's source).
-func (c *accountCache) rememberExists(id string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.room()
-	if _, ok := c.owner[id]; !ok {
-		c.owner[id] = ""
+	st, err := p.cfg.Store.CheckAccounts(ctx, x.claim, x.req.From)
+	if err != nil {
+		return err
 	}
+	return p.seen.learn(st, x)
 }
 
-// vouches reports whether source is known as a customer account of client
-// and destination ("" for none to check) as existing.
-func (c *accountCache) vouches(client, source, destination string) bool {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	if owner, ok := c.owner[source]; !ok || owner == "" || owner != client {
-		return false
+// submit runs a client request (a transfer, a capture, a void or a refund)
+// on the unclaimed path: applied here or submitted to the ledger stream,
+// its key's row written with its first answer by the transaction that
+// applies it.
+func (p *unclaimedPath) submit(ctx context.Context, cmd ledger.Command, claim KeyClaim) reply {
+	ck := clientKey{claim.Client, claim.Key}
+	if fp, ok := p.inflight.start(ck, claim.Fingerprint); !ok {
+		if !bytes.Equal(fp, claim.Fingerprint) {
+			return p.answers.mismatch()
+		}
+		return p.answers.inFlightReply()
 	}
-	if destination == "" {
-		return true
+	release := func() { p.inflight.end(ck) }
+	defer func() { release() }()
+	if p.answers.lately.has(ck) {
+		if rep, ok := p.answers.lookup(ctx, claim); ok {
+			return rep
+		}
 	}
-	_, ok := c.owner[destination]
-	return ok
-}
-
-// answeredLately remembers the keys this process answered (on either
-// path) in the last span to two spans, so that a client's retry is answered
-// from the key's row without a submit (which the ledger stream would
-// recognise as well: one retry, counted by two layers). Two sets, the
-// older dropped every span, bound it by time.
-type answeredLately struct {
-	mu        sync.Mutex
-	cur, prev map[clientKey]struct{}
-	since     time.Time
-	span      time.Duration
-}
-
-// answeredLatelySpan is answeredLately's span: retries come within seconds.
-const answeredLatelySpan = 30 * time.Second
-
-func (a *answeredLately) rotate(now time.Time) {
-	if a.cur == nil || now.Sub(a.since) > a.span {
-		a.prev, a.cur, a.since = a.cur, map[clientKey]struct{}{}, now
+	p.stats.Unclaimed.Add(1)
+	cmd.KeyExpiresAt = claim.Now.Add(claim.TTL)
+	deadline := time.Now().Add(p.cfg.Wait)
+	a, pending := p.applyHere(ctx, cmd, deadline)
+	if a != nil {
+		return p.appliedHere(ctx, cmd, claim, a, deadline)
 	}
+	if pending != nil {
+		release = p.endWhenApplied(ck, pending)
+		if p.cfg.ApplyPID != nil {
+			claim.ApplyPID = p.cfg.ApplyPID()
+		}
+	}
+	return p.toStream(ctx, cmd, claim, deadline)
 }
 
-func (a *answeredLately) add(k clientKey) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.rotate(time.Now())
-	a.cur[k] = struct{}{}
+// appliedHere answers a request with the answer its transaction here
+// stored with its key. A 202 (debited, the credit still to come in another
+// region) waits for the final state as for the ledger's notification of a
+// 202.
+func (p *unclaimedPath) appliedHere(ctx context.Context, cmd ledger.Command, claim KeyClaim, a *ledger.Answer, deadline time.Time) reply {
+	p.answers.lately.add(clientKey{claim.Client, claim.Key})
+	if a.Status != http.StatusAccepted {
+		return stored(IdempotencyKey{Status: a.Status, Body: a.Body}, false)
+	}
+	told := make(chan IdempotencyKey, 1)
+	told <- IdempotencyKey{ClientID: claim.Client, Key: claim.Key, TransferID: cmd.TransferID, Status: a.Status, Body: a.Body}
+	return p.answers.await(ctx, waiting{cmd: cmd, claim: claim, path: p, answered: told, stop: func() {}, deadline: deadline})
 }
 
-func (a *answeredLately) has(k clientKey) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.rotate(time.Now())
-	_, cur := a.cur[k]
-	_, prev := a.prev[k]
-	return cur || prev
+// endWhenApplied keeps the key in flight in this process until the
+// command, which may still apply here, has (pending), and the request has
+// been answered (the call of the release it returns): so the key lock that
+// the group's connection holds for it now can only be this request's (a
+// retry here is answered 409 meanwhile).
+func (p *unclaimedPath) endWhenApplied(ck clientKey, pending <-chan applied) (release func()) {
+	replied := make(chan struct{})
+	go func() {
+		<-pending
+		<-replied
+		p.inflight.end(ck)
+	}()
+	return func() { close(replied) }
+}
+
+// toStream submits the request to the ledger stream, and awaits its
+// answer. The stream's Nats-Msg-Id window recognises a key submitted
+// before (submittedBefore).
+func (p *unclaimedPath) toStream(ctx context.Context, cmd ledger.Command, claim KeyClaim, deadline time.Time) reply {
+	// Wait before submitting, so that the ledger's notification cannot
+	// come before the wait.
+	answered, stop := p.answers.keys.done(claim.Client, claim.Key)
+	dup, err := p.cfg.Router.Submit(ctx, cmd)
+	if err != nil {
+		stop()
+		return errReply(err) // nothing is claimed: a retry submits again, and is recognised if this one was stored
+	}
+	if dup {
+		stop()
+		return p.submittedBefore(ctx, claim, cmd)
+	}
+	return p.answers.answer(ctx, waiting{cmd: cmd, claim: claim, path: p, answered: answered, stop: stop, deadline: deadline})
+}
+
+// keep stores the API's own answer with the key, making its row
+// (Store.AnswerUnclaimed).
+func (p *unclaimedPath) keep(ctx context.Context, claim KeyClaim, status int, body []byte) (IdempotencyKey, error) {
+	return p.cfg.Store.AnswerUnclaimed(ctx, claim, status, body)
 }
 
 // inFlight is this process's table of the unclaimed requests it has
@@ -158,80 +188,6 @@ func (f *inFlight) end(k clientKey) {
 	delete(f.m, k)
 }
 
-// createUnclaimed submits a transfer request without claiming its key
-// (see above), and answers it as createTransfer would.
-func (s *Handler) createUnclaimed(ctx context.Context, c call, req TransferRequest, claim KeyClaim) reply {
-	return s.submitUnclaimed(ctx, c, req.command(claim.TransferID, c.Client, c.Key, claim.Now), claim)
-}
-
-// submitUnclaimed runs a client request (a transfer, a capture, a void or a
-// refund) on the unclaimed path: applied here or submitted, its key's row
-// written with its first answer by the transaction that applies it.
-func (s *Handler) submitUnclaimed(ctx context.Context, c call, cmd ledger.Command, claim KeyClaim) reply {
-	ck := clientKey{c.Client, c.Key}
-	if fp, ok := s.inflight.start(ck, claim.Fingerprint); !ok {
-		if !bytes.Equal(fp, claim.Fingerprint) {
-			return s.mismatch()
-		}
-		return s.inFlightReply()
-	}
-	release := func() { s.inflight.end(ck) }
-	defer func() { release() }()
-	if s.lately.has(ck) {
-		k, outcome, err := s.cfg.Store.LookupKey(ctx, claim)
-		if err != nil {
-			return errReply(err)
-		}
-		if rep, ok := s.fromKey(ctx, k, outcome); ok {
-			return rep
-		}
-	}
-	s.Stats.Unclaimed.Add(1)
-	cmd.KeyExpiresAt = claim.Now.Add(claim.TTL)
-	deadline := time.Now().Add(s.cfg.Wait)
-	a, pending := s.applyHere(ctx, cmd, deadline)
-	if a != nil {
-		s.lately.add(ck)
-		if a.Status != http.StatusAccepted {
-			return stored(IdempotencyKey{Status: a.Status, Body: a.Body}, false)
-		}
-		// Debited, the credit still to come (another region): wait for the
-		// final state as for the ledger's notification of a 202.
-		told := make(chan IdempotencyKey, 1)
-		told <- IdempotencyKey{ClientID: c.Client, Key: c.Key, TransferID: cmd.TransferID, Status: a.Status, Body: a.Body}
-		return s.await(ctx, cmd, claim, told, func() {}, true, deadline)
-	}
-	if pending != nil {
-		// The command may still apply here. The key stays in flight in this
-		// process until it has, and the request has been answered: so the
-		// key lock that the group's connection holds for it now can only be
-		// this request's (a retry here is answered 409 meanwhile).
-		replied := make(chan struct{})
-		release = func() { close(replied) }
-		go func() {
-			<-pending
-			<-replied
-			s.inflight.end(ck)
-		}()
-		if s.cfg.ApplyPID != nil {
-			claim.ApplyPID = s.cfg.ApplyPID()
-		}
-	}
-	answered, stop := s.keys.done(c.Client, c.Key)
-	dup, err := s.cfg.Router.Submit(ctx, cmd)
-	if err != nil {
-		stop()
-		return errReply(err) // nothing is claimed: a retry submits again, and is recognised if this one was stored
-	}
-	if dup {
-		stop()
-		return s.submittedBefore(ctx, claim, cmd)
-	}
-	rep := s.await(ctx, cmd, claim, answered, stop, true, deadline)
-	s.lately.add(ck)
-	return rep
-}
-
 // applyHere runs cmd in this process's next group transaction (direct.go)
 // and returns the answer that transaction stored with its key. It returns
 // nil, for the caller to submit cmd to the ledger stream under the same
@@ -242,13 +198,13 @@ func (s *Handler) submitUnclaimed(ctx context.Context, c call, cmd ledger.Comman
 // the stream makes a 202 true); pending then delivers the command's
 // outcome here once the group has it (within the group transaction's own
 // timeout).
-func (s *Handler) applyHere(ctx context.Context, cmd ledger.Command, deadline time.Time) (a *ledger.Answer, pending <-chan applied) {
-	if s.direct == nil {
+func (p *unclaimedPath) applyHere(ctx context.Context, cmd ledger.Command, deadline time.Time) (a *ledger.Answer, pending <-chan applied) {
+	if p.direct == nil {
 		return nil, nil
 	}
-	out, ok := s.direct.submit(ctx, cmd)
+	out, ok := p.direct.submit(ctx, cmd)
 	if !ok {
-		s.Stats.Handed.Add(1)
+		p.stats.Handed.Add(1)
 		return nil, nil
 	}
 	wait := time.NewTimer(time.Until(deadline))
@@ -259,116 +215,69 @@ func (s *Handler) applyHere(ctx context.Context, cmd ledger.Command, deadline ti
 		// key reused for another body or a request to dead-letter is
 		// answered as the stream path answers it.
 		if own := r.res.Kind == ledger.Applied || r.res.Kind == ledger.Rejected; r.err == nil && own && r.res.Answer != nil {
-			s.Stats.Direct.Add(1)
+			p.stats.Direct.Add(1)
 			return r.res.Answer, nil
 		}
 		if r.err != nil {
-			s.cfg.Log.Warn("applying here failed; submitting to the ledger stream", "transfer", cmd.TransferID, "err", r.err)
+			p.cfg.Log.Warn("applying here failed; submitting to the ledger stream", "transfer", cmd.TransferID, "err", r.err)
 		}
-		s.Stats.Handed.Add(1)
+		p.stats.Handed.Add(1)
 		return nil, nil
 	case <-wait.C:
 	case <-ctx.Done():
 	}
-	s.Stats.Handed.Add(1)
+	p.stats.Handed.Add(1)
 	return nil, out
 }
 
 // submittedBefore answers an unclaimed request whose submit the ledger
 // stream recognised: the same key was submitted within its window. The
 // key's row, once there, is replayed (or 422 for another body). Without a
-// row, a transfer the key made (its row expired meanwhile: the business key
+// row, what the key made (its row expired meanwhile: the business key
 // outlives it) is the answer, as on the claimed path; without either, the
 // first submission is still being applied: 409.
-func (s *Handler) submittedBefore(ctx context.Context, claim KeyClaim, cmd ledger.Command) reply {
-	k, outcome, err := s.cfg.Store.LookupKey(ctx, claim)
+func (p *unclaimedPath) submittedBefore(ctx context.Context, claim KeyClaim, cmd ledger.Command) reply {
+	if rep, ok := p.answers.lookup(ctx, claim); ok {
+		return rep
+	}
+	st, b, found, err := p.firstAnswer(ctx, claim, cmd)
 	if err != nil {
 		return errReply(err)
 	}
-	if rep, ok := s.fromKey(ctx, k, outcome); ok {
-		return rep
+	if !found {
+		return p.answers.inFlightReply()
 	}
-	var st int
-	var b []byte
-	if cmd.IsAction() {
-		// A capture's or void's record, with the hold as it is now: as the
-		// ledger answers a repeat of it.
-		a, found, err := s.cfg.Ledger.ActionByKey(ctx, claim.Client, claim.Key)
-		if err != nil {
-			return errReply(err)
-		}
-		if !found {
-			return s.inFlightReply()
-		}
-		hold, err := s.cfg.Ledger.Transfer(ctx, a.TransferID)
-		if err != nil {
-			return errReply(err)
-		}
-		st, b = RespondTo(cmd, ledger.Result{Kind: ledger.Duplicate, Action: &a, Transfer: hold})
-		if !bytes.Equal(a.Fingerprint, cmd.Fingerprint()) {
-			st, b = problem(ledger.Errorf(ledger.CodeIdempotencyKeyReused, "the Idempotency-Key was used for a different request"))
-		}
-	} else {
-		prior, found, err := s.cfg.Store.TransferByKey(ctx, claim.Client, claim.Key)
-		if err != nil {
-			return errReply(err)
-		}
-		if !found {
-			return s.inFlightReply()
-		}
-		st, b = Respond(ledger.Result{Kind: ledger.Duplicate, Transfer: prior})
-		if !bytes.Equal(prior.Fingerprint, cmd.Fingerprint()) {
-			st, b = problem(ledger.Errorf(ledger.CodeIdempotencyKeyReused, "the Idempotency-Key was used for a different request"))
-		}
-	}
-	if k, err = s.cfg.Store.AnswerUnclaimed(ctx, claim, st, b); err != nil {
+	k, err := p.keep(ctx, claim, st, b)
+	if err != nil {
 		return errReply(err)
 	}
 	if k.InFlight { // a transaction of another API process is deciding the key
-		return s.inFlightReply()
+		return p.answers.inFlightReply()
 	}
 	return stored(k, k.TransferID != claim.TransferID)
 }
 
-// fromKey answers a request from its key as found (LookupKey, ResolveKey):
-// 422 for another request's fingerprint, the stored answer replayed, or 409
-// while in flight; false for a key the request may go on with.
-func (s *Handler) fromKey(ctx context.Context, k IdempotencyKey, outcome KeyOutcome) (reply, bool) {
-	switch outcome {
-	case KeyMismatch:
-		return s.mismatch(), true
-	case KeyReplay:
-		return s.replay(ctx, k), true
-	case KeyInFlight:
-		return s.inFlightReply(), true
-	}
-	return reply{}, false
-}
-
-// mismatch is the answer to a key reused with another body.
-func (s *Handler) mismatch() reply {
-	s.Stats.Mismatches.Add(1)
-	return errReply(ledger.Errorf(ledger.CodeIdempotencyKeyReused, "the Idempotency-Key was used for a different request"))
-}
-
-// inFlightReply is the answer to a repeat while the first is in flight.
-func (s *Handler) inFlightReply() reply {
-	s.Stats.InFlight.Add(1)
-	rep := errReply(ledger.Errorf(CodeIdempotencyKeyInFlight, "a request with this Idempotency-Key is being processed"))
-	rep.Header["Retry-After"] = "1"
-	return rep
-}
-
-// replay answers a repeat with the key's stored answer. A provisional one
-// (the ledger's 202) has now been seen by a client: it is frozen, so that
-// everyone keeps getting it.
-func (s *Handler) replay(ctx context.Context, k IdempotencyKey) reply {
-	s.Stats.Replays.Add(1)
-	if !k.Final {
-		var err error
-		if k, err = s.cfg.Store.Answer(ctx, k.ClientID, k.Key, k.Status, k.Body, false); err != nil {
-			return errReply(err)
+// firstAnswer is the answer to a repeat of cmd from the ledger's record of
+// what its key made, as the ledger answers a repeat: for a capture or
+// void, its action with the hold as it is now; for a transfer or refund,
+// the transfer. False when the ledger has no record yet.
+func (p *unclaimedPath) firstAnswer(ctx context.Context, claim KeyClaim, cmd ledger.Command) (int, []byte, bool, error) {
+	if cmd.IsAction() {
+		a, found, err := p.cfg.Ledger.ActionByKey(ctx, claim.Client, claim.Key)
+		if err != nil || !found {
+			return 0, nil, false, err
 		}
+		hold, err := p.cfg.Ledger.Transfer(ctx, a.TransferID)
+		if err != nil {
+			return 0, nil, false, err
+		}
+		st, b := repeatAnswer(cmd, a.Fingerprint, ledger.Result{Kind: ledger.Duplicate, Action: &a, Transfer: hold})
+		return st, b, true, nil
 	}
-	return stored(k, true)
+	prior, found, err := p.cfg.Store.TransferByKey(ctx, claim.Client, claim.Key)
+	if err != nil || !found {
+		return 0, nil, false, err
+	}
+	st, b := repeatAnswer(cmd, prior.Fingerprint, ledger.Result{Kind: ledger.Duplicate, Transfer: prior})
+	return st, b, true, nil
 }

@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"mime"
 	"net/http"
+	"strings"
 	"time"
 
 	jsonv2 "github.com/go-json-experiment/json"
@@ -17,6 +19,52 @@ import (
 
 // MaxBodyBytes bounds a request body.
 const MaxBodyBytes = 16 << 10
+
+// readBody reads a request's JSON body. A body sent with a Content-Type
+// other than JSON is refused (a request without one is read as JSON).
+func readBody(r *http.Request) ([]byte, error) {
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		mt, _, err := mime.ParseMediaType(ct)
+		if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
+			return nil, ledger.Errorf(CodeUnsupportedMediaType, "Content-Type %q: the body must be application/json", ct)
+		}
+	}
+	b, err := io.ReadAll(io.LimitReader(r.Body, MaxBodyBytes+1))
+	if err != nil {
+		return nil, ledger.Errorf(ledger.CodeInvalidRequest, "read body: %v", err)
+	}
+	if len(b) > MaxBodyBytes {
+		return nil, ledger.Errorf(CodeBodyTooLarge, "body over the %d-byte limit", MaxBodyBytes)
+	}
+	return b, nil
+}
+
+// idempotencyKey returns the request's Idempotency-Key header, required on
+// every request that moves money.
+func idempotencyKey(r *http.Request) (string, error) {
+	if len(r.Header.Values("Idempotency-Key")) > 1 {
+		return "", ledger.Errorf(ledger.CodeInvalidRequest, "give the Idempotency-Key header once")
+	}
+	key := r.Header.Get("Idempotency-Key")
+	if key == "" {
+		return "", ledger.Errorf(CodeIdempotencyKeyMissing, "%s %s requires an Idempotency-Key header", r.Method, r.URL.Path)
+	}
+	if len(key) > 255 {
+		return "", ledger.Errorf(ledger.CodeInvalidRequest, "the Idempotency-Key is longer than 255 characters")
+	}
+	return key, nil
+}
+
+// validKey checks an Idempotency-Key as the ledger stores it, in the
+// request's home region.
+func validKey(key string) error {
+	for _, r := range key {
+		if r == ' ' {
+			return ledger.Errorf(ledger.CodeInvalidRequest, "the Idempotency-Key must not contain spaces")
+		}
+	}
+	return ledger.ValidIdempotencyKey(key)
+}
 
 // TransferRequest is the body of POST /v1/transfers.
 type TransferRequest struct {

@@ -1,0 +1,137 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/paymesh/paymesh/pkg/natstrace"
+	"github.com/paymesh/paymesh/platform/subjects"
+	"github.com/paymesh/paymesh/services/ledger"
+)
+
+// Every account and transfer has a home region, named by its ID. An
+// endpoint reads its request wherever it arrives and then runs one
+// operation in the home region of what it touches: here, or forwarded to
+// that region's API over NATS request-reply, which runs it against its own
+// database and sends back the reply. The call carries everything the
+// operation needs, its client and its Idempotency-Key included, so a
+// repeat meets the first request's key in the same region wherever it
+// arrives.
+
+// call is one operation's input, run in the home region of what it
+// touches; it travels between regions as JSON.
+type call struct {
+	Op     string          `json:"op"`
+	Client string          `json:"client"`
+	ID     string          `json:"id,omitempty"`
+	Key    string          `json:"key,omitempty"`
+	After  int64           `json:"after,omitempty"`
+	Limit  int             `json:"limit,omitempty"`
+	Body   json.RawMessage `json:"body,omitempty"`
+	// Target is, for a refund, the accounts of the transfer it refunds.
+	Target *refundTarget `json:"target,omitempty"`
+	// transfer is Body decoded, when the call runs in the process that
+	// decoded it (a forwarded call decodes its body again).
+	transfer *TransferRequest
+}
+
+// operation is one thing an endpoint asks of a home region: run runs it
+// there, and name (the call's op) tells the receiving region which one a
+// forwarded call is.
+type operation struct {
+	name string
+	run  func(context.Context, call) reply
+}
+
+// forwarder runs operations in their home region, and serves the ones
+// other regions forward to this one.
+type forwarder struct {
+	cfg *Config
+	ops map[string]operation // by name: what other regions may ask of this one
+}
+
+// register makes ops available to other regions.
+func (f *forwarder) register(ops ...operation) {
+	f.ops = make(map[string]operation, len(ops))
+	for _, op := range ops {
+		f.ops[op.name] = op
+	}
+}
+
+// home returns the home region of an account or transfer ID.
+func (f *forwarder) home(id string) (string, error) {
+	r, err := f.cfg.Regions.HomeRegion(id)
+	if err != nil {
+		return "", ledger.Errorf(ledger.CodeNotFound, "no such object %q", id)
+	}
+	return r, nil
+}
+
+// do runs op with c in region home: here, or over NATS in the home region.
+func (f *forwarder) do(ctx context.Context, home string, op operation, c call) reply {
+	c.Op = op.name
+	if home == f.cfg.Region {
+		return op.run(ctx, c)
+	}
+	req, _ := json.Marshal(c)
+	ctx, cancel := context.WithTimeout(ctx, f.cfg.Wait+5*time.Second)
+	defer cancel()
+	out := nats.NewMsg(ForwardSubject(home))
+	out.Data = req
+	natstrace.Inject(ctx, out)
+	msg, err := f.cfg.NATS.RequestMsgWithContext(ctx, out)
+	if err != nil {
+		return errReply(ledger.Errorf(CodeRegionUnavailable, "region %s did not answer: %v", home, err))
+	}
+	var rep reply
+	if err := json.Unmarshal(msg.Data, &rep); err != nil {
+		return errReply(fmt.Errorf("reply from %s: %w", home, err))
+	}
+	return rep
+}
+
+// ForwardSubject is where region's API takes the calls forwarded from other
+// regions; only API users may publish or subscribe to it (platform/natsauth).
+func ForwardSubject(region string) string { return subjects.API(region) }
+
+// maxForwarded bounds the calls from other regions served at once.
+const maxForwarded = 256
+
+// listen serves the calls other regions forward to this one.
+func (f *forwarder) listen() (*nats.Subscription, error) {
+	// A subscription's callback runs one message at a time, and a transfer
+	// may wait for its final state: each call gets a goroutine of its own,
+	// up to maxForwarded at once.
+	slots := make(chan struct{}, maxForwarded)
+	sub, err := f.cfg.NATS.QueueSubscribe(ForwardSubject(f.cfg.Region), "api", func(m *nats.Msg) {
+		slots <- struct{}{}
+		go func() {
+			defer func() { <-slots }()
+			b, _ := json.Marshal(f.serve(m))
+			_ = m.Respond(b)
+		}()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("api listen: %w", err)
+	}
+	return sub, nil
+}
+
+// serve runs a forwarded call, in the trace of the region that sent it.
+func (f *forwarder) serve(m *nats.Msg) reply {
+	var c call
+	if err := json.Unmarshal(m.Data, &c); err != nil {
+		return errReply(ledger.Errorf(ledger.CodeInvalidRequest, "malformed forwarded call"))
+	}
+	op, ok := f.ops[c.Op]
+	if !ok {
+		return errReply(ledger.Errorf(ledger.CodeInvalidRequest, "unknown operation %q", c.Op))
+	}
+	ctx, cancel := context.WithTimeout(natstrace.Extract(context.Background(), m.Header), f.cfg.Wait+4*time.Second)
+	defer cancel()
+	return op.run(ctx, c)
+}
