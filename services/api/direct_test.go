@@ -148,7 +148,7 @@ func TestDisconnectWhileApplying(t *testing.T) {
 		gate.release()
 		t.Fatalf("the held request was answered %d before its client went away", res.StatusCode)
 	}
-	time.Sleep(500 * time.Millisecond) // the handler has returned; its command waits here
+	gate.held(t) // the handler has returned; its command waits here
 	if r := e.do(t, "eu", "POST", "/v1/transfers", keyA, "gone", transferJSON(from, to, 9)); r.status != http.StatusConflict ||
 		r.code(t) != api.CodeIdempotencyKeyInFlight {
 		gate.release()

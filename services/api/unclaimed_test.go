@@ -29,6 +29,7 @@ import (
 // repeat would wait for it.)
 type ledgerGate struct {
 	closed atomic.Bool
+	waits  atomic.Int64 // deliveries held since the gate closed
 	mu     sync.Mutex
 	open   chan struct{}
 }
@@ -39,6 +40,7 @@ func (g *ledgerGate) close() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.open = make(chan struct{})
+	g.waits.Store(0)
 	g.closed.Store(true)
 }
 
@@ -65,6 +67,7 @@ func (g *ledgerGate) deliver(m jetstream.Msg) jetstream.Msg {
 	g.mu.Lock()
 	open := g.open
 	g.mu.Unlock()
+	g.waits.Add(1)
 	select {
 	case <-open:
 	case <-time.After(time.Minute):
@@ -72,10 +75,30 @@ func (g *ledgerGate) deliver(m jetstream.Msg) jetstream.Msg {
 	return m
 }
 
-// gate holds a request in flight while it is closed.
+// held waits until a delivery waits at the closed gate: the request that
+// made it is in flight.
+func (g *ledgerGate) held(t testing.TB) {
+	t.Helper()
+	waitFor(t, "a ledger delivery held at the gate", func() bool { return g.waits.Load() > 0 })
+}
+
+// waitFor polls cond until it holds, for at most a minute (a loaded
+// machine is slow), and fails the test naming what did not happen.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); !cond(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within a minute", what)
+		}
+	}
+}
+
+// gate holds a request in flight while it is closed; held waits until it
+// holds one.
 type gate interface {
 	close()
 	release()
+	held(t testing.TB)
 }
 
 // rowGate holds, while it is closed, a lock on an account's row in a
@@ -102,6 +125,18 @@ func (g *rowGate) close() {
 		g.t.Fatal(err)
 	}
 	g.tx = tx
+}
+
+// held waits until a transaction of the database waits for a lock: the
+// request's, behind the gate's row lock.
+func (g *rowGate) held(t testing.TB) {
+	t.Helper()
+	waitFor(t, "a transaction waiting for the account's row", func() bool {
+		var n int
+		err := g.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()`).Scan(&n)
+		return err == nil && n > 0
+	})
 }
 
 func (g *rowGate) release() {
@@ -187,7 +222,7 @@ func TestKeyGuaranteesBothPaths(t *testing.T) {
 			gate.close()
 			done := make(chan response, 1)
 			go func() { done <- e.do(t, "eu", "POST", "/v1/transfers", keyA, "k2", transferJSON(from, to, 20)) }()
-			time.Sleep(500 * time.Millisecond)
+			gate.held(t)
 			if r := e.do(t, "eu", "POST", "/v1/transfers", keyA, "k2", transferJSON(from, to, 20)); r.status != http.StatusConflict ||
 				r.code(t) != api.CodeIdempotencyKeyInFlight || r.header.Get("Retry-After") == "" {
 				t.Fatalf("repeat in flight: %d %s (Retry-After %q), want 409", r.status, r.body, r.header.Get("Retry-After"))
@@ -315,7 +350,7 @@ func unclaimedAcrossProcesses(t *testing.T, submitAll, secondHere bool) {
 	gate.close()
 	done := make(chan response, 1)
 	go func() { done <- postTransfer(t, reg.APIURL, "k", transferJSON(from, to, 5)) }()
-	time.Sleep(500 * time.Millisecond)
+	gate.held(t)
 	for i, body := range []string{transferJSON(from, to, 5), transferJSON(from, to, 6)} {
 		status, code := http.StatusConflict, api.CodeIdempotencyKeyInFlight
 		if i == 1 && secondHere {
