@@ -295,7 +295,21 @@ func TestRetentionDoesNotBlockClaims(t *testing.T) {
 
 	maintained := make(chan error, 1)
 	go func() { _, err := l.Maintain(ctx, pool); maintained <- err }()
-	time.Sleep(200 * time.Millisecond)
+	// The claim goes in while the detach waits for the open transaction
+	// (until its lock timeout, when Maintain gives up for this run).
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		var waiting int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting > 0 {
+			break
+		}
+		if len(maintained) > 0 || time.Now().After(deadline) {
+			t.Fatal("the detach never waited for the open transaction")
+		}
+	}
 	start := time.Now()
 	claimTx(t, l, pool, dedup.Key{ID: "meanwhile", Origin: clk.Now()})
 	if d := time.Since(start); d > time.Second {
