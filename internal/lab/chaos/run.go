@@ -19,9 +19,9 @@ type Config struct {
 	Seeds       []uint64
 	// Scenarios to run, by name or number (default: all built).
 	Scenarios []string
-	// Duration is how long each scenario's workload runs at least (default
-	// 10 s): a scenario whose fault has not had its effect by then runs on
-	// until it has, for at most effectWait more.
+	// Duration is how long each scenario's workload runs (default 10 s); a
+	// scenario that waits for its fault's effect (scenario.effect) runs on
+	// until it has had it, for at most effectWait more.
 	Duration time.Duration
 	// QuietWait bounds the wait for the cluster to drain after the
 	// workload (default 2 minutes).
