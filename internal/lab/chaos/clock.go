@@ -44,6 +44,7 @@ type clockFault struct {
 	// business key drops them.
 	byTransfer atomic.Int64
 	wg         sync.WaitGroup // the resends in flight
+	ran        time.Duration  // how long the steps went on
 }
 
 func (f *clockFault) now() time.Time { return time.Now().Add(time.Duration(f.offset.Load())) }
@@ -116,10 +117,12 @@ func keyTransfers(ctx context.Context, e *env, op Op) ([]string, error) {
 // clockScenario is the scenario 10: while the workload runs
 // (through the API as well as the routers), the APIs' clock is stepped
 // forward past the idempotency keys' TTL, backward, and back to the real
-// time, over and over; after every step the key cleanup runs and a few
-// answered keys are sent again with the same body. No key may be applied
-// twice (I3), every answered resend must name the transfer its key made
-// (same-transfer), and the steps must really expire keys (expired).
+// time, over and over, until the steps have expired keys and some answered
+// key was sent again after its key was gone; after every step the key
+// cleanup runs and a few answered keys are sent again with the same body.
+// No key may be applied twice (I3), every answered resend must name the
+// transfer its key made (same-transfer), and the steps must really expire
+// keys (expired).
 func clockScenario() *scenario {
 	f := &clockFault{}
 	return &scenario{
@@ -131,11 +134,12 @@ func clockScenario() *scenario {
 		now:    f.now,
 		fault: func(ctx context.Context, e *env, d time.Duration) error {
 			offsets := []time.Duration{clockStep, 0, -clockStep, 0}
-			i := 0
+			i, start := 0, time.Now()
 			err := every(ctx, clockInterval, func() {
 				f.step(ctx, e, offsets[i%len(offsets)])
 				i++
 			})
+			f.ran = time.Since(start)
 			if f.offset.Load() != 0 { // leave the clock right
 				f.step(context.WithoutCancel(ctx), e, 0)
 			}
@@ -143,6 +147,10 @@ func clockScenario() *scenario {
 			return err
 		},
 		fired: func(*env) int64 { return f.steps.Load() },
+		// The steps go on until they have expired keys and some answered
+		// key has been sent again after its key was gone: on a loaded
+		// machine the API answers its first requests after several steps.
+		effect: func(*env) bool { return f.expired.Load() > 0 && f.gone.Load() > 0 },
 		extra: func(ctx context.Context, e *env) ([]Check, error) {
 			outcomes := map[Outcome]int{}
 			same := Check{Name: "same-transfer", What: "every answered resend after a step names the transfer its key made", OK: true}
@@ -172,10 +180,11 @@ func clockScenario() *scenario {
 				"ok/fail/unknown %d/%d/%d)", f.expired.Load(), f.gone.Load(), f.resent.Load(), f.byTransfer.Load(),
 				outcomes[OK], outcomes[Fail], outcomes[Unknown])}
 			if f.expired.Load() == 0 {
-				chk.fail("the cleanup deleted no key after %d steps", f.steps.Load())
+				chk.fail("the cleanup deleted no key after %d steps in %s", f.steps.Load(), f.ran.Round(time.Millisecond))
 			}
 			if f.gone.Load() == 0 {
-				chk.fail("none of %d keys sent again had been deleted", f.resent.Load())
+				chk.fail("none of %d keys sent again after %d steps in %s had been deleted", f.resent.Load(), f.steps.Load(),
+					f.ran.Round(time.Millisecond))
 			}
 			return []Check{chk, same}, nil
 		},

@@ -19,7 +19,9 @@ type Config struct {
 	Seeds       []uint64
 	// Scenarios to run, by name or number (default: all built).
 	Scenarios []string
-	// Duration is how long each scenario's workload runs (default 10 s).
+	// Duration is how long each scenario's workload runs (default 10 s); a
+	// scenario that waits for its fault's effect (scenario.effect) runs on
+	// until it has had it, for at most effectWait more.
 	Duration time.Duration
 	// QuietWait bounds the wait for the cluster to drain after the
 	// workload (default 2 minutes).
@@ -169,7 +171,7 @@ func runScenario(ctx context.Context, cfg Config, s *scenario, seed uint64) Resu
 	}
 	d := max(cfg.Duration, s.minRun)
 	e.active.Store(true)
-	fctx, cancel := context.WithTimeout(ctx, d)
+	fctx, cancel := e.untilEffect(ctx, d)
 	faultErr := make(chan error, 1)
 	go func() {
 		if s.fault == nil {
@@ -178,7 +180,7 @@ func runScenario(ctx context.Context, cfg Config, s *scenario, seed uint64) Resu
 		}
 		faultErr <- s.fault(fctx, e, d)
 	}()
-	e.run(ctx, d, workers)
+	e.run(ctx, fctx, workers)
 	err = <-faultErr
 	cancel()
 	e.active.Store(false)

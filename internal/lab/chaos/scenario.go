@@ -59,6 +59,13 @@ type scenario struct {
 	fault func(ctx context.Context, e *env, d time.Duration) error
 	// fired returns the fault counter (default e.fired).
 	fired func(e *env) int64
+	// effect, if set, reports whether the fault has had the effect the
+	// scenario's checks look for. The workload and the fault go on past
+	// their duration until it has, for at most effectWait: a loaded machine
+	// does in 1.5 s less than the checks need. (Not a default for every
+	// scenario: with some deliberate bugs a fault counter rightly stays at
+	// zero, as scenario 12's refusals when the forgeries are allowed.)
+	effect func(e *env) bool
 	// extra returns the scenario's own checks.
 	extra func(ctx context.Context, e *env) ([]Check, error)
 }
@@ -72,6 +79,35 @@ const (
 	lateWindow = 300 * time.Millisecond
 	lateAge    = 3 * lateWindow
 )
+
+// effectWait bounds how long a run goes on past its duration for its
+// fault to have its effect (scenario.effect).
+const effectWait = 2 * time.Minute
+
+// untilEffect returns the context of the workload and the fault: it ends
+// once d has passed and the fault has had its effect (scenario.effect), or
+// effectWait after that without it (the scenario's checks then say what
+// it missed).
+func (e *env) untilEffect(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	if e.sc.effect == nil {
+		return context.WithTimeout(ctx, d)
+	}
+	wctx, cancel := context.WithTimeout(ctx, d+effectWait)
+	go func() {
+		if !at(wctx, time.Now(), d, 1) {
+			return
+		}
+		for !e.sc.effect(e) {
+			select {
+			case <-wctx.Done():
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+		cancel()
+	}()
+	return wctx, cancel
+}
 
 // at sleeps until fraction f of d has passed since start, or ctx ends.
 func at(ctx context.Context, start time.Time, d time.Duration, f float64) bool {

@@ -278,18 +278,18 @@ func (e *env) fundedAccount(ctx context.Context, region, client string) (string,
 	return a.ID, nil
 }
 
-// run sends requests from workers goroutines until d has passed. A
-// request still waiting a second later is abandoned: its pending sends end
-// unknown and it is not retried.
-func (e *env) run(ctx context.Context, d time.Duration, workers int) {
-	deadline := time.Now().Add(d)
-	ctx, cancel := context.WithDeadline(ctx, deadline.Add(time.Second))
+// run sends requests from workers goroutines until stop ends. A request
+// still waiting a second later is abandoned: its pending sends end unknown
+// and it is not retried.
+func (e *env) run(ctx, stop context.Context, workers int) {
+	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	defer context.AfterFunc(stop, func() { time.AfterFunc(time.Second, cancel) })()
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Go(func() {
-			for time.Now().Before(deadline) && ctx.Err() == nil {
+			for stop.Err() == nil && ctx.Err() == nil {
 				e.request(ctx, int(next.Add(1)-1))
 			}
 		})

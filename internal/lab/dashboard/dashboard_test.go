@@ -105,6 +105,36 @@ func TestRecorderIsBounded(t *testing.T) {
 	}
 }
 
+// TestTraceListsAreArrays: a trace whose publish was retried and whose
+// repeat no layer caught has no layers; /api/traces lists them as [], not
+// null, which the page cannot map over (a loaded run's retried forwards left
+// the whole list undrawn).
+func TestTraceListsAreArrays(t *testing.T) {
+	rec := dashboard.NewRecorder()
+	_, send := spans(rec).Start(context.Background(), "forward ledger.us.1")
+	send.AddEvent("retry", trace.WithAttributes(attribute.Int64("paymesh.attempt", 2)))
+	send.End()
+	srv := httptest.NewServer(dashboard.New(dashboard.Config{Source: &source{}, Recorder: rec}).Handler())
+	defer srv.Close()
+	res, err := http.Get(srv.URL + "/api/traces")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var list []map[string]any
+	if err := json.NewDecoder(res.Body).Decode(&list); err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 1 {
+		t.Fatalf("traces: %v, want the retried one", list)
+	}
+	for _, field := range []string{"regions", "reasons", "layers"} {
+		if _, ok := list[0][field].([]any); !ok {
+			t.Errorf("%s: %#v, want an array", field, list[0][field])
+		}
+	}
+}
+
 // source is a fixed set of counters.
 type source struct{ applied int64 }
 

@@ -43,7 +43,7 @@ type Event struct {
 }
 
 // TraceSummary is one line of the list of traces with a retry or a
-// duplicate.
+// duplicate. Its lists are never null in JSON: the page maps over them.
 type TraceSummary struct {
 	TraceID string    `json:"trace_id"`
 	Start   time.Time `json:"start"`
@@ -276,9 +276,12 @@ func (r *Recorder) Trace(id trace.TraceID) (Trace, bool) {
 	return Trace{TraceSummary: t.summary(id), SpanList: spans}, true
 }
 
+// summary sums the trace up. Its lists are empty, never nil, when it has
+// nothing to list (a retry that no layer caught has no layers): the page
+// reads them as arrays.
 func (t *traceRec) summary(id trace.TraceID) TraceSummary {
-	s := TraceSummary{TraceID: id.String(), Spans: len(t.spans), Regions: slices.Clone(t.regions),
-		Reasons: slices.Clone(t.reasons), Layers: slices.Clone(t.layers)}
+	s := TraceSummary{TraceID: id.String(), Spans: len(t.spans), Regions: list(t.regions),
+		Reasons: list(t.reasons), Layers: list(t.layers)}
 	for i, sp := range t.spans {
 		if i == 0 || sp.Start.Before(s.Start) {
 			s.Start, s.Root = sp.Start, sp.Name
@@ -286,3 +289,6 @@ func (t *traceRec) summary(id trace.TraceID) TraceSummary {
 	}
 	return s
 }
+
+// list returns a copy of ss that is not nil (JSON [], not null).
+func list(ss []string) []string { return append([]string{}, ss...) }

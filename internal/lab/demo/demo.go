@@ -130,7 +130,11 @@ type Report struct {
 	Completed, Refunded, RejectedFinal, Unfinished               int64
 	Injected                                                     map[string]int64
 	Caught                                                       map[string]int64
-	Elapsed                                                      time.Duration
+	// Repeats counts, by source, the repeats nobody injected that the
+	// routers, the APIs and the demo's clients made (repeats.go); the
+	// ledgers' are the redeliveries beyond the dropped acks (Unprompted).
+	Repeats map[string]int64
+	Elapsed time.Duration
 	// Nodes is the servers per region; NATSStart is how long the NATS
 	// topology took to start (JetStream usable in every region) and
 	// RegionsStart the regions' services after it.
@@ -160,19 +164,33 @@ func (r Report) Missed() int64 {
 	return in - caught
 }
 
-// Unprompted is the ledger's redeliveries that no dropped ack asked for. A
-// batch that outlasts AckWait on a loaded machine is delivered again, and
-// its repeat is caught like an injected duplicate. A repeat of a message
-// whose first delivery did not commit is applied, not caught, so these
+// Unprompted is the repeats nobody injected: the ledger's redeliveries that
+// no dropped ack asked for, and the Repeats of the routers and the demo's
+// clients. A batch that outlasts AckWait on a loaded machine is delivered
+// again, a forward whose PubAck comes late is sent again, and the repeat
+// is caught like an injected duplicate. A repeat of a message whose first
+// copy was not stored or did not commit is applied, not caught, so these
 // bound the extra catches from above.
-func (r Report) Unprompted() int64 { return max(r.Redeliveries-r.Injected[injectedRedelivery], 0) }
+func (r Report) Unprompted() int64 {
+	n := r.unpromptedRedeliveries()
+	for _, v := range r.Repeats {
+		n += v
+	}
+	return n
+}
+
+// unpromptedRedeliveries is the ledger's redeliveries that no dropped ack
+// asked for.
+func (r Report) unpromptedRedeliveries() int64 {
+	return max(r.Redeliveries-r.Injected[injectedRedelivery], 0)
+}
 
 // duplicatesOK: without faults every injected duplicate is reported by
-// exactly one layer, and a layer reports nothing else but the redeliveries
-// nobody injected. Faults blur the count both ways: a restart or a cut
-// link redelivers messages nobody injected, and a PubAck lost to the fault
-// hides a duplicate the broker dropped. Then the count is reported, and
-// the invariants decide.
+// exactly one layer, and a layer reports nothing else but the repeats
+// nobody injected, each at most once. Faults blur the count both ways: a
+// restart or a cut link redelivers messages nobody injected, and a PubAck
+// lost to the fault hides a duplicate the broker dropped. Then the count is
+// reported, and the invariants decide.
 func (r Report) duplicatesOK() bool {
 	return len(r.Faults) > 0 || r.Interrupted || r.duplicatesExplained()
 }
@@ -422,7 +440,9 @@ type driver struct {
 	lastLine    time.Time
 	lastApplied map[string]int64
 	sent        atomic.Int64
-	mu          sync.Mutex // guards cmds, injected, caught, poison, fired and phase
+	resubmits   atomic.Int64 // submits sent again after an error (see repeatSubmit)
+	retries     retryCounter // the HTTP clients' transport (see repeatHTTP)
+	mu          sync.Mutex   // guards cmds, injected, caught, poison, fired and phase
 	faults      []string
 	fired       []string
 	phase       string
@@ -656,6 +676,7 @@ func (d *driver) submit(ctx context.Context, via string, cmd ledger.Command) err
 		if err == nil || ctx.Err() != nil {
 			return err
 		}
+		d.resubmits.Add(1) // the command may be stored already: its repeat is caught
 		time.Sleep(200 * time.Millisecond)
 	}
 	return fmt.Errorf("submit in %s: %w", via, err)
@@ -669,8 +690,7 @@ func (d *driver) sendHTTP(ctx context.Context, via string, cmd ledger.Command) e
 	// A key left in flight by a region restart answers 409 until its lease
 	// (the API's wait + 5 s) ends: retry for longer than that, as a client
 	// would.
-	cl := &api.Client{BaseURL: d.c.Region(via).APIURL, APIKey: d.apiKey, Attempts: httpAttempts}
-	r, err := cl.SendTransfer(ctx, req, key)
+	r, err := d.apiClient(via).SendTransfer(ctx, req, key)
 	if err != nil {
 		return fmt.Errorf("POST /v1/transfers in %s: %w", via, err)
 	}
@@ -683,8 +703,7 @@ func (d *driver) sendHTTP(ctx context.Context, via string, cmd ledger.Command) e
 	d.cmds = append(d.cmds, cmd)
 	d.mu.Unlock()
 	if d.float() < d.cfg.ClientRetry {
-		other := &api.Client{BaseURL: d.c.Region(d.names[d.intn(len(d.names))]).APIURL, APIKey: d.apiKey, Attempts: httpAttempts}
-		again, err := other.SendTransfer(ctx, req, key)
+		again, err := d.apiClient(d.names[d.intn(len(d.names))]).SendTransfer(ctx, req, key)
 		if err != nil {
 			return err
 		}
@@ -813,6 +832,7 @@ func (d *driver) report(ctx context.Context, elapsed time.Duration) Report {
 			}
 		}
 	}
+	rep.Repeats = d.repeats(ctx)
 	rep.SameRegionP50, rep.SameRegionP99 = percentile(same, 0.50), percentile(same, 0.99)
 	rep.CrossRegionP50, rep.CrossRegionP99 = percentile(cross, 0.50), percentile(cross, 0.99)
 	for _, cmd := range d.cmds {
@@ -858,6 +878,14 @@ func (r Report) Print(w io.Writer) {
 	for _, k := range sortedKeys(r.Caught) {
 		fmt.Fprintf(w, "  %-48s %6d\n", k, r.Caught[k])
 	}
+	fmt.Fprintln(w, "repeats nobody injected (a loaded machine's late answers; each may be caught once):")
+	repeats := map[string]int64{repeatLedger: r.unpromptedRedeliveries()}
+	for k, v := range r.Repeats {
+		repeats[k] = v
+	}
+	for _, k := range sortedKeys(repeats) {
+		fmt.Fprintf(w, "  %-48s %6d\n", k, repeats[k])
+	}
 	r.Alerts.print(w)
 	line := func(ok bool, format string, args ...any) {
 		verdict := "PASS"
@@ -867,7 +895,8 @@ func (r Report) Print(w io.Writer) {
 		fmt.Fprintf(w, "%s  "+format+"\n", append([]any{verdict}, args...)...)
 	}
 	if len(r.Faults) == 0 && !r.Interrupted {
-		line(r.duplicatesExplained(), "every injected duplicate was caught exactly once (injected minus caught: %d; redeliveries nobody injected: %d)", r.Missed(), r.Unprompted())
+		line(r.duplicatesExplained(), "every injected duplicate was caught exactly once (injected minus caught: %d; repeats nobody injected, "+
+			"each caught at most once: %d)", r.Missed(), r.Unprompted())
 	} else {
 		fmt.Fprintf(w, "INFO  injected minus caught: %d (faults add redeliveries nobody injected, and lose PubAcks of duplicates the broker dropped)\n", r.Missed())
 	}

@@ -55,9 +55,7 @@ func (d *driver) flows(ctx context.Context, holds, refunds int) (Flows, error) {
 		}
 	}
 	count := func(n *int64) { mu.Lock(); *n++; mu.Unlock() }
-	client := func() *api.Client {
-		return &api.Client{BaseURL: d.c.Region(d.names[d.intn(len(d.names))]).APIURL, APIKey: d.apiKey, Attempts: httpAttempts}
-	}
+	client := func() *api.Client { return d.apiClient(d.names[d.intn(len(d.names))]) }
 	// refused checks that a request was refused with one of codes.
 	refused := func(what string, r api.Response, err error, codes ...ledger.Code) bool {
 		var e *api.Error
@@ -197,7 +195,7 @@ func (d *driver) refunds(ctx context.Context, n int, f *Flows, mu *sync.Mutex, p
 			continue
 		}
 		done++
-		cl := &api.Client{BaseURL: d.c.Region(d.names[d.intn(len(d.names))]).APIURL, APIKey: d.apiKey, Attempts: httpAttempts}
+		cl := d.apiClient(d.names[d.intn(len(d.names))])
 		part := t.Amount / 2
 		twice := done%2 == 0
 		steps := []int64{part}

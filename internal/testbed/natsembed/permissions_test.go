@@ -62,13 +62,13 @@ func dial(t *testing.T, name, url string, opts ...nats.Option) *client {
 	return c
 }
 
-// refused fails the test unless the server reports, within two seconds, a
+// refused fails the test unless the server reports, within ten seconds, a
 // permissions violation of c for op ("Publish" or "Subscription") on
 // subject.
 func (c *client) refused(t *testing.T, op, subject string) {
 	t.Helper()
 	want := "Permissions Violation for " + op + ` to "` + subject + `"`
-	timeout := time.After(2 * time.Second)
+	timeout := time.After(10 * time.Second)
 	for {
 		select {
 		case err := <-c.errs:
@@ -124,7 +124,7 @@ func TestPermissionsScenario12(t *testing.T) {
 
 	// The router's forward path: eu's router publishes into us's stream.
 	euRouter := connectAs(t, topo, "eu", natsauth.Router, "")
-	ack := publishEventually(t, euRouter.js, "ledger.us.1", "xfer/p/1", 5*time.Second)
+	ack := publishEventually(t, euRouter.js, "ledger.us.1", "xfer/p/1", 30*time.Second)
 	if ack.Stream != "LEDGER_US" || ack.Domain != "us" {
 		t.Fatalf("router forward: ack %+v, want LEDGER_US in domain us", ack)
 	}

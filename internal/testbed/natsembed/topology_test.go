@@ -97,7 +97,7 @@ func TestTopologyCrossRegionPublishCutHealRestart(t *testing.T) {
 	// Cross-region publish from eu lands in us's stream, deduplicated by
 	// Msg-Id. The stream's interest may take a moment to reach eu.
 	firstAt := time.Now()
-	ack := publishEventually(t, eu, "ledger.us.1", "xfer/c/1", 5*time.Second)
+	ack := publishEventually(t, eu, "ledger.us.1", "xfer/c/1", 30*time.Second)
 	t.Logf("first cross-region publish acked after %s", time.Since(firstAt))
 	if ack.Stream != "LEDGER_US" || ack.Domain != "us" || ack.Duplicate {
 		t.Fatalf("first publish: ack %+v, want stream LEDGER_US in domain us, not a duplicate", ack)
@@ -136,7 +136,7 @@ func TestTopologyCrossRegionPublishCutHealRestart(t *testing.T) {
 	if !topo.LinkUp("us") {
 		t.Fatal("us link not up after Heal")
 	}
-	ack = publishEventually(t, eu, "ledger.us.1", "xfer/c/2", 10*time.Second)
+	ack = publishEventually(t, eu, "ledger.us.1", "xfer/c/2", 30*time.Second)
 	t.Logf("heal: link back after %s, cross-region publish after %s", linkAt, time.Since(healAt))
 	if ack.Stream != "LEDGER_US" || ack.Duplicate {
 		t.Fatalf("publish after heal: ack %+v", ack)
@@ -157,7 +157,7 @@ func TestTopologyCrossRegionPublishCutHealRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("restart: link back after %s", time.Since(restartAt))
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var info *jetstream.StreamInfo
 	for {
@@ -176,7 +176,7 @@ func TestTopologyCrossRegionPublishCutHealRestart(t *testing.T) {
 	if info.State.Msgs != 3 {
 		t.Fatalf("LEDGER_US after restart: %d messages, want 3", info.State.Msgs)
 	}
-	ack = publishEventually(t, eu, "ledger.us.3", "xfer/c/5", 10*time.Second)
+	ack = publishEventually(t, eu, "ledger.us.3", "xfer/c/5", 30*time.Second)
 	t.Logf("restart: cross-region publish after %s", time.Since(restartAt))
 	if ack.Stream != "LEDGER_US" || ack.Sequence != 4 || ack.Duplicate {
 		t.Fatalf("publish after restart: ack %+v, want sequence 4", ack)
@@ -227,7 +227,7 @@ func TestTopologyLinkShape(t *testing.T) {
 	}
 	createStream(t, connectJS(t, topo, "us", natsauth.Ledger), "LEDGER_US", "ledger.us.>")
 	eu := connectJS(t, topo, "eu", natsauth.Router)
-	publishEventually(t, eu, "ledger.us.1", "warm-up", 5*time.Second)
+	publishEventually(t, eu, "ledger.us.1", "warm-up", 30*time.Second)
 	for i := range 3 {
 		start := time.Now()
 		if _, err := publish(eu, "ledger.us.1", fmt.Sprint("shaped-", i), 2*time.Second); err != nil {
@@ -354,7 +354,7 @@ func TestTopologyR3(t *testing.T) {
 		t.Fatalf("LEDGER_US cluster: got %+v, want leader and 2 replicas in cluster us", info.Cluster)
 	}
 	eu := connectJS(t, topo, "eu", natsauth.Router)
-	publishEventually(t, eu, "ledger.us.1", "warm-up", 5*time.Second)
+	publishEventually(t, eu, "ledger.us.1", "warm-up", 30*time.Second)
 	const plain = 20
 	for i := range plain {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -381,7 +381,7 @@ func TestTopologyR3(t *testing.T) {
 	var acked []string
 	for i := range 10 {
 		id := fmt.Sprint("before-", i)
-		publishEventually(t, us, "ledger.us.3", id, 5*time.Second)
+		publishEventually(t, us, "ledger.us.3", id, 30*time.Second)
 		acked = append(acked, id)
 	}
 	stopAt := time.Now()
@@ -394,7 +394,7 @@ func TestTopologyR3(t *testing.T) {
 	for i := range 10 {
 		for _, js := range []jetstream.JetStream{us, eu} {
 			id := fmt.Sprintf("after-%d-%p", i, js)
-			publishEventually(t, js, "ledger.us.3", id, 15*time.Second)
+			publishEventually(t, js, "ledger.us.3", id, 30*time.Second)
 			acked = append(acked, id)
 		}
 	}
@@ -460,7 +460,7 @@ func TestTopologyR3CutHealRestart(t *testing.T) {
 	topo := natsembed.MustStartTopologyWith(t, natsembed.TopologyOptions{Regions: []string{"eu", "us"}, Nodes: 3})
 	createR3Stream(t, connectJS(t, topo, "us", natsauth.Ledger), "LEDGER_US", "ledger.us.>")
 	eu, us := connectJS(t, topo, "eu", natsauth.Router), connectJS(t, topo, "us", natsauth.Router)
-	publishEventually(t, eu, "ledger.us.1", "one", 5*time.Second)
+	publishEventually(t, eu, "ledger.us.1", "one", 30*time.Second)
 
 	topo.Cut("us")
 	if topo.LinkUp("us") {
@@ -478,12 +478,12 @@ func TestTopologyR3CutHealRestart(t *testing.T) {
 	if _, err := publish(eu, "ledger.us.1", "two", 2*time.Second); err == nil {
 		t.Fatal("publish across the cut: acked")
 	}
-	publishEventually(t, us, "ledger.us.1", "local", 5*time.Second)
+	publishEventually(t, us, "ledger.us.1", "local", 30*time.Second)
 	topo.Heal("us")
 	if !topo.LinkUp("us") {
 		t.Fatal("us link not up after Heal")
 	}
-	publishEventually(t, eu, "ledger.us.1", "two", 10*time.Second)
+	publishEventually(t, eu, "ledger.us.1", "two", 30*time.Second)
 
 	if err := topo.RestartRegion("us"); err != nil {
 		t.Fatal(err)
@@ -491,7 +491,7 @@ func TestTopologyR3CutHealRestart(t *testing.T) {
 	if got := readAll(t, connectJS(t, topo, "us", natsauth.Ledger), "LEDGER_US"); !slices.Equal(got, []string{"one", "local", "two"}) {
 		t.Fatalf("LEDGER_US after restart: %v, want one, local, two", got)
 	}
-	publishEventually(t, eu, "ledger.us.1", "three", 10*time.Second)
+	publishEventually(t, eu, "ledger.us.1", "three", 30*time.Second)
 }
 
 // TestTopologyNodesRejected: a region is one server or three, and the node

@@ -235,14 +235,17 @@ func TestRedeliveryWhileFirstAttemptRuns(t *testing.T) {
 	cmd := h.f.Transfer(t, a, b, 70)
 	var slowOnce sync.Once
 	inHook := make(chan struct{})
+	held := make(chan error, 1) // the first attempt's hold ended: nil once the redelivery waited on it
 	slow := ledgertest.On(t, h.f.Pool, h.f.URL, func(c *postgres.Config) {
 		c.Stats = h.f.Stats
-		c.Dedup = ledgertest.FailBeforeCommit(c.Dedup, func(context.Context) error {
+		c.Dedup = ledgertest.FailBeforeCommit(c.Dedup, func(ctx context.Context) error {
 			first := false
 			slowOnce.Do(func() { first = true })
 			if first {
 				close(inHook)
-				time.Sleep(3 * time.Second) // past the 1 s AckWait
+				// Past the 1 s AckWait, until the redelivery's claim waits
+				// on this attempt's.
+				held <- h.lockWaiter(ctx, time.Minute)
 			}
 			return nil
 		})
@@ -255,8 +258,14 @@ func TestRedeliveryWhileFirstAttemptRuns(t *testing.T) {
 	}
 	<-inHook
 	h.worker(t, fast.Store, oneSecond)
+	if err := <-held; err != nil {
+		t.Fatalf("the scenario did not happen: %v", err)
+	}
 	h.drained(t)
-	time.Sleep(3 * time.Second) // let the slow attempt finish and ack
+	// The slow attempt counts its apply once its COMMIT returns.
+	for deadline := time.Now().Add(30 * time.Second); h.f.Stats.Applied.Load() < 2 && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
 	if got := h.f.Stats.Redeliveries.Load(); got < 1 {
 		t.Fatalf("redeliveries: got %d, want >= 1 (the scenario did not happen)", got)
 	}
@@ -267,6 +276,25 @@ func TestRedeliveryWhileFirstAttemptRuns(t *testing.T) {
 		t.Fatalf("balance: got %d, want 30", got)
 	}
 	h.f.MustVerify(t)
+}
+
+// lockWaiter waits until a session of the ledger database waits for a lock,
+// for at most timeout.
+func (h *harness) lockWaiter(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for {
+		var n int
+		err := h.f.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n)
+		switch {
+		case err == nil && n > 0:
+			return nil
+		case ctx.Err() != nil:
+			return fmt.Errorf("no transaction waited on a lock within %s (last error: %v)", timeout, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // TestPoisonMessages: messages that can never apply go to the dead-letter
