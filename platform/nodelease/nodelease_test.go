@@ -197,14 +197,17 @@ func TestTakeoverAfterExpiry(t *testing.T) {
 		}
 		poolC.Close() // c crashes
 		time.Sleep(ttl + 100*time.Millisecond)
+		// d's clock reads just after c's last ID, however long this took on
+		// a loaded machine: behind what c could have minted by a TTL's
+		// worth, far more than d waits for it (MaxClockWait).
 		var clk clock
-		clk.Step(-ttl / 2)
+		clk.Step(time.Until(last.Time().Add(ttl / 10)))
 		d := nodelease.Config{Region: "eu", Node: 6, Holder: "d", TTL: ttl, Now: clk.Now, MaxClockWait: 100 * time.Millisecond}
 		if !clk.Now().After(last.Time()) {
 			t.Fatalf("test clock %v not after c's last ID %v", clk.Now(), last.Time())
 		}
 		if _, err := nodelease.Acquire(ctx, process(t, url), d); !errors.Is(err, nodelease.ErrClockBehind) {
-			t.Fatalf("Acquire with the clock %s back: got %v, want ErrClockBehind", ttl/2, err)
+			t.Fatalf("Acquire with the clock at c's last ID: got %v, want ErrClockBehind", err)
 		}
 		d.Now = nil
 		l, err := nodelease.Acquire(ctx, process(t, url), d)
@@ -220,14 +223,18 @@ func TestTakeoverAfterExpiry(t *testing.T) {
 func TestLostToAnotherHolder(t *testing.T) {
 	ctx := context.Background()
 	_, url := pgtest.MustDatabase(t, nodelease.Migrations())
-	cfg := nodelease.Config{Region: "eu", Node: 9, Holder: "a", TTL: 300 * time.Millisecond}
+	// A TTL long enough that b, renewed by nobody either, outlives the
+	// checks on a loaded machine.
+	cfg := nodelease.Config{Region: "eu", Node: 9, Holder: "a", TTL: 3 * time.Second}
 	a, err := nodelease.Acquire(ctx, process(t, url), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(400 * time.Millisecond) // a stalls past its TTL
-	if err := a.Err(); !errors.Is(err, nodelease.ErrLost) {
-		t.Fatalf("a.Err past its TTL = %v, want ErrLost", err)
+	// a stalls past its TTL.
+	for deadline := time.Now().Add(time.Minute); !errors.Is(a.Err(), nodelease.ErrLost); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("a.Err a minute past its TTL = %v, want ErrLost", a.Err())
+		}
 	}
 	cfg.Holder = "b"
 	b, err := nodelease.Acquire(ctx, process(t, url), cfg)
