@@ -56,7 +56,8 @@ type Config struct {
 	// Inject asks, per asynchronous publish of a router (forwards and
 	// relays, the region's router's and the API's), for a second copy
 	// under the same Nats-Msg-Id (jsfault.JetStream.Twice); Region.Injected
-	// counts them.
+	// counts those whose first copy the stream stored as new (each a
+	// duplicate its window must catch).
 	Inject func() bool
 	// DropAck asks, per ack of a ledger message whose batch committed, to
 	// drop it (jsfault.AckDropped): JetStream redelivers the message.
@@ -183,7 +184,8 @@ func (c *Cluster) Names() []string {
 }
 
 // Injected returns how many second copies Config.Inject made in the
-// region's routers (its own and its API's), across restarts.
+// region's routers (its own and its API's), across restarts, of messages
+// whose first copy was new (see jsfault.JetStream.Injected).
 func (r *Region) Injected() int64 { return r.injected.Load() }
 
 // publisherJetStream decorates a router's JetStream handle with inject's
@@ -192,14 +194,9 @@ func (r *Region) publisherJetStream(inject func() bool) func(jetstream.JetStream
 	if inject == nil {
 		return nil
 	}
-	twice := func() bool {
-		if inject() {
-			r.injected.Add(1)
-			return true
-		}
-		return false
+	return func(js jetstream.JetStream) jetstream.JetStream {
+		return &jsfault.JetStream{JetStream: js, Twice: inject, Injected: func() { r.injected.Add(1) }}
 	}
-	return func(js jetstream.JetStream) jetstream.JetStream { return jsfault.Wrap(js, twice, nil) }
 }
 
 // ledgerJetStream decorates the ledger's JetStream handle: the acks that

@@ -8,6 +8,8 @@ package jsfault
 
 import (
 	"context"
+	"errors"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -18,11 +20,20 @@ type JetStream struct {
 	jetstream.JetStream
 	// Twice, if set, is asked before every asynchronous publish; when it
 	// answers true the message is published a second time under the same
-	// Nats-Msg-Id, as a producer that retries, and the second copy's
-	// future is returned: its PubAck says Duplicate when the stream caught
-	// it, so the publisher counts what its stream's window caught. (When
-	// the second copy cannot be queued the first one's future is returned.)
+	// Nats-Msg-Id, as a producer that retries. The future returned answers
+	// once both copies are answered: an error if either failed (the
+	// publisher sends again, as it would), else the second copy's PubAck,
+	// which says Duplicate when the stream caught it, so the publisher
+	// counts what its stream's window caught. When the second copy cannot
+	// be queued the first one's future is returned.
 	Twice func() bool
+	// Injected, if set, is told of every second copy answered after the
+	// stream stored its first copy as new: a duplicate the stream's
+	// Nats-Msg-Id window must catch, and the publisher count. (A first copy
+	// that was itself a duplicate, a message published again, makes the
+	// second one no extra catch: the publisher counts one duplicate per
+	// future.)
+	Injected func()
 	// Deliver, if set, is handed every message a consumer created or
 	// looked up through this handle delivers to Consume's handler, before
 	// the handler; the handler gets the message it returns. It may block
@@ -45,8 +56,50 @@ func (j *JetStream) PublishMsgAsync(m *nats.Msg, opts ...jetstream.PublishOpt) (
 	if err != nil {
 		return f, nil
 	}
-	return again, nil
+	return both(f, again, j.Injected), nil
 }
+
+// pubAckWait bounds how long both waits for a copy's answer (nats.go
+// answers every future, with an error at the latest when its connection
+// closes; the bound only keeps a lost answer from holding a goroutine).
+const pubAckWait = time.Minute
+
+// both returns a future answered once first and second are: an error if
+// either failed, else second's PubAck, after telling injected (if set)
+// when first's was new.
+func both(first, second jetstream.PubAckFuture, injected func()) jetstream.PubAckFuture {
+	p := &pair{PubAckFuture: second, ok: make(chan *jetstream.PubAck, 1), err: make(chan error, 1)}
+	go func() {
+		var acks []*jetstream.PubAck
+		for _, f := range []jetstream.PubAckFuture{first, second} {
+			select {
+			case ack := <-f.Ok():
+				acks = append(acks, ack)
+			case err := <-f.Err():
+				p.err <- err
+				return
+			case <-time.After(pubAckWait):
+				p.err <- errors.New("jsfault: no PubAck within a minute")
+				return
+			}
+		}
+		if !acks[0].Duplicate && injected != nil {
+			injected()
+		}
+		p.ok <- acks[1]
+	}()
+	return p
+}
+
+// pair is the future of a message published twice.
+type pair struct {
+	jetstream.PubAckFuture // the second copy's, for Msg
+	ok                     chan *jetstream.PubAck
+	err                    chan error
+}
+
+func (p *pair) Ok() <-chan *jetstream.PubAck { return p.ok }
+func (p *pair) Err() <-chan error            { return p.err }
 
 // CreateOrUpdateConsumer returns the consumer, its deliveries decorated.
 func (j *JetStream) CreateOrUpdateConsumer(ctx context.Context, stream string, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
