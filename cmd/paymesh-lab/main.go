@@ -57,7 +57,7 @@ func main() {
 		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	table, err := loadRegions(c.RegionsFile)
+	table, err := regions.Open(c.RegionsFile)
 	k.FatalIfErrorf(err)
 	k.BindTo(ctx, (*context.Context)(nil))
 	var procs []sdktrace.SpanProcessor
@@ -74,13 +74,6 @@ func main() {
 		os.Exit(1)
 	}
 	k.FatalIfErrorf(err)
-}
-
-func loadRegions(path string) (regions.Table, error) {
-	if path == "" {
-		return regions.Default()
-	}
-	return regions.Load(path)
 }
 
 func isTerminal(f *os.File) bool {

@@ -58,7 +58,7 @@ func main() {
 		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	table, err := loadRegions(c.RegionsFile)
+	table, err := regions.Open(c.RegionsFile)
 	k.FatalIfErrorf(err)
 	ids, err := idgen.NewRegions(table.Codes())
 	k.FatalIfErrorf(err)
@@ -71,11 +71,4 @@ func main() {
 		os.Exit(1)
 	}
 	k.FatalIfErrorf(err)
-}
-
-func loadRegions(path string) (regions.Table, error) {
-	if path == "" {
-		return regions.Default()
-	}
-	return regions.Load(path)
 }

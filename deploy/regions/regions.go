@@ -119,6 +119,15 @@ var nameRE = regexp.MustCompile(`^[a-z]{2,8}$`)
 // only if that file is invalid, which a test rules out.
 func Default() (Table, error) { return Parse(defaultFile) }
 
+// Open returns the table of the file at path, or the built-in one when
+// path is "" (the commands' --regions-file). It returns Load's errors.
+func Open(path string) (Table, error) {
+	if path == "" {
+		return Default()
+	}
+	return Load(path)
+}
+
 // Load reads and validates a region file. It returns an error that names the
 // file when it cannot be read or is invalid.
 func Load(path string) (Table, error) {

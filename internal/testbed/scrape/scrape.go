@@ -26,12 +26,9 @@ func (s Sample) matches(want map[string]string) bool {
 	return true
 }
 
-var label = regexp.MustCompile(`(\w+)="([^"]*)"`)
-
-// Samples returns every sample of metric name at url (the metric's series
-// with labels; a series without labels is not one). It fails the test when
-// url cannot be read.
-func Samples(tb testing.TB, url, name string) []Sample {
+// Text returns the body served at url (a /metrics page). It fails the
+// test when url cannot be read.
+func Text(tb testing.TB, url string) string {
 	tb.Helper()
 	res, err := http.Get(url)
 	if err != nil {
@@ -42,9 +39,20 @@ func Samples(tb testing.TB, url, name string) []Sample {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	return string(b)
+}
+
+var label = regexp.MustCompile(`(\w+)="([^"]*)"`)
+
+// Samples returns every sample of metric name at url (the metric's series
+// with labels; a series without labels is not one). It fails the test when
+// url cannot be read.
+func Samples(tb testing.TB, url, name string) []Sample {
+	tb.Helper()
+	b := Text(tb, url)
 	line := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + `\{([^}]*)\} (\S+)$`)
 	var out []Sample
-	for _, m := range line.FindAllStringSubmatch(string(b), -1) {
+	for _, m := range line.FindAllStringSubmatch(b, -1) {
 		s := Sample{Labels: map[string]string{}}
 		for _, l := range label.FindAllStringSubmatch(m[1], -1) {
 			s.Labels[l[1]] = l[2]

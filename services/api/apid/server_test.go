@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -13,6 +12,7 @@ import (
 	"github.com/paymesh/paymesh/internal/testbed/apicheck"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/internal/testbed/pgtest"
+	"github.com/paymesh/paymesh/internal/testbed/scrape"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/platform/natsauth"
 	"github.com/paymesh/paymesh/platform/nodelease"
@@ -60,7 +60,7 @@ func TestAPIServes(t *testing.T) {
 	if err != nil || resp.Status != http.StatusCreated || !strings.Contains(string(resp.Body), `"currency":"EUR"`) {
 		t.Fatalf("POST /v1/accounts at %s: got %d %s %v, want 201 with the account", srv.URL(), resp.Status, resp.Body, err)
 	}
-	if body := get(t, srv.MetricsURL()); !strings.Contains(body, `paymesh_idempotency_keys_total{layer="idempotency_key",outcome="replay",region="eu",topic="transfer"}`) {
+	if body := scrape.Text(t, srv.MetricsURL()); !strings.Contains(body, `paymesh_idempotency_keys_total{layer="idempotency_key",outcome="replay",region="eu",topic="transfer"}`) {
 		t.Fatalf("metrics at %s: no paymesh_idempotency_keys_total in\n%s", srv.MetricsURL(), body)
 	}
 	stop()
@@ -135,20 +135,6 @@ func TestAPINodeLeased(t *testing.T) {
 		t.Fatalf("open after the holder closed: %v", err)
 	}
 	_ = again.Close()
-}
-
-func get(t *testing.T, url string) string {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
 }
 
 // TestOperatorAPIDisabled: an API opened without the region's operator

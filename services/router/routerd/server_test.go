@@ -5,7 +5,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -17,6 +16,7 @@ import (
 	"github.com/paymesh/paymesh/internal/testbed/faultproxy"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/internal/testbed/pgtest"
+	"github.com/paymesh/paymesh/internal/testbed/scrape"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/ledgerd"
@@ -86,7 +86,7 @@ func TestRouterForwards(t *testing.T) {
 	if s, a := counted.sync.Load(), counted.async.Load(); s != 1 || a < 1 {
 		t.Fatalf("publishes through WrapJetStream: got %d sync and %d async, want 1 (the submit) and at least 1 (the forward)", s, a)
 	}
-	if body := get(t, srv.MetricsURL()); !strings.Contains(body, "paymesh_router_forwarded_total") {
+	if body := scrape.Text(t, srv.MetricsURL()); !strings.Contains(body, "paymesh_router_forwarded_total") {
 		t.Fatalf("metrics at %s: no paymesh_router_forwarded_total in\n%s", srv.MetricsURL(), body)
 	}
 	stop()
@@ -181,20 +181,6 @@ func (c *countingJetStream) PublishMsg(ctx context.Context, m *nats.Msg, opts ..
 func (c *countingJetStream) PublishMsgAsync(m *nats.Msg, opts ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
 	c.async.Add(1)
 	return c.JetStream.PublishMsgAsync(m, opts...)
-}
-
-func get(t *testing.T, url string) string {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
 }
 
 func freePort(t *testing.T) int {
