@@ -38,6 +38,10 @@ func (b bugs) install(c *cluster.Config) {
 
 	// Scenario 2.
 	if b.AckBeforeCommit {
+		// On the claimed path, where every client request passes the
+		// ledger's consumer: a request the API applies itself is acked by
+		// no consumer, early or not.
+		claimKeys(c)
 		onLedger(c, func(lc *ledgerd.Config) { lc.WrapJetStream = wrapped(lc.WrapJetStream, ackBeforeApply) })
 	}
 

@@ -3,7 +3,6 @@ package chaos
 import (
 	"context"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -32,7 +31,7 @@ func awaitBacklog(ctx context.Context, led *ledgerd.Server) uint64 {
 	return n
 }
 
-// backlogBuild is how long scenario 14 holds the ledger of its region
+// backlogBuild is how long scenario 14 stops the ledger of its region
 // before the disk loss, so that its ledger stream holds commands not yet
 // applied.
 const backlogBuild = time.Second
@@ -44,41 +43,25 @@ type diskLoss struct {
 	backlog atomic.Int64 // commands waiting in the ledger stream when it was
 }
 
-// gate holds a ledger's batches while it is shut.
+// gate stops a ledger applying while it is shut: the deliveries it gets
+// meanwhile are lost, as by a ledger process that died holding them, so
+// the commands not yet applied stay in the stream alone (JetStream
+// delivers them again after AckWait). A gate that held the deliveries
+// instead would keep a backlog smaller than the consumer's buffer in the
+// ledger's memory, out of the disk loss's reach.
 type gate struct {
-	mu   sync.Mutex
-	shut chan struct{} // nil: open
+	shut atomic.Bool
 }
 
-func (g *gate) close() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.shut == nil {
-		g.shut = make(chan struct{})
-	}
-}
+func (g *gate) close() { g.shut.Store(true) }
+func (g *gate) open()  { g.shut.Store(false) }
 
-func (g *gate) open() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.shut != nil {
-		close(g.shut)
-		g.shut = nil
+// pass returns m, or nil while the gate is shut.
+func (g *gate) pass(m jetstream.Msg) jetstream.Msg {
+	if g.shut.Load() {
+		return nil
 	}
-}
-
-// wait returns once the gate is open or ctx ends.
-func (g *gate) wait(ctx context.Context) {
-	g.mu.Lock()
-	ch := g.shut
-	g.mu.Unlock()
-	if ch == nil {
-		return
-	}
-	select {
-	case <-ch:
-	case <-ctx.Done():
-	}
+	return m
 }
 
 func diskLossScenario() *scenario {
@@ -104,10 +87,7 @@ func diskLossScenario() *scenario {
 					return
 				}
 				lc.WrapJetStream = wrapped(lc.WrapJetStream, func(js jetstream.JetStream) jetstream.JetStream {
-					return jsfault.Wrap(js, nil, func(m jetstream.Msg) jetstream.Msg {
-						st.gate.wait(context.Background())
-						return m
-					})
+					return jsfault.Wrap(js, nil, st.gate.pass)
 				})
 			}
 		},

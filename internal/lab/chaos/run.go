@@ -53,6 +53,11 @@ type Config struct {
 	// bug of scenario 13 meets publishes into a leaderless stream on every
 	// run, not only when one happens to fall in the short election window.
 	quorumLoss bool
+	// killShare is the share of apply transactions scenario 2 kills before
+	// COMMIT (default 3 %): set only by this package's tests, so that the
+	// deliberate bug of scenario 2 meets acknowledged commands whose
+	// transaction and retry are both killed on every run.
+	killShare float64
 }
 
 // Result is one scenario run's verdict.

@@ -193,7 +193,11 @@ var builtin = []*scenario{
 			"regions' ledger, router and API are restarted at random times",
 		counts: "acks lost after COMMIT + transactions killed before COMMIT + region restarts",
 		beforeCommit: func(_ context.Context, e *env) error {
-			if e.coin(0.03) {
+			share := 0.03
+			if e.cfg.killShare > 0 {
+				share = e.cfg.killShare
+			}
+			if e.coin(share) {
 				e.fired.Add(1)
 				return errKilled
 			}

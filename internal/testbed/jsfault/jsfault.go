@@ -36,8 +36,10 @@ type JetStream struct {
 	Injected func()
 	// Deliver, if set, is handed every message a consumer created or
 	// looked up through this handle delivers to Consume's handler, before
-	// the handler; the handler gets the message it returns. It may block
-	// (the consumer's buffer then fills and it stops pulling).
+	// the handler; the handler gets the message it returns, or nothing when
+	// it returns nil (the delivery is lost, as with a consumer process that
+	// died holding it: JetStream delivers it again after its AckWait). It
+	// may block (the consumer's buffer then fills and it stops pulling).
 	Deliver func(jetstream.Msg) jetstream.Msg
 }
 
@@ -126,14 +128,21 @@ func (j *JetStream) consumer(c jetstream.Consumer) jetstream.Consumer {
 	return consumer{Consumer: c, deliver: j.Deliver}
 }
 
-// consumer hands Consume's deliveries to deliver first.
+// consumer hands Consume's deliveries to deliver first. A delivery that
+// deliver turns into nil never reaches the handler: it is lost as with a
+// consumer process that died holding it, and JetStream delivers it again
+// after its AckWait.
 type consumer struct {
 	jetstream.Consumer
 	deliver func(jetstream.Msg) jetstream.Msg
 }
 
 func (c consumer) Consume(h jetstream.MessageHandler, opts ...jetstream.PullConsumeOpt) (jetstream.ConsumeContext, error) {
-	return c.Consumer.Consume(func(m jetstream.Msg) { h(c.deliver(m)) }, opts...)
+	return c.Consumer.Consume(func(m jetstream.Msg) {
+		if m = c.deliver(m); m != nil {
+			h(m)
+		}
+	}, opts...)
 }
 
 // DropAck returns m whose Ack asks drop first: when it answers true the
