@@ -152,20 +152,25 @@ func notFound(account string) error {
 	return ledger.Errorf(ledger.CodeAccountNotFound, "account %s does not exist", account)
 }
 
-// accountCache remembers accounts this process read: who owns them. An
-// account's owner and kind never change and accounts are never deleted,
-// so an entry is never stale; the cache only bounds its size.
+// accountCache remembers accounts this process read: who owns them, or
+// that they are the region's own. An account's owner and kind never change
+// and accounts are never deleted, so an entry is never stale; the cache
+// only bounds its size.
 type accountCache struct {
 	mu    sync.RWMutex
-	owner map[string]string // account ID -> its client if a customer account, "" otherwise
+	owner map[string]string // account ID -> its client if a customer account, "" when unknown, systemOwner for the region's own
 }
+
+// systemOwner marks the region's own accounts (issuance, transit) in the
+// cache: no client ID can spell it.
+const systemOwner = "\x00system"
 
 // maxAccountCache bounds the accounts remembered; the cache starts over when
 // it is full.
 const maxAccountCache = 1 << 17
 
 func (c *accountCache) remember(a ledger.Account) {
-	owner := ""
+	owner := systemOwner
 	if a.Kind == ledger.KindCustomer {
 		owner = a.ClientID
 	}
@@ -182,9 +187,9 @@ func (c *accountCache) room() {
 	}
 }
 
-// rememberExists records that account id exists (its owner unknown: it is
-// not vouched for as anyone's source).
-func (c *accountCache) rememberExists(id string) {
+// rememberCustomer records that account id is a customer account (its
+// owner unknown: it is not vouched for as anyone's source).
+func (c *accountCache) rememberCustomer(id string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.room()
@@ -194,7 +199,7 @@ func (c *accountCache) rememberExists(id string) {
 }
 
 // vouches reports whether source is known as a customer account of client
-// and destination ("" for none to check) as existing.
+// and destination ("" for none to check) as a customer account.
 func (c *accountCache) vouches(client, source, destination string) bool {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
@@ -204,26 +209,36 @@ func (c *accountCache) vouches(client, source, destination string) bool {
 	if destination == "" {
 		return true
 	}
-	_, ok := c.owner[destination]
-	return ok
+	owner, ok := c.owner[destination]
+	return ok && owner != systemOwner
 }
 
 // learn remembers what a read of a transfer request's accounts found
 // (Store.CheckAccounts, Store.StartKey), and refuses the request unless its
 // source is a customer account of its client and its destination here, if
-// it names one (KeyClaim.Destination), exists.
+// it names one (KeyClaim.Destination), is a customer account. The region's
+// own accounts are refused by name (system_account); an account that is
+// another client's is not found, as one that does not exist.
 func (c *accountCache) learn(st KeyStart, x newTransfer) error {
 	if st.SourceFound {
 		c.remember(st.Source)
 	}
-	if x.claim.Destination != "" && !st.DestinationMissing {
-		c.rememberExists(x.claim.Destination)
+	if x.claim.Destination != "" && !st.DestinationMissing && !st.DestinationSystem {
+		c.rememberCustomer(x.claim.Destination)
 	}
-	if !ownedBy(st.Source, x.claim.Client) {
+	switch {
+	case st.SourceFound && st.Source.Kind != ledger.KindCustomer:
+		return systemAccount(x.req.From)
+	case !ownedBy(st.Source, x.claim.Client):
 		return notFound(x.req.From)
-	}
-	if st.DestinationMissing {
+	case st.DestinationMissing:
 		return notFound(x.req.To)
+	case st.DestinationSystem:
+		return systemAccount(x.req.To)
 	}
 	return nil
+}
+
+func systemAccount(account string) error {
+	return ledger.Errorf(ledger.CodeSystemAccount, "account %s is one of the region's own accounts: clients pay from and into customer accounts only", account)
 }

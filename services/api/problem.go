@@ -46,6 +46,7 @@ var statusOf = map[ledger.Code]int{
 	ledger.CodeSameAccount:           http.StatusUnprocessableEntity,
 	ledger.CodeAccountNotFound:       http.StatusNotFound,
 	ledger.CodeAccountClosed:         http.StatusUnprocessableEntity,
+	ledger.CodeSystemAccount:         http.StatusUnprocessableEntity,
 	ledger.CodeCurrencyMismatch:      http.StatusUnprocessableEntity,
 	ledger.CodeInsufficientFunds:     http.StatusUnprocessableEntity,
 	ledger.CodeBalanceOverflow:       http.StatusUnprocessableEntity,

@@ -210,6 +210,10 @@ type KeyStart struct {
 	// DestinationMissing is set when KeyClaim.Destination names no account
 	// (and so no key was claimed).
 	DestinationMissing bool
+	// DestinationSystem is set when KeyClaim.Destination is one of the
+	// region's own accounts (issuance, transit), which no client pays
+	// into (and so no key was claimed).
+	DestinationSystem bool
 	// Claimed is set when the key was new and is now claimed (Key); when
 	// it is not, and the source is the client's, the key exists:
 	// ResolveKey says what to do with it.

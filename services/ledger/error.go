@@ -24,6 +24,10 @@ const (
 	CodeAccountNotFound Code = "account_not_found"
 	// CodeAccountClosed: an account named by the command is closed.
 	CodeAccountClosed Code = "account_closed"
+	// CodeSystemAccount: an account named as a client's source or
+	// destination is one of the region's own (issuance, transit), which
+	// only the ledger moves money into and out of.
+	CodeSystemAccount Code = "system_account"
 	// CodeCurrencyMismatch: the command's currency is not the account's.
 	CodeCurrencyMismatch Code = "currency_mismatch"
 	// CodeInsufficientFunds: the debit would take the source below its floor.
@@ -66,7 +70,7 @@ const (
 // Codes returns every Code, in the order they are declared.
 func Codes() []Code {
 	return []Code{CodeInvalidRequest, CodeInvalidAmount, CodeInvalidCurrency, CodeSameAccount, CodeAccountNotFound,
-		CodeAccountClosed, CodeCurrencyMismatch, CodeInsufficientFunds, CodeBalanceOverflow, CodeWrongRegion,
+		CodeAccountClosed, CodeSystemAccount, CodeCurrencyMismatch, CodeInsufficientFunds, CodeBalanceOverflow, CodeWrongRegion,
 		CodeIdempotencyKeyReused, CodeTransferIDReused, CodeIllegalTransition, CodeStaleVersion, CodeNotFound,
 		CodeTransferNotHeld, CodeHoldExpired, CodeAmountExceedsHold, CodeTransferNotRefundable, CodeRefundExceedsCaptured}
 }

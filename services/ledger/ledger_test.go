@@ -163,13 +163,14 @@ func TestValidate(t *testing.T) {
 
 func TestPlanBatch(t *testing.T) {
 	_, id := mustIDs(t)
-	a, b, usd, closed, mint := id("eu"), id("eu"), id("eu"), id("eu"), id("eu")
+	a, b, usd, closed, mint, hop := id("eu"), id("eu"), id("eu"), id("eu"), id("eu"), id("eu")
 	accounts := map[string]ledger.Account{
-		a:      {ID: a, Kind: ledger.KindCustomer, Currency: "EUR", Balance: 100, Version: 3},
-		b:      {ID: b, Kind: ledger.KindCustomer, Currency: "EUR", Balance: ledger.NoFloor * -1 / 2, Floor: -50},
-		usd:    {ID: usd, Kind: ledger.KindCustomer, Currency: "USD", Balance: 10},
-		closed: {ID: closed, Kind: ledger.KindCustomer, Currency: "EUR", Closed: true},
-		mint:   {ID: mint, Kind: ledger.KindIssuance, Currency: "EUR", Floor: ledger.NoFloor},
+		a:      {ID: a, ClientID: "c", Kind: ledger.KindCustomer, Currency: "EUR", Balance: 100, Version: 3},
+		b:      {ID: b, ClientID: "c", Kind: ledger.KindCustomer, Currency: "EUR", Balance: ledger.NoFloor * -1 / 2, Floor: -50},
+		usd:    {ID: usd, ClientID: "c", Kind: ledger.KindCustomer, Currency: "USD", Balance: 10},
+		closed: {ID: closed, ClientID: "c", Kind: ledger.KindCustomer, Currency: "EUR", Closed: true},
+		mint:   {ID: mint, ClientID: "paymesh", Kind: ledger.KindIssuance, Currency: "EUR", Floor: ledger.NoFloor},
+		hop:    {ID: hop, ClientID: "paymesh", Kind: ledger.KindTransit, Currency: "EUR", Balance: 5, Floor: ledger.NoFloor},
 	}
 	b0 := accounts[b].Balance
 	cmd := func(from, to string, amount int64) ledger.Command {
@@ -190,11 +191,14 @@ func TestPlanBatch(t *testing.T) {
 		{Type: ledger.TypeFund, TransferID: id("eu"), ClientID: "c", IdempotencyKey: "f", From: mint, To: b, Amount: 1<<63 - 1, Currency: "EUR", CreatedAt: time.Now()}, // overflow b
 		{Type: ledger.TypeFund, TransferID: id("eu"), ClientID: "c", IdempotencyKey: "g", From: mint, To: mint, Amount: 1, Currency: "EUR", CreatedAt: time.Now()},      // fund the issuance account itself
 		cmd(a, mint, 1), // into the issuance account
+		cmd(a, hop, 1),  // into the transit account
+		cmd(hop, a, 1),  // out of the transit account
+		{Type: ledger.TypeFund, TransferID: id("eu"), ClientID: "c", IdempotencyKey: "h", From: mint, To: hop, Amount: 1, Currency: "EUR", CreatedAt: time.Now()}, // fund the transit account
 	}
 	p := ledger.Batch{Accounts: accounts, Issuance: map[string]string{"EUR": mint}}.Plan(cmds)
 	want := []ledger.Code{"", ledger.CodeInsufficientFunds, "", ledger.CodeInsufficientFunds, ledger.CodeAccountNotFound,
-		ledger.CodeAccountNotFound, ledger.CodeCurrencyMismatch, ledger.CodeAccountClosed, ledger.CodeInvalidRequest, ledger.CodeBalanceOverflow,
-		ledger.CodeSameAccount, ledger.CodeInvalidRequest}
+		ledger.CodeAccountNotFound, ledger.CodeCurrencyMismatch, ledger.CodeAccountClosed, ledger.CodeSystemAccount, ledger.CodeBalanceOverflow,
+		ledger.CodeSameAccount, ledger.CodeSystemAccount, ledger.CodeSystemAccount, ledger.CodeSystemAccount, ledger.CodeSystemAccount}
 	for i, o := range p.Outcomes {
 		if want[i] == ledger.CodeAccountNotFound {
 			// Not a refusal: nothing is recorded, so that a replay applies
@@ -235,6 +239,37 @@ func TestPlanBatch(t *testing.T) {
 	// Postings carry the balance and version they produced, in order.
 	if ps := p.Outcomes[2].Postings; ps[0].BalanceAfter != 0 || ps[0].AccountVersion != 5 || ps[0].Amount != -40 {
 		t.Errorf("third transfer debit: got %+v", ps[0])
+	}
+}
+
+// TestPlanRefusesAnotherClientsSource: a transfer or hold whose source
+// belongs to another client than the command's (a forged command: the API
+// sends only its client's own) is invalid, dead-lettered with nothing
+// recorded, and moves nothing; the owner's own transfer applies.
+func TestPlanRefusesAnotherClientsSource(t *testing.T) {
+	_, id := mustIDs(t)
+	a, b := id("eu"), id("eu")
+	accounts := map[string]ledger.Account{
+		a: {ID: a, ClientID: "alice", Kind: ledger.KindCustomer, Currency: "EUR", Balance: 100},
+		b: {ID: b, ClientID: "bob", Kind: ledger.KindCustomer, Currency: "EUR"},
+	}
+	cmd := func(client string, hold bool) ledger.Command {
+		c := ledger.Command{Type: ledger.TypeTransfer, TransferID: id("eu"), ClientID: client, IdempotencyKey: id("eu"),
+			From: a, To: b, Amount: 10, Currency: "EUR", CreatedAt: time.Now(), Hold: hold}
+		if hold {
+			c.ExpiresAt = time.Now().Add(time.Hour)
+		}
+		return c
+	}
+	p := ledger.Batch{Accounts: accounts}.Plan([]ledger.Command{cmd("bob", false), cmd("bob", true), cmd("alice", false)})
+	for i, o := range p.Outcomes[:2] {
+		if o.Result != ledger.Invalid || o.Err == nil || o.Err.Code != ledger.CodeAccountNotFound || o.Transfer.ID != "" || len(o.Postings) != 0 || len(o.Outbox) != 0 {
+			t.Errorf("command %d (bob names alice's account): got %v %v transfer %q, %d postings, %d steps; want invalid account_not_found, nothing recorded",
+				i, o.Result, o.Err, o.Transfer.ID, len(o.Postings), len(o.Outbox))
+		}
+	}
+	if o := p.Outcomes[2]; o.Result != ledger.Applied || o.Transfer.Status != ledger.StatusCompleted {
+		t.Errorf("alice's own transfer: got %v %v, want applied, COMPLETED", o.Result, o.Err)
 	}
 }
 

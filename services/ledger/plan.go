@@ -235,6 +235,13 @@ func (w *work) request(c Command) Outcome {
 		t.Reason = err.Code
 		return Outcome{Transfer: t, Err: err, Result: Rejected}
 	}
+	if from := w.acc[t.From]; c.Type == TypeTransfer && from != nil && from.Kind == KindCustomer && from.ClientID != c.ClientID {
+		// The API sends only its client's own accounts: a command naming
+		// another's was forged or corrupted on its way. Nothing is
+		// recorded (the client's key stays free), and an operator sees it
+		// dead-lettered.
+		return Outcome{Result: Invalid, Err: Errorf(CodeAccountNotFound, "source account %s is not an account of client %s", t.From, c.ClientID)}
+	}
 	var refunded *int64 // the refunded transfer's refunded amount (its row here, or its credit's)
 	if c.Type == TypeRefund {
 		if from := w.acc[c.From]; from != nil && from.ClientID != c.ClientID {
@@ -448,8 +455,10 @@ func (w *work) checkCredit(c Command, transit, to *Account) *Error {
 	switch {
 	case transit == nil:
 		return Errorf(CodeAccountNotFound, "no transit account for %s in this region", c.Currency)
-	case to == nil || to.Kind != KindCustomer:
+	case to == nil:
 		return Errorf(CodeAccountNotFound, "destination account %s does not exist", c.To)
+	case to.Kind != KindCustomer:
+		return Errorf(CodeSystemAccount, "account %s is the region's %s account: money moves into customer accounts only", c.To, to.Kind)
 	case to.Closed:
 		return Errorf(CodeAccountClosed, "destination account %s is closed", c.To)
 	case to.Currency != c.Currency:
@@ -523,10 +532,10 @@ func (w *work) check(c Command, from, to *Account) (*Account, *Error) {
 		return nil, Errorf(CodeCurrencyMismatch, "destination account %s holds %s, not %s", to.ID, to.Currency, c.Currency)
 	case from.ID == to.ID:
 		return nil, Errorf(CodeSameAccount, "source and destination are both %s", from.ID)
-	case to.Kind == KindIssuance:
-		return nil, Errorf(CodeInvalidRequest, "money can only be moved into a customer account")
+	case to.ID == c.To && to.Kind != KindCustomer:
+		return nil, Errorf(CodeSystemAccount, "account %s is the region's %s account: money moves into customer accounts only", to.ID, to.Kind)
 	case c.Type != TypeFund && from.Kind != KindCustomer:
-		return nil, Errorf(CodeInvalidRequest, "transfers move money between customer accounts only")
+		return nil, Errorf(CodeSystemAccount, "account %s is the region's %s account: money moves out of customer accounts only", from.ID, from.Kind)
 	}
 	// Available >= Floor always holds, so Available - Floor >= 0; it can
 	// only overflow when the floor is far negative, and then funds are

@@ -279,7 +279,7 @@ func queueStarts(b *pgx.Batch, group []*startReq) *groupRead {
 		            $8::text[], $9::text[])
 		     WITH ORDINALITY AS u(client_id, key, fingerprint, transfer_id, lease_until, created_at, expires_at, source, destination, n)
 		WHERE `+postgres.CustomerOfSQL("u.source", "u.client_id")+`
-		  AND (u.destination = '' OR EXISTS (SELECT 1 FROM accounts WHERE id = u.destination))
+		  AND (u.destination = '' OR EXISTS (SELECT 1 FROM accounts WHERE id = u.destination AND kind = 'customer'))
 		ORDER BY u.n
 		ON CONFLICT (client_id, key) DO NOTHING RETURNING `+keyColumns,
 		clients, keys, fps, tids, leases, created, expires, sources, dests).Query(func(rows pgx.Rows) error {
@@ -298,8 +298,9 @@ func (g *groupRead) fill(r *startReq) {
 	c, st := r.claim, &r.st
 	st.Source, st.SourceFound = g.accounts[r.source]
 	if c.Destination != "" {
-		_, found := g.accounts[c.Destination]
+		dest, found := g.accounts[c.Destination]
 		st.DestinationMissing = !found
+		st.DestinationSystem = found && dest.Kind != ledger.KindCustomer
 	}
 	if !r.claims {
 		return
