@@ -12,19 +12,25 @@
 // already checked against its publisher's permissions in the publisher's
 // region. So:
 //
-//   - of the services, only a router may publish to ledger.<any
-//     region>.<shard>, the subjects of the regions' LEDGER_<R> streams (its
-//     forward and outbox-relay path), and a region's API to its own
-//     region's (its submits for accounts homed there skip the route
-//     stream); a region's ledger may not, not even to its own region's;
+//   - a ledger subject names its class and the region it is sent from
+//     (ledger.<region>.<shard>.<class>.<from>, platform/subjects), and each
+//     class has its own publishers: client commands (cmd) the API of the
+//     command's region, to its own region's ledger only, and the router of
+//     region <r> forwarding its route stream (from <r>, to any region);
+//     saga steps (step) only the router of the region whose outbox holds
+//     them (from <r>, to any region); the operator's commands (ops: funds
+//     and dead letters replayed) only ops-<r>, to its own region; a
+//     region's ledger publishes to no ledger subject, not even its own
+//     region's. The ledger checks each command's class again on receipt
+//     (services/ledger/ledgerstream, checkClass);
 //   - the ledger reaches only its own streams (LEDGER_<R>, DLQ_<R>) and the
 //     router only ROUTE_<R>, through the local JetStream API ($JS.API.>);
 //     no user may use another domain's API ($JS.<domain>.API.>), so no region
 //     reads, purges or deletes another's streams;
 //   - the operator's user (ops-<r>, paymesh dlq) reads DLQ_<R> and
 //     deletes from it, reads LEDGER_<R> and its consumers' progress, and
-//     publishes to its own region's ledger subjects, the one path besides
-//     the router's: a replay of a dead letter goes back where it came from;
+//     publishes the operator's class of its own region's ledger subjects:
+//     a fund, or a dead letter replayed on its original shard;
 //   - only API users may send forwarded API calls (paymesh.api.<region>), and
 //     only region <r>'s API user may receive those for <r>; it answers them
 //     through allow_responses, not through a publish right on _INBOX.>;
@@ -152,7 +158,11 @@ func Users(region string) []User {
 			Name: router, Password: DevPassword(router),
 			Permissions: &Permissions{
 				PublishAllow: concat(
-					[]string{accountInfo, acks(subjects.RouteStream(region)), subjects.Route(region), subjects.AllLedgers},
+					[]string{accountInfo, acks(subjects.RouteStream(region)), subjects.Route(region),
+						// Client commands forwarded from its route stream, and
+						// the saga steps of its region's outbox, to any region.
+						subjects.LedgerClass("*", subjects.ClassCommand, region),
+						subjects.LedgerClass("*", subjects.ClassStep, region)},
 					streamAPI(subjects.RouteStream(region))),
 				SubscribeAllow: []string{inbox(router)},
 			},
@@ -160,7 +170,9 @@ func Users(region string) []User {
 		{
 			Name: api, Password: DevPassword(api),
 			Permissions: &Permissions{
-				PublishAllow: []string{accountInfo, subjects.Route(region), subjects.Ledger(region), subjects.AllAPIs,
+				PublishAllow: []string{accountInfo, subjects.Route(region), subjects.AllAPIs,
+					// Client commands of its own region, nothing else.
+					subjects.LedgerClass(region, subjects.ClassCommand, region),
 					// The API makes sure its region's route stream exists
 					// before it submits (a router may start after it).
 					"$JS.API.STREAM.INFO." + subjects.RouteStream(region),
@@ -173,7 +185,7 @@ func Users(region string) []User {
 		{
 			Name: ops, Password: DevPassword(ops),
 			Permissions: &Permissions{
-				PublishAllow: []string{accountInfo, subjects.Ledger(region),
+				PublishAllow: []string{accountInfo, subjects.LedgerClass(region, subjects.ClassOps, region),
 					"$JS.API.STREAM.INFO." + dlqStream, "$JS.API.STREAM.MSG.GET." + dlqStream,
 					"$JS.API.STREAM.MSG.DELETE." + dlqStream,
 					"$JS.API.STREAM.INFO." + ledgerStream, "$JS.API.STREAM.MSG.GET." + ledgerStream,

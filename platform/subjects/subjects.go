@@ -6,15 +6,21 @@
 //
 // Region <r>'s streams and subjects:
 //
-//	ROUTE_<R>   route.<r>.<home>.<shard>  commands accepted in <r> for accounts homed in <home>
-//	LEDGER_<R>  ledger.<r>.<shard>        commands and saga steps that <r>'s ledger applies
-//	DLQ_<R>     dlq.<r>.ledger            <r>'s dead letters
-//	            paymesh.api.<r>           API calls forwarded to <r>'s API (request/reply)
-//	            paymesh.answers.<r>.<p>   <r>'s ledger telling API process <p> which keys it answered
+//	ROUTE_<R>   route.<r>.<home>.<shard>                client commands accepted in <r> for accounts homed in <home>
+//	LEDGER_<R>  ledger.<r>.<shard>.<class>.<from>      what <r>'s ledger applies, by class, sent from region <from>
+//	DLQ_<R>     dlq.<r>.ledger                          <r>'s dead letters
+//	            paymesh.api.<r>                         API calls forwarded to <r>'s API (request/reply)
+//	            paymesh.answers.<r>.<p>                 <r>'s ledger telling API process <p> which keys it answered
+//
+// A ledger subject names its class, so that the servers' permissions can
+// give each class only to the services that own it, and the ledger can
+// check that a command came the way its kind must come (Class).
 package subjects
 
 import (
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -24,11 +30,71 @@ func LedgerStream(region string) string { return "LEDGER_" + strings.ToUpper(reg
 // Ledger is the wildcard of region's ledger subjects.
 func Ledger(region string) string { return "ledger." + region + ".>" }
 
-// LedgerShard is the ledger subject of one shard of region.
-func LedgerShard(region string, shard int) string { return fmt.Sprintf("ledger.%s.%d", region, shard) }
+// Class is the kind of traffic a ledger subject carries. Each class has
+// its own publishers (platform/natsauth), and the ledger applies a command
+// only from its kind's class.
+type Class string
 
-// AllLedgers matches the ledger subjects of every region.
-const AllLedgers = "ledger.>"
+// The classes of ledger subjects.
+const (
+	// ClassCommand carries client commands (transfer, capture, void,
+	// refund), from the API of the command's home region or a router
+	// forwarding its route stream.
+	ClassCommand Class = "cmd"
+	// ClassStep carries saga steps, from the router of the region whose
+	// ledger wrote them to its outbox.
+	ClassStep Class = "step"
+	// ClassOps carries the operator's commands (fund, and dead letters
+	// replayed), from the region's own operator user.
+	ClassOps Class = "ops"
+)
+
+// Classes lists every class.
+var Classes = []Class{ClassCommand, ClassStep, ClassOps}
+
+// LedgerSubject is the ledger subject of one shard of region, for class,
+// sent from region from.
+func LedgerSubject(region string, shard int, class Class, from string) string {
+	return fmt.Sprintf("ledger.%s.%d.%s.%s", region, shard, class, from)
+}
+
+// LedgerShard is the wildcard of one shard of region: every class, from
+// anywhere (a shard consumer's filter).
+func LedgerShard(region string, shard int) string {
+	return fmt.Sprintf("ledger.%s.%d.>", region, shard)
+}
+
+// LedgerClass is the wildcard of region's subjects of class sent from
+// region from; "*" for either matches any (a permission).
+func LedgerClass(region string, class Class, from string) string {
+	return "ledger." + region + ".*." + string(class) + "." + from
+}
+
+// LedgerAddress is what a ledger subject says.
+type LedgerAddress struct {
+	Region string
+	Shard  int
+	Class  Class
+	From   string
+}
+
+// ParseLedger reads a ledger subject. It returns an error for a subject of
+// any other shape or an unknown class.
+func ParseLedger(subject string) (LedgerAddress, error) {
+	parts := strings.Split(subject, ".")
+	if len(parts) != 5 || parts[0] != "ledger" || parts[1] == "" || parts[4] == "" {
+		return LedgerAddress{}, fmt.Errorf("ledger subject %q is not ledger.<region>.<shard>.<class>.<from>", subject)
+	}
+	shard, err := strconv.Atoi(parts[2])
+	if err != nil || shard < 0 {
+		return LedgerAddress{}, fmt.Errorf("ledger subject %q: shard %q is not a shard number", subject, parts[2])
+	}
+	c := Class(parts[3])
+	if !slices.Contains(Classes, c) {
+		return LedgerAddress{}, fmt.Errorf("ledger subject %q: %q is not a class (%v)", subject, parts[3], Classes)
+	}
+	return LedgerAddress{Region: parts[1], Shard: shard, Class: c, From: parts[4]}, nil
+}
 
 // DLQStream is the name of region's dead-letter stream.
 func DLQStream(region string) string { return "DLQ_" + strings.ToUpper(region) }
@@ -51,15 +117,20 @@ func RouteShard(region, home string, shard int) string {
 	return fmt.Sprintf("route.%s.%s.%d", region, home, shard)
 }
 
-// LedgerOfRoute maps a route subject route.<r>.<home>.<shard> to the home
-// region's ledger subject ledger.<home>.<shard>. It returns an error for a
-// subject of any other shape.
+// LedgerOfRoute maps a route subject route.<r>.<home>.<shard> to the
+// subject its client command is forwarded to: the home region's ledger,
+// class ClassCommand, sent from <r>. It returns an error for a subject of
+// any other shape.
 func LedgerOfRoute(route string) (string, error) {
 	parts := strings.Split(route, ".")
 	if len(parts) != 4 || parts[0] != "route" {
 		return "", fmt.Errorf("route subject %q is not route.<region>.<home>.<shard>", route)
 	}
-	return "ledger." + parts[2] + "." + parts[3], nil
+	shard, err := strconv.Atoi(parts[3])
+	if err != nil || shard < 0 {
+		return "", fmt.Errorf("route subject %q: shard %q is not a shard number", route, parts[3])
+	}
+	return LedgerSubject(parts[2], shard, ClassCommand, parts[1]), nil
 }
 
 // API is where region's API takes forwarded calls.

@@ -63,6 +63,27 @@ func (c Command) IsStep() bool {
 	return c.Type == TypeCredit || c.Type == TypeConfirm || c.Type == TypeRefuse || c.Type == TypeExpire
 }
 
+// SentFrom returns the region whose ledger sends a saga step: a credit
+// comes from its transfer's source region, a confirm or refuse from the
+// destination region that applied or refused the credit, an expiry from
+// the hold's own region. It returns an error for a command that is not a
+// step or names an ID of no region.
+func (c Command) SentFrom(ids *idgen.Regions) (string, error) {
+	account := c.From
+	switch c.Type {
+	case TypeCredit, TypeExpire:
+	case TypeConfirm, TypeRefuse:
+		account = c.To
+	default:
+		return "", Errorf(CodeInvalidRequest, "a %s is not a saga step", c.Type)
+	}
+	r, err := ids.HomeRegion(account)
+	if err != nil {
+		return "", Errorf(CodeInvalidRequest, "%s: %v", account, err)
+	}
+	return r, nil
+}
+
 // IsAction reports whether the command acts on an existing hold (capture,
 // void) instead of making a transfer. It names the hold (TransferID) and
 // carries the hold's accounts and currency, which the ledger checks

@@ -15,6 +15,7 @@ import (
 
 	"github.com/paymesh/paymesh/pkg/natstrace"
 	"github.com/paymesh/paymesh/platform/subjects"
+	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 )
 
@@ -97,6 +98,20 @@ func (r *Router) forwardFrom(ctx context.Context, cons jetstream.Consumer, log *
 	}
 }
 
+// forwardSubject returns the home ledger subject a route-stream message
+// goes to, or an error unless it is a client command (the route stream
+// carries nothing else) addressed by a route subject.
+func forwardSubject(m jetstream.Msg) (string, error) {
+	cmd, err := ledger.DecodeCommand(m.Data())
+	if err != nil {
+		return "", err
+	}
+	if class := ledgerstream.ClassOf(cmd); class != subjects.ClassCommand {
+		return "", fmt.Errorf("a %s is no client command (it travels on the %s class)", cmd.Type, class)
+	}
+	return subjects.LedgerOfRoute(m.Subject())
+}
+
 // forward publishes a batch to the home ledger streams asynchronously and
 // acks each local copy after its PubAck; a failed one is NAKed with a
 // growing delay.
@@ -105,10 +120,15 @@ func (r *Router) forward(ctx context.Context, msgs []jetstream.Msg, log *slog.Lo
 	spans := make([]trace.Span, len(msgs))
 	unroutable := make([]bool, len(msgs))
 	for i, m := range msgs {
-		subject, err := subjects.LedgerOfRoute(m.Subject())
+		subject, err := forwardSubject(m)
 		if err != nil {
-			log.Error("unroutable message in the route stream", "err", err)
-			_ = m.TermWithReason("unroutable")
+			// Not a client command, or not routable: forwarding it would
+			// hand the home ledger what only its own class's publishers
+			// may send (a fund, a saga step). It stays in the route
+			// stream's log as a terminated delivery.
+			log.Error("refused a message of the route stream", "subject", m.Subject(), "err", err)
+			_ = m.TermWithReason("refused: " + err.Error())
+			r.cfg.Stats.Refused.Add(1)
 			unroutable[i] = true
 			continue
 		}

@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/paymesh/paymesh/pkg/natstrace"
+	"github.com/paymesh/paymesh/platform/subjects"
 )
 
 // Step is a saga step waiting in the region's outbox to be relayed to the
@@ -110,7 +111,7 @@ func (r *Router) relay(ctx context.Context, steps []Step) (sent, failed []int64,
 // span that continues the transfer's trace, and returns the PubAck futures
 // and the span, which the caller ends.
 func (r *Router) publishStep(ctx context.Context, st Step) ([]jetstream.PubAckFuture, trace.Span) {
-	m := nats.NewMsg(r.topo(st.Region).Subject(st.Account))
+	m := nats.NewMsg(r.topo(st.Region).Subject(st.Account, subjects.ClassStep, r.cfg.Region))
 	m.Data = st.Payload
 	m.Header.Set(jetstream.MsgIDHeader, st.MsgID)
 	sctx, span := tracer.Start(natstrace.WithTraceParent(ctx, st.TraceParent), "relay "+m.Subject,

@@ -164,7 +164,7 @@ func (r *Router) Submit(ctx context.Context, cmd ledger.Command) (duplicate bool
 	}
 	shard := r.topo(home).Shard(account)
 	if home == r.cfg.Region {
-		dup, err := r.submit(ctx, cmd, subjects.LedgerShard(home, shard), subjects.LedgerStream(home))
+		dup, err := r.submit(ctx, cmd, subjects.LedgerSubject(home, shard, ledgerstream.ClassOf(cmd), r.cfg.Region), subjects.LedgerStream(home))
 		if !errors.Is(err, jetstream.ErrNoStreamResponse) {
 			if err == nil {
 				r.cfg.Stats.Direct.Add(1)

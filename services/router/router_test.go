@@ -75,7 +75,7 @@ func TestSubmitAndForward(t *testing.T) {
 	for r.Stats().Forwarded.Load() < 1 && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
-	m, err := stream.GetLastMsgForSubject(ctx, topo.Subject(cmd.From))
+	m, err := stream.GetLastMsgForSubject(ctx, topo.CommandSubject(cmd, "us")) // forwarded from us, as a client command
 	if err != nil {
 		t.Fatalf("home stream has no message: %v", err)
 	}
@@ -148,7 +148,7 @@ func TestSubmitHomedHere(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := m.GetLastMsgForSubject(ctx, topo.Subject(cmd.From))
+	got, err := m.GetLastMsgForSubject(ctx, topo.CommandSubject(cmd, "eu"))
 	if err != nil || got.Header.Get(jetstream.MsgIDHeader) != cmd.MsgKey() {
 		t.Fatalf("ledger stream's message for %s: %v %v, want Msg-Id %s", cmd.From, got, err, cmd.MsgKey())
 	}

@@ -13,4 +13,5 @@ type Stats struct {
 	Relayed           atomic.Int64 // outbox steps the destination acked
 	RelayRetries      atomic.Int64 // relays that failed and will be retried
 	RelayDuplicates   atomic.Int64 // relays the destination recognised by Nats-Msg-Id
+	Refused           atomic.Int64 // route-stream messages not forwarded: no client command, or no route subject
 }

@@ -354,7 +354,7 @@ func (r *ledgerRig) publish(p phase, t *tracker, topo ledgerstream.Topology, i i
 	}
 	t.published[i] = now
 	cmd := p.w.command(r.e, r.accounts, i)
-	m := nats.NewMsg(topo.Subject(cmd.From))
+	m := nats.NewMsg(topo.CommandSubject(cmd, topo.Region))
 	m.Data = cmd.Encode()
 	id := cmd.MsgKey()
 	if p.replay {

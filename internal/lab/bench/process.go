@@ -87,7 +87,7 @@ func (e *env) ledgerProcess(ctx context.Context) (ProcessRun, error) {
 	for i := range w.from {
 		w.created[i] = time.Now().UnixNano()
 		cmd := w.command(e, accounts, i)
-		m := nats.NewMsg(topo.Subject(cmd.From))
+		m := nats.NewMsg(topo.CommandSubject(cmd, topo.Region))
 		m.Data = cmd.Encode()
 		m.Header.Set(jetstream.MsgIDHeader, cmd.MsgKey())
 		if _, err := e.nats.js.PublishMsgAsync(m, jetstream.WithExpectStream(topo.Stream())); err != nil {

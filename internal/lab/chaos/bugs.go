@@ -8,6 +8,7 @@ import (
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
 	"github.com/paymesh/paymesh/services/api"
 	"github.com/paymesh/paymesh/services/ledger/ledgerd"
+	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 )
 
@@ -86,7 +87,14 @@ func (b bugs) install(c *cluster.Config) {
 
 	// Scenario 11.
 	if b.SkipOwnerCheck {
+		// The ledger checks a transfer's source owner too: the bug takes
+		// that check away as well, and runs the claimed key path, where
+		// every request passes the ledger's consumer.
 		wrapAPIStore(c, func(s api.Store) api.Store { return skipOwnerCheck{s} })
+		claimKeys(c)
+		onLedger(c, func(lc *ledgerd.Config) {
+			lc.WrapApplier = func(a ledgerstream.Applier) ledgerstream.Applier { return trustCommandClient{a.(*postgres.Store)} }
+		})
 	}
 
 	// Scenario 1, the refunds' key.

@@ -2,11 +2,14 @@ package chaos
 
 import (
 	"context"
+	"slices"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
 	"github.com/paymesh/paymesh/services/api"
 	"github.com/paymesh/paymesh/services/api/apid"
 	"github.com/paymesh/paymesh/services/ledger"
+	"github.com/paymesh/paymesh/services/ledger/postgres"
 )
 
 // wrapAPIStore installs wrap around every region's API store, after the
@@ -101,6 +104,37 @@ func (s skipOwnerCheck) StartKey(ctx context.Context, c api.KeyClaim, source str
 func (s skipOwnerCheck) CheckAccounts(ctx context.Context, c api.KeyClaim, source string) (api.KeyStart, error) {
 	st, err := s.Store.CheckAccounts(ctx, c, source)
 	return ownedByCaller(c, st, err)
+}
+
+// trustCommandClient is the ledger's half of scenario 11's bug: the ledger
+// takes a transfer's source as its client's, whoever owns it. It hands the
+// store each transfer under the client that owns its source, so the
+// ledger's own owner check passes and the other client's money moves.
+type trustCommandClient struct{ store *postgres.Store }
+
+func (t trustCommandClient) Apply(ctx context.Context, cmds []ledger.Command) ([]ledger.Result, error) {
+	var sources []string
+	for _, c := range cmds {
+		if c.Type == ledger.TypeTransfer {
+			sources = append(sources, c.From)
+		}
+	}
+	owner := map[string]string{}
+	rows, err := t.store.Pool().Query(ctx, `SELECT id, client_id FROM accounts WHERE id = ANY($1)`, sources)
+	if err != nil {
+		return nil, err
+	}
+	var id, client string
+	if _, err := pgx.ForEachRow(rows, []any{&id, &client}, func() error { owner[id] = client; return nil }); err != nil {
+		return nil, err
+	}
+	as := slices.Clone(cmds)
+	for i, c := range as {
+		if o, ok := owner[c.From]; ok && c.Type == ledger.TypeTransfer {
+			as[i].ClientID = o
+		}
+	}
+	return t.store.Apply(ctx, as)
 }
 
 // ownedByCaller rewrites a found source account as the caller's customer

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/paymesh/paymesh/platform/natsauth"
+	"github.com/paymesh/paymesh/platform/subjects"
 	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 )
@@ -86,7 +87,7 @@ func (f *forgery) forge(e *env) {
 		Currency: "EUR", CreatedAt: time.Now()}
 	i := e.hist.Invoke(Op{Client: cmd.ClientID, Key: cmd.IdempotencyKey, Body: e.body(cmd), Path: "forged", Via: from,
 		Purpose: PurposeForged, Transfer: cmd.TransferID, cmd: cmd})
-	m := nats.NewMsg(ledgerstream.Topology{Region: to, Shards: shards}.Subject(src))
+	m := nats.NewMsg(ledgerstream.Topology{Region: to, Shards: shards}.Subject(src, subjects.ClassCommand, from))
 	m.Data = cmd.Encode()
 	m.Header.Set("Nats-Msg-Id", cmd.MsgKey())
 	_ = nc.PublishMsg(m)

@@ -405,12 +405,12 @@ func (e *env) submit(ctx context.Context, purpose, via string, cmd ledger.Comman
 		Transfer: cmd.TransferID, cmd: cmd})
 	sub, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	r := e.c.Region(via)
-	if r == nil || r.Router == nil {
-		e.hist.Complete(i, Unknown, "region not running", "")
+	rt, err := e.c.SubmitterOf(sub, via, cmd)
+	if err != nil {
+		e.hist.Complete(i, Unknown, err.Error(), "")
 		return Unknown
 	}
-	dup, err := r.Router.Submit(sub, cmd)
+	dup, err := rt.Submit(sub, cmd)
 	switch {
 	case err != nil:
 		e.hist.Complete(i, Unknown, err.Error(), "")

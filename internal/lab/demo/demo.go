@@ -655,7 +655,7 @@ func (d *driver) send(ctx context.Context, cmd ledger.Command) error {
 		d.poison++
 		d.mu.Unlock()
 		home, _ := d.c.IDs().HomeRegion(cmd.From)
-		m := nats.NewMsg(ledgerstream.Topology{Region: home, Shards: 8}.Subject(cmd.From))
+		m := nats.NewMsg(ledgerstream.Topology{Region: home, Shards: 8}.CommandSubject(cmd, home))
 		m.Data = []byte(strings.Replace(string(cmd.Encode()), `"amount":`, `"amount":0.5,"x":`, 1))
 		// Only routers may publish to ledger subjects (platform/natsauth).
 		if _, err := d.c.Region(home).RouterJetStream().PublishMsg(ctx, m); err != nil {

@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/paymesh/paymesh/internal/testbed/jsfault"
@@ -22,6 +23,7 @@ import (
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/platform/natsauth"
+	"github.com/paymesh/paymesh/platform/natsconn"
 	"github.com/paymesh/paymesh/platform/pgdb"
 	"github.com/paymesh/paymesh/services/api"
 	"github.com/paymesh/paymesh/services/api/apid"
@@ -130,6 +132,16 @@ type Cluster struct {
 	ids     *idgen.Regions
 	regions map[string]*Region
 	mu      sync.Mutex
+	// ops are the operator's connections, by region, opened by the first
+	// fund there: only the region's operator user may fund.
+	ops map[string]*operator
+}
+
+// operator is a connection as a region's operator user, and a router
+// over it that publishes to the region's ledger stream.
+type operator struct {
+	nc *nats.Conn
+	rt *router.Router
 }
 
 // Start creates each region's database and starts its ledger and router.
@@ -362,10 +374,63 @@ func (c *Cluster) RestartRegion(ctx context.Context, name string) error {
 // to ledger subjects.
 func (r *Region) RouterJetStream() jetstream.JetStream { return r.routerSrv.JetStream() }
 
-// Submit hands a command to the router of region via.
+// Submit hands a command to the router of region via. A fund, which only
+// a region's operator may send (platform/natsauth), goes from the
+// operator's user of its home region instead, whatever via says.
 func (c *Cluster) Submit(ctx context.Context, via string, cmd ledger.Command) error {
-	_, err := c.Region(via).Router.Submit(ctx, cmd)
+	rt, err := c.SubmitterOf(ctx, via, cmd)
+	if err != nil {
+		return err
+	}
+	_, err = rt.Submit(ctx, cmd)
 	return err
+}
+
+// SubmitterOf returns the router that submits cmd from region via: via's
+// own, or for a fund the operator's of the fund's home region. It returns
+// an error when via is not running or the operator cannot connect.
+func (c *Cluster) SubmitterOf(ctx context.Context, via string, cmd ledger.Command) (*router.Router, error) {
+	if cmd.Type != ledger.TypeFund {
+		r := c.Region(via)
+		if r == nil || r.Router == nil {
+			return nil, fmt.Errorf("region %s is not running", via)
+		}
+		return r.Router, nil
+	}
+	home, err := c.ids.HomeRegion(cmd.To)
+	if err != nil {
+		return nil, err
+	}
+	return c.operator(ctx, home)
+}
+
+// operator returns a router that publishes as region's operator user.
+func (c *Cluster) operator(ctx context.Context, region string) (*router.Router, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if o := c.ops[region]; o != nil {
+		return o.rt, nil
+	}
+	u, err := natsauth.UserOf(region, natsauth.Ops)
+	if err != nil {
+		return nil, err
+	}
+	nc, err := natsconn.Connect(ctx, natsconn.Config{URL: c.cfg.Topology.ClientURL(region), User: u.Name, Password: u.Password,
+		Name: "paymesh-ops-" + region, Log: c.cfg.Log})
+	if err != nil {
+		return nil, fmt.Errorf("operator of %s: %w", region, err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("operator of %s: %w", region, err)
+	}
+	if c.ops == nil {
+		c.ops = map[string]*operator{}
+	}
+	o := &operator{nc: nc, rt: router.New(js, router.Config{Region: region, Regions: c.ids, Shards: c.cfg.Shards})}
+	c.ops[region] = o
+	return o.rt, nil
 }
 
 // Stores returns every region's ledger store.
@@ -446,6 +511,12 @@ func (c *Cluster) Stop() {
 	for _, n := range c.Names() {
 		c.Region(n).close()
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, o := range c.ops {
+		o.nc.Close()
+	}
+	c.ops = nil
 }
 
 // Drop removes the regions' databases.

@@ -124,7 +124,7 @@ func TestPermissionsScenario12(t *testing.T) {
 
 	// The router's forward path: eu's router publishes into us's stream.
 	euRouter := connectAs(t, topo, "eu", natsauth.Router, "")
-	ack := publishEventually(t, euRouter.js, "ledger.us.1", "xfer/p/1", 30*time.Second)
+	ack := publishEventually(t, euRouter.js, cmdSubject("us", 1, "eu"), "xfer/p/1", 30*time.Second)
 	if ack.Stream != "LEDGER_US" || ack.Domain != "us" {
 		t.Fatalf("router forward: ack %+v, want LEDGER_US in domain us", ack)
 	}
@@ -133,15 +133,15 @@ func TestPermissionsScenario12(t *testing.T) {
 	for _, service := range []string{natsauth.Ledger, natsauth.API} {
 		// A plain JetStream publish, as a router's, to us's subject.
 		c := connectAs(t, topo, "eu", service, "")
-		if ack, err := publish(c.js, "ledger.us.2", "xfer/p/"+service, time.Second); err == nil {
-			t.Errorf("%s: publish to ledger.us.2 acked: %+v", c.name, ack)
+		if ack, err := publish(c.js, cmdSubject("us", 2, "eu"), "xfer/p/"+service, time.Second); err == nil {
+			t.Errorf("%s: publish to %s acked: %+v", c.name, cmdSubject("us", 2, "eu"), ack)
 		}
-		c.refused(t, "Publish", "ledger.us.2")
+		c.refused(t, "Publish", cmdSubject("us", 2, "eu"))
 		// A core publish, without waiting for an ack.
-		if err := c.nc.Publish("ledger.us.3", []byte("{}")); err != nil {
+		if err := c.nc.Publish(cmdSubject("us", 3, "eu"), []byte("{}")); err != nil {
 			t.Fatal(err)
 		}
-		c.refused(t, "Publish", "ledger.us.3")
+		c.refused(t, "Publish", cmdSubject("us", 3, "eu"))
 
 		// Through us's JetStream domain: neither us's stream API nor a
 		// publish in that domain is open to eu's services.
@@ -154,10 +154,10 @@ func TestPermissionsScenario12(t *testing.T) {
 			t.Errorf("%s: stream LEDGER_US through domain us: found", d.name)
 		}
 		d.refused(t, "Publish", "$JS.us.API.STREAM.INFO.LEDGER_US")
-		if ack, err := publish(d.js, "ledger.us.4", "xfer/d/"+service, time.Second); err == nil {
+		if ack, err := publish(d.js, cmdSubject("us", 4, "eu"), "xfer/d/"+service, time.Second); err == nil {
 			t.Errorf("%s: publish in domain us acked: %+v", d.name, ack)
 		}
-		d.refused(t, "Publish", "ledger.us.4")
+		d.refused(t, "Publish", cmdSubject("us", 4, "eu"))
 	}
 	// Nor does the router manage us's streams: it only publishes.
 	euRouterUS := connectAs(t, topo, "eu", natsauth.Router, "us")
@@ -166,10 +166,10 @@ func TestPermissionsScenario12(t *testing.T) {
 	}
 	euRouterUS.refused(t, "Publish", "$JS.us.API.STREAM.PURGE.LEDGER_US")
 	// us's own ledger may not publish into its stream either: only routers do.
-	if err := usLedger.nc.Publish("ledger.us.5", []byte("{}")); err != nil {
+	if err := usLedger.nc.Publish(cmdSubject("us", 5, "us"), []byte("{}")); err != nil {
 		t.Fatal(err)
 	}
-	usLedger.refused(t, "Publish", "ledger.us.5")
+	usLedger.refused(t, "Publish", cmdSubject("us", 5, "us"))
 
 	// Forwarded API calls: us's API answers eu's.
 	usAPI := connectAs(t, topo, "us", natsauth.API, "")
@@ -241,13 +241,75 @@ func TestPermissionsScenario12(t *testing.T) {
 	// The hub's only client user can do nothing.
 	hubUser := natsauth.HubUsers()[0]
 	hub := dial(t, hubUser.Name, topo.Hub().ClientURL(), nats.UserInfo(hubUser.Name, hubUser.Password))
-	if err := hub.nc.Publish("ledger.us.6", []byte("{}")); err != nil {
+	if err := hub.nc.Publish(cmdSubject("us", 6, "us"), []byte("{}")); err != nil {
 		t.Fatal(err)
 	}
-	hub.refused(t, "Publish", "ledger.us.6")
+	hub.refused(t, "Publish", cmdSubject("us", 6, "us"))
 
 	if n := usLedger.msgs(t, "LEDGER_US"); n != 1 {
 		t.Errorf("LEDGER_US holds %d messages, want only the router's 1", n)
+	}
+}
+
+// cmdSubject is a client command's subject of shard in region's ledger
+// stream, sent from region from.
+func cmdSubject(region string, shard int, from string) string {
+	return subjects.LedgerSubject(region, shard, subjects.ClassCommand, from)
+}
+
+// TestPermissionsClasses: each class of ledger subject is open only to its
+// own publishers. An API sends client commands to its own region's ledger
+// and nothing else (no fund, no saga step); a router forwards client
+// commands and relays its own region's saga steps to any region, and sends
+// no step in another region's name and no fund; only the region's operator
+// funds or replays; a ledger publishes to no ledger subject. What is
+// allowed lands in the stream; everything else is refused by the server.
+func TestPermissionsClasses(t *testing.T) {
+	topo := natsembed.MustStartTopology(t, "eu", "us")
+	for _, r := range []string{"eu", "us"} {
+		l := connectAs(t, topo, r, natsauth.Ledger, "")
+		createStream(t, l.js, subjects.LedgerStream(r), subjects.Ledger(r))
+	}
+	at := func(region string, class subjects.Class, from string) string {
+		return subjects.LedgerSubject(region, 1, class, from)
+	}
+	cases := []struct {
+		service string
+		allowed []string
+		refused []string
+	}{
+		{natsauth.API, []string{at("eu", subjects.ClassCommand, "eu")},
+			[]string{at("eu", subjects.ClassOps, "eu"), at("eu", subjects.ClassStep, "eu"), at("us", subjects.ClassCommand, "eu"),
+				at("eu", subjects.ClassCommand, "us")}},
+		{natsauth.Router, []string{at("us", subjects.ClassCommand, "eu"), at("us", subjects.ClassStep, "eu"), at("eu", subjects.ClassStep, "eu")},
+			[]string{at("us", subjects.ClassStep, "us"), at("us", subjects.ClassCommand, "us"), at("eu", subjects.ClassOps, "eu"),
+				at("us", subjects.ClassOps, "eu")}},
+		{natsauth.Ops, []string{at("eu", subjects.ClassOps, "eu")},
+			[]string{at("eu", subjects.ClassCommand, "eu"), at("eu", subjects.ClassStep, "eu"), at("us", subjects.ClassOps, "eu"),
+				at("us", subjects.ClassOps, "us")}},
+		{natsauth.Ledger, nil,
+			[]string{at("eu", subjects.ClassCommand, "eu"), at("eu", subjects.ClassStep, "eu"), at("eu", subjects.ClassOps, "eu")}},
+	}
+	want := map[string]uint64{}
+	for _, tc := range cases {
+		c := connectAs(t, topo, "eu", tc.service, "")
+		for i, subject := range tc.allowed {
+			ack := publishEventually(t, c.js, subject, tc.service+"/"+string(rune('a'+i)), 30*time.Second)
+			want[ack.Stream]++
+		}
+		c.quiet(t)
+		for _, subject := range tc.refused {
+			if err := c.nc.Publish(subject, []byte("{}")); err != nil {
+				t.Fatal(err)
+			}
+			c.refused(t, "Publish", subject)
+		}
+	}
+	for _, r := range []string{"eu", "us"} {
+		l := connectAs(t, topo, r, natsauth.Ledger, "")
+		if got := l.msgs(t, subjects.LedgerStream(r)); got != want[subjects.LedgerStream(r)] {
+			t.Errorf("%s holds %d messages, want the %d allowed publishes", subjects.LedgerStream(r), got, want[subjects.LedgerStream(r)])
+		}
 	}
 }
 

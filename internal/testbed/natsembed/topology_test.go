@@ -97,12 +97,12 @@ func TestTopologyCrossRegionPublishCutHealRestart(t *testing.T) {
 	// Cross-region publish from eu lands in us's stream, deduplicated by
 	// Msg-Id. The stream's interest may take a moment to reach eu.
 	firstAt := time.Now()
-	ack := publishEventually(t, eu, "ledger.us.1", "xfer/c/1", 30*time.Second)
+	ack := publishEventually(t, eu, "ledger.us.1.cmd.eu", "xfer/c/1", 30*time.Second)
 	t.Logf("first cross-region publish acked after %s", time.Since(firstAt))
 	if ack.Stream != "LEDGER_US" || ack.Domain != "us" || ack.Duplicate {
 		t.Fatalf("first publish: ack %+v, want stream LEDGER_US in domain us, not a duplicate", ack)
 	}
-	ack, err := publish(eu, "ledger.us.1", "xfer/c/1", 2*time.Second)
+	ack, err := publish(eu, "ledger.us.1.cmd.eu", "xfer/c/1", 2*time.Second)
 	if err != nil || !ack.Duplicate || ack.Sequence != 1 {
 		t.Fatalf("repeated Msg-Id: ack %+v, %v; want a duplicate of sequence 1", ack, err)
 	}
@@ -113,17 +113,17 @@ func TestTopologyCrossRegionPublishCutHealRestart(t *testing.T) {
 		t.Fatal("us link up after Cut")
 	}
 	cutAt := time.Now()
-	if ack, err := publish(eu, "ledger.us.1", "xfer/c/2", 2*time.Second); err == nil {
+	if ack, err := publish(eu, "ledger.us.1.cmd.eu", "xfer/c/2", 2*time.Second); err == nil {
 		t.Fatalf("publish across the cut: got ack %+v", ack)
 	} else {
 		t.Logf("publish across the cut failed after %s: %v (no responders: %v)",
 			time.Since(cutAt), err, errors.Is(err, jetstream.ErrNoStreamResponse))
 	}
 	createStream(t, connectJS(t, topo, "eu", natsauth.Ledger), "LEDGER_EU", "ledger.eu.>")
-	if ack, err := publish(eu, "ledger.eu.1", "xfer/c/3", 2*time.Second); err != nil || ack.Stream != "LEDGER_EU" {
+	if ack, err := publish(eu, "ledger.eu.1.cmd.eu", "xfer/c/3", 2*time.Second); err != nil || ack.Stream != "LEDGER_EU" {
 		t.Fatalf("eu local publish while us is cut: %+v, %v", ack, err)
 	}
-	if ack, err := publish(us, "ledger.us.2", "xfer/c/4", 2*time.Second); err != nil || ack.Stream != "LEDGER_US" {
+	if ack, err := publish(us, "ledger.us.2.cmd.us", "xfer/c/4", 2*time.Second); err != nil || ack.Stream != "LEDGER_US" {
 		t.Fatalf("us local publish while cut off: %+v, %v", ack, err)
 	}
 	// The cut-off region keeps full control of its domain.
@@ -136,14 +136,14 @@ func TestTopologyCrossRegionPublishCutHealRestart(t *testing.T) {
 	if !topo.LinkUp("us") {
 		t.Fatal("us link not up after Heal")
 	}
-	ack = publishEventually(t, eu, "ledger.us.1", "xfer/c/2", 30*time.Second)
+	ack = publishEventually(t, eu, "ledger.us.1.cmd.eu", "xfer/c/2", 30*time.Second)
 	t.Logf("heal: link back after %s, cross-region publish after %s", linkAt, time.Since(healAt))
 	if ack.Stream != "LEDGER_US" || ack.Duplicate {
 		t.Fatalf("publish after heal: ack %+v", ack)
 	}
 	// The healed link still runs through the proxy: a second cut holds.
 	topo.Cut("us")
-	if _, err := publish(eu, "ledger.us.1", "xfer/c/6", 2*time.Second); err == nil {
+	if _, err := publish(eu, "ledger.us.1.cmd.eu", "xfer/c/6", 2*time.Second); err == nil {
 		t.Fatal("publish across the second cut: acked")
 	}
 	topo.Heal("us")
@@ -176,13 +176,13 @@ func TestTopologyCrossRegionPublishCutHealRestart(t *testing.T) {
 	if info.State.Msgs != 3 {
 		t.Fatalf("LEDGER_US after restart: %d messages, want 3", info.State.Msgs)
 	}
-	ack = publishEventually(t, eu, "ledger.us.3", "xfer/c/5", 30*time.Second)
+	ack = publishEventually(t, eu, "ledger.us.3.cmd.eu", "xfer/c/5", 30*time.Second)
 	t.Logf("restart: cross-region publish after %s", time.Since(restartAt))
 	if ack.Stream != "LEDGER_US" || ack.Sequence != 4 || ack.Duplicate {
 		t.Fatalf("publish after restart: ack %+v, want sequence 4", ack)
 	}
 	// The duplicate window survives the restart too.
-	if ack, err := publish(eu, "ledger.us.1", "xfer/c/1", 2*time.Second); err != nil || !ack.Duplicate {
+	if ack, err := publish(eu, "ledger.us.1.cmd.eu", "xfer/c/1", 2*time.Second); err != nil || !ack.Duplicate {
 		t.Fatalf("repeated Msg-Id after restart: %+v, %v; want a duplicate", ack, err)
 	}
 }
@@ -227,10 +227,10 @@ func TestTopologyLinkShape(t *testing.T) {
 	}
 	createStream(t, connectJS(t, topo, "us", natsauth.Ledger), "LEDGER_US", "ledger.us.>")
 	eu := connectJS(t, topo, "eu", natsauth.Router)
-	publishEventually(t, eu, "ledger.us.1", "warm-up", 30*time.Second)
+	publishEventually(t, eu, "ledger.us.1.cmd.eu", "warm-up", 30*time.Second)
 	for i := range 3 {
 		start := time.Now()
-		if _, err := publish(eu, "ledger.us.1", fmt.Sprint("shaped-", i), 2*time.Second); err != nil {
+		if _, err := publish(eu, "ledger.us.1.cmd.eu", fmt.Sprint("shaped-", i), 2*time.Second); err != nil {
 			t.Fatal(err)
 		}
 		if took := time.Since(start); took < 2*lat {
@@ -354,11 +354,11 @@ func TestTopologyR3(t *testing.T) {
 		t.Fatalf("LEDGER_US cluster: got %+v, want leader and 2 replicas in cluster us", info.Cluster)
 	}
 	eu := connectJS(t, topo, "eu", natsauth.Router)
-	publishEventually(t, eu, "ledger.us.1", "warm-up", 30*time.Second)
+	publishEventually(t, eu, "ledger.us.1.cmd.eu", "warm-up", 30*time.Second)
 	const plain = 20
 	for i := range plain {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_, err := eu.Publish(ctx, "ledger.us.2", []byte("no msg id"))
+		_, err := eu.Publish(ctx, "ledger.us.2.cmd.eu", []byte("no msg id"))
 		cancel()
 		if err != nil {
 			t.Fatalf("plain publish %d: %v", i, err)
@@ -381,7 +381,7 @@ func TestTopologyR3(t *testing.T) {
 	var acked []string
 	for i := range 10 {
 		id := fmt.Sprint("before-", i)
-		publishEventually(t, us, "ledger.us.3", id, 30*time.Second)
+		publishEventually(t, us, "ledger.us.3.cmd.us", id, 30*time.Second)
 		acked = append(acked, id)
 	}
 	stopAt := time.Now()
@@ -392,9 +392,9 @@ func TestTopologyR3(t *testing.T) {
 		t.Fatal("StopNode of a stopped node: no error")
 	}
 	for i := range 10 {
-		for _, js := range []jetstream.JetStream{us, eu} {
+		for from, js := range map[string]jetstream.JetStream{"us": us, "eu": eu} {
 			id := fmt.Sprintf("after-%d-%p", i, js)
-			publishEventually(t, js, "ledger.us.3", id, 30*time.Second)
+			publishEventually(t, js, "ledger.us.3.cmd."+from, id, 30*time.Second)
 			acked = append(acked, id)
 		}
 	}
@@ -460,7 +460,7 @@ func TestTopologyR3CutHealRestart(t *testing.T) {
 	topo := natsembed.MustStartTopologyWith(t, natsembed.TopologyOptions{Regions: []string{"eu", "us"}, Nodes: 3})
 	createR3Stream(t, connectJS(t, topo, "us", natsauth.Ledger), "LEDGER_US", "ledger.us.>")
 	eu, us := connectJS(t, topo, "eu", natsauth.Router), connectJS(t, topo, "us", natsauth.Router)
-	publishEventually(t, eu, "ledger.us.1", "one", 30*time.Second)
+	publishEventually(t, eu, "ledger.us.1.cmd.eu", "one", 30*time.Second)
 
 	topo.Cut("us")
 	if topo.LinkUp("us") {
@@ -475,15 +475,15 @@ func TestTopologyR3CutHealRestart(t *testing.T) {
 			t.Fatalf("hub still sees %s after Cut", l.Name)
 		}
 	}
-	if _, err := publish(eu, "ledger.us.1", "two", 2*time.Second); err == nil {
+	if _, err := publish(eu, "ledger.us.1.cmd.eu", "two", 2*time.Second); err == nil {
 		t.Fatal("publish across the cut: acked")
 	}
-	publishEventually(t, us, "ledger.us.1", "local", 30*time.Second)
+	publishEventually(t, us, "ledger.us.1.cmd.us", "local", 30*time.Second)
 	topo.Heal("us")
 	if !topo.LinkUp("us") {
 		t.Fatal("us link not up after Heal")
 	}
-	publishEventually(t, eu, "ledger.us.1", "two", 30*time.Second)
+	publishEventually(t, eu, "ledger.us.1.cmd.eu", "two", 30*time.Second)
 
 	if err := topo.RestartRegion("us"); err != nil {
 		t.Fatal(err)
@@ -491,7 +491,7 @@ func TestTopologyR3CutHealRestart(t *testing.T) {
 	if got := readAll(t, connectJS(t, topo, "us", natsauth.Ledger), "LEDGER_US"); !slices.Equal(got, []string{"one", "local", "two"}) {
 		t.Fatalf("LEDGER_US after restart: %v, want one, local, two", got)
 	}
-	publishEventually(t, eu, "ledger.us.1", "three", 30*time.Second)
+	publishEventually(t, eu, "ledger.us.1.cmd.eu", "three", 30*time.Second)
 }
 
 // TestTopologyNodesRejected: a region is one server or three, and the node
@@ -572,5 +572,5 @@ func TestTopologyRegionNodes(t *testing.T) {
 		}
 	}
 	createR3Stream(t, connectJS(t, topo, "us", natsauth.Ledger), "LEDGER_US", "ledger.us.>")
-	publishEventually(t, connectJS(t, topo, "eu", natsauth.Router), "ledger.us.1", "from eu", 5*time.Second)
+	publishEventually(t, connectJS(t, topo, "eu", natsauth.Router), "ledger.us.1.cmd.eu", "from eu", 5*time.Second)
 }

@@ -94,7 +94,7 @@ func TestCensus(t *testing.T) {
 		t.Fatalf("no dead letters: got depth %v, oldest %v, want no series", depth, oldest)
 	}
 
-	pub := ledgerstream.NewPublisher(routerJS, topo, f.Stats)
+	pub := ledgerstream.NewPublisher(routerJS, topo, f.Regions, f.Stats)
 	a, b := f.Account(t, "EUR", 100), f.Account(t, "EUR", 0)
 	stop := worker(t, js, failing{}, topo, f)
 	if _, err := pub.Publish(ctx, f.Transfer(t, a, b, 10)); err != nil {

@@ -48,6 +48,12 @@ var ErrNotFound = errors.New("dlq: no such dead letter")
 // not a command (a poison message): it can only be discarded.
 var ErrNotCommand = errors.New("dlq: the payload is not a command")
 
+// ErrWrongClass is returned by Replay for a dead letter that came on a
+// ledger subject its kind never travels on (ledgerstream.ReasonWrongClass):
+// forged, or sent by a service with a bug. The operator's replay would
+// apply it with the operator's authority, so it can only be discarded.
+var ErrWrongClass = errors.New("dlq: the command came on a subject its kind never travels on")
+
 // ErrUnsettled is returned by Replay when the ledger did not settle the
 // replay within Ops.Wait. The replay is in the ledger stream; replaying
 // again is safe.

@@ -13,6 +13,7 @@ import (
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/platform/natsauth"
 	"github.com/paymesh/paymesh/platform/pgdb"
+	"github.com/paymesh/paymesh/platform/subjects"
 	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/dlq"
 	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
@@ -102,7 +103,7 @@ func TestRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	ops := &dlq.Ops{Region: "eu", JS: opsJS, Pool: f.Pool, Wait: 20 * time.Second}
-	pub := ledgerstream.NewPublisher(routerJS, topo, f.Stats)
+	pub := ledgerstream.NewPublisher(routerJS, topo, f.Regions, f.Stats)
 	a, b := f.Account(t, "EUR", 100), f.Account(t, "EUR", 0)
 
 	// The database is down for two deliveries: dead-lettered.
@@ -135,7 +136,7 @@ func TestRoundTrip(t *testing.T) {
 		t.Fatalf("list --older-than 1h: got %+v %v, want none", p, err)
 	}
 	l, err := ops.Show(ctx, lostSeq)
-	if err != nil || l.Command != lost || l.Deliveries != 2 || l.FirstAt.IsZero() || l.Subject != topo.Subject(a) {
+	if err != nil || l.Command != lost || l.Deliveries != 2 || l.FirstAt.IsZero() || l.Subject != topo.Subject(a, subjects.ClassCommand, "eu") {
 		t.Fatalf("show: got %+v %v", l, err)
 	}
 	if _, err := ops.Show(ctx, 999); !errors.Is(err, dlq.ErrNotFound) {
@@ -202,7 +203,7 @@ func TestRoundTrip(t *testing.T) {
 	m.Subject = topo.DLQSubject()
 	m.Header.Del(jetstream.MsgIDHeader)
 	m.Header.Set(ledgerstream.HeaderDLQReason, ledgerstream.ReasonMaxDeliveries)
-	m.Header.Set(ledgerstream.HeaderDLQSubject, topo.Subject(a))
+	m.Header.Set(ledgerstream.HeaderDLQSubject, topo.Subject(a, subjects.ClassCommand, "eu"))
 	m.Header.Set(ledgerstream.HeaderDLQSequence, "1")
 	ack, err := js.PublishMsg(ctx, m)
 	if err != nil {

@@ -125,6 +125,9 @@ func (o *Ops) Replay(ctx context.Context, seq uint64, operator string) (Outcome,
 		if l.CommandErr != nil {
 			return fmt.Errorf("%w: dead letter %d cannot be replayed (%v); discard it", ErrNotCommand, seq, l.CommandErr)
 		}
+		if l.Reason == ledgerstream.ReasonWrongClass {
+			return fmt.Errorf("%w: dead letter %d (%s) cannot be replayed; discard it", ErrWrongClass, seq, l.Detail)
+		}
 		out, err = o.replay(ctx, conn, l)
 		if err != nil {
 			return err
@@ -140,6 +143,18 @@ func (o *Ops) Replay(ctx context.Context, seq uint64, operator string) (Outcome,
 	return out, err
 }
 
+// replaySubject is where a dead letter of region, first sent on original,
+// is replayed: the operator's class of the region, on the original's
+// shard (0 when original names none), so the command keeps its place in
+// its account's order and only the operator's user may send it.
+func replaySubject(region, original string) string {
+	shard := 0
+	if a, err := subjects.ParseLedger(original); err == nil {
+		shard = a.Shard
+	}
+	return subjects.LedgerSubject(region, shard, subjects.ClassOps, region)
+}
+
 func (o *Ops) replay(ctx context.Context, conn *pgx.Conn, l Letter) (Outcome, error) {
 	c := l.Command
 	out := Outcome{Seq: l.Seq, Key: c.MsgKey()}
@@ -151,7 +166,7 @@ func (o *Ops) replay(ctx context.Context, conn *pgx.Conn, l Letter) (Outcome, er
 	if err != nil {
 		return Outcome{}, err
 	}
-	m := nats.NewMsg(l.Subject)
+	m := nats.NewMsg(replaySubject(o.Region, l.Subject))
 	m.Data = l.Data
 	m.Header.Set(jetstream.MsgIDHeader, c.MsgKey())
 	m.Header.Set(HeaderReplayOf, strconv.FormatUint(l.Seq, 10))

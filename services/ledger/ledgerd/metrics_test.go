@@ -11,6 +11,7 @@ import (
 	"github.com/paymesh/paymesh/internal/testbed/ledgertest"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/internal/testbed/scrape"
+	"github.com/paymesh/paymesh/platform/subjects"
 	"github.com/paymesh/paymesh/platform/telemetry"
 	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/ledgerd"
@@ -40,7 +41,7 @@ func TestLedgerPending(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 5 {
-		if _, err := js.Publish(ctx, topo.ShardSubject(i%2), []byte("{}")); err != nil {
+		if _, err := js.Publish(ctx, subjects.LedgerSubject(topo.Region, i%2, subjects.ClassCommand, topo.Region), []byte("{}")); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -96,6 +96,10 @@ type Config struct {
 	// (see postgres.ConsumeLog): traces or metrics of its claims, say. The
 	// retention job runs on the undecorated log.
 	WrapConsumeLog func(postgres.ConsumeLog) postgres.ConsumeLog
+	// WrapApplier, if set, decorates what the ledger's consumers apply
+	// their batches with (the store): traces or timings of each batch,
+	// say.
+	WrapApplier func(ledgerstream.Applier) ledgerstream.Applier
 	// MaxAttempts is the store's retry budget per transaction (see
 	// postgres.Config; default 8).
 	MaxAttempts uint
@@ -318,8 +322,12 @@ func (s *Server) Run(ctx context.Context) error {
 	if len(own) == 0 {
 		own = ledgerstream.AllShards(s.Topo)
 	}
+	var applier ledgerstream.Applier = s.Store
+	if s.cfg.WrapApplier != nil {
+		applier = s.cfg.WrapApplier(applier)
+	}
 	for _, shards := range ledgerstream.Split(own, min(s.cfg.Workers, len(own))) {
-		c := ledgerstream.NewConsumer(s.js, s.Store, ledgerstream.ConsumerConfig{
+		c := ledgerstream.NewConsumer(s.js, applier, ledgerstream.ConsumerConfig{
 			Topology: s.Topo, Shards: shards, BatchSize: s.cfg.BatchSize, AckWait: s.cfg.AckWait,
 			MaxDeliver: s.cfg.MaxDeliver, Regions: s.cfg.Regions, Stats: s.Stats, Log: s.cfg.Log,
 			Observe: s.cfg.Observe,

@@ -55,7 +55,7 @@ func TestServerRuns(t *testing.T) {
 	}
 	gen, _ := idgen.NewGenerator(ids, "eu", 4)
 	tid := func() string { s, _ := gen.NextString(); return s }
-	pub := ledgerstream.NewPublisher(srv.JetStream(), srv.Topo, nil)
+	pub := ledgerstream.NewPublisher(srv.JetStream(), srv.Topo, ids, nil)
 	for _, c := range []ledger.Command{
 		{Type: ledger.TypeFund, TransferID: tid(), ClientID: "c", IdempotencyKey: "f1", To: a.ID, Amount: 500, Currency: "EUR", CreatedAt: time.Now()},
 		{Type: ledger.TypeTransfer, TransferID: tid(), ClientID: "c", IdempotencyKey: "t1", From: a.ID, To: b.ID, Amount: 200, Currency: "EUR", CreatedAt: time.Now()},

@@ -182,7 +182,7 @@ func newApplyEnv(tb testing.TB, on bool, accounts int) *applyEnv {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	env.srv, env.pub, env.ids = srv, ledgerstream.NewPublisher(srv.JetStream(), srv.Topo, nil), ids
+	env.srv, env.pub, env.ids = srv, ledgerstream.NewPublisher(srv.JetStream(), srv.Topo, regions, nil), ids
 
 	// Open and fund the accounts directly through the store.
 	var funds []ledger.Command

@@ -183,7 +183,7 @@ func (c *Consumer) consumeShard(ctx context.Context, shard int, inbox chan<- jet
 			// dead-letters it at MaxDeliver, so a worker that crashes on
 			// the last attempt cannot make it vanish.
 			MaxDeliver:    -1,
-			FilterSubject: t.ShardSubject(shard),
+			FilterSubject: t.ShardSubjects(shard),
 			MaxAckPending: 4 * c.cfg.BatchSize,
 		})
 		return struct{}{}, err
@@ -235,6 +235,9 @@ func (c *Consumer) process(ctx context.Context, msgs []jetstream.Msg) {
 		c.cfg.Stats.Delivered(cmd.Topic()) // the decoded type: TopicUnknown when it did not decode
 		if err == nil {
 			err = cmd.Validate(c.cfg.Topology.Region, c.cfg.Regions, time.Now())
+		}
+		if err == nil {
+			err = checkClass(m.Subject(), cmd, c.cfg.Regions)
 		}
 		if err != nil {
 			c.cfg.Stats.Invalid.Add(1)

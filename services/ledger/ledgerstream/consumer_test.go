@@ -16,6 +16,7 @@ import (
 	"github.com/paymesh/paymesh/internal/testbed/jsfault"
 	"github.com/paymesh/paymesh/internal/testbed/ledgertest"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
+	"github.com/paymesh/paymesh/platform/subjects"
 	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
@@ -46,7 +47,7 @@ func mustHarness(tb testing.TB) *harness {
 	if err := ledgerstream.EnsureStreams(context.Background(), js, h.topo); err != nil {
 		tb.Fatal(err)
 	}
-	h.pub = ledgerstream.NewPublisher(js, h.topo, h.f.Stats)
+	h.pub = ledgerstream.NewPublisher(js, h.topo, h.f.Regions, h.f.Stats)
 	return h
 }
 
@@ -304,7 +305,7 @@ func TestPoisonMessages(t *testing.T) {
 	a, b := h.f.Account(t, "EUR", 100), h.f.Account(t, "EUR", 0)
 	good1, good2 := h.f.Transfer(t, a, b, 10), h.f.Transfer(t, a, b, 20)
 	ghost := h.f.Transfer(t, a, h.f.ID(t), 5) // unknown destination
-	subject := h.topo.Subject(a)
+	subject := h.topo.Subject(a, subjects.ClassCommand, h.topo.Region)
 
 	h.publishRaw(t, good1)
 	h.publishData(t, subject, []byte(`{"type":"transfer",`))                                              // not JSON

@@ -7,32 +7,41 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/ledger"
 )
 
-// Publisher sends commands to their region's ledger stream. Every publish of
-// a command, first or retried, carries the same Nats-Msg-Id (the command's
-// MsgKey), so JetStream drops a retry inside its duplicate window.
+// Publisher sends commands to their region's ledger stream, each on the
+// subject of its kind's class, as the service that sends that kind would:
+// a client command and a fund from the ledger's own region, a saga step
+// from the region that sends it (ledger.Command.SentFrom). Every publish
+// of a command, first or retried, carries the same Nats-Msg-Id (the
+// command's MsgKey), so JetStream drops a retry inside its duplicate
+// window.
 type Publisher struct {
 	js    jetstream.JetStream
 	topo  Topology
+	ids   *idgen.Regions
 	stats *ledger.Stats
 }
 
-// NewPublisher returns a Publisher for the region of topo. stats, if not
-// nil, counts duplicates JetStream caught.
-func NewPublisher(js jetstream.JetStream, topo Topology, stats *ledger.Stats) *Publisher {
-	return &Publisher{js: js, topo: topo.withDefaults(), stats: stats}
+// NewPublisher returns a Publisher for the region of topo; ids tells a
+// saga step's sending region. stats, if not nil, counts duplicates
+// JetStream caught.
+func NewPublisher(js jetstream.JetStream, topo Topology, ids *idgen.Regions, stats *ledger.Stats) *Publisher {
+	return &Publisher{js: js, topo: topo.withDefaults(), ids: ids, stats: stats}
 }
 
 // Msg builds the NATS message of a command: subject by source account
-// (destination for funding), Nats-Msg-Id = MsgKey.
+// (destination for funding) and class, Nats-Msg-Id = MsgKey.
 func (p *Publisher) Msg(cmd ledger.Command) *nats.Msg {
-	account := cmd.From
-	if account == "" {
-		account = cmd.To
+	from := p.topo.Region
+	if cmd.IsStep() {
+		if r, err := cmd.SentFrom(p.ids); err == nil {
+			from = r
+		}
 	}
-	m := nats.NewMsg(p.topo.Subject(account))
+	m := nats.NewMsg(p.topo.CommandSubject(cmd, from))
 	m.Data = cmd.Encode()
 	m.Header.Set(jetstream.MsgIDHeader, cmd.MsgKey())
 	return m

@@ -21,6 +21,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/paymesh/paymesh/platform/subjects"
+	"github.com/paymesh/paymesh/services/ledger"
 )
 
 // Topology names a region's ledger streams and subjects.
@@ -94,11 +95,26 @@ func (t Topology) Shard(accountID string) int {
 	return int(h.Sum32() % uint32(t.Shards))
 }
 
-// Subject is the ledger subject of an account.
-func (t Topology) Subject(accountID string) string { return t.ShardSubject(t.Shard(accountID)) }
+// Subject is the ledger subject of an account's shard for class, sent
+// from region from.
+func (t Topology) Subject(accountID string, class subjects.Class, from string) string {
+	return subjects.LedgerSubject(t.Region, t.Shard(accountID), class, from)
+}
 
-// ShardSubject is the ledger subject of a shard.
-func (t Topology) ShardSubject(shard int) string { return subjects.LedgerShard(t.Region, shard) }
+// CommandSubject is the subject cmd travels on to this region's ledger,
+// sent from region from: its account's shard (the source's; a fund's
+// destination) and its kind's class (ClassOf).
+func (t Topology) CommandSubject(cmd ledger.Command, from string) string {
+	account := cmd.From
+	if account == "" {
+		account = cmd.To
+	}
+	return t.Subject(account, ClassOf(cmd), from)
+}
+
+// ShardSubjects is the wildcard of a shard's subjects: every class, from
+// anywhere (the shard consumer's filter).
+func (t Topology) ShardSubjects(shard int) string { return subjects.LedgerShard(t.Region, shard) }
 
 // ShardDurable names the durable consumer of a shard.
 func ShardDurable(shard int) string { return fmt.Sprintf("ledger-%d", shard) }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/platform/natsauth"
+	"github.com/paymesh/paymesh/platform/subjects"
 	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 	"github.com/paymesh/paymesh/services/router"
 )
@@ -95,11 +96,11 @@ func TestEnsureStreamsScalesToR3(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: ledgerstream.ShardDurable(0),
-		FilterSubject: topology.ShardSubject(0), AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+		FilterSubject: topology.ShardSubjects(0), AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 5 {
-		if _, err := rt.Publish(ctx, topology.ShardSubject(0), []byte("m"), jetstream.WithMsgID(string(rune('a'+i)))); err != nil {
+		if _, err := rt.Publish(ctx, subjects.LedgerSubject(topology.Region, 0, subjects.ClassCommand, topology.Region), []byte("m"), jetstream.WithMsgID(string(rune('a'+i)))); err != nil {
 			t.Fatal(err)
 		}
 	}
