@@ -18,7 +18,8 @@
 // wait for its answer, answer.go), holds.go (captures, voids and refunds)
 // and ops.go (the operator endpoints); the plumbing they share is auth.go
 // (API keys, roles, rate limits), forward.go (a call run in its home
-// region), reply.go and problem.go (the answers).
+// region) and forwardcheck.go (a forwarded call checked on receipt),
+// recover.go (a panic answered), reply.go and problem.go (the answers).
 package api
 
 import (
