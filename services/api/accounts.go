@@ -3,7 +3,6 @@ package api
 import (
 	"context"
 	"net/http"
-	"strconv"
 	"sync"
 
 	"github.com/paymesh/paymesh/services/ledger"
@@ -23,9 +22,9 @@ type accounts struct {
 
 func newAccounts(cfg *Config, fwd *forwarder, seen *accountCache) *accounts {
 	a := &accounts{cfg: cfg, fwd: fwd, seen: seen}
-	a.create = operation{name: "create_account", run: a.createHere}
-	a.read = operation{name: "get_account", run: a.readHere}
-	a.entries = operation{name: "list_entries", run: a.listHere}
+	a.create = operation{name: "create_account", run: a.createHere, takes: shape{body: requiredBody}}
+	a.read = operation{name: "get_account", run: a.readHere, takes: shape{id: idHere}}
+	a.entries = operation{name: "list_entries", run: a.listHere, takes: shape{id: idHere, page: true}}
 	return a
 }
 
@@ -53,6 +52,9 @@ func (a *accounts) createHere(ctx context.Context, c call) reply {
 	var req AccountRequest
 	if err := decodeStrict(c.Body, &req, "currency", "floor", "region"); err != nil {
 		return errReply(err)
+	}
+	if req.Region != "" && req.Region != a.cfg.Region {
+		return errReply(ledger.Errorf(ledger.CodeInvalidRequest, "an account of region %.16q is opened there, not in %s", req.Region, a.cfg.Region))
 	}
 	cl, ok, err := a.cfg.Store.ClientByID(ctx, c.Client)
 	if err != nil {
@@ -99,13 +101,13 @@ func (a *accounts) getEntries(ctx context.Context, r *http.Request, client strin
 	c := call{Client: client, ID: id, Limit: 50}
 	q := r.URL.Query()
 	if v := q.Get("after"); v != "" {
-		if c.After, err = strconv.ParseInt(v, 10, 64); err != nil || c.After < 0 {
-			return errReply(ledger.Errorf(ledger.CodeInvalidRequest, "after=%q is not a version number", v))
+		if c.After, err = parseAfter(v); err != nil {
+			return errReply(err)
 		}
 	}
 	if v := q.Get("limit"); v != "" {
-		if c.Limit, err = strconv.Atoi(v); err != nil || c.Limit < 1 || c.Limit > 500 {
-			return errReply(ledger.Errorf(ledger.CodeInvalidRequest, "limit=%q is not between 1 and 500", v))
+		if c.Limit, err = parseLimit(v); err != nil {
+			return errReply(err)
 		}
 	}
 	return a.fwd.do(ctx, home, a.entries, c)
@@ -115,21 +117,32 @@ func (a *accounts) listHere(ctx context.Context, c call) reply {
 	if _, err := ownAccount(ctx, a.cfg.Ledger, c.Client, c.ID); err != nil {
 		return errReply(err)
 	}
-	ps, err := a.cfg.Ledger.PostingsPage(ctx, c.ID, c.After, c.Limit+1)
+	// The limit was checked where the call was read (checkLimit); kept in
+	// range here too, the read and the page agree whatever got through.
+	limit := min(max(c.Limit, 1), MaxPageLimit)
+	ps, err := a.cfg.Ledger.PostingsPage(ctx, c.ID, c.After, limit+1)
 	if err != nil {
 		return errReply(err)
 	}
+	return jsonReply(http.StatusOK, entriesPage(ps, limit))
+}
+
+// entriesPage is the page of up to limit entries of ps, read with one more
+// row than the page holds: that row, if there, means a next page. A limit
+// below 1 (refused before a page is read) is a page of one entry, never an
+// index before the first.
+func entriesPage(ps []ledger.Posting, limit int) EntriesBody {
+	limit = max(limit, 1)
 	page := EntriesBody{Entries: []EntryBody{}}
-	for i, p := range ps {
-		if i == c.Limit {
-			next := ps[i-1].AccountVersion
-			page.NextAfter = &next
-			break
-		}
+	for _, p := range ps[:min(len(ps), limit)] {
 		page.Entries = append(page.Entries, EntryBody{Version: p.AccountVersion, TransferID: p.TransferID, Leg: string(p.Leg),
 			Amount: p.Amount, BalanceAfter: p.BalanceAfter})
 	}
-	return jsonReply(http.StatusOK, page)
+	if len(ps) > limit {
+		next := ps[limit-1].AccountVersion
+		page.NextAfter = &next
+	}
+	return page
 }
 
 // ownAccount reads an account of the client. Another client's account is

@@ -18,7 +18,8 @@
 // wait for its answer, answer.go), holds.go (captures, voids and refunds)
 // and ops.go (the operator endpoints); the plumbing they share is auth.go
 // (API keys, roles, rate limits), forward.go (a call run in its home
-// region), reply.go and problem.go (the answers).
+// region) and forwardcheck.go (a forwarded call checked on receipt),
+// recover.go (a panic answered), reply.go and problem.go (the answers).
 package api
 
 import (
@@ -112,6 +113,28 @@ type Stats struct {
 	Unclaimed  atomic.Int64 // requests submitted without claiming their key first
 	Direct     atomic.Int64 // requests answered from a transaction of this process (direct.go)
 	Handed     atomic.Int64 // requests tried here and then submitted to the ledger stream
+	// panics counts the panics recovered while serving, by where
+	// (recover.go); refused the forwarded calls refused before they ran,
+	// by why (forwarder.check).
+	panics  [numPanicSites]atomic.Int64
+	refused [numRefusals]atomic.Int64
+}
+
+// Panics returns how many panics were recovered at site, each answered
+// with the internal-error problem.
+func (s *Stats) Panics(site PanicSite) int64 {
+	if site >= numPanicSites {
+		return 0
+	}
+	return s.panics[site].Load()
+}
+
+// Refused returns how many forwarded calls were refused for r.
+func (s *Stats) Refused(r Refusal) int64 {
+	if r >= numRefusals {
+		return 0
+	}
+	return s.refused[r].Load()
 }
 
 // Handler is a region's API: the HTTP routes, and the calls other regions
@@ -135,7 +158,7 @@ func New(cfg Config) *Handler {
 	s := &Handler{cfg: withDefaults(cfg), mux: http.NewServeMux()}
 	c := &s.cfg
 	s.auth = &auth{cfg: c, clients: clientCache{ttl: c.ClientCacheTTL, max: defaultClientCacheMax}}
-	s.fwd = &forwarder{cfg: c}
+	s.fwd = &forwarder{cfg: c, stats: &s.Stats}
 	s.answers = &answerer{cfg: c, stats: &s.Stats, keys: keyWaiter{store: c.Store, poll: c.AnswerPoll},
 		lately: answeredLately{span: answeredLatelySpan}}
 	if c.Apply != nil {
@@ -208,9 +231,6 @@ func (s *Handler) route(pattern string, h http.HandlerFunc) {
 
 // Routes lists the method and path patterns the server handles.
 func (s *Handler) Routes() []string { return append([]string(nil), s.routes...) }
-
-// ServeHTTP serves the API.
-func (s *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
 
 // Listen answers operations forwarded by other regions until Close, and
 // takes the ledger's answer notifications (Config.Answers).

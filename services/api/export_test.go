@@ -1,6 +1,10 @@
 package api
 
-import "time"
+import (
+	"time"
+
+	"github.com/paymesh/paymesh/services/ledger"
+)
 
 // KeyWaiter exposes the key waiter to the external tests.
 type KeyWaiter = keyWaiter
@@ -35,3 +39,6 @@ func (w *keyWaiter) Answered(client, key string) {
 func (w *keyWaiter) AnsweredWith(client, key string, status int, body []byte) {
 	w.answered([]IdempotencyKey{{ClientID: client, Key: key, Status: status, Body: body, Final: status != 202}})
 }
+
+// EntriesPage exposes the paging of an account's entries (entriesPage).
+func EntriesPage(ps []ledger.Posting, limit int) EntriesBody { return entriesPage(ps, limit) }

@@ -40,18 +40,20 @@ type call struct {
 }
 
 // operation is one thing an endpoint asks of a home region: run runs it
-// there, and name (the call's op) tells the receiving region which one a
-// forwarded call is.
+// there, name (the call's op) tells the receiving region which one a
+// forwarded call is, and takes what such a call must carry.
 type operation struct {
-	name string
-	run  func(context.Context, call) reply
+	name  string
+	run   func(context.Context, call) reply
+	takes shape
 }
 
 // forwarder runs operations in their home region, and serves the ones
 // other regions forward to this one.
 type forwarder struct {
-	cfg *Config
-	ops map[string]operation // by name: what other regions may ask of this one
+	cfg   *Config
+	stats *Stats
+	ops   map[string]operation // by name: what other regions may ask of this one
 }
 
 // register makes ops available to other regions.
@@ -111,7 +113,7 @@ func (f *forwarder) listen() (*nats.Subscription, error) {
 		slots <- struct{}{}
 		go func() {
 			defer func() { <-slots }()
-			b, _ := json.Marshal(f.serve(m))
+			b, _ := json.Marshal(f.guarded(m))
 			_ = m.Respond(b)
 		}()
 	})
@@ -121,17 +123,44 @@ func (f *forwarder) listen() (*nats.Subscription, error) {
 	return sub, nil
 }
 
-// serve runs a forwarded call, in the trace of the region that sent it.
+// guarded serves a forwarded call, and answers a panic in it with the
+// internal-error problem (recover.go): the process serves on.
+func (f *forwarder) guarded(m *nats.Msg) (rep reply) {
+	defer func() {
+		if p := recover(); p != nil {
+			rep = recovered(f.cfg.Log, f.stats, PanicForwarded, p, "subject", m.Subject)
+		}
+	}()
+	return f.serve(m)
+}
+
+// serve runs a forwarded call, in the trace of the region that sent it,
+// once it passed the checks the HTTP edge of the sending region made
+// (check). A refused call is answered with its problem, counted and
+// logged.
 func (f *forwarder) serve(m *nats.Msg) reply {
-	var c call
-	if err := json.Unmarshal(m.Data, &c); err != nil {
-		return errReply(ledger.Errorf(ledger.CodeInvalidRequest, "malformed forwarded call"))
-	}
-	op, ok := f.ops[c.Op]
-	if !ok {
-		return errReply(ledger.Errorf(ledger.CodeInvalidRequest, "unknown operation %q", c.Op))
+	c, op, why, err := f.read(m.Data)
+	if err != nil {
+		f.stats.refused[why].Add(1)
+		f.cfg.Log.Warn("forwarded call refused", "region", f.cfg.Region, "reason", why.String(), "err", err)
+		return errReply(err)
 	}
 	ctx, cancel := context.WithTimeout(natstrace.Extract(context.Background(), m.Header), f.cfg.Wait+4*time.Second)
 	defer cancel()
 	return op.run(ctx, c)
+}
+
+// read decodes a forwarded call and checks it against its operation, or
+// says why it is refused.
+func (f *forwarder) read(data []byte) (call, operation, Refusal, error) {
+	var c call
+	if err := json.Unmarshal(data, &c); err != nil {
+		return c, operation{}, RefusedMalformed, ledger.Errorf(ledger.CodeInvalidRequest, "malformed forwarded call")
+	}
+	op, ok := f.ops[c.Op]
+	if !ok {
+		return c, op, RefusedOp, ledger.Errorf(ledger.CodeInvalidRequest, "unknown operation %.64q", c.Op)
+	}
+	why, err := f.check(c, op.takes)
+	return c, op, why, err
 }

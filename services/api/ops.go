@@ -146,9 +146,9 @@ func deadLetterFilter(r *http.Request) (dlq.Filter, error) {
 			}
 			f.OlderThan = d
 		case "limit":
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 1 || n > 500 {
-				return f, ledger.Errorf(ledger.CodeInvalidRequest, "limit=%q is not between 1 and 500", v)
+			n, err := parseLimit(v)
+			if err != nil {
+				return f, err
 			}
 			f.Limit = n
 		case "after":

@@ -8,6 +8,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -19,6 +20,52 @@ import (
 
 // MaxBodyBytes bounds a request body.
 const MaxBodyBytes = 16 << 10
+
+// MaxPageLimit bounds the limit of a page (an account's entries, the dead
+// letters).
+const MaxPageLimit = 500
+
+// checkBodySize refuses a body of n bytes over MaxBodyBytes.
+func checkBodySize(n int) error {
+	if n > MaxBodyBytes {
+		return ledger.Errorf(CodeBodyTooLarge, "body is over the %d-byte limit", MaxBodyBytes)
+	}
+	return nil
+}
+
+// parseLimit reads the limit of a page from a query: 1 to MaxPageLimit.
+func parseLimit(v string) (int, error) {
+	n, err := strconv.Atoi(v)
+	if err != nil || checkLimit(n) != nil {
+		return 0, ledger.Errorf(ledger.CodeInvalidRequest, "limit=%q is not between 1 and %d", v, MaxPageLimit)
+	}
+	return n, nil
+}
+
+// checkLimit refuses the limit of a page outside 1 to MaxPageLimit.
+func checkLimit(n int) error {
+	if n < 1 || n > MaxPageLimit {
+		return ledger.Errorf(ledger.CodeInvalidRequest, "limit=%d is not between 1 and %d", n, MaxPageLimit)
+	}
+	return nil
+}
+
+// parseAfter reads the version cursor of a page of entries from a query.
+func parseAfter(v string) (int64, error) {
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || checkAfter(n) != nil {
+		return 0, ledger.Errorf(ledger.CodeInvalidRequest, "after=%q is not a version number", v)
+	}
+	return n, nil
+}
+
+// checkAfter refuses a negative version cursor.
+func checkAfter(n int64) error {
+	if n < 0 {
+		return ledger.Errorf(ledger.CodeInvalidRequest, "after=%d is not a version number", n)
+	}
+	return nil
+}
 
 // readBody reads a request's JSON body. A body sent with a Content-Type
 // other than JSON is refused (a request without one is read as JSON).
@@ -33,8 +80,8 @@ func readBody(r *http.Request) ([]byte, error) {
 	if err != nil {
 		return nil, ledger.Errorf(ledger.CodeInvalidRequest, "read body: %v", err)
 	}
-	if len(b) > MaxBodyBytes {
-		return nil, ledger.Errorf(CodeBodyTooLarge, "body over the %d-byte limit", MaxBodyBytes)
+	if err := checkBodySize(len(b)); err != nil {
+		return nil, err
 	}
 	return b, nil
 }
@@ -149,8 +196,8 @@ type AccountRequest struct {
 // "floor" must be a plain integer in int64 (fractions, exponents, strings
 // and overflow are refused with invalid_amount).
 func decodeStrict(body []byte, v any, fields ...string) error {
-	if len(body) > MaxBodyBytes {
-		return ledger.Errorf(CodeBodyTooLarge, "body is %d bytes, over the %d-byte limit", len(body), MaxBodyBytes)
+	if err := checkBodySize(len(body)); err != nil {
+		return err
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if t, err := dec.Token(); err != nil || t != json.Delim('{') {

@@ -137,9 +137,12 @@ type Server struct {
 	opsNC     *nats.Conn // the operator user's connection, when configured
 	api       *api.Handler
 	store     *apidb.Store
-	ln        net.Listener
-	http      *http.Server
-	metrics   *telemetry.Served
+	// accounts counts what the ledger adapter does for the API: the
+	// account ID collisions of the accounts it opens.
+	accounts *ledger.Stats
+	ln       net.Listener
+	http     *http.Server
+	metrics  *telemetry.Served
 }
 
 // Open connects to the region's database and NATS server, waiting for each
@@ -205,7 +208,8 @@ func (s *Server) open(ctx context.Context) error {
 	// The API reads the ledger's accounts and transfers through api.Ledger,
 	// an interface it declares, handed the ledger's Postgres adapter here:
 	// services/api does not import the adapter (see openApply).
-	led := postgres.New(s.pool, postgres.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen})
+	s.accounts = &ledger.Stats{}
+	led := postgres.New(s.pool, postgres.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen, Stats: s.accounts})
 	acfg := api.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen, Ledger: led, Store: store, Router: rt, NATS: s.nc,
 		Answers: answers, AnswerPoll: cfg.AnswerPoll, ClientCacheTTL: cfg.ClientCacheTTL, ClaimKeys: cfg.ClaimKeys, Wait: cfg.Wait, KeyTTL: cfg.KeyTTL, Now: cfg.Now, Log: cfg.Log}
 	if !cfg.SubmitAll {
@@ -303,6 +307,9 @@ func (s *Server) openApply(ctx context.Context, gen *idgen.Generator, acfg *api.
 // it applies none.
 func (s *Server) observe(m *telemetry.Metrics, applied *ledger.Stats) error {
 	if err := ObserveAPI(m, s.cfg.Region, &s.api.Stats); err != nil {
+		return err
+	}
+	if err := ObserveAccounts(m, s.cfg.Region, s.accounts); err != nil {
 		return err
 	}
 	if applied == nil || s.cfg.LedgerStats != nil {

@@ -43,9 +43,20 @@ func CustomerOfSQL(account, client string) string {
 // SystemClient owns the issuance and transit accounts.
 const SystemClient = "paymesh"
 
+// maxIDTries bounds the IDs CreateAccount mints for one account when the
+// ones before were taken.
+const maxIDTries = 4
+
+// errIDTaken reports that the ID minted for a new account is another
+// account's.
+var errIDTaken = errors.New("account id taken")
+
 // CreateAccount opens an account in this region, and the region's issuance
 // and transit accounts for its currency if there are none yet. It returns an *ledger.Error
-// for an invalid request.
+// for an invalid request. An ID minted for it that another account has
+// (a node's IDs repeat after its clock was stepped) is counted
+// (ledger.Stats.AccountIDCollisions) and replaced by a new one, up to
+// maxIDTries; past that it returns an error.
 func (s *Store) CreateAccount(ctx context.Context, n ledger.NewAccount) (ledger.Account, error) {
 	if err := n.Validate(); err != nil {
 		return ledger.Account{}, err
@@ -57,6 +68,25 @@ func (s *Store) CreateAccount(ctx context.Context, n ledger.NewAccount) (ledger.
 			return ledger.Account{}, fmt.Errorf("create account: %w", err)
 		}
 	}
+	for try := 1; ; try++ {
+		a, err := s.createAccount(ctx, n, ids)
+		if !errors.Is(err, errIDTaken) {
+			return a, err
+		}
+		s.stats().AccountIDCollisions.Add(1)
+		if try == maxIDTries {
+			return ledger.Account{}, fmt.Errorf("%w (the %d IDs minted in a row were all other accounts': a node's clock stepped back?)", err, try)
+		}
+		if ids[0], err = s.cfg.IDs.NextString(); err != nil {
+			return ledger.Account{}, fmt.Errorf("create account: %w", err)
+		}
+	}
+}
+
+// createAccount opens the account n as ids[0], in one transaction with
+// the currency's issuance and transit accounts (ids[1], ids[2]) if they
+// are missing. It returns errIDTaken when ids[0] is another account's.
+func (s *Store) createAccount(ctx context.Context, n ledger.NewAccount, ids [3]string) (ledger.Account, error) {
 	id := ids[0]
 	var a ledger.Account
 	err := s.transact(ctx, "create account", func(tx pgx.Tx) error {
@@ -68,8 +98,9 @@ func (s *Store) CreateAccount(ctx context.Context, n ledger.NewAccount) (ledger.
 				return err
 			}
 		}
-		// ON CONFLICT: a rerun after a COMMIT whose answer was lost finds
-		// the account it created.
+		// ON CONFLICT: a rerun finds the account it created if an attempt
+		// before committed after all; any other account under the ID is
+		// not this one (ours).
 		if _, err := tx.Exec(ctx, `
 			INSERT INTO accounts (id, client_id, kind, currency, floor) VALUES ($1, $2, 'customer', $3, $4)
 			ON CONFLICT (id) DO NOTHING`, id, n.ClientID, n.Currency, n.Floor); err != nil {
@@ -79,10 +110,29 @@ func (s *Store) CreateAccount(ctx context.Context, n ledger.NewAccount) (ledger.
 		if err != nil {
 			return err
 		}
-		a, err = pgx.CollectExactlyOneRow(rows, scanAccount)
+		if a, err = pgx.CollectExactlyOneRow(rows, scanAccount); err == nil && !ours(a, n) {
+			err = fmt.Errorf("%w: %s is a %s account of client %q", errIDTaken, id, a.Kind, a.ClientID)
+		}
 		return err
-	}, nil)
+	}, func(ctx context.Context) (bool, error) {
+		// A COMMIT whose answer was lost: the account is there if it
+		// committed (else the rerun creates it).
+		got, err := s.Account(ctx, id)
+		if ledger.ErrorCode(err) == ledger.CodeAccountNotFound {
+			return false, nil
+		}
+		return err == nil && ours(got, n), err
+	})
 	return a, err
+}
+
+// ours reports whether a, found under the ID minted for n, is the account
+// n's creation made: of its client, kind, currency and floor, and
+// untouched, as the row a rerun after a lost COMMIT finds (its ID is known
+// to no one else yet).
+func ours(a ledger.Account, n ledger.NewAccount) bool {
+	return a.ClientID == n.ClientID && a.Kind == ledger.KindCustomer && a.Currency == n.Currency && a.Floor == n.Floor &&
+		a.Version == 0 && !a.Closed
 }
 
 // Account returns an account, or an *ledger.Error with CodeAccountNotFound.

@@ -99,8 +99,8 @@ const Consumer = "ledger"
 type Config struct {
 	// Region is the region this database belongs to.
 	Region string
-	// IDs mints account IDs in Region.
-	IDs *idgen.Generator
+	// IDs mints account IDs in Region (the region's *idgen.Generator).
+	IDs IDSource
 	// Regions tells an ID's home region, to route saga steps.
 	Regions *idgen.Regions
 	// Dedup is the consume-log (NewConsumeLog of a *dedup.Log, or a
@@ -122,6 +122,13 @@ type Config struct {
 	// expires, and its expiry step is relayed, from its ExpiresAt by it.
 	Now func() time.Time
 }
+
+// IDSource mints IDs in text form; *idgen.Generator implements it.
+type IDSource interface {
+	NextString() (string, error)
+}
+
+var _ IDSource = (*idgen.Generator)(nil)
 
 // Store is the ledger's Postgres adapter. It is safe for concurrent use.
 type Store struct {

@@ -1,0 +1,200 @@
+package api
+
+import (
+	"bytes"
+
+	"github.com/paymesh/paymesh/services/ledger"
+)
+
+// A call forwarded from another region is checked on receipt as strictly
+// as the HTTP edge of the region that sent it checked the request, with
+// the edge's own rules (ledger.ValidClientID, validKey, checkLimit,
+// checkAfter, checkBodySize, the ID's home region), and against what its
+// operation takes (shape): a peer that is buggy, or lies, gets a 4xx
+// problem and a count in the metrics, and the operation never runs on
+// input the edge would have refused. An ID must be homed here: a call sent
+// to the wrong region is refused, not run against this region's database.
+
+// shape is what a call of an operation carries; a forwarded call is
+// refused unless it has its operation's shape (forwarder.check).
+type shape struct {
+	id     idRule   // the call's ID
+	key    bool     // an Idempotency-Key, required (none otherwise)
+	body   bodyRule // the call's body
+	page   bool     // after and limit of a page (none otherwise)
+	target bool     // a refund's target, its payee's account here (none otherwise)
+}
+
+// idRule is where the ID of an operation's call is homed.
+type idRule uint8
+
+const (
+	noID   idRule = iota
+	idHere        // in this region: the call runs where its object lives
+	idAny         // any region (a refund names the transfer it refunds, which may live elsewhere)
+)
+
+// bodyRule is whether an operation's call carries a body.
+type bodyRule uint8
+
+const (
+	noBody bodyRule = iota
+	optionalBody
+	requiredBody
+)
+
+// Refusal is why a forwarded call was refused before it ran: a small
+// closed set, the label of the refused forwarded calls metric.
+type Refusal uint8
+
+// Why a forwarded call is refused.
+const (
+	// RefusedMalformed: not a call (malformed JSON).
+	RefusedMalformed Refusal = iota
+	// RefusedOp: an operation this region does not serve.
+	RefusedOp
+	// RefusedClient: not a well-formed client ID.
+	RefusedClient
+	// RefusedID: an ID missing, malformed, homed in another region, or
+	// given to an operation that takes none.
+	RefusedID
+	// RefusedKey: an Idempotency-Key missing, badly spelled, or given to
+	// an operation that takes none.
+	RefusedKey
+	// RefusedPage: a limit or after out of range, or given to an
+	// operation that takes no page.
+	RefusedPage
+	// RefusedBody: a body missing, over MaxBodyBytes, or given to an
+	// operation that takes none.
+	RefusedBody
+	// RefusedTarget: a refund's target missing or malformed, its payee's
+	// account homed in another region, or a target given to an operation
+	// that takes none.
+	RefusedTarget
+	numRefusals
+)
+
+// Refusals lists every refusal reason.
+var Refusals = []Refusal{RefusedMalformed, RefusedOp, RefusedClient, RefusedID, RefusedKey, RefusedPage, RefusedBody, RefusedTarget}
+
+// String returns the refusal's label value.
+func (r Refusal) String() string {
+	if r >= numRefusals {
+		return "unknown"
+	}
+	return [...]string{"malformed", "op", "client", "id", "key", "page", "body", "target"}[r]
+}
+
+// check refuses a forwarded call that the HTTP edge would not have let
+// through, or that belongs in another region, and says why.
+func (f *forwarder) check(c call, s shape) (Refusal, error) {
+	for _, r := range []struct {
+		why Refusal
+		err error
+	}{
+		{RefusedClient, ledger.ValidClientID(c.Client)},
+		{RefusedID, f.checkID(c, s.id)},
+		{RefusedKey, checkCallKey(c, s.key)},
+		{RefusedPage, checkCallPage(c, s.page)},
+		{RefusedBody, checkCallBody(c, s.body)},
+		{RefusedTarget, f.checkTarget(c, s.target)},
+	} {
+		if r.err != nil {
+			return r.why, r.err
+		}
+	}
+	return 0, nil
+}
+
+func (f *forwarder) checkID(c call, rule idRule) error {
+	switch {
+	case rule == noID && c.ID != "":
+		return ledger.Errorf(ledger.CodeInvalidRequest, "%s takes no id", c.Op)
+	case rule == noID:
+		return nil
+	case c.ID == "":
+		return ledger.Errorf(ledger.CodeInvalidRequest, "%s needs an id", c.Op)
+	}
+	if rule == idAny {
+		_, err := f.homeOf("id", c.ID)
+		return err
+	}
+	return f.here(c.Op, "id", c.ID)
+}
+
+// homeOf returns the home region of id, the call's field named what.
+func (f *forwarder) homeOf(what, id string) (string, error) {
+	home, err := f.cfg.Regions.HomeRegion(id)
+	if err != nil {
+		return "", ledger.Errorf(ledger.CodeInvalidRequest, "%s %.64q is not a paymesh ID", what, id)
+	}
+	return home, nil
+}
+
+// here refuses an op whose field what names id, unless id is homed in
+// this region.
+func (f *forwarder) here(op, what, id string) error {
+	home, err := f.homeOf(what, id)
+	if err == nil && home != f.cfg.Region {
+		err = ledger.Errorf(ledger.CodeInvalidRequest, "%s of %s %s runs in its home region %s, not %s: the call was sent to the wrong region",
+			op, what, id, home, f.cfg.Region)
+	}
+	return err
+}
+
+func checkCallKey(c call, required bool) error {
+	switch {
+	case !required && c.Key != "":
+		return ledger.Errorf(ledger.CodeInvalidRequest, "%s takes no Idempotency-Key", c.Op)
+	case !required:
+		return nil
+	case c.Key == "":
+		return ledger.Errorf(CodeIdempotencyKeyMissing, "%s requires an Idempotency-Key", c.Op)
+	}
+	return validKey(c.Key)
+}
+
+func checkCallPage(c call, page bool) error {
+	if !page {
+		if c.After != 0 || c.Limit != 0 {
+			return ledger.Errorf(ledger.CodeInvalidRequest, "%s takes no page (after, limit)", c.Op)
+		}
+		return nil
+	}
+	if err := checkLimit(c.Limit); err != nil {
+		return err
+	}
+	return checkAfter(c.After)
+}
+
+func checkCallBody(c call, rule bodyRule) error {
+	if err := checkBodySize(len(c.Body)); err != nil {
+		return err
+	}
+	switch {
+	case rule == noBody && len(c.Body) > 0:
+		return ledger.Errorf(ledger.CodeInvalidRequest, "%s takes no body", c.Op)
+	case rule == requiredBody && len(bytes.TrimSpace(c.Body)) == 0:
+		return ledger.Errorf(ledger.CodeInvalidRequest, "%s needs a body", c.Op)
+	}
+	return nil
+}
+
+func (f *forwarder) checkTarget(c call, needed bool) error {
+	t := c.Target
+	switch {
+	case !needed && t != nil:
+		return ledger.Errorf(ledger.CodeInvalidRequest, "%s takes no target", c.Op)
+	case !needed:
+		return nil
+	case t == nil:
+		return ledger.Errorf(ledger.CodeInvalidRequest, "%s needs the accounts of the transfer it refunds (target)", c.Op)
+	case !ledger.ValidCurrency(t.Currency):
+		return ledger.Errorf(ledger.CodeInvalidRequest, "target currency %.8q is not an ISO 4217 currency code", t.Currency)
+	}
+	if _, err := f.homeOf("target from", t.From); err != nil {
+		return err
+	}
+	// A refund debits the payee's account: it runs in the payee's region.
+	return f.here(c.Op, "target to", t.To)
+}
