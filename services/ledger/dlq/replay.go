@@ -187,7 +187,7 @@ func (o *Ops) replay(ctx context.Context, conn *pgx.Conn, l Letter) (Outcome, er
 		out.Detail = "the ledger stream's Msg-Id window still holds the dead-lettered publish"
 		return out, nil
 	}
-	if err := o.settled(ctx, l.Subject, ack.Sequence); err != nil {
+	if err := o.settled(ctx, m.Subject, ack.Sequence); err != nil {
 		return Outcome{}, err
 	}
 	if nl, ok, err := o.deadLetterOf(ctx, dlqInfo.State.LastSeq, ack.Sequence); err != nil {
@@ -256,11 +256,11 @@ func (o *Ops) streamInfo(ctx context.Context, name string) (*jetstream.StreamInf
 // settled waits until the shard's ledger consumer has acked or terminated
 // every message up to seq.
 func (o *Ops) settled(ctx context.Context, subject string, seq uint64) error {
-	i := strings.LastIndexByte(subject, '.')
-	shard, err := strconv.Atoi(subject[i+1:])
+	addr, err := subjects.ParseLedger(subject)
 	if err != nil {
-		return fmt.Errorf("dlq: subject %q is not a ledger shard subject", subject)
+		return fmt.Errorf("dlq: %w", err)
 	}
+	shard := addr.Shard
 	wait := o.Wait
 	if wait <= 0 {
 		wait = 30 * time.Second
