@@ -63,6 +63,10 @@ type Config struct {
 	// three). Open sets it on existing streams too; it fails for a count
 	// outside 1 to ledgerstream.MaxReplicas or above the region's servers.
 	StreamReplicas int
+	// StreamLimits and DLQLimits bound the sizes of LEDGER_<R> and DLQ_<R>
+	// (zero fields: ledgerstream.DefaultLimits, DefaultDLQLimits). A full
+	// stream refuses publishes. Open sets them on existing streams too.
+	StreamLimits, DLQLimits ledgerstream.Limits
 	// OutboxRetention is how long a sent outbox row is kept before the
 	// maintenance job deletes it (default postgres.DefaultOutboxRetention;
 	// negative keeps every row).
@@ -147,7 +151,8 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	cfg = withDefaults(cfg)
 	s := &Server{cfg: cfg, Stats: cfg.Stats,
-		Topo: ledgerstream.Topology{Region: cfg.Region, Shards: cfg.Shards, DuplicateWindow: cfg.DuplicateWindow, Replicas: cfg.StreamReplicas}}
+		Topo: ledgerstream.Topology{Region: cfg.Region, Shards: cfg.Shards, DuplicateWindow: cfg.DuplicateWindow, Replicas: cfg.StreamReplicas,
+			Limits: cfg.StreamLimits, DLQLimits: cfg.DLQLimits}}
 	if err := s.open(ctx); err != nil {
 		return nil, errors.Join(fmt.Errorf("ledger %s: %w", cfg.Region, err), s.Close())
 	}
