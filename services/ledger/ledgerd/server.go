@@ -285,6 +285,11 @@ func (s *Server) observe(m *telemetry.Metrics) error {
 	if err := m.ObserveBacklog(s.cfg.Region, s.Topo.Stream(), Pending(s.js, s.Topo)); err != nil {
 		return err
 	}
+	for _, stream := range []string{s.Topo.Stream(), s.Topo.DLQStream()} {
+		if err := m.ObserveFill(s.cfg.Region, stream, ledgerstream.FillOf(s.js, stream)); err != nil {
+			return err
+		}
+	}
 	s.census = dlq.NewCensus(s.js, s.cfg.Region)
 	if err := ObserveDeadLetters(m, s.cfg.Region, s.census); err != nil {
 		return err

@@ -1,10 +1,13 @@
 package ledgerstream
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/paymesh/paymesh/platform/telemetry"
 )
 
 // Limits bounds a stream's size. A stream at either bound refuses the next
@@ -62,4 +65,22 @@ func (l Limits) Apply(cfg jetstream.StreamConfig) jetstream.StreamConfig {
 	cfg.MaxAge = 0
 	cfg.Discard = jetstream.DiscardNew
 	return cfg
+}
+
+// FillOf returns a reader of how full stream is, for
+// telemetry.ObserveFill; it returns JetStream's error when the stream
+// cannot be read.
+func FillOf(js jetstream.JetStream, stream string) telemetry.ReadFill {
+	return func(ctx context.Context) (telemetry.Fill, error) {
+		s, err := js.Stream(ctx, stream)
+		if err != nil {
+			return telemetry.Fill{}, fmt.Errorf("fill of %s: %w", stream, err)
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			return telemetry.Fill{}, fmt.Errorf("fill of %s: %w", stream, err)
+		}
+		return telemetry.Fill{Msgs: int64(info.State.Msgs), Bytes: int64(info.State.Bytes),
+			MaxMsgs: info.Config.MaxMsgs, MaxBytes: info.Config.MaxBytes}, nil
+	}
 }

@@ -128,7 +128,10 @@ func (s *Server) open(ctx context.Context) error {
 			if err := ObserveRouter(m, cfg.Region, s.rt.Stats()); err != nil {
 				return err
 			}
-			return m.ObserveBacklog(cfg.Region, router.Stream(cfg.Region), Pending(s.js, cfg.Region))
+			if err := m.ObserveBacklog(cfg.Region, router.Stream(cfg.Region), Pending(s.js, cfg.Region)); err != nil {
+				return err
+			}
+			return m.ObserveFill(cfg.Region, router.Stream(cfg.Region), ledgerstream.FillOf(s.js, router.Stream(cfg.Region)))
 		})
 	}
 	return err
