@@ -25,25 +25,33 @@ func serve(t *testing.T, m *telemetry.Metrics) string {
 	return srv.URL
 }
 
+// mustStreams starts a JetStream server with topo's streams and publishes n
+// messages over its first two shards.
+func mustStreams(tb testing.TB, topo ledgerstream.Topology, n int) jetstream.JetStream {
+	tb.Helper()
+	_, nc := natsembed.MustStart(tb)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := ledgerstream.EnsureStreams(ctx, js, topo); err != nil {
+		tb.Fatal(err)
+	}
+	for i := range n {
+		if _, err := js.Publish(ctx, topo.ShardSubject(i%2), []byte("{}")); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	return js
+}
+
 // TestLedgerPending: paymesh_consumer_pending counts the messages of the
 // ledger stream not consumed yet, over its shards, and a ledger stream
 // that does not exist leaves its series out instead of reporting a number.
 func TestLedgerPending(t *testing.T) {
-	_, nc := natsembed.MustStart(t)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
 	topo := ledgerstream.Topology{Region: "eu", Shards: 2}
-	if err := ledgerstream.EnsureStreams(ctx, js, topo); err != nil {
-		t.Fatal(err)
-	}
-	for i := range 5 {
-		if _, err := js.Publish(ctx, topo.ShardSubject(i%2), []byte("{}")); err != nil {
-			t.Fatal(err)
-		}
-	}
+	js := mustStreams(t, topo, 5)
 	m, err := telemetry.New()
 	if err != nil {
 		t.Fatal(err)
@@ -68,21 +76,8 @@ func TestLedgerPending(t *testing.T) {
 // publishes (_max_messages, _max_bytes); a stream that does not exist
 // leaves its series out.
 func TestStreamFill(t *testing.T) {
-	_, nc := natsembed.MustStart(t)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
 	topo := ledgerstream.Topology{Region: "eu", Shards: 2, Limits: ledgerstream.Limits{MaxMsgs: 10}}
-	if err := ledgerstream.EnsureStreams(ctx, js, topo); err != nil {
-		t.Fatal(err)
-	}
-	for i := range 7 {
-		if _, err := js.Publish(ctx, topo.ShardSubject(i%2), []byte("{}")); err != nil {
-			t.Fatal(err)
-		}
-	}
+	js := mustStreams(t, topo, 7)
 	m, err := telemetry.New()
 	if err != nil {
 		t.Fatal(err)

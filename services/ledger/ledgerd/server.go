@@ -50,11 +50,14 @@ type Config struct {
 	OwnShards    []int         // shards this process applies (default: all); give replicas disjoint sets
 	BatchSize    int           // most messages per transaction
 	AckWait      time.Duration // JetStream redelivery timeout
-	MaxDeliver   int           // deliveries before dead-lettering
-	Lease        time.Duration // the transaction lease: longest a transaction may sit idle before Postgres ends it (postgres.Connect)
-	WindowDays   int           // consume-log retention
-	CacheSize    int           // recent-commit cache entries; 0 disables the cache
-	Shards       int           // ledger subjects per region
+	MaxDeliver   int           // deliveries before a client request is dead-lettered
+	// MaxStepDeliver and MaxParkedDeliver bound a saga step's deliveries
+	// (ledgerstream.ConsumerConfig; 0 takes its default).
+	MaxStepDeliver, MaxParkedDeliver int
+	Lease                            time.Duration // the transaction lease: longest a transaction may sit idle before Postgres ends it (postgres.Connect)
+	WindowDays                       int           // consume-log retention
+	CacheSize                        int           // recent-commit cache entries; 0 disables the cache
+	Shards                           int           // ledger subjects per region
 	// DuplicateWindow is the ledger streams' Nats-Msg-Id window (default
 	// ledgerstream.DefaultDuplicateWindow).
 	DuplicateWindow time.Duration
@@ -331,7 +334,8 @@ func (s *Server) Run(ctx context.Context) error {
 	for _, shards := range ledgerstream.Split(own, min(s.cfg.Workers, len(own))) {
 		c := ledgerstream.NewConsumer(s.js, s.Store, ledgerstream.ConsumerConfig{
 			Topology: s.Topo, Shards: shards, BatchSize: s.cfg.BatchSize, AckWait: s.cfg.AckWait,
-			MaxDeliver: s.cfg.MaxDeliver, Regions: s.cfg.Regions, Stats: s.Stats, Log: s.cfg.Log,
+			MaxDeliver: s.cfg.MaxDeliver, MaxStepDeliver: s.cfg.MaxStepDeliver, MaxParkedDeliver: s.cfg.MaxParkedDeliver,
+			Regions: s.cfg.Regions, Stats: s.Stats, Log: s.cfg.Log,
 			Observe: s.cfg.Observe,
 		})
 		wg.Go(func() {

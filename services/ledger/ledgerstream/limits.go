@@ -25,11 +25,13 @@ type Limits struct {
 
 // Default stream limits. A command takes about 600 bytes with its headers,
 // so MaxMsgs binds first; docs/RELIABILITY.md ("Stream limits") gives the
-// time each leaves before a stream is full.
+// time each leaves before a stream is full, and why PaymeshConsumerLag
+// fires long before.
 var (
-	// DefaultLimits bounds the ledger and route streams: a million
-	// commands waiting for their consumer.
-	DefaultLimits = Limits{MaxMsgs: 1_000_000, MaxBytes: 1 << 30}
+	// DefaultLimits bounds the ledger and route streams: four million
+	// commands waiting for their consumer (over four minutes of the
+	// fastest measured inflow).
+	DefaultLimits = Limits{MaxMsgs: 4_000_000, MaxBytes: 4 << 30}
 	// DefaultDLQLimits bounds the dead-letter stream.
 	DefaultDLQLimits = Limits{MaxMsgs: 100_000, MaxBytes: 256 << 20}
 )
