@@ -106,8 +106,7 @@ func runService(t *testing.T, service string, args ...string) error {
 	return c.API.Run(context.Background(), tab, ids, slog.New(slog.DiscardHandler))
 }
 
-// TestStreamLimitFlags: a stream limit below 0, or a saga step bound below
-// 1, fails the service's command with an error naming the flags, before it
+// TestStreamLimitFlags: a stream limit or a saga step bound below 0 fails the service's command with an error naming the flags, before it
 // connects to anything.
 func TestStreamLimitFlags(t *testing.T) {
 	cases := []struct {
@@ -118,8 +117,8 @@ func TestStreamLimitFlags(t *testing.T) {
 		{"api", "--stream-max-msgs=-5", "--stream-max-msgs, --stream-max-bytes: stream limits"},
 		{"ledger", "--dlq-max-msgs=-1", "--dlq-max-msgs, --dlq-max-bytes: stream limits"},
 		{"ledger", "--dlq-max-bytes=-1", "--dlq-max-msgs, --dlq-max-bytes: stream limits"},
-		{"ledger", "--max-step-deliver=0", "--max-step-deliver 0, --max-parked-deliver 1000: want 1 or more"},
-		{"ledger", "--max-parked-deliver=-1", "--max-step-deliver 100, --max-parked-deliver -1: want 1 or more"},
+		{"ledger", "--max-step-deliver=-1", "--max-step-deliver -1, --max-parked-deliver 1000: want 0 (the default) or more"},
+		{"ledger", "--max-parked-deliver=-1", "--max-step-deliver 100, --max-parked-deliver -1: want 0 (the default) or more"},
 	}
 	for _, c := range cases {
 		if err := runService(t, c.service, c.flag); err == nil || !strings.Contains(err.Error(), c.want) {

@@ -114,8 +114,8 @@ type ledgerCmd struct {
 	AckWait    time.Duration `name:"ack-wait" env:"PAYMESH_ACK_WAIT" default:"30s" help:"JetStream redelivery timeout."`
 	MaxDeliver int           `name:"max-deliver" env:"PAYMESH_MAX_DELIVER" default:"10" help:"Deliveries before a client request whose apply keeps failing is dead-lettered."`
 	// MaxStepDeliver and MaxParkedDeliver: see ledgerstream.ConsumerConfig.
-	MaxStepDeliver   int           `name:"max-step-deliver" env:"PAYMESH_MAX_STEP_DELIVER" default:"100" help:"Deliveries before a saga step whose apply keeps failing is dead-lettered (step_max_deliveries)."`
-	MaxParkedDeliver int           `name:"max-parked-deliver" env:"PAYMESH_MAX_PARKED_DELIVER" default:"1000" help:"Deliveries before a saga step still ahead of its state is dead-lettered (step_parked)."`
+	MaxStepDeliver   int           `name:"max-step-deliver" env:"PAYMESH_MAX_STEP_DELIVER" default:"100" help:"Deliveries before a saga step whose apply keeps failing is dead-lettered (step_max_deliveries; 0: the default)."`
+	MaxParkedDeliver int           `name:"max-parked-deliver" env:"PAYMESH_MAX_PARKED_DELIVER" default:"1000" help:"Deliveries before a saga step still ahead of its state is dead-lettered (step_parked; 0: the default)."`
 	DLQMaxMsgs       int64         `name:"dlq-max-msgs" env:"PAYMESH_DLQ_MAX_MSGS" default:"100000" help:"Dead letters at which the region's dead-letter stream refuses more (0: the default); a refused one stays in the ledger stream."`
 	DLQMaxBytes      int64         `name:"dlq-max-bytes" env:"PAYMESH_DLQ_MAX_BYTES" default:"268435456" help:"Bytes at which the dead-letter stream refuses more (0: the default)."`
 	Lease            time.Duration `env:"PAYMESH_LEASE" default:"30s" help:"Longest a transaction may sit idle before Postgres ends it and its claims pass on."`
@@ -161,8 +161,8 @@ func (c *ledgerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 	if err := ledgerstream.CheckLimits(dlq); err != nil {
 		return fmt.Errorf("--dlq-max-msgs, --dlq-max-bytes: %w", err)
 	}
-	if c.MaxStepDeliver < 1 || c.MaxParkedDeliver < 1 {
-		return fmt.Errorf("--max-step-deliver %d, --max-parked-deliver %d: want 1 or more", c.MaxStepDeliver, c.MaxParkedDeliver)
+	if c.MaxStepDeliver < 0 || c.MaxParkedDeliver < 0 {
+		return fmt.Errorf("--max-step-deliver %d, --max-parked-deliver %d: want 0 (the default) or more", c.MaxStepDeliver, c.MaxParkedDeliver)
 	}
 	srv, err := ledgerd.Open(ctx, ledgerd.Config{OwnShards: own, StreamReplicas: replicas, StreamLimits: limits, DLQLimits: dlq,
 		MaxStepDeliver: c.MaxStepDeliver, MaxParkedDeliver: c.MaxParkedDeliver,
