@@ -89,3 +89,40 @@ func TestNATSURLHelp(t *testing.T) {
 		}
 	}
 }
+
+// runService runs a service's command parsed from args, with NATS and
+// Postgres URLs that lead nowhere, and returns its error.
+func runService(t *testing.T, service string, args ...string) error {
+	t.Helper()
+	tab, ids := defaultRegions(t)
+	c := parse(t, append([]string{service, "--nats-url", "nats://127.0.0.1:1", "--postgres-url", "postgres://127.0.0.1:1/x",
+		"--connect-timeout", "0s"}, args...)...)
+	switch service {
+	case "ledger":
+		return c.Ledger.Run(context.Background(), tab, ids, slog.New(slog.DiscardHandler))
+	case "router":
+		return c.Router.Run(context.Background(), tab, ids, slog.New(slog.DiscardHandler))
+	}
+	return c.API.Run(context.Background(), tab, ids, slog.New(slog.DiscardHandler))
+}
+
+// TestStreamLimitFlags: a stream limit or a saga step bound below 0 fails the service's command with an error naming the flags, before it
+// connects to anything.
+func TestStreamLimitFlags(t *testing.T) {
+	cases := []struct {
+		service, flag, want string
+	}{
+		{"ledger", "--stream-max-msgs=-1", "--stream-max-msgs, --stream-max-bytes: stream limits"},
+		{"router", "--stream-max-bytes=-1", "--stream-max-msgs, --stream-max-bytes: stream limits"},
+		{"api", "--stream-max-msgs=-5", "--stream-max-msgs, --stream-max-bytes: stream limits"},
+		{"ledger", "--dlq-max-msgs=-1", "--dlq-max-msgs, --dlq-max-bytes: stream limits"},
+		{"ledger", "--dlq-max-bytes=-1", "--dlq-max-msgs, --dlq-max-bytes: stream limits"},
+		{"ledger", "--max-step-deliver=-1", "--max-step-deliver -1, --max-parked-deliver 1000: want 0 (the default) or more"},
+		{"ledger", "--max-parked-deliver=-1", "--max-step-deliver 100, --max-parked-deliver -1: want 0 (the default) or more"},
+	}
+	for _, c := range cases {
+		if err := runService(t, c.service, c.flag); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s %s: got %v, want %q", c.service, c.flag, err, c.want)
+		}
+	}
+}

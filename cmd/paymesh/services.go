@@ -55,16 +55,23 @@ type natsLogin struct {
 type regionNATS struct {
 	NATSURL string `name:"nats-url" env:"PAYMESH_NATS_URL" default:"nats://127.0.0.1:4222" help:"NATS servers of the region: one URL, or a comma-separated list (every server of the region's JetStream cluster, so the service survives the loss of one)."`
 	natsLogin
-	StreamReplicas int `name:"stream-replicas" env:"PAYMESH_STREAM_REPLICAS" default:"1" help:"Replicas of the streams this service creates or updates (1 to 5; 3 on a region cluster of three servers). An existing stream is scaled to it."`
+	StreamReplicas int   `name:"stream-replicas" env:"PAYMESH_STREAM_REPLICAS" default:"1" help:"Replicas of the streams this service creates or updates (1 to 5; 3 on a region cluster of three servers). An existing stream is scaled to it."`
+	StreamMaxMsgs  int64 `name:"stream-max-msgs" env:"PAYMESH_STREAM_MAX_MSGS" default:"4000000" help:"Messages at which the ledger or route stream this service creates refuses publishes (0: the default). Commands stay until consumed, with no age limit."`
+	StreamMaxBytes int64 `name:"stream-max-bytes" env:"PAYMESH_STREAM_MAX_BYTES" default:"4294967296" help:"Bytes at which that stream refuses publishes (0: the default); JetStream reserves them, times the replicas, from its max_file_store."`
 }
 
-// replicas returns --stream-replicas, or an error outside 1 to
-// ledgerstream.MaxReplicas (0 is refused: the flag says what it means).
-func (r regionNATS) replicas() (int, error) {
+// streams returns --stream-replicas and the stream limits, or an error
+// for a replica count outside 1 to ledgerstream.MaxReplicas (0 is refused:
+// the flag says what it means) or a limit below 0.
+func (r regionNATS) streams() (int, ledgerstream.Limits, error) {
 	if err := ledgerstream.CheckReplicas(r.StreamReplicas); err != nil {
-		return 0, fmt.Errorf("--stream-replicas: %w", err)
+		return 0, ledgerstream.Limits{}, fmt.Errorf("--stream-replicas: %w", err)
 	}
-	return r.StreamReplicas, nil
+	l := ledgerstream.Limits{MaxMsgs: r.StreamMaxMsgs, MaxBytes: r.StreamMaxBytes}
+	if err := ledgerstream.CheckLimits(l); err != nil {
+		return 0, ledgerstream.Limits{}, fmt.Errorf("--stream-max-msgs, --stream-max-bytes: %w", err)
+	}
+	return r.StreamReplicas, l, nil
 }
 
 // dependencyWait bounds how long a service waits at start for its Postgres
@@ -105,14 +112,19 @@ type ledgerCmd struct {
 	Workers    int           `env:"PAYMESH_WORKERS" default:"2" help:"Consumers in this process."`
 	BatchSize  int           `name:"batch-size" env:"PAYMESH_BATCH_SIZE" default:"${default_batch}" help:"Most messages applied in one transaction."`
 	AckWait    time.Duration `name:"ack-wait" env:"PAYMESH_ACK_WAIT" default:"30s" help:"JetStream redelivery timeout."`
-	MaxDeliver int           `name:"max-deliver" env:"PAYMESH_MAX_DELIVER" default:"10" help:"Deliveries before a message is dead-lettered."`
-	Lease      time.Duration `env:"PAYMESH_LEASE" default:"30s" help:"Longest a transaction may sit idle before Postgres ends it and its claims pass on."`
-	WindowDays int           `name:"dedup-window-days" env:"PAYMESH_DEDUP_WINDOW_DAYS" default:"7" help:"Days of consume-log kept."`
-	CacheSize  int           `name:"cache-size" env:"PAYMESH_CACHE_SIZE" default:"100000" help:"Recently committed keys kept in memory (0 disables)."`
-	Shards     int           `env:"PAYMESH_SHARDS" default:"16" help:"Ledger subjects per region."`
-	OutboxKeep time.Duration `name:"outbox-retention" env:"PAYMESH_OUTBOX_RETENTION" default:"24h" help:"How long sent outbox rows are kept before they are deleted (negative keeps them all)."`
-	ShardSet   string        `name:"shard-set" env:"PAYMESH_SHARD_SET" default:"0/1" help:"i/n: this process applies the shards k with k mod n = i. Give each ledger replica of a region its own i."`
-	Metrics    string        `name:"metrics-listen" env:"PAYMESH_METRICS_LISTEN" help:"Address of /metrics (default: 127.0.0.1:<the region's metrics_port>; 'off' for none)."`
+	MaxDeliver int           `name:"max-deliver" env:"PAYMESH_MAX_DELIVER" default:"10" help:"Deliveries before a client request whose apply keeps failing is dead-lettered."`
+	// MaxStepDeliver and MaxParkedDeliver: see ledgerstream.ConsumerConfig.
+	MaxStepDeliver   int           `name:"max-step-deliver" env:"PAYMESH_MAX_STEP_DELIVER" default:"100" help:"Deliveries before a saga step whose apply keeps failing is dead-lettered (step_max_deliveries; 0: the default)."`
+	MaxParkedDeliver int           `name:"max-parked-deliver" env:"PAYMESH_MAX_PARKED_DELIVER" default:"1000" help:"Deliveries before a saga step still ahead of its state is dead-lettered (step_parked; 0: the default)."`
+	DLQMaxMsgs       int64         `name:"dlq-max-msgs" env:"PAYMESH_DLQ_MAX_MSGS" default:"100000" help:"Dead letters at which the region's dead-letter stream refuses more (0: the default); a refused one stays in the ledger stream."`
+	DLQMaxBytes      int64         `name:"dlq-max-bytes" env:"PAYMESH_DLQ_MAX_BYTES" default:"268435456" help:"Bytes at which the dead-letter stream refuses more (0: the default)."`
+	Lease            time.Duration `env:"PAYMESH_LEASE" default:"30s" help:"Longest a transaction may sit idle before Postgres ends it and its claims pass on."`
+	WindowDays       int           `name:"dedup-window-days" env:"PAYMESH_DEDUP_WINDOW_DAYS" default:"7" help:"Days of consume-log kept."`
+	CacheSize        int           `name:"cache-size" env:"PAYMESH_CACHE_SIZE" default:"100000" help:"Recently committed keys kept in memory (0 disables)."`
+	Shards           int           `env:"PAYMESH_SHARDS" default:"16" help:"Ledger subjects per region."`
+	OutboxKeep       time.Duration `name:"outbox-retention" env:"PAYMESH_OUTBOX_RETENTION" default:"24h" help:"How long sent outbox rows are kept before they are deleted (negative keeps them all)."`
+	ShardSet         string        `name:"shard-set" env:"PAYMESH_SHARD_SET" default:"0/1" help:"i/n: this process applies the shards k with k mod n = i. Give each ledger replica of a region its own i."`
+	Metrics          string        `name:"metrics-listen" env:"PAYMESH_METRICS_LISTEN" help:"Address of /metrics (default: 127.0.0.1:<the region's metrics_port>; 'off' for none)."`
 	dependencyWait
 }
 
@@ -141,11 +153,19 @@ func (c *ledgerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 	if err != nil {
 		return err
 	}
-	replicas, err := c.replicas()
+	replicas, limits, err := c.streams()
 	if err != nil {
 		return err
 	}
-	srv, err := ledgerd.Open(ctx, ledgerd.Config{OwnShards: own, StreamReplicas: replicas,
+	dlq := ledgerstream.Limits{MaxMsgs: c.DLQMaxMsgs, MaxBytes: c.DLQMaxBytes}
+	if err := ledgerstream.CheckLimits(dlq); err != nil {
+		return fmt.Errorf("--dlq-max-msgs, --dlq-max-bytes: %w", err)
+	}
+	if c.MaxStepDeliver < 0 || c.MaxParkedDeliver < 0 {
+		return fmt.Errorf("--max-step-deliver %d, --max-parked-deliver %d: want 0 (the default) or more", c.MaxStepDeliver, c.MaxParkedDeliver)
+	}
+	srv, err := ledgerd.Open(ctx, ledgerd.Config{OwnShards: own, StreamReplicas: replicas, StreamLimits: limits, DLQLimits: dlq,
+		MaxStepDeliver: c.MaxStepDeliver, MaxParkedDeliver: c.MaxParkedDeliver,
 		Region: reg.Name, Regions: ids, Node: c.Node, PostgresURL: url, NATSURL: c.NATSURL, NATSUser: c.NATSUser, NATSPassword: c.NATSPassword, Workers: c.Workers,
 		BatchSize: c.BatchSize, AckWait: c.AckWait, MaxDeliver: c.MaxDeliver, Lease: c.Lease,
 		WindowDays: c.WindowDays, OutboxRetention: c.OutboxKeep, CacheSize: c.CacheSize, Shards: c.Shards, Log: log.With("service", "ledger"),
@@ -180,7 +200,7 @@ func (c *apiCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, l
 	if err != nil {
 		return err
 	}
-	replicas, err := c.replicas()
+	replicas, limits, err := c.streams()
 	if err != nil {
 		return err
 	}
@@ -188,7 +208,7 @@ func (c *apiCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, l
 	if listen == "" {
 		listen = fmt.Sprintf("127.0.0.1:%d", reg.APIPort)
 	}
-	srv, err := apid.Open(ctx, apid.Config{StreamReplicas: replicas, Region: reg.Name, Regions: ids, Node: c.Node, PostgresURL: url,
+	srv, err := apid.Open(ctx, apid.Config{StreamReplicas: replicas, StreamLimits: limits, Region: reg.Name, Regions: ids, Node: c.Node, PostgresURL: url,
 		NATSURL: c.NATSURL, NATSUser: c.NATSUser, NATSPassword: c.NATSPassword, OpsNATSUser: c.OpsNATSUser, OpsNATSPassword: c.OpsNATSPassword,
 		Shards: c.Shards, Wait: c.Wait, KeyTTL: c.KeyTTL, ClientCacheTTL: cmp.Or(c.ClientCacheTTL, -1), ClaimKeys: c.ClaimKeys, SubmitAll: c.SubmitAll,
 		Listen: listen, MetricsListen: metricsListen(c.Metrics, reg.APIMetricsPort), ConnectTimeout: c.ConnectTimeout,
@@ -213,11 +233,11 @@ func (c *routerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 	if err != nil {
 		return err
 	}
-	replicas, err := c.replicas()
+	replicas, limits, err := c.streams()
 	if err != nil {
 		return err
 	}
-	srv, err := routerd.Open(ctx, routerd.Config{StreamReplicas: replicas, Region: reg.Name, Regions: ids, PostgresURL: url,
+	srv, err := routerd.Open(ctx, routerd.Config{StreamReplicas: replicas, StreamLimits: limits, Region: reg.Name, Regions: ids, PostgresURL: url,
 		NATSURL: c.NATSURL, NATSUser: c.NATSUser, NATSPassword: c.NATSPassword, Shards: c.Shards, AckWait: c.AckWait,
 		MetricsListen: metricsListen(c.Metrics, reg.RouterMetricsPort), ConnectTimeout: c.ConnectTimeout, Log: log})
 	if err != nil {

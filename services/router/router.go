@@ -45,23 +45,31 @@ import (
 func Stream(region string) string { return subjects.RouteStream(region) }
 
 // EnsureStream creates or updates the region's route stream (file storage,
-// a Nats-Msg-Id window of window, replicas replicas; 0 for either takes the
-// default: ledgerstream.DefaultDuplicateWindow, one replica). It is a work queue: a
-// command stays, with no age limit, until the forwarder acks it after the
-// home region acked, then it is removed. It is idempotent, and sets an
-// existing stream's replica count to replicas. It returns an error for a
-// replica count ledgerstream.CheckReplicas refuses, and JetStream's errors.
-func EnsureStream(ctx context.Context, js jetstream.JetStream, region string, window time.Duration, replicas int) error {
+// a Nats-Msg-Id window of window, replicas replicas, at most limits; 0 for
+// any takes the default: ledgerstream.DefaultDuplicateWindow, one replica,
+// ledgerstream.DefaultLimits). It is a work queue: a command stays, with no
+// age limit, until the forwarder acks it after the home region acked, then
+// it is removed. A full stream refuses the next submit (Submit returns the
+// error) rather than drop a command it acknowledged. It is idempotent, and
+// updates an existing stream to this configuration (its replica count
+// included). It returns an error for a replica count
+// ledgerstream.CheckReplicas refuses or limits ledgerstream.CheckLimits
+// refuses, and JetStream's errors.
+func EnsureStream(ctx context.Context, js jetstream.JetStream, region string, window time.Duration, replicas int, limits ledgerstream.Limits) error {
 	if window <= 0 {
 		window = ledgerstream.DefaultDuplicateWindow
 	}
 	if replicas == 0 {
 		replicas = 1
 	}
-	if err := ledgerstream.CheckReplicas(replicas); err != nil {
+	err := ledgerstream.CheckReplicas(replicas)
+	if err == nil {
+		err = ledgerstream.CheckLimits(limits)
+	}
+	if err != nil {
 		return fmt.Errorf("ensure stream %s: %w", Stream(region), err)
 	}
-	_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	_, err = js.CreateOrUpdateStream(ctx, limits.Or(ledgerstream.DefaultLimits).Apply(jetstream.StreamConfig{
 		Name:        Stream(region),
 		Description: "commands accepted in region " + region + ", stored until their home region acked them",
 		Subjects:    []string{subjects.Route(region)},
@@ -69,7 +77,7 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, region string, wi
 		Retention:   jetstream.WorkQueuePolicy,
 		Duplicates:  window,
 		Replicas:    replicas,
-	})
+	}))
 	if err != nil {
 		return fmt.Errorf("ensure stream %s: %w", Stream(region), err)
 	}

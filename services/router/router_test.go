@@ -47,7 +47,7 @@ func TestSubmitAndForward(t *testing.T) {
 	if err := ledgerstream.EnsureStreams(ctx, js, topo); err != nil {
 		t.Fatal(err)
 	}
-	if err := EnsureStream(ctx, js, "us", 0, 0); err != nil {
+	if err := EnsureStream(ctx, js, "us", 0, 0, ledgerstream.Limits{}); err != nil {
 		t.Fatal(err)
 	}
 	r := New(js, Config{Region: "us", Regions: ids, Shards: 4, AckWait: 2 * time.Second})
@@ -97,7 +97,7 @@ func TestSubmitHomedHere(t *testing.T) {
 	js, ids, topo := embedded(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if err := EnsureStream(ctx, js, "eu", 0, 0); err != nil {
+	if err := EnsureStream(ctx, js, "eu", 0, 0, ledgerstream.Limits{}); err != nil {
 		t.Fatal(err)
 	}
 	r := New(js, Config{Region: "eu", Regions: ids, Shards: 4, AckWait: 2 * time.Second})

@@ -20,8 +20,9 @@ import (
 // replayBatch is how many replayed commands go into one Apply.
 const replayBatch = 256
 
-// checkReplay is I6: every region's ledger stream is read again from its
-// first message by an ordered (ephemeral) consumer, and each command is
+// checkReplay is I6: every region's ledger stream, which keepHistory kept
+// whole since the cluster started, is read again from its first message by
+// an ordered (ephemeral) consumer, and each command is
 // applied again, in batches, on the region's database through a store of
 // its own whose consume-log has no recent-commit cache, so the table and
 // the business keys answer. The transfers, postings, credits and outbox
@@ -75,6 +76,27 @@ func checkReplay(ctx context.Context, c *cluster.Cluster) (Check, error) {
 	return chk, nil
 }
 
+// historyDurable is the durable consumer that keeps a region's ledger
+// stream whole for I6.
+const historyDurable = "chaos-history"
+
+// keepHistory makes every region's ledger stream keep all it is sent, for
+// I6 to replay: the stream drops a command once every durable consumer that
+// wants it acked it (interest retention), and this one, on every subject,
+// is never read. Backlog counts only the ledger's shard consumers, so it
+// does not hold up quiescence.
+func keepHistory(ctx context.Context, c *cluster.Cluster) error {
+	for _, n := range sortedNames(c) {
+		r := c.Region(n)
+		_, err := r.Ledger.JetStream().CreateOrUpdateConsumer(ctx, r.Ledger.Topo.Stream(),
+			jetstream.ConsumerConfig{Durable: historyDurable, AckPolicy: jetstream.AckExplicitPolicy})
+		if err != nil {
+			return fmt.Errorf("history of %s: %w", r.Ledger.Topo.Stream(), err)
+		}
+	}
+	return nil
+}
+
 func counts(ctx context.Context, s *postgres.Store) ([4]int64, error) {
 	var n [4]int64
 	err := s.Pool().QueryRow(ctx, `SELECT (SELECT count(*) FROM transfers), (SELECT count(*) FROM postings),
@@ -100,9 +122,10 @@ func readStreamRetrying(ctx context.Context, js jetstream.JetStream, name string
 	}
 }
 
-// readStream reads every command of a stream from its first message with an
-// ordered consumer. A message that does not decode is skipped: it was
-// dead-lettered when it arrived.
+// readStream reads every command a stream holds, from its first message,
+// one by one by sequence: an interest stream of three replicas takes no
+// ordered consumer (its consumers must have its replicas). A message that
+// does not decode is skipped: it was dead-lettered when it arrived.
 func readStream(ctx context.Context, js jetstream.JetStream, name string) ([]ledger.Command, error) {
 	s, err := js.Stream(ctx, name)
 	if err != nil {
@@ -112,39 +135,18 @@ func readStream(ctx context.Context, js jetstream.JetStream, name string) ([]led
 	if err != nil {
 		return nil, err
 	}
-	last := info.State.LastSeq
-	if info.State.Msgs == 0 {
-		return nil, nil
-	}
-	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy})
-	if err != nil {
-		return nil, err
-	}
 	var out []ledger.Command
-	for {
-		batch, err := cons.Fetch(512, jetstream.FetchMaxWait(2*time.Second))
+	for seq := info.State.FirstSeq; info.State.Msgs > 0 && seq <= info.State.LastSeq; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue // consumed before keepHistory's consumer existed
+		}
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("replay %s: sequence %d: %w", name, seq, err)
 		}
-		got := 0
-		for m := range batch.Messages() {
-			got++
-			md, err := m.Metadata()
-			if err != nil {
-				return nil, err
-			}
-			if cmd, err := ledger.DecodeCommand(m.Data()); err == nil {
-				out = append(out, cmd)
-			}
-			if md.Sequence.Stream >= last {
-				return out, nil
-			}
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
-			return nil, err
-		}
-		if got == 0 {
-			return nil, fmt.Errorf("replay %s: no message after %d of %d", name, len(out), last)
+		if cmd, err := ledger.DecodeCommand(m.Data); err == nil {
+			out = append(out, cmd)
 		}
 	}
+	return out, nil
 }

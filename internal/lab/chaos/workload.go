@@ -175,6 +175,9 @@ func start(ctx context.Context, cfg Config, sc *scenario, seed uint64) (_ *env, 
 	if e.c, err = cluster.Start(ctx, ccfg); err != nil {
 		return nil, err
 	}
+	if err := keepHistory(ctx, e.c); err != nil {
+		return nil, err
+	}
 	for _, n := range e.names {
 		if e.gens[n], err = idgen.NewGenerator(e.c.IDs(), n, 900); err != nil {
 			return nil, err

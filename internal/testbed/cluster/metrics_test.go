@@ -112,7 +112,12 @@ func TestSagaStageMetrics(t *testing.T) {
 // with its counters kept.
 func TestMetricsPerService(t *testing.T) {
 	h := mustCluster(t, nil, nil)
-	h.open(t, 2, 100)
+	h.open(t, 2, 100) // funded by each region's operator, not through its router
+	for range 2 {
+		if err := h.c.Submit(context.Background(), "eu", h.transfer(t, h.accts["eu"][0], h.accts["eu"][1], 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	h.quiet(t, time.Minute)
 	submitted := `paymesh_router_submitted_total{region="eu",topic="route"} 2`
 	check := func(r *cluster.Region) {

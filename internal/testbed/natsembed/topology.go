@@ -962,11 +962,11 @@ func streamsBehind(g *region) error {
 			if !n.srv.JetStreamIsStreamCurrent(server.DEFAULT_GLOBAL_ACCOUNT, stream) {
 				return fmt.Errorf("stream %s on %s is not current", stream, n.name)
 			}
-			// A work queue's copies remove acked messages each at its own
-			// pace (through their consumers' replicated state), so only
-			// their last sequences must agree.
-			workQueue := lead.Config != nil && lead.Config.Retention == server.WorkQueuePolicy
-			if sd.State.LastSeq != lead.State.LastSeq || (!workQueue && sd.State.Msgs != lead.State.Msgs) {
+			// The copies of a work-queue or interest stream remove acked
+			// messages each at its own pace (through their consumers'
+			// replicated state), so only their last sequences must agree.
+			acked := lead.Config != nil && lead.Config.Retention != server.LimitsPolicy
+			if sd.State.LastSeq != lead.State.LastSeq || (!acked && sd.State.Msgs != lead.State.Msgs) {
 				return fmt.Errorf("stream %s on %s: last sequence %d, %d messages; the leader has %d, %d",
 					stream, n.name, sd.State.LastSeq, sd.State.Msgs, lead.State.LastSeq, lead.State.Msgs)
 			}

@@ -77,8 +77,10 @@ func copyRules(t *testing.T, edit func(string) string) (rules, tests string) {
 
 // TestBrokenRulesFail: the checks catch broken rules. Without its
 // absolute floor the duplicate-rate alert fires on a quiet region's single
-// duplicate, and the unit tests say so; a rule that does not parse fails
-// `promtool check rules`.
+// duplicate, without its bytes bound the stream fill alert misses a stream
+// full by bytes, and a dead-letter fill alert that does not divide by the
+// stream's bound never fires, and the unit tests say so; a rule that does
+// not parse fails `promtool check rules`.
 func TestBrokenRulesFail(t *testing.T) {
 	promchecktest.Require(t)
 	ctx := context.Background()
@@ -88,6 +90,19 @@ func TestBrokenRulesFail(t *testing.T) {
 	err := promcheck.TestRules(ctx, tests)
 	if err == nil || !strings.Contains(err.Error(), "PaymeshDuplicateRateHigh") {
 		t.Errorf("duplicate alert without its floor: promtool test rules: got %v, want a failure naming PaymeshDuplicateRateHigh", err)
+	}
+	_, tests = copyRules(t, func(s string) string {
+		return strings.Replace(s, `              or label_replace(paymesh_stream_bytes{stream=~"LEDGER_.*|ROUTE_.*"} / (paymesh_stream_max_bytes > 0), "bound", "bytes", "", "")
+`, "", 1)
+	})
+	if err := promcheck.TestRules(ctx, tests); err == nil || !strings.Contains(err.Error(), "PaymeshStreamFilling") {
+		t.Errorf("stream fill alert without its bytes bound: promtool test rules: got %v, want a failure naming PaymeshStreamFilling", err)
+	}
+	_, tests = copyRules(t, func(s string) string {
+		return strings.Replace(s, `paymesh_stream_messages{stream=~"DLQ_.*"} / (paymesh_stream_max_messages > 0)`, `paymesh_stream_messages{stream=~"DLQ_.*"} / 1e9`, 1)
+	})
+	if err := promcheck.TestRules(ctx, tests); err == nil || !strings.Contains(err.Error(), "PaymeshDeadLetterStreamFilling") {
+		t.Errorf("dead-letter fill alert against no bound: promtool test rules: got %v, want a failure naming PaymeshDeadLetterStreamFilling", err)
 	}
 	rules, _ := copyRules(t, func(s string) string {
 		return strings.Replace(s, "max by (region) (paymesh_outbox_lag_seconds) > 30", "max by (region) (paymesh_outbox_lag_seconds) >> 30", 1)

@@ -79,6 +79,9 @@ type Config struct {
 	// start scales the stream to its own). Open fails for a count outside
 	// 1 to ledgerstream.MaxReplicas or above the region's servers.
 	StreamReplicas int
+	// StreamLimits bounds ROUTE_<R>'s size, as the region's router has
+	// it (zero fields: ledgerstream.DefaultLimits).
+	StreamLimits ledgerstream.Limits
 	// RouterStats, if set, counts the API's submissions (with the region
 	// router's, in one process).
 	RouterStats *router.Stats
@@ -257,7 +260,7 @@ func (s *Server) openRouter(ctx context.Context) (rt *router.Router, answers str
 	if cfg.WrapJetStream != nil {
 		js = cfg.WrapJetStream(js)
 	}
-	if err := router.EnsureStream(ctx, js, cfg.Region, cfg.DuplicateWindow, cfg.StreamReplicas); err != nil {
+	if err := router.EnsureStream(ctx, js, cfg.Region, cfg.DuplicateWindow, cfg.StreamReplicas, cfg.StreamLimits); err != nil {
 		return nil, "", err
 	}
 	// The ledger tells this process, on a subject of its own (named by

@@ -12,10 +12,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/paymesh/paymesh/internal/testbed/ledgertest"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/platform/natsauth"
-	"github.com/paymesh/paymesh/platform/pgdb"
 	"github.com/paymesh/paymesh/platform/telemetry"
 	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/dlq"
@@ -58,17 +56,8 @@ func scrape(t *testing.T, url, name string) map[string]float64 {
 // region whose stream cannot be read shows neither.
 func TestCensus(t *testing.T) {
 	ctx := context.Background()
-	nt := natsembed.MustStartTopology(t, "eu")
-	js, routerJS, opsJS := connect(t, nt, natsauth.Ledger), connect(t, nt, natsauth.Router), connect(t, nt, natsauth.Ops)
-	topo := ledgerstream.Topology{Region: "eu", Shards: 4, DuplicateWindow: time.Second}
-	if err := ledgerstream.EnsureStreams(ctx, js, topo); err != nil {
-		t.Fatal(err)
-	}
-	f := ledgertest.New(t)
-	if err := pgdb.Migrate(ctx, f.Pool, dlq.Migrations()); err != nil {
-		t.Fatal(err)
-	}
-	ops := &dlq.Ops{Region: "eu", JS: opsJS, Pool: f.Pool}
+	r := mustRegion(t)
+	js, topo, f, ops := r.js, r.topo, r.f, r.ops
 	census := dlq.NewCensus(js, "eu")
 	m, err := telemetry.New()
 	if err != nil {
@@ -94,7 +83,7 @@ func TestCensus(t *testing.T) {
 		t.Fatalf("no dead letters: got depth %v, oldest %v, want no series", depth, oldest)
 	}
 
-	pub := ledgerstream.NewPublisher(routerJS, topo, f.Regions, f.Stats)
+	pub := r.pub
 	a, b := f.Account(t, "EUR", 100), f.Account(t, "EUR", 0)
 	stop := worker(t, js, failing{}, topo, f)
 	if _, err := pub.Publish(ctx, f.Transfer(t, a, b, 10)); err != nil {

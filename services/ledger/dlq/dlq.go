@@ -60,9 +60,10 @@ var ErrWrongClass = errors.New("dlq: the command came on a subject its kind neve
 var ErrUnsettled = errors.New("dlq: the ledger did not settle the replay")
 
 // Reasons returns every reason a dead letter can carry: the ledger's
-// codes and ledgerstream.ReasonMaxDeliveries.
+// codes and ledgerstream's reasons for messages that used up their
+// deliveries.
 func Reasons() []string {
-	out := []string{ledgerstream.ReasonMaxDeliveries}
+	out := []string{ledgerstream.ReasonMaxDeliveries, ledgerstream.ReasonStepMaxDeliveries, ledgerstream.ReasonStepParked}
 	for _, c := range ledger.Codes() {
 		out = append(out, string(c))
 	}
@@ -83,12 +84,12 @@ type Ops struct {
 type Letter struct {
 	Seq        uint64    // sequence in DLQ_<R>
 	At         time.Time // when it was dead-lettered (the last delivery)
-	Reason     string    // a ledger.Code, or ledgerstream.ReasonMaxDeliveries
+	Reason     string    // a ledger.Code, or one of ledgerstream's Reason constants
 	Detail     string
 	Subject    string    // the original ledger subject
 	OrigSeq    uint64    // the original sequence in LEDGER_<R>
 	Deliveries uint64    // deliveries before it was dead-lettered
-	FirstAt    time.Time // the original publish (the first delivery); zero when LEDGER_<R> no longer holds it
+	FirstAt    time.Time // the original publish (the first delivery); zero when unknown
 	Header     nats.Header
 	Data       []byte
 	// Command is the decoded payload; CommandErr says why it is not a
@@ -167,6 +168,11 @@ func (o *Ops) Show(ctx context.Context, seq uint64) (Letter, error) {
 	if err != nil {
 		return Letter{}, err
 	}
+	if !l.FirstAt.IsZero() {
+		return l, nil
+	}
+	// A dead letter of an older version has no stored time: the ledger
+	// stream may still hold its original.
 	if ls, err := o.JS.Stream(ctx, subjects.LedgerStream(o.Region)); err == nil {
 		if m, err := ls.GetMsg(ctx, l.OrigSeq); err == nil && m.Subject == l.Subject {
 			l.FirstAt = m.Time
@@ -196,6 +202,7 @@ func letterOf(m *jetstream.RawStreamMsg) Letter {
 	l := Letter{Seq: m.Sequence, At: m.Time, Reason: h.Get(ledgerstream.HeaderDLQReason), Detail: h.Get(ledgerstream.HeaderDLQDetail),
 		Subject: h.Get(ledgerstream.HeaderDLQSubject), OrigSeq: num(ledgerstream.HeaderDLQSequence), Deliveries: num(ledgerstream.HeaderDLQDelivery),
 		Header: h, Data: m.Data}
+	l.FirstAt, _ = time.Parse(time.RFC3339Nano, h.Get(ledgerstream.HeaderDLQStored))
 	l.Command, l.CommandErr = ledger.DecodeCommand(m.Data)
 	return l
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/paymesh/paymesh/internal/testbed/ledgertest"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
+	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/platform/natsauth"
 	"github.com/paymesh/paymesh/platform/pgdb"
 	"github.com/paymesh/paymesh/platform/subjects"
@@ -30,7 +31,7 @@ func (failing) Apply(context.Context, []ledger.Command) ([]ledger.Result, error)
 func worker(tb testing.TB, js jetstream.JetStream, app ledgerstream.Applier, topo ledgerstream.Topology, f *ledgertest.Fixture) (stop func()) {
 	tb.Helper()
 	c := ledgerstream.NewConsumer(js, app, ledgerstream.ConsumerConfig{Topology: topo, Regions: f.Regions, Stats: f.Stats,
-		AckWait: time.Second, MaxDeliver: 2, BatchSize: 64})
+		AckWait: time.Second, MaxDeliver: 2, MaxStepDeliver: 2, BatchSize: 64})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
@@ -67,6 +68,35 @@ func connect(tb testing.TB, nt *natsembed.Topology, service string) jetstream.Je
 	return js
 }
 
+// region is region eu: its streams, its ledger database with the
+// dead-letter audit, the operator's Ops and the router's publisher. Each
+// side connects as its own user: the ledger (js), the router that publishes
+// commands, and the operator.
+type region struct {
+	js   jetstream.JetStream
+	topo ledgerstream.Topology
+	f    *ledgertest.Fixture
+	ops  *dlq.Ops
+	pub  *ledgerstream.Publisher
+}
+
+func mustRegion(tb testing.TB) region {
+	tb.Helper()
+	ctx := context.Background()
+	nt := natsembed.MustStartTopology(tb, "eu")
+	js, routerJS, opsJS := connect(tb, nt, natsauth.Ledger), connect(tb, nt, natsauth.Router), connect(tb, nt, natsauth.Ops)
+	topo := ledgerstream.Topology{Region: "eu", Shards: 4, DuplicateWindow: time.Second}
+	if err := ledgerstream.EnsureStreams(ctx, js, topo); err != nil {
+		tb.Fatal(err)
+	}
+	f := ledgertest.New(tb)
+	if err := pgdb.Migrate(ctx, f.Pool, dlq.Migrations()); err != nil {
+		tb.Fatal(err)
+	}
+	return region{js: js, topo: topo, f: f, ops: &dlq.Ops{Region: "eu", JS: opsJS, Pool: f.Pool, Wait: 20 * time.Second},
+		pub: ledgerstream.NewPublisher(routerJS, topo, f.Regions, f.Stats)}
+}
+
 func waitLetters(tb testing.TB, ops *dlq.Ops, n int) []dlq.Letter {
 	tb.Helper()
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
@@ -90,20 +120,8 @@ func waitLetters(tb testing.TB, ops *dlq.Ops, n int) []dlq.Letter {
 // once by a replay; a discard is recorded once.
 func TestRoundTrip(t *testing.T) {
 	ctx := context.Background()
-	// Each side connects as its own user: the ledger, the router that
-	// publishes commands, and the operator.
-	nt := natsembed.MustStartTopology(t, "eu")
-	js, routerJS, opsJS := connect(t, nt, natsauth.Ledger), connect(t, nt, natsauth.Router), connect(t, nt, natsauth.Ops)
-	topo := ledgerstream.Topology{Region: "eu", Shards: 4, DuplicateWindow: time.Second}
-	if err := ledgerstream.EnsureStreams(ctx, js, topo); err != nil {
-		t.Fatal(err)
-	}
-	f := ledgertest.New(t)
-	if err := pgdb.Migrate(ctx, f.Pool, dlq.Migrations()); err != nil {
-		t.Fatal(err)
-	}
-	ops := &dlq.Ops{Region: "eu", JS: opsJS, Pool: f.Pool, Wait: 20 * time.Second}
-	pub := ledgerstream.NewPublisher(routerJS, topo, f.Regions, f.Stats)
+	r := mustRegion(t)
+	js, topo, f, ops, pub := r.js, r.topo, r.f, r.ops, r.pub
 	a, b := f.Account(t, "EUR", 100), f.Account(t, "EUR", 0)
 
 	// The database is down for two deliveries: dead-lettered.
@@ -241,6 +259,54 @@ func TestRoundTrip(t *testing.T) {
 	}
 	if p, err := ops.List(ctx, dlq.Filter{}); err != nil || len(p.Letters) != 0 {
 		t.Fatalf("dead letters left: got %+v %v, want none", p.Letters, err)
+	}
+	f.MustVerify(t)
+}
+
+// TestReplayStep: a saga step dead-lettered after its apply failed on
+// MaxStepDeliver deliveries (step_max_deliveries) is applied once by
+// replay, settling its transfer, and a second replay adds nothing.
+func TestReplayStep(t *testing.T) {
+	ctx := context.Background()
+	r := mustRegion(t)
+	js, topo, f, ops := r.js, r.topo, r.f, r.ops
+	us, err := idgen.NewGenerator(f.Regions, "us", 9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dest, err := us.NextString()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := f.Account(t, "EUR", 100)
+	tr := f.Transfer(t, a, dest, 10)
+	f.MustApply(t, tr) // DEBITED, waiting for its confirm from us
+	step := tr.Step(ledger.TypeConfirm, "")
+
+	stop := worker(t, js, failing{}, topo, f)
+	if _, err := r.pub.Publish(ctx, step); err != nil {
+		t.Fatal(err)
+	}
+	l := waitLetters(t, ops, 1)[0]
+	stop()
+	if l.Reason != ledgerstream.ReasonStepMaxDeliveries || l.Deliveries != 2 || l.Command != step || l.FirstAt.IsZero() {
+		t.Fatalf("the step's dead letter: got %+v, want %s after 2 deliveries, with its first delivery", l, ledgerstream.ReasonStepMaxDeliveries)
+	}
+
+	worker(t, js, f.Store, topo, f)
+	out, err := ops.Replay(ctx, l.Seq, "alice")
+	if err == nil && out.Kind == dlq.Deferred {
+		time.Sleep(time.Until(out.RetryAt) + 200*time.Millisecond) // the Msg-Id window's end, which replay names
+		out, err = ops.Replay(ctx, l.Seq, "alice")
+	}
+	if err != nil || out.Kind != dlq.Applied {
+		t.Fatalf("replay of the step: got %v %v, want applied", out, err)
+	}
+	if got, err := f.Store.Transfer(ctx, tr.TransferID); err != nil || got.Status != ledger.StatusCompleted {
+		t.Fatalf("transfer after the replayed confirm: got %v %v, want COMPLETED", got.Status, err)
+	}
+	if out, err := ops.Replay(ctx, l.Seq, "bob"); err != nil || out.Kind != dlq.Replayed || out.Operator != "alice" {
+		t.Fatalf("second replay: got %v %v, want replayed by alice", out, err)
 	}
 	f.MustVerify(t)
 }

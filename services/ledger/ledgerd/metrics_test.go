@@ -26,25 +26,33 @@ func serve(t *testing.T, m *telemetry.Metrics) string {
 	return srv.URL
 }
 
+// mustStreams starts a JetStream server with topo's streams and publishes n
+// messages over its first two shards.
+func mustStreams(tb testing.TB, topo ledgerstream.Topology, n int) jetstream.JetStream {
+	tb.Helper()
+	_, nc := natsembed.MustStart(tb)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := ledgerstream.EnsureStreams(ctx, js, topo); err != nil {
+		tb.Fatal(err)
+	}
+	for i := range n {
+		if _, err := js.Publish(ctx, subjects.LedgerSubject(topo.Region, i%2, subjects.ClassCommand, topo.Region), []byte("{}")); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	return js
+}
+
 // TestLedgerPending: paymesh_consumer_pending counts the messages of the
 // ledger stream not consumed yet, over its shards, and a ledger stream
 // that does not exist leaves its series out instead of reporting a number.
 func TestLedgerPending(t *testing.T) {
-	_, nc := natsembed.MustStart(t)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
 	topo := ledgerstream.Topology{Region: "eu", Shards: 2}
-	if err := ledgerstream.EnsureStreams(ctx, js, topo); err != nil {
-		t.Fatal(err)
-	}
-	for i := range 5 {
-		if _, err := js.Publish(ctx, subjects.LedgerSubject(topo.Region, i%2, subjects.ClassCommand, topo.Region), []byte("{}")); err != nil {
-			t.Fatal(err)
-		}
-	}
+	js := mustStreams(t, topo, 5)
 	m, err := telemetry.New()
 	if err != nil {
 		t.Fatal(err)
@@ -61,6 +69,45 @@ func TestLedgerPending(t *testing.T) {
 	}
 	if got, ok := scrape.One(t, url, "paymesh_consumer_pending", map[string]string{"stream": "LEDGER_US"}); ok {
 		t.Errorf("paymesh_consumer_pending{stream=LEDGER_US}: got %v, want no sample", got)
+	}
+}
+
+// TestStreamFill: paymesh_stream_messages and _bytes count what the ledger
+// and dead-letter streams hold, against the bounds at which they refuse
+// publishes (_max_messages, _max_bytes); a stream that does not exist
+// leaves its series out.
+func TestStreamFill(t *testing.T) {
+	topo := ledgerstream.Topology{Region: "eu", Shards: 2, Limits: ledgerstream.Limits{MaxMsgs: 10}}
+	js := mustStreams(t, topo, 7)
+	m, err := telemetry.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, stream := range []string{topo.Stream(), topo.DLQStream(), "LEDGER_US"} {
+		if err := m.ObserveFill("eu", stream, ledgerstream.FillOf(js, stream)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	url := serve(t, m)
+	for _, c := range []struct {
+		stream, metric string
+		want           float64
+	}{
+		{topo.Stream(), "paymesh_stream_messages", 7},
+		{topo.Stream(), "paymesh_stream_max_messages", 10},
+		{topo.Stream(), "paymesh_stream_max_bytes", float64(ledgerstream.DefaultLimits.MaxBytes)},
+		{topo.DLQStream(), "paymesh_stream_messages", 0},
+		{topo.DLQStream(), "paymesh_stream_max_messages", float64(ledgerstream.DefaultDLQLimits.MaxMsgs)},
+	} {
+		if got, ok := scrape.One(t, url, c.metric, map[string]string{"region": "eu", "stream": c.stream}); !ok || got != c.want {
+			t.Errorf("%s{stream=%s}: got %v (present %v), want %v", c.metric, c.stream, got, ok, c.want)
+		}
+	}
+	if got, ok := scrape.One(t, url, "paymesh_stream_bytes", map[string]string{"stream": topo.Stream()}); !ok || got <= 0 {
+		t.Errorf("paymesh_stream_bytes{stream=%s}: got %v (present %v), want the bytes of 7 messages", topo.Stream(), got, ok)
+	}
+	if got, ok := scrape.One(t, url, "paymesh_stream_messages", map[string]string{"stream": "LEDGER_US"}); ok {
+		t.Errorf("paymesh_stream_messages{stream=LEDGER_US}: got %v, want no sample", got)
 	}
 }
 

@@ -50,11 +50,14 @@ type Config struct {
 	OwnShards    []int         // shards this process applies (default: all); give replicas disjoint sets
 	BatchSize    int           // most messages per transaction
 	AckWait      time.Duration // JetStream redelivery timeout
-	MaxDeliver   int           // deliveries before dead-lettering
-	Lease        time.Duration // the transaction lease: longest a transaction may sit idle before Postgres ends it (postgres.Connect)
-	WindowDays   int           // consume-log retention
-	CacheSize    int           // recent-commit cache entries; 0 disables the cache
-	Shards       int           // ledger subjects per region
+	MaxDeliver   int           // deliveries before a client request is dead-lettered
+	// MaxStepDeliver and MaxParkedDeliver bound a saga step's deliveries
+	// (ledgerstream.ConsumerConfig; 0 takes its default).
+	MaxStepDeliver, MaxParkedDeliver int
+	Lease                            time.Duration // the transaction lease: longest a transaction may sit idle before Postgres ends it (postgres.Connect)
+	WindowDays                       int           // consume-log retention
+	CacheSize                        int           // recent-commit cache entries; 0 disables the cache
+	Shards                           int           // ledger subjects per region
 	// DuplicateWindow is the ledger streams' Nats-Msg-Id window (default
 	// ledgerstream.DefaultDuplicateWindow).
 	DuplicateWindow time.Duration
@@ -63,6 +66,10 @@ type Config struct {
 	// three). Open sets it on existing streams too; it fails for a count
 	// outside 1 to ledgerstream.MaxReplicas or above the region's servers.
 	StreamReplicas int
+	// StreamLimits and DLQLimits bound the sizes of LEDGER_<R> and DLQ_<R>
+	// (zero fields: ledgerstream.DefaultLimits, DefaultDLQLimits). A full
+	// stream refuses publishes. Open sets them on existing streams too.
+	StreamLimits, DLQLimits ledgerstream.Limits
 	// OutboxRetention is how long a sent outbox row is kept before the
 	// maintenance job deletes it (default postgres.DefaultOutboxRetention;
 	// negative keeps every row).
@@ -151,7 +158,8 @@ func Open(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	cfg = withDefaults(cfg)
 	s := &Server{cfg: cfg, Stats: cfg.Stats,
-		Topo: ledgerstream.Topology{Region: cfg.Region, Shards: cfg.Shards, DuplicateWindow: cfg.DuplicateWindow, Replicas: cfg.StreamReplicas}}
+		Topo: ledgerstream.Topology{Region: cfg.Region, Shards: cfg.Shards, DuplicateWindow: cfg.DuplicateWindow, Replicas: cfg.StreamReplicas,
+			Limits: cfg.StreamLimits, DLQLimits: cfg.DLQLimits}}
 	if err := s.open(ctx); err != nil {
 		return nil, errors.Join(fmt.Errorf("ledger %s: %w", cfg.Region, err), s.Close())
 	}
@@ -284,6 +292,11 @@ func (s *Server) observe(m *telemetry.Metrics) error {
 	if err := m.ObserveBacklog(s.cfg.Region, s.Topo.Stream(), Pending(s.js, s.Topo)); err != nil {
 		return err
 	}
+	for _, stream := range []string{s.Topo.Stream(), s.Topo.DLQStream()} {
+		if err := m.ObserveFill(s.cfg.Region, stream, ledgerstream.FillOf(s.js, stream)); err != nil {
+			return err
+		}
+	}
 	s.census = dlq.NewCensus(s.js, s.cfg.Region)
 	if err := ObserveDeadLetters(m, s.cfg.Region, s.census); err != nil {
 		return err
@@ -329,7 +342,8 @@ func (s *Server) Run(ctx context.Context) error {
 	for _, shards := range ledgerstream.Split(own, min(s.cfg.Workers, len(own))) {
 		c := ledgerstream.NewConsumer(s.js, applier, ledgerstream.ConsumerConfig{
 			Topology: s.Topo, Shards: shards, BatchSize: s.cfg.BatchSize, AckWait: s.cfg.AckWait,
-			MaxDeliver: s.cfg.MaxDeliver, Regions: s.cfg.Regions, Stats: s.Stats, Log: s.cfg.Log,
+			MaxDeliver: s.cfg.MaxDeliver, MaxStepDeliver: s.cfg.MaxStepDeliver, MaxParkedDeliver: s.cfg.MaxParkedDeliver,
+			Regions: s.cfg.Regions, Stats: s.Stats, Log: s.cfg.Log,
 			Observe: s.cfg.Observe,
 		})
 		wg.Go(func() {

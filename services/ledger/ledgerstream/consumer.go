@@ -29,19 +29,35 @@ type Applier interface {
 // Dead-letter headers.
 //
 // A message is dead-lettered when it can never apply as sent (the reason is
-// a ledger.Code), or when MaxDeliver attempts to apply it failed
-// (ReasonMaxDeliveries).
+// a ledger.Code), or when it used up its deliveries: a client request whose
+// apply failed MaxDeliver times (ReasonMaxDeliveries), a saga step whose
+// apply failed MaxStepDeliver times (ReasonStepMaxDeliveries), a saga step
+// parked MaxParkedDeliver times (ReasonStepParked).
 const (
-	HeaderDLQReason   = "Paymesh-Dlq-Reason"   // a ledger.Code, or "max_deliveries"
+	HeaderDLQReason   = "Paymesh-Dlq-Reason"   // a ledger.Code, or one of the Reason constants
 	HeaderDLQDetail   = "Paymesh-Dlq-Detail"   // human-readable reason
 	HeaderDLQSubject  = "Paymesh-Dlq-Subject"  // the original subject
 	HeaderDLQSequence = "Paymesh-Dlq-Sequence" // the original stream sequence
 	HeaderDLQDelivery = "Paymesh-Dlq-Delivery" // delivery count when dead-lettered
+	// HeaderDLQStored is when the ledger stream stored the original
+	// (RFC 3339, nanoseconds): the stream drops the original once it is
+	// dead-lettered.
+	HeaderDLQStored = "Paymesh-Dlq-Stored"
 )
 
-// ReasonMaxDeliveries is the dead-letter reason of a message whose apply
-// failed on MaxDeliver deliveries.
-const ReasonMaxDeliveries = "max_deliveries"
+// The dead-letter reasons of messages that used up their deliveries.
+const (
+	// ReasonMaxDeliveries: a client request whose apply failed on
+	// MaxDeliver deliveries.
+	ReasonMaxDeliveries = "max_deliveries"
+	// ReasonStepMaxDeliveries: a saga step whose apply failed on
+	// MaxStepDeliver deliveries (a poison step, or a database down for
+	// longer than they take).
+	ReasonStepMaxDeliveries = "step_max_deliveries"
+	// ReasonStepParked: a saga step that arrived ahead of the state it
+	// needs (ledger.Parked) on MaxParkedDeliver deliveries.
+	ReasonStepParked = "step_parked"
+)
 
 // ConsumerConfig configures a ledger consumer.
 type ConsumerConfig struct {
@@ -56,9 +72,18 @@ type ConsumerConfig struct {
 	BatchSize int
 	// AckWait is how long a delivery may stay unacked before redelivery.
 	AckWait time.Duration
-	// MaxDeliver is the delivery on which a message whose apply keeps
-	// failing is dead-lettered instead of retried.
+	// MaxDeliver is the delivery on which a client request whose apply
+	// keeps failing is dead-lettered instead of retried.
 	MaxDeliver int
+	// MaxStepDeliver is the delivery on which a saga step whose apply
+	// keeps failing is dead-lettered (ReasonStepMaxDeliveries). With the
+	// growing delay between deliveries (a second more each time, at most
+	// AckWait), the default 100 spans about 43 minutes at AckWait 30 s.
+	MaxStepDeliver int
+	// MaxParkedDeliver is the delivery on which a saga step still ahead
+	// of its state is dead-lettered (ReasonStepParked); the default 1,000
+	// spans about 8 hours at AckWait 30 s.
+	MaxParkedDeliver int
 	// Regions parses IDs to check that commands belong to this region.
 	Regions *idgen.Regions
 	Stats   *ledger.Stats
@@ -86,6 +111,10 @@ const (
 	DefaultBatchSize  = 256
 	DefaultAckWait    = 30 * time.Second
 	DefaultMaxDeliver = 10
+	// DefaultMaxStepDeliver and DefaultMaxParkedDeliver are generous: a
+	// saga step's money is in transit until the step applies.
+	DefaultMaxStepDeliver   = 100
+	DefaultMaxParkedDeliver = 1000
 )
 
 // Consumer applies the region's ledger stream in batches.
@@ -109,6 +138,12 @@ func NewConsumer(js jetstream.JetStream, applier Applier, cfg ConsumerConfig) *C
 	}
 	if cfg.MaxDeliver <= 0 {
 		cfg.MaxDeliver = DefaultMaxDeliver
+	}
+	if cfg.MaxStepDeliver <= 0 {
+		cfg.MaxStepDeliver = DefaultMaxStepDeliver
+	}
+	if cfg.MaxParkedDeliver <= 0 {
+		cfg.MaxParkedDeliver = DefaultMaxParkedDeliver
 	}
 	if cfg.Stats == nil {
 		cfg.Stats = &ledger.Stats{}
@@ -175,17 +210,7 @@ func (c *Consumer) consumeShard(ctx context.Context, shard int, inbox chan<- jet
 	// concurrent create is retried.
 	_, err := backoff.Retry(ctx, func() (struct{}, error) {
 		var err error
-		cons, err = c.js.CreateOrUpdateConsumer(ctx, t.Stream(), jetstream.ConsumerConfig{
-			Durable:   durable,
-			AckPolicy: jetstream.AckExplicitPolicy,
-			AckWait:   c.cfg.AckWait,
-			// JetStream never gives up on a message by itself: the worker
-			// dead-letters it at MaxDeliver, so a worker that crashes on
-			// the last attempt cannot make it vanish.
-			MaxDeliver:    -1,
-			FilterSubject: t.ShardSubjects(shard),
-			MaxAckPending: 4 * c.cfg.BatchSize,
-		})
+		cons, err = c.js.CreateOrUpdateConsumer(ctx, t.Stream(), shardConsumer(t, shard, c.cfg.AckWait, c.cfg.BatchSize))
 		return struct{}{}, err
 	}, backoff.WithMaxTries(5))
 	if err != nil {
@@ -343,7 +368,7 @@ func (c *Consumer) apply(ctx context.Context, cmds []ledger.Command, valid []jet
 		}
 		c.cfg.Stats.ApplyFailed.Add(1)
 		c.cfg.Log.Error("apply failed; the message will be redelivered", "err", err)
-		c.retryLater(ctx, valid[0], err, cmds[0].IsStep())
+		c.retryLater(ctx, valid[0], err, c.giveUp(cmds[0].IsStep(), false))
 		return
 	}
 	now := time.Now()
@@ -362,7 +387,7 @@ func (c *Consumer) apply(ctx context.Context, cmds []ledger.Command, valid []jet
 			c.deadLetter(ctx, valid[i], r.Err)
 		case r.Kind == ledger.Parked:
 			// A saga step ahead of the state it needs: see it again later.
-			c.retryLater(ctx, valid[i], r.Err, true)
+			c.retryLater(ctx, valid[i], r.Err, c.giveUp(true, true))
 		default:
 			ack = append(ack, valid[i])
 		}
@@ -370,16 +395,36 @@ func (c *Consumer) apply(ctx context.Context, cmds []ledger.Command, valid []jet
 	c.ackAll(ctx, ack)
 }
 
-// retryLater leaves a message for redelivery with a growing delay. A client
-// request is dead-lettered on its MaxDeliver-th delivery instead, so that it
-// is never silently dropped. A saga step is never dead-lettered for a
-// failure that may pass (a database down, a step ahead of its state): its
-// money is in transit and only the step can settle it, so it is retried
-// for as long as it takes.
-func (c *Consumer) retryLater(ctx context.Context, m jetstream.Msg, cause error, step bool) {
+// limit is the delivery on which a message that did not apply is
+// dead-lettered, with the reason.
+type limit struct {
+	deliveries int
+	reason     string
+}
+
+// giveUp returns the limit of a client request (MaxDeliver), a saga step
+// whose apply failed (MaxStepDeliver) or a parked saga step
+// (MaxParkedDeliver).
+func (c *Consumer) giveUp(step, parked bool) limit {
+	switch {
+	case parked:
+		return limit{c.cfg.MaxParkedDeliver, ReasonStepParked}
+	case step:
+		return limit{c.cfg.MaxStepDeliver, ReasonStepMaxDeliveries}
+	}
+	return limit{c.cfg.MaxDeliver, ReasonMaxDeliveries}
+}
+
+// retryLater leaves a message for redelivery with a growing delay, or on
+// its lim-th delivery dead-letters it instead, so that it is never silently
+// dropped and cannot hold a place in its shard's MaxAckPending for ever. A
+// saga step's limits are generous (its money is in transit and only the
+// step can settle it), and a dead-lettered step is replayed by `paymesh dlq
+// replay` once what failed it is fixed.
+func (c *Consumer) retryLater(ctx context.Context, m jetstream.Msg, cause error, lim limit) {
 	md, err := m.Metadata()
-	if err == nil && !step && int(md.NumDelivered) >= c.cfg.MaxDeliver {
-		c.deadLetter(ctx, m, ledger.Errorf(ReasonMaxDeliveries, "gave up after %d deliveries: %v", md.NumDelivered, cause))
+	if err == nil && int(md.NumDelivered) >= lim.deliveries {
+		c.deadLetter(ctx, m, ledger.Errorf(ledger.Code(lim.reason), "gave up after %d deliveries: %v", md.NumDelivered, cause))
 		return
 	}
 	delay := time.Second
@@ -415,7 +460,7 @@ func (c *Consumer) deadLetter(ctx context.Context, m jetstream.Msg, reason error
 	if code == "" {
 		code = "internal"
 	}
-	dup, err := c.publishDLQ(ctx, m.Subject(), m.Data(), md.Sequence.Stream, md.NumDelivered, code, reason.Error())
+	dup, err := c.publishDLQ(ctx, m.Subject(), m.Data(), md, code, reason.Error())
 	if err != nil {
 		c.cfg.Log.Error("dead-letter publish failed; leaving the message for redelivery", "err", err)
 		_ = m.NakWithDelay(time.Second)
@@ -429,16 +474,17 @@ func (c *Consumer) deadLetter(ctx context.Context, m jetstream.Msg, reason error
 	}
 }
 
-func (c *Consumer) publishDLQ(ctx context.Context, subject string, data []byte, seq, delivered uint64, code, detail string) (duplicate bool, err error) {
+func (c *Consumer) publishDLQ(ctx context.Context, subject string, data []byte, md *jetstream.MsgMetadata, code, detail string) (duplicate bool, err error) {
 	t := c.cfg.Topology
 	dl := nats.NewMsg(t.DLQSubject())
 	dl.Data = data
 	dl.Header.Set(HeaderDLQReason, code)
 	dl.Header.Set(HeaderDLQDetail, detail)
 	dl.Header.Set(HeaderDLQSubject, subject)
-	dl.Header.Set(HeaderDLQSequence, strconv.FormatUint(seq, 10))
-	dl.Header.Set(HeaderDLQDelivery, strconv.FormatUint(delivered, 10))
-	dl.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("dlq/%s/%d", t.Stream(), seq))
+	dl.Header.Set(HeaderDLQSequence, strconv.FormatUint(md.Sequence.Stream, 10))
+	dl.Header.Set(HeaderDLQDelivery, strconv.FormatUint(md.NumDelivered, 10))
+	dl.Header.Set(HeaderDLQStored, md.Timestamp.UTC().Format(time.RFC3339Nano))
+	dl.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("dlq/%s/%d", t.Stream(), md.Sequence.Stream))
 	ack, err := c.js.PublishMsg(ctx, dl, jetstream.WithExpectStream(t.DLQStream()))
 	if err != nil {
 		return false, err

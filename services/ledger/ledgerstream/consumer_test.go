@@ -34,12 +34,18 @@ type harness struct {
 
 func mustHarness(tb testing.TB) *harness {
 	tb.Helper()
+	return mustHarnessTopo(tb, ledgerstream.Topology{Region: "eu", Shards: 4})
+}
+
+// mustHarnessTopo is mustHarness with the region's streams as topo has them.
+func mustHarnessTopo(tb testing.TB, topo ledgerstream.Topology) *harness {
+	tb.Helper()
 	_, nc := natsembed.MustStart(tb)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	h := &harness{js: js, nc: nc, topo: ledgerstream.Topology{Region: "eu", Shards: 4}, f: ledgertest.New(tb)}
+	h := &harness{js: js, nc: nc, topo: topo, f: ledgertest.New(tb)}
 	if err := ledgerstream.EnsureStreams(context.Background(), js, h.topo); err != nil {
 		tb.Fatal(err)
 	}

@@ -31,9 +31,15 @@ type Topology struct {
 	Shards int
 	// DuplicateWindow is the JetStream Nats-Msg-Id window (dedup layer 2).
 	DuplicateWindow time.Duration
-	// MaxAge bounds how long commands stay in the stream, so a new consumer
-	// can replay them (an invariant check replays from the start).
-	MaxAge time.Duration
+	// Limits bounds the ledger stream's size (zero fields: DefaultLimits).
+	// Commands stay until every shard's consumer has acked them, however
+	// long that takes: there is no age limit. A full stream refuses
+	// publishes.
+	Limits Limits
+	// DLQLimits bounds the dead-letter stream's size (zero fields:
+	// DefaultDLQLimits). A full one refuses dead letters, and the worker
+	// leaves their messages in the ledger stream.
+	DLQLimits Limits
 	// Replicas is how many servers of the region's JetStream cluster keep
 	// each stream (0 means 1; at most MaxReplicas). EnsureStreams sets it
 	// on an existing stream too, so a stream scales up or down with it.
@@ -44,7 +50,6 @@ type Topology struct {
 const (
 	DefaultShards          = 16
 	DefaultDuplicateWindow = 2 * time.Minute
-	DefaultMaxAge          = 7 * 24 * time.Hour
 	// MaxReplicas is the most replicas JetStream keeps of a stream.
 	MaxReplicas = 5
 )
@@ -66,9 +71,8 @@ func (t Topology) withDefaults() Topology {
 	if t.DuplicateWindow <= 0 {
 		t.DuplicateWindow = DefaultDuplicateWindow
 	}
-	if t.MaxAge <= 0 {
-		t.MaxAge = DefaultMaxAge
-	}
+	t.Limits = t.Limits.Or(DefaultLimits)
+	t.DLQLimits = t.DLQLimits.Or(DefaultDLQLimits)
 	if t.Replicas == 0 {
 		t.Replicas = 1
 	}
@@ -139,8 +143,9 @@ func Split(shards []int, n int) [][]int {
 	return sets
 }
 
-// Backlog sums, over every shard's ledger consumer of the stream, the messages not
-// yet delivered and those delivered but not acked. Zero means the ledger
+// Backlog sums, over every shard's ledger consumer of the stream (other
+// consumers do not count), the messages not yet delivered and those
+// delivered but not acked. Zero means the ledger
 // has applied everything published so far. A consumer's pending count
 // catches up with a new message a moment after the stream stored it, so a
 // consumer that has not yet delivered its subject's last message counts
@@ -154,7 +159,14 @@ func Backlog(ctx context.Context, js jetstream.JetStream, t Topology) (uint64, e
 	consumers := 0
 	infos := s.ListConsumers(ctx)
 	var behind []*jetstream.ConsumerInfo
+	shards := make(map[string]bool)
+	for _, k := range AllShards(t) {
+		shards[ShardDurable(k)] = true
+	}
 	for info := range infos.Info() {
+		if !shards[info.Name] {
+			continue // not a ledger's: an operator's or an audit's reader
+		}
 		n += info.NumPending + uint64(info.NumAckPending)
 		consumers++
 		if info.NumPending == 0 && info.Config.FilterSubject != "" {
@@ -186,40 +198,99 @@ func Backlog(ctx context.Context, js jetstream.JetStream, t Topology) (uint64, e
 }
 
 // EnsureStreams creates or updates the region's ledger and dead-letter
-// streams (file storage, limits retention, t.Replicas replicas). It is
-// idempotent, and changes an existing stream's replica count to t.Replicas
-// (JetStream adds or removes peers, and the stream's consumers follow). It
-// returns an error for a replica count CheckReplicas refuses, and the first
-// JetStream error (such as more replicas than the region has servers).
+// streams: file storage, t.Replicas replicas, no age limit, and a size
+// bound (t.Limits, t.DLQLimits) at which a stream refuses publishes.
+//
+// The ledger stream keeps a command until the durable consumer of its shard
+// acked or terminated it (interest retention). An interest stream drops at
+// once a message that no consumer wants, so EnsureStreams creates every
+// shard's durable consumer (ShardDurable) before the stream takes that
+// retention: a new stream is created with limits retention first. The
+// dead-letter stream keeps each dead letter until an operator replays or
+// discards it (limits retention).
+//
+// It is idempotent. It updates an existing stream to this configuration
+// (an age limit of an older version goes, and the stream's replica count
+// becomes t.Replicas: JetStream adds or removes peers, and the stream's
+// consumers follow). It returns an error for a replica count CheckReplicas
+// refuses or limits CheckLimits refuses, and the first JetStream error
+// (such as more replicas than the region has servers).
 func EnsureStreams(ctx context.Context, js jetstream.JetStream, t Topology) error {
 	t = t.withDefaults()
-	if err := CheckReplicas(t.Replicas); err != nil {
+	err := CheckReplicas(t.Replicas)
+	if err == nil {
+		err = errors.Join(CheckLimits(t.Limits), CheckLimits(t.DLQLimits))
+	}
+	if err != nil {
 		return fmt.Errorf("ensure streams of %s: %w", t.Region, err)
 	}
-	for _, cfg := range []jetstream.StreamConfig{
-		{
-			Name:        t.Stream(),
-			Description: "transfer commands for accounts homed in region " + t.Region,
-			Subjects:    []string{t.Subjects()},
-			Storage:     jetstream.FileStorage,
-			Retention:   jetstream.LimitsPolicy,
-			MaxAge:      t.MaxAge,
-			Duplicates:  t.DuplicateWindow,
-			Replicas:    t.Replicas,
-		},
-		{
-			Name:        t.DLQStream(),
-			Description: "dead-lettered ledger commands of region " + t.Region + ", with the reason in headers",
-			Subjects:    []string{t.DLQSubject()},
-			Storage:     jetstream.FileStorage,
-			Retention:   jetstream.LimitsPolicy,
-			Duplicates:  t.DuplicateWindow,
-			Replicas:    t.Replicas,
-		},
-	} {
+	ledgerCfg := t.stream(t.Stream(), t.Subjects(), jetstream.InterestPolicy, t.Limits,
+		"transfer commands for accounts homed in region "+t.Region+", kept until their shard's consumer acked them")
+	if err := createWithLimits(ctx, js, ledgerCfg); err != nil {
+		return err
+	}
+	if err := ensureShardConsumers(ctx, js, t); err != nil {
+		return err
+	}
+	dlqCfg := t.stream(t.DLQStream(), t.DLQSubject(), jetstream.LimitsPolicy, t.DLQLimits,
+		"dead-lettered ledger commands of region "+t.Region+", with the reason in headers")
+	for _, cfg := range []jetstream.StreamConfig{ledgerCfg, dlqCfg} {
 		if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
 			return fmt.Errorf("ensure stream %s: %w", cfg.Name, err)
 		}
 	}
 	return nil
+}
+
+// stream is the configuration of one of the region's streams: file
+// storage, t's Msg-Id window and replicas, bounded by l.
+func (t Topology) stream(name, subject string, retention jetstream.RetentionPolicy, l Limits, description string) jetstream.StreamConfig {
+	return l.Apply(jetstream.StreamConfig{Name: name, Description: description, Subjects: []string{subject},
+		Storage: jetstream.FileStorage, Retention: retention, Duplicates: t.DuplicateWindow, Replicas: t.Replicas})
+}
+
+// createWithLimits creates the stream of cfg with limits retention when it
+// does not exist yet, so that it keeps what is published before its
+// consumers exist; an existing stream is left as it is.
+func createWithLimits(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig) error {
+	_, err := js.Stream(ctx, cfg.Name)
+	if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		if err != nil {
+			return fmt.Errorf("ensure stream %s: %w", cfg.Name, err)
+		}
+		return nil
+	}
+	cfg.Retention = jetstream.LimitsPolicy
+	if _, err := js.CreateStream(ctx, cfg); err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		return fmt.Errorf("ensure stream %s: %w", cfg.Name, err)
+	}
+	return nil
+}
+
+// ensureShardConsumers creates the durable consumer of every shard that has
+// none, with the default consumer settings; a ledger's Consumer sets its own
+// when it starts. An existing one is left as it is.
+func ensureShardConsumers(ctx context.Context, js jetstream.JetStream, t Topology) error {
+	for _, shard := range AllShards(t) {
+		_, err := js.CreateConsumer(ctx, t.Stream(), shardConsumer(t, shard, DefaultAckWait, DefaultBatchSize))
+		if err != nil && !errors.Is(err, jetstream.ErrConsumerExists) {
+			return fmt.Errorf("ensure consumer %s of %s: %w", ShardDurable(shard), t.Stream(), err)
+		}
+	}
+	return nil
+}
+
+// shardConsumer is the configuration of a shard's durable consumer.
+func shardConsumer(t Topology, shard int, ackWait time.Duration, batch int) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:   ShardDurable(shard),
+		AckPolicy: jetstream.AckExplicitPolicy,
+		AckWait:   ackWait,
+		// JetStream never gives up on a message by itself: the worker
+		// dead-letters it at MaxDeliver, so a worker that crashes on
+		// the last attempt cannot make it vanish.
+		MaxDeliver:    -1,
+		FilterSubject: t.ShardSubjects(shard),
+		MaxAckPending: 4 * batch,
+	}
 }

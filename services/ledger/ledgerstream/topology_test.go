@@ -80,7 +80,7 @@ func TestEnsureStreamsScalesToR3(t *testing.T) {
 	if err := ledgerstream.EnsureStreams(ctx, led, topology); err != nil {
 		t.Fatal(err)
 	}
-	if err := router.EnsureStream(ctx, rt, "eu", 0, 0); err != nil {
+	if err := router.EnsureStream(ctx, rt, "eu", 0, 0, ledgerstream.Limits{}); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {
@@ -109,7 +109,7 @@ func TestEnsureStreamsScalesToR3(t *testing.T) {
 	if err := ledgerstream.EnsureStreams(ctx, led, topology); err != nil {
 		t.Fatal(err)
 	}
-	if err := router.EnsureStream(ctx, rt, "eu", 0, 3); err != nil {
+	if err := router.EnsureStream(ctx, rt, "eu", 0, 3, ledgerstream.Limits{}); err != nil {
 		t.Fatal(err)
 	}
 	waitPeers(t, led, topology.DLQStream(), 3)
@@ -141,7 +141,7 @@ func TestEnsureStreamsScalesToR3(t *testing.T) {
 		if err := ledgerstream.EnsureStreams(ctx, led, topology); err == nil || !strings.Contains(err.Error(), "want 1 to 5") {
 			t.Errorf("EnsureStreams with %d replicas: got %v, want a replica count error", bad, err)
 		}
-		if err := router.EnsureStream(ctx, rt, "eu", 0, bad); err == nil || !strings.Contains(err.Error(), "want 1 to 5") {
+		if err := router.EnsureStream(ctx, rt, "eu", 0, bad, ledgerstream.Limits{}); err == nil || !strings.Contains(err.Error(), "want 1 to 5") {
 			t.Errorf("router.EnsureStream with %d replicas: got %v, want a replica count error", bad, err)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/internal/testbed/scrape"
 	"github.com/paymesh/paymesh/platform/telemetry"
+	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 	"github.com/paymesh/paymesh/services/router"
 	"github.com/paymesh/paymesh/services/router/routerd"
 )
@@ -25,7 +26,7 @@ func TestRoutePending(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if err := router.EnsureStream(ctx, js, "eu", time.Minute, 0); err != nil {
+	if err := router.EnsureStream(ctx, js, "eu", time.Minute, 0, ledgerstream.Limits{}); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 3 {

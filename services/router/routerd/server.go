@@ -44,6 +44,10 @@ type Config struct {
 	// for a count outside 1 to ledgerstream.MaxReplicas or above the region's
 	// servers.
 	StreamReplicas int
+	// StreamLimits bounds ROUTE_<R>'s size (zero fields:
+	// ledgerstream.DefaultLimits), as the region's API has it; a full
+	// stream refuses submits. Open sets it on an existing stream too.
+	StreamLimits ledgerstream.Limits
 	// WrapJetStream, if set, wraps the JetStream handle the router builds
 	// on its connection before anything uses it: the forwarder, the relay,
 	// Submit and JetStream all go through what it returns. It is where a
@@ -113,7 +117,7 @@ func (s *Server) open(ctx context.Context) error {
 	if cfg.WrapJetStream != nil {
 		s.js = cfg.WrapJetStream(s.js)
 	}
-	if err := router.EnsureStream(ctx, s.js, cfg.Region, cfg.DuplicateWindow, cfg.StreamReplicas); err != nil {
+	if err := router.EnsureStream(ctx, s.js, cfg.Region, cfg.DuplicateWindow, cfg.StreamReplicas, cfg.StreamLimits); err != nil {
 		return err
 	}
 	s.rt = router.New(s.js, router.Config{Region: cfg.Region, Regions: cfg.Regions, Shards: cfg.Shards, AckWait: cfg.AckWait,
@@ -124,7 +128,10 @@ func (s *Server) open(ctx context.Context) error {
 			if err := ObserveRouter(m, cfg.Region, s.rt.Stats()); err != nil {
 				return err
 			}
-			return m.ObserveBacklog(cfg.Region, router.Stream(cfg.Region), Pending(s.js, cfg.Region))
+			if err := m.ObserveBacklog(cfg.Region, router.Stream(cfg.Region), Pending(s.js, cfg.Region)); err != nil {
+				return err
+			}
+			return m.ObserveFill(cfg.Region, router.Stream(cfg.Region), ledgerstream.FillOf(s.js, router.Stream(cfg.Region)))
 		})
 	}
 	return err
