@@ -42,12 +42,13 @@ func TestRouterAndAPIServeMetrics(t *testing.T) {
 		run          func(context.Context) error
 	}{
 		"router": {routerAddr, `paymesh_router_submitted_total{region="eu",topic="route"}`, func(ctx context.Context) error {
-			c := &routerCmd{regionDB: db, regionNATS: regionNATS{NATSURL: srv.ClientURL(), StreamReplicas: 1}, Shards: 4, AckWait: time.Second, Metrics: routerAddr}
+			c := &routerCmd{regionDB: db, regionNATS: regionNATS{NATSURL: srv.ClientURL(), StreamReplicas: 1}, Shards: 4, AckWait: time.Second, Metrics: routerAddr,
+				security: security{InsecureDev: true}}
 			return c.Run(ctx, tab, ids, log)
 		}},
 		"api": {apiAddr, `paymesh_idempotency_keys_total{layer="idempotency_key",outcome="replay",region="eu",topic="transfer"}`, func(ctx context.Context) error {
 			c := &apiCmd{regionDB: db, regionNATS: regionNATS{NATSURL: srv.ClientURL(), StreamReplicas: 1}, Listen: "127.0.0.1:0", Node: 7, Shards: 4, Wait: time.Second,
-				KeyTTL: time.Hour, Metrics: apiAddr}
+				KeyTTL: time.Hour, Metrics: apiAddr, security: security{InsecureDev: true}}
 			return c.Run(ctx, tab, ids, log)
 		}},
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/alecthomas/kong"
+	"github.com/paymesh/paymesh/platform/natsauth"
 )
 
 // parse parses args into a fresh cli as main does, without exiting.
@@ -124,5 +125,43 @@ func TestStreamLimitFlags(t *testing.T) {
 		if err := runService(t, c.service, c.flag); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s %s: got %v, want %q", c.service, c.flag, err, c.want)
 		}
+	}
+}
+
+// TestInsecureRefused: `paymesh ledger|router|api` with the published
+// development passwords, anonymous NATS, Postgres without TLS or (the API)
+// plain HTTP on a public address refuse to start, naming each, before they
+// connect to anything; --insecure-dev lets them go on (here to the
+// connection that leads nowhere).
+func TestInsecureRefused(t *testing.T) {
+	pg := "postgres://127.0.0.1:1/x?sslmode=disable"
+	cases := []struct {
+		service string
+		args    []string
+		want    []string
+	}{
+		{"ledger", nil, []string{"NATS without a user (--nats-user)", "Postgres URL that allows a connection without TLS"}},
+		{"router", []string{"--nats-user", "router-eu", "--nats-password", natsauth.DevPassword("router-eu")},
+			[]string{"NATS user router-eu has its published development password"}},
+		{"api", []string{"--nats-user", "api-eu", "--nats-password", natsauth.DevPassword("api-eu"), "--ops-nats-user", "ops-eu",
+			"--ops-nats-password", natsauth.DevPassword("ops-eu"), "--listen", "0.0.0.0:8080"},
+			[]string{"api-eu has its published", "ops-eu has its published development password (--ops-nats-user)", "plain HTTP on 0.0.0.0:8080"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.service, func(t *testing.T) {
+			err := runService(t, tc.service, append([]string{"--postgres-url", pg}, tc.args...)...)
+			if err == nil || !strings.Contains(err.Error(), "refusing to start with insecure settings") {
+				t.Fatalf("got %v, want a refusal", err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("the refusal does not name %q: %v", w, err)
+				}
+			}
+			err = runService(t, tc.service, append([]string{"--postgres-url", pg, "--insecure-dev"}, tc.args...)...)
+			if err == nil || strings.Contains(err.Error(), "insecure") {
+				t.Errorf("with --insecure-dev: got %v, want the failed connection", err)
+			}
+		})
 	}
 }

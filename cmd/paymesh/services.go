@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/paymesh/paymesh/deploy/regions"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/platform/pgdb"
+	"github.com/paymesh/paymesh/platform/secure"
 	"github.com/paymesh/paymesh/services/api/apid"
 	"github.com/paymesh/paymesh/services/api/apidb"
 	"github.com/paymesh/paymesh/services/ledger/ledgerd"
@@ -80,6 +82,34 @@ type dependencyWait struct {
 	ConnectTimeout time.Duration `name:"connect-timeout" env:"PAYMESH_CONNECT_TIMEOUT" default:"60s" help:"How long to wait at start for Postgres and NATS to answer."`
 }
 
+// security is how a service treats insecure settings (platform/secure):
+// it refuses them, or with --insecure-dev logs each as a warning.
+type security struct {
+	InsecureDev bool `name:"insecure-dev" env:"PAYMESH_INSECURE_DEV" help:"Development only: start with insecure settings (NATS without a user or with a published development password, Postgres without TLS, plain HTTP on a public address), logging each as a warning. Without it the service refuses to start with them."`
+}
+
+// guard returns an error naming what is insecure in s, unless there is
+// nothing or --insecure-dev is set (then each is logged as a warning).
+func (c security) guard(s secure.Settings, log *slog.Logger) error {
+	found := secure.Check(s)
+	if len(found) == 0 {
+		return nil
+	}
+	if !c.InsecureDev {
+		return fmt.Errorf("refusing to start with insecure settings (--insecure-dev starts anyway, for development only): %s",
+			strings.Join(found, "; "))
+	}
+	for _, f := range found {
+		log.Warn("insecure setting, allowed by --insecure-dev: development only", "setting", f)
+	}
+	return nil
+}
+
+// logins is the login of a service's NATS connection, for guard.
+func (l natsLogin) logins() []secure.Login {
+	return []secure.Login{{Flag: "--nats-user", User: l.NATSUser, Password: l.NATSPassword}}
+}
+
 // metricsListen returns where a service serves /metrics: flag, by default
 // 127.0.0.1:port, and nowhere ("") when flag is "off".
 func metricsListen(flag string, port int) string {
@@ -126,6 +156,7 @@ type ledgerCmd struct {
 	ShardSet         string        `name:"shard-set" env:"PAYMESH_SHARD_SET" default:"0/1" help:"i/n: this process applies the shards k with k mod n = i. Give each ledger replica of a region its own i."`
 	Metrics          string        `name:"metrics-listen" env:"PAYMESH_METRICS_LISTEN" help:"Address of /metrics (default: 127.0.0.1:<the region's metrics_port>; 'off' for none)."`
 	dependencyWait
+	security
 }
 
 // ownShards parses --shard-set.
@@ -164,6 +195,9 @@ func (c *ledgerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 	if c.MaxStepDeliver < 0 || c.MaxParkedDeliver < 0 {
 		return fmt.Errorf("--max-step-deliver %d, --max-parked-deliver %d: want 0 (the default) or more", c.MaxStepDeliver, c.MaxParkedDeliver)
 	}
+	if err := c.guard(secure.Settings{NATS: c.logins(), PostgresURL: url}, log); err != nil {
+		return err
+	}
 	srv, err := ledgerd.Open(ctx, ledgerd.Config{OwnShards: own, StreamReplicas: replicas, StreamLimits: limits, DLQLimits: dlq,
 		MaxStepDeliver: c.MaxStepDeliver, MaxParkedDeliver: c.MaxParkedDeliver,
 		Region: reg.Name, Regions: ids, Node: c.Node, PostgresURL: url, NATSURL: c.NATSURL, NATSUser: c.NATSUser, NATSPassword: c.NATSPassword, Workers: c.Workers,
@@ -192,7 +226,9 @@ type apiCmd struct {
 	ClaimKeys       bool          `name:"claim-keys" env:"PAYMESH_CLAIM_KEYS" help:"Claim every transfer's idempotency key in a commit of its own before submitting it (by default a request whose accounts this process has seen is submitted unclaimed, and the ledger's transaction stores its key). Claiming keeps 422 for a repeat with another body while the first is in flight in another API process of the region."`
 	SubmitAll       bool          `name:"submit-all" env:"PAYMESH_SUBMIT_ALL" help:"Submit every transfer request to the region's ledger stream (by default the API applies them itself, in group commits of the ledger's own transaction, and submits only those it could not apply there)."`
 	Metrics         string        `name:"metrics-listen" env:"PAYMESH_API_METRICS_LISTEN" help:"Address of /metrics (default: 127.0.0.1:<the region's api_metrics_port>; 'off' for none)."`
+	TLSUpstream     bool          `name:"tls-upstream" env:"PAYMESH_TLS_UPSTREAM" help:"TLS ends in front of --listen (a proxy or load balancer): plain HTTP on a public address is then no exposure."`
 	dependencyWait
+	security
 }
 
 func (c *apiCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, log *slog.Logger) error {
@@ -207,6 +243,13 @@ func (c *apiCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, l
 	listen := c.Listen
 	if listen == "" {
 		listen = fmt.Sprintf("127.0.0.1:%d", reg.APIPort)
+	}
+	logins := c.logins()
+	if c.OpsNATSUser != "" {
+		logins = append(logins, secure.Login{Flag: "--ops-nats-user", User: c.OpsNATSUser, Password: c.OpsNATSPassword})
+	}
+	if err := c.guard(secure.Settings{NATS: logins, PostgresURL: url, HTTPListen: listen, TLSUpstream: c.TLSUpstream}, log); err != nil {
+		return err
 	}
 	srv, err := apid.Open(ctx, apid.Config{StreamReplicas: replicas, StreamLimits: limits, Region: reg.Name, Regions: ids, Node: c.Node, PostgresURL: url,
 		NATSURL: c.NATSURL, NATSUser: c.NATSUser, NATSPassword: c.NATSPassword, OpsNATSUser: c.OpsNATSUser, OpsNATSPassword: c.OpsNATSPassword,
@@ -226,6 +269,7 @@ type routerCmd struct {
 	AckWait time.Duration `name:"ack-wait" env:"PAYMESH_ROUTER_ACK_WAIT" default:"10s" help:"How long a forward may take before it is retried."`
 	Metrics string        `name:"metrics-listen" env:"PAYMESH_ROUTER_METRICS_LISTEN" help:"Address of /metrics (default: 127.0.0.1:<the region's router_metrics_port>; 'off' for none)."`
 	dependencyWait
+	security
 }
 
 func (c *routerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, log *slog.Logger) error {
@@ -235,6 +279,9 @@ func (c *routerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 	}
 	replicas, limits, err := c.streams()
 	if err != nil {
+		return err
+	}
+	if err := c.guard(secure.Settings{NATS: c.logins(), PostgresURL: url}, log); err != nil {
 		return err
 	}
 	srv, err := routerd.Open(ctx, routerd.Config{StreamReplicas: replicas, StreamLimits: limits, Region: reg.Name, Regions: ids, PostgresURL: url,

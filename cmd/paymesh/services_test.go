@@ -176,7 +176,8 @@ func TestLedgerWaitsForNATS(t *testing.T) {
 	natsAddr, metricsAddr := freeAddr(t), freeAddr(t)
 	var logged syncbuf.Buffer
 	c := &ledgerCmd{regionDB: db, regionNATS: regionNATS{NATSURL: "nats://" + natsAddr, StreamReplicas: 1}, Workers: 1, BatchSize: 16, AckWait: 5 * time.Second, MaxDeliver: 3,
-		Lease: 30 * time.Second, WindowDays: 2, Shards: 2, ShardSet: "0/1", Metrics: metricsAddr, dependencyWait: dependencyWait{ConnectTimeout: 20 * time.Second}}
+		Lease: 30 * time.Second, WindowDays: 2, Shards: 2, ShardSet: "0/1", Metrics: metricsAddr, dependencyWait: dependencyWait{ConnectTimeout: 20 * time.Second},
+		security: security{InsecureDev: true}}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)

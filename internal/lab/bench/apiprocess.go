@@ -88,7 +88,8 @@ func (e *env) apiProcess(ctx context.Context) (APIProcessRun, error) {
 	}
 	base := "http://" + listen
 	common := []string{"--region", region, "--postgres-url", e.cfg.PostgresURL, "--database", name, "--nats-url", e.nats.url,
-		"--metrics-listen", "off", "--shards", strconv.Itoa(e.cfg.Shards)}
+		"--metrics-listen", "off", "--shards", strconv.Itoa(e.cfg.Shards),
+		"--insecure-dev"} // the bench's own servers: no users, no TLS
 	var svcs []*service
 	defer func() {
 		for i := len(svcs) - 1; i >= 0; i-- {

@@ -215,7 +215,8 @@ func (e *env) ledgerArgs(db string, node int) []string {
 	return []string{"ledger", "--region", region,
 		"--postgres-url", e.cfg.PostgresURL, "--database", db, "--nats-url", e.nats.url, "--metrics-listen", "off",
 		"--shards", strconv.Itoa(e.cfg.Shards), "--batch-size", strconv.Itoa(e.cfg.BatchSize),
-		"--workers", strconv.Itoa(e.cfg.Workers), "--cache-size", strconv.Itoa(e.cfg.CacheSize), "--node", strconv.Itoa(node)}
+		"--workers", strconv.Itoa(e.cfg.Workers), "--cache-size", strconv.Itoa(e.cfg.CacheSize), "--node", strconv.Itoa(node),
+		"--insecure-dev"} // the bench's own servers: no users, no TLS
 }
 
 // vmHWM reads a process's peak resident set size, in MB, from
