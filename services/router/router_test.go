@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -170,5 +171,60 @@ func TestSubmitHomedHere(t *testing.T) {
 	}
 	if n := msgs(topo.Stream()); n != 2 {
 		t.Fatalf("ledger stream holds %d, want 2: the early command and one copy of the other", n)
+	}
+}
+
+// TestForwardsOnlyClientCommands: the route stream carries client commands
+// only; a fund, a saga step or bytes that are no command, put there by
+// anyone who may publish to it (an API's credential), are terminated and
+// counted, never forwarded to the home ledger, while the client command
+// beside them is.
+func TestForwardsOnlyClientCommands(t *testing.T) {
+	js, ids, topo := embedded(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := ledgerstream.EnsureStreams(ctx, js, topo); err != nil {
+		t.Fatal(err)
+	}
+	if err := EnsureStream(ctx, js, "us", 0, 0, ledgerstream.Limits{}); err != nil {
+		t.Fatal(err)
+	}
+	r := New(js, Config{Region: "us", Regions: ids, Shards: 4, AckWait: 2 * time.Second})
+	gen, _ := idgen.NewGenerator(ids, "eu", 1)
+	usGen, _ := idgen.NewGenerator(ids, "us", 1)
+	id := func(g *idgen.Generator) string { s, _ := g.NextString(); return s }
+	a, b := id(gen), id(gen)
+	forged := []ledger.Command{
+		{Type: ledger.TypeFund, TransferID: id(gen), ClientID: "c", IdempotencyKey: "f", To: a, Amount: 1_000_000, Currency: "EUR", CreatedAt: time.Now()},
+		{Type: ledger.TypeCredit, TransferID: id(usGen), ClientID: "c", IdempotencyKey: "s", From: id(usGen), To: a, Amount: 1_000_000, Currency: "EUR", CreatedAt: time.Now()},
+	}
+	subject := subjects.RouteShard("us", "eu", 1)
+	for i, c := range forged {
+		if _, err := js.Publish(ctx, subject, c.Encode(), jetstream.WithMsgID(fmt.Sprint("forged-", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := js.Publish(ctx, subject, []byte("no command")); err != nil {
+		t.Fatal(err)
+	}
+	cmd := ledger.Command{Type: ledger.TypeTransfer, TransferID: id(gen), ClientID: "c", IdempotencyKey: "k", From: a, To: b,
+		Amount: 5, Currency: "EUR", CreatedAt: time.Now()}
+	if _, err := r.Submit(ctx, cmd); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = r.RunForwarder(ctx, nil) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for (r.Stats().Forwarded.Load() < 1 || r.Stats().Refused.Load() < 3) && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if f, n := r.Stats().Forwarded.Load(), r.Stats().Refused.Load(); f != 1 || n != 3 {
+		t.Fatalf("forwarded %d, refused %d; want the client command forwarded and the 3 others refused", f, n)
+	}
+	stream, _ := js.Stream(ctx, topo.Stream())
+	if info, _ := stream.Info(ctx); info.State.Msgs != 1 {
+		t.Fatalf("home ledger stream holds %d messages, want only the client command", info.State.Msgs)
+	}
+	if _, err := stream.GetLastMsgForSubject(ctx, topo.CommandSubject(cmd, "us")); err != nil {
+		t.Fatalf("the client command is not in the home ledger stream: %v", err)
 	}
 }

@@ -86,9 +86,11 @@ func TestAlertsFromPrometheus(t *testing.T) {
 		}
 		return nil
 	}
-	got := waitFor("TestValueHigh fires", func(a dashboard.Alerts) bool {
+	// Prometheus evaluates a group's rules one after the other, so a read
+	// may see the first rule's alert before the second's: wait for both.
+	got := waitFor("TestValueHigh fires and TestValuePending is pending", func(a dashboard.Alerts) bool {
 		f := named(a.Active, "TestValueHigh")
-		return f != nil && f.State == "firing"
+		return f != nil && f.State == "firing" && named(a.Active, "TestValuePending") != nil
 	})
 	if !got.Enabled || got.Note != "Prometheus "+prom.URL() || got.Error != "" {
 		t.Errorf("alerts: enabled %v note %q error %q, want enabled with the Prometheus URL", got.Enabled, got.Note, got.Error)

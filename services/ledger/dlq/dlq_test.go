@@ -52,11 +52,17 @@ func worker(tb testing.TB, js jetstream.JetStream, app ledgerstream.Applier, top
 // connect connects to region eu's server as service's user.
 func connect(tb testing.TB, nt *natsembed.Topology, service string) jetstream.JetStream {
 	tb.Helper()
-	u, err := natsauth.UserOf("eu", service)
+	return connectIn(tb, nt, "eu", service)
+}
+
+// connectIn connects to region's server as the region's user of service.
+func connectIn(tb testing.TB, nt *natsembed.Topology, region, service string) jetstream.JetStream {
+	tb.Helper()
+	u, err := natsauth.UserOf(region, service)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	nc, err := nats.Connect(nt.ClientURL("eu"), natsauth.ConnectOptions(u.Name, u.Password)...)
+	nc, err := nats.Connect(nt.ClientURL(region), natsauth.ConnectOptions(u.Name, u.Password)...)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -73,6 +79,7 @@ func connect(tb testing.TB, nt *natsembed.Topology, service string) jetstream.Je
 // side connects as its own user: the ledger (js), the router that publishes
 // commands, and the operator.
 type region struct {
+	nt   *natsembed.Topology
 	js   jetstream.JetStream
 	topo ledgerstream.Topology
 	f    *ledgertest.Fixture
@@ -80,10 +87,10 @@ type region struct {
 	pub  *ledgerstream.Publisher
 }
 
-func mustRegion(tb testing.TB) region {
+func mustRegion(tb testing.TB, others ...string) region {
 	tb.Helper()
 	ctx := context.Background()
-	nt := natsembed.MustStartTopology(tb, "eu")
+	nt := natsembed.MustStartTopology(tb, append([]string{"eu"}, others...)...)
 	js, routerJS, opsJS := connect(tb, nt, natsauth.Ledger), connect(tb, nt, natsauth.Router), connect(tb, nt, natsauth.Ops)
 	topo := ledgerstream.Topology{Region: "eu", Shards: 4, DuplicateWindow: time.Second}
 	if err := ledgerstream.EnsureStreams(ctx, js, topo); err != nil {
@@ -93,7 +100,7 @@ func mustRegion(tb testing.TB) region {
 	if err := pgdb.Migrate(ctx, f.Pool, dlq.Migrations()); err != nil {
 		tb.Fatal(err)
 	}
-	return region{js: js, topo: topo, f: f, ops: &dlq.Ops{Region: "eu", JS: opsJS, Pool: f.Pool, Wait: 20 * time.Second},
+	return region{nt: nt, js: js, topo: topo, f: f, ops: &dlq.Ops{Region: "eu", JS: opsJS, Pool: f.Pool, Wait: 20 * time.Second},
 		pub: ledgerstream.NewPublisher(routerJS, topo, f.Regions, f.Stats)}
 }
 
@@ -268,7 +275,7 @@ func TestRoundTrip(t *testing.T) {
 // replay, settling its transfer, and a second replay adds nothing.
 func TestReplayStep(t *testing.T) {
 	ctx := context.Background()
-	r := mustRegion(t)
+	r := mustRegion(t, "us")
 	js, topo, f, ops := r.js, r.topo, r.f, r.ops
 	us, err := idgen.NewGenerator(f.Regions, "us", 9)
 	if err != nil {
@@ -284,8 +291,15 @@ func TestReplayStep(t *testing.T) {
 	step := tr.Step(ledger.TypeConfirm, "")
 
 	stop := worker(t, js, failing{}, topo, f)
-	if _, err := r.pub.Publish(ctx, step); err != nil {
-		t.Fatal(err)
+	// The confirm comes from us's router, over the leafnode link: the
+	// only user that may send a step in us's name.
+	usRouter := ledgerstream.NewPublisher(connectIn(t, r.nt, "us", natsauth.Router), topo, f.Regions, f.Stats)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if _, err := usRouter.Publish(ctx, step); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
 	}
 	l := waitLetters(t, ops, 1)[0]
 	stop()

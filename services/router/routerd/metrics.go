@@ -47,6 +47,8 @@ func ObserveRouter(m *telemetry.Metrics, region string, st *router.Stats) error 
 				o.ObserveInt64(c, st.RelayRetries.Load(), at("relay", TopicRelay))
 			}},
 		telemetry.Single("paymesh.router.relayed", "Saga steps acked by the region that applies them.", st.Relayed.Load, topic(TopicRelay)),
+		telemetry.Single("paymesh.router.refused", "Route-stream messages not forwarded: no client command (a fund or saga step someone put there), or no route subject.",
+			st.Refused.Load, topic(TopicForward)),
 		telemetry.Counter{Name: "paymesh.router.duplicates", Help: "Duplicates JetStream's Nats-Msg-Id window caught, by stage and topic.",
 			Read: func(o metric.Observer, c metric.Int64ObservableCounter) {
 				o.ObserveInt64(c, st.DuplicateSubmits.Load(), at("submit", TopicRoute, msgID))

@@ -34,7 +34,7 @@ func regions(t *testing.T) *idgen.Regions {
 
 // TestRouterForwards opens a region's ledger (it migrates the database and
 // creates the ledger streams) and another region's router on the same
-// server, submits a fund command through the router and waits until the
+// server, submits a transfer through the router and waits until the
 // ledger applied it: the forwarder moved it from the route stream to the
 // ledger stream. Both publishes went
 // through the WrapJetStream decorator, /metrics counts the forward, and
@@ -71,17 +71,29 @@ func TestRouterForwards(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gen, _ := idgen.NewGenerator(ids, "eu", 9)
-	tid, _ := gen.NextString()
-	if _, err := srv.Router().Submit(ctx, ledger.Command{Type: ledger.TypeFund, TransferID: tid, ClientID: "c", IdempotencyKey: "f1",
-		To: a.ID, Amount: 700, Currency: "EUR", CreatedAt: time.Now()}); err != nil {
+	b, err := led.Store.CreateAccount(ctx, ledger.NewAccount{ClientID: "c", Currency: "EUR"})
+	if err != nil {
 		t.Fatal(err)
 	}
-	for led.Stats.Applied.Load() < 1 && ctx.Err() == nil {
-		time.Sleep(20 * time.Millisecond)
+	gen, _ := idgen.NewGenerator(ids, "eu", 9)
+	tid := func() string { s, _ := gen.NextString(); return s }
+	// Funded by the ledger itself: a fund is the operator's, which no
+	// router forwards.
+	if _, err := led.Store.Apply(ctx, []ledger.Command{{Type: ledger.TypeFund, TransferID: tid(), ClientID: "ops", IdempotencyKey: "f1",
+		To: a.ID, Amount: 700, Currency: "EUR", CreatedAt: time.Now()}}); err != nil {
+		t.Fatal(err)
 	}
-	if got, err := led.Store.Account(ctx, a.ID); err != nil || got.Balance != 700 {
-		t.Fatalf("account after the forwarded fund: got %d %v, want 700", got.Balance, err)
+	if _, err := srv.Router().Submit(ctx, ledger.Command{Type: ledger.TypeTransfer, TransferID: tid(), ClientID: "c", IdempotencyKey: "t1",
+		From: a.ID, To: b.ID, Amount: 300, Currency: "EUR", CreatedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := led.Store.Account(ctx, b.ID)
+	for err == nil && got.Balance != 300 && ctx.Err() == nil {
+		time.Sleep(20 * time.Millisecond)
+		got, err = led.Store.Account(ctx, b.ID)
+	}
+	if err != nil || got.Balance != 300 {
+		t.Fatalf("account after the forwarded transfer: got %d %v, want 300", got.Balance, err)
 	}
 	if s, a := counted.sync.Load(), counted.async.Load(); s != 1 || a < 1 {
 		t.Fatalf("publishes through WrapJetStream: got %d sync and %d async, want 1 (the submit) and at least 1 (the forward)", s, a)
