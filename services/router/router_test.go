@@ -36,22 +36,30 @@ func embedded(t *testing.T) (jetstream.JetStream, *idgen.Regions, ledgerstream.T
 	return js, ids, ledgerstream.Topology{Region: "eu", Shards: 4}
 }
 
-// TestSubmitAndForward: a command submitted in another region than its
-// home is stored in the local route stream, forwarded to the home ledger
-// stream with the same Nats-Msg-Id, and a resubmit is recognised; a command
-// whose account has no known home region is refused with a clear error.
-// One embedded server holds both regions' streams.
-func TestSubmitAndForward(t *testing.T) {
+// usRouterToEU makes eu's ledger stream and us's route stream on one
+// embedded server, and returns us's router, with a context that ends with
+// the test.
+func usRouterToEU(t *testing.T) (context.Context, jetstream.JetStream, *idgen.Regions, ledgerstream.Topology, *Router) {
+	t.Helper()
 	js, ids, topo := embedded(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	t.Cleanup(cancel)
 	if err := ledgerstream.EnsureStreams(ctx, js, topo); err != nil {
 		t.Fatal(err)
 	}
 	if err := EnsureStream(ctx, js, "us", 0, 0, ledgerstream.Limits{}); err != nil {
 		t.Fatal(err)
 	}
-	r := New(js, Config{Region: "us", Regions: ids, Shards: 4, AckWait: 2 * time.Second})
+	return ctx, js, ids, topo, New(js, Config{Region: "us", Regions: ids, Shards: 4, AckWait: 2 * time.Second})
+}
+
+// TestSubmitAndForward: a command submitted in another region than its
+// home is stored in the local route stream, forwarded to the home ledger
+// stream with the same Nats-Msg-Id, and a resubmit is recognised; a command
+// whose account has no known home region is refused with a clear error.
+// One embedded server holds both regions' streams.
+func TestSubmitAndForward(t *testing.T) {
+	ctx, js, ids, topo, r := usRouterToEU(t)
 	gen, _ := idgen.NewGenerator(ids, "eu", 1)
 	id := func() string { s, _ := gen.NextString(); return s }
 	cmd := ledger.Command{Type: ledger.TypeTransfer, TransferID: id(), ClientID: "c", IdempotencyKey: "k", From: id(), To: id(),
@@ -180,16 +188,7 @@ func TestSubmitHomedHere(t *testing.T) {
 // counted, never forwarded to the home ledger, while the client command
 // beside them is.
 func TestForwardsOnlyClientCommands(t *testing.T) {
-	js, ids, topo := embedded(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	if err := ledgerstream.EnsureStreams(ctx, js, topo); err != nil {
-		t.Fatal(err)
-	}
-	if err := EnsureStream(ctx, js, "us", 0, 0, ledgerstream.Limits{}); err != nil {
-		t.Fatal(err)
-	}
-	r := New(js, Config{Region: "us", Regions: ids, Shards: 4, AckWait: 2 * time.Second})
+	ctx, js, ids, topo, r := usRouterToEU(t)
 	gen, _ := idgen.NewGenerator(ids, "eu", 1)
 	usGen, _ := idgen.NewGenerator(ids, "us", 1)
 	id := func(g *idgen.Generator) string { s, _ := g.NextString(); return s }
