@@ -25,6 +25,7 @@ type bugs struct {
 	ForwardIgnoresPubAck bool // scenario 8
 	NoRetry              bool // scenario 9
 	ForgetKeyTransfer    bool // scenario 10
+	ClassBlind           bool // scenario 12
 	SkipOwnerCheck       bool // scenario 11
 	RefundKeyedByParent  bool // scenario 1
 	ExpiryClockBehind    bool // scenario 10
@@ -83,6 +84,11 @@ func (b bugs) install(c *cluster.Config) {
 		// the ledger's business key whatever the lookup says.
 		claimKeys(c)
 		wrapAPIStore(c, func(s api.Store) api.Store { return forgetKeyTransfer{s} })
+	}
+
+	// Scenario 12, the ledger's class check.
+	if b.ClassBlind {
+		onLedger(c, func(lc *ledgerd.Config) { lc.WrapJetStream = wrapped(lc.WrapJetStream, classBlind(lc.Regions)) })
 	}
 
 	// Scenario 11.

@@ -136,6 +136,13 @@ var bugCases = []struct {
 		fails:    []failure{{I3, []string{"forged"}}, {"refused", []string{"refused"}}},
 	},
 	{
+		scenario: "12",
+		why: "the ledger takes each delivery as sent on its command's own class: a fund or a saga step an API user sent " +
+			"as a client command is applied",
+		cfg:   Config{bugs: bugs{ClassBlind: true}},
+		fails: []failure{{I3, []string{"forged"}}, {"wrong class", []string{"dead-lettered wrong_class"}}},
+	},
+	{
 		scenario: "13",
 		why: "the routers mark a saga step sent and ack a forwarded command whether or not the destination stream " +
 			"stored it: what they publish into us while its stream leader is down, before a new one is elected, is lost",

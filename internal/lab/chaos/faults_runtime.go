@@ -3,6 +3,9 @@ package chaos
 import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/paymesh/paymesh/pkg/idgen"
+	"github.com/paymesh/paymesh/platform/subjects"
+	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 	"github.com/paymesh/paymesh/services/router/routerd"
 
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
@@ -104,3 +107,34 @@ func wrapped(inner, wrap func(jetstream.JetStream) jetstream.JetStream) func(jet
 	}
 	return func(js jetstream.JetStream) jetstream.JetStream { return wrap(inner(js)) }
 }
+
+// classBlind is scenario 12's class bug: the ledger takes every delivery
+// as sent on its command's own class (a decorator of the ledger's
+// JetStream handle that rewrites each delivery's subject), so a fund or a
+// saga step an API user sent as a client command is applied.
+func classBlind(ids *idgen.Regions) func(jetstream.JetStream) jetstream.JetStream {
+	return func(js jetstream.JetStream) jetstream.JetStream {
+		return jsfault.Wrap(js, nil, func(m jetstream.Msg) jetstream.Msg {
+			cmd, err := ledger.DecodeCommand(m.Data())
+			addr, perr := subjects.ParseLedger(m.Subject())
+			if err != nil || perr != nil {
+				return m
+			}
+			from := addr.Region
+			if cmd.IsStep() {
+				if r, err := cmd.SentFrom(ids); err == nil {
+					from = r
+				}
+			}
+			return subjectAs{Msg: m, subject: subjects.LedgerSubject(addr.Region, addr.Shard, ledgerstream.ClassOf(cmd), from)}
+		})
+	}
+}
+
+// subjectAs is a delivery that says it came on subject.
+type subjectAs struct {
+	jetstream.Msg
+	subject string
+}
+
+func (m subjectAs) Subject() string { return m.subject }

@@ -14,6 +14,7 @@ import (
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/api/apidb"
 	"github.com/paymesh/paymesh/services/ledger"
+	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 )
 
@@ -42,7 +43,7 @@ func checkReplay(ctx context.Context, c *cluster.Cluster) (Check, error) {
 		}
 		store := postgres.New(r.Ledger.Store.Pool(), postgres.Config{Region: n, IDs: gen, Regions: c.IDs(),
 			Dedup: postgres.NewConsumeLog(dedup.New(dedup.Config{Holder: "chaos-replay/" + n})), Answers: apidb.Answers{}})
-		cmds, err := readStreamRetrying(ctx, r.Ledger.JetStream(), r.Ledger.Topo.Stream())
+		cmds, err := readStreamRetrying(ctx, r.Ledger.JetStream(), r.Ledger.Topo.Stream(), c.IDs())
 		if err != nil {
 			return chk, fmt.Errorf("read %s: %w", r.Ledger.Topo.Stream(), err)
 		}
@@ -107,10 +108,10 @@ func counts(ctx context.Context, s *postgres.Store) ([4]int64, error) {
 // readStreamRetrying is readStream, tried again for up to 10 seconds while
 // JetStream answers with no responders: a clustered region's stream may
 // still be electing a leader after the R3 scenarios' faults.
-func readStreamRetrying(ctx context.Context, js jetstream.JetStream, name string) ([]ledger.Command, error) {
+func readStreamRetrying(ctx context.Context, js jetstream.JetStream, name string, ids *idgen.Regions) ([]ledger.Command, error) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		cmds, err := readStream(ctx, js, name)
+		cmds, err := readStream(ctx, js, name, ids)
 		if !errors.Is(err, nats.ErrNoResponders) || time.Now().After(deadline) {
 			return cmds, err
 		}
@@ -125,8 +126,9 @@ func readStreamRetrying(ctx context.Context, js jetstream.JetStream, name string
 // readStream reads every command a stream holds, from its first message,
 // one by one by sequence: an interest stream of three replicas takes no
 // ordered consumer (its consumers must have its replicas). A message that
-// does not decode is skipped: it was dead-lettered when it arrived.
-func readStream(ctx context.Context, js jetstream.JetStream, name string) ([]ledger.Command, error) {
+// does not decode, or came on a subject its kind never travels on, is
+// skipped: the ledger dead-lettered it when it arrived.
+func readStream(ctx context.Context, js jetstream.JetStream, name string, ids *idgen.Regions) ([]ledger.Command, error) {
 	s, err := js.Stream(ctx, name)
 	if err != nil {
 		return nil, err
@@ -144,7 +146,7 @@ func readStream(ctx context.Context, js jetstream.JetStream, name string) ([]led
 		if err != nil {
 			return nil, fmt.Errorf("replay %s: sequence %d: %w", name, seq, err)
 		}
-		if cmd, err := ledger.DecodeCommand(m.Data); err == nil {
+		if cmd, err := ledger.DecodeCommand(m.Data); err == nil && ledgerstream.CheckClass(m.Subject, cmd, ids) == nil {
 			out = append(out, cmd)
 		}
 	}

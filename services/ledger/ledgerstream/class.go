@@ -27,12 +27,12 @@ func ClassOf(c ledger.Command) subjects.Class {
 	return subjects.ClassCommand
 }
 
-// checkClass returns an *ledger.Error with ReasonWrongClass unless cmd, a
+// CheckClass returns an *ledger.Error with ReasonWrongClass unless cmd, a
 // valid command, arrived on a subject of its kind's class (a saga step:
 // sent from the region that sends it), or on the region's operator class,
 // which replays every kind of dead letter. It runs on every delivery,
 // before the command is applied.
-func checkClass(subject string, cmd ledger.Command, ids *idgen.Regions) error {
+func CheckClass(subject string, cmd ledger.Command, ids *idgen.Regions) error {
 	addr, err := subjects.ParseLedger(subject)
 	if err != nil {
 		return ledger.Errorf(ReasonWrongClass, "%v", err)

@@ -262,7 +262,7 @@ func (c *Consumer) process(ctx context.Context, msgs []jetstream.Msg) {
 			err = cmd.Validate(c.cfg.Topology.Region, c.cfg.Regions, time.Now())
 		}
 		if err == nil {
-			err = checkClass(m.Subject(), cmd, c.cfg.Regions)
+			err = CheckClass(m.Subject(), cmd, c.cfg.Regions)
 		}
 		if err != nil {
 			c.cfg.Stats.Invalid.Add(1)
