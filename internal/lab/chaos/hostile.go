@@ -53,6 +53,7 @@ type hostility struct {
 	otherKey string
 	accts    map[string][]string // region -> the second client's accounts
 	system   map[string]string   // region -> a system account
+	transit  map[string]string   // region -> its transit account (EUR)
 	xfers    []string            // the second client's transfers
 	sent     atomic.Int64
 	refused  atomic.Int64
@@ -68,7 +69,7 @@ func (h *hostility) setup(ctx context.Context, e *env) error {
 	b := make([]byte, 16)
 	_, _ = rand.Read(b)
 	h.otherKey = "pm_chaos_other_" + hex.EncodeToString(b)
-	h.accts, h.system, h.xfers, h.wrong, h.statuses = map[string][]string{}, map[string]string{}, nil, nil, map[int]int{}
+	h.accts, h.system, h.transit, h.xfers, h.wrong, h.statuses = map[string][]string{}, map[string]string{}, map[string]string{}, nil, nil, map[int]int{}
 	for _, n := range e.names {
 		store := e.c.Region(n).Ledger.Store
 		if err := e.c.Region(n).APIStore.PutClient(ctx, api.RegisteredClient{ID: otherClientID, Name: "chaos other", RatePerSec: 1_000_000}, h.otherKey); err != nil {
@@ -79,6 +80,10 @@ func (h *hostility) setup(ctx context.Context, e *env) error {
 			return fmt.Errorf("a system account of %s: %w", n, err)
 		}
 		h.system[n] = sys
+		if err := store.Pool().QueryRow(ctx, `SELECT id FROM accounts WHERE kind = 'transit' AND currency = 'EUR'`).Scan(&sys); err != nil {
+			return fmt.Errorf("the transit account of %s: %w", n, err)
+		}
+		h.transit[n] = sys
 		for range 2 {
 			id, err := e.fundedAccount(ctx, n, otherClientID)
 			if err != nil {
@@ -430,6 +435,22 @@ var hostileCases = []hostileCase{
 	}),
 	bola("transfer from a system account", func(h *hostility, _ *env, r *hostileReq) {
 		r.rec.From = h.system[r.via]
+		r.body = transferJSON(jstr(r.rec.From), jstr(r.rec.To), fmt.Sprint(r.rec.Amount), `"EUR"`)
+	}),
+	bola("transfer into the region's transit account", func(h *hostility, _ *env, r *hostileReq) {
+		r.rec.To = h.transit[r.via]
+		r.body = transferJSON(jstr(r.rec.From), jstr(r.rec.To), fmt.Sprint(r.rec.Amount), `"EUR"`)
+	}),
+	bola("hold into the region's transit account", func(h *hostility, _ *env, r *hostileReq) {
+		r.rec.To, r.rec.Type = h.transit[r.via], typeHold
+		r.body = fmt.Appendf(nil, `{"from":%s,"to":%s,"amount":%d,"currency":"EUR","hold":true}`, jstr(r.rec.From), jstr(r.rec.To), r.rec.Amount)
+	}),
+	bola("transfer into a system account", func(h *hostility, _ *env, r *hostileReq) {
+		r.rec.To = h.system[r.via]
+		r.body = transferJSON(jstr(r.rec.From), jstr(r.rec.To), fmt.Sprint(r.rec.Amount), `"EUR"`)
+	}),
+	bola("transfer from the region's transit account", func(h *hostility, _ *env, r *hostileReq) {
+		r.rec.From = h.transit[r.via]
 		r.body = transferJSON(jstr(r.rec.From), jstr(r.rec.To), fmt.Sprint(r.rec.Amount), `"EUR"`)
 	}),
 	bola("the other client's key, transfer from the workload's account", func(h *hostility, _ *env, r *hostileReq) {
