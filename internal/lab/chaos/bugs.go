@@ -26,6 +26,7 @@ type bugs struct {
 	NoRetry              bool // scenario 9
 	ForgetKeyTransfer    bool // scenario 10
 	ClassBlind           bool // scenario 12
+	LostDeadLetters      bool // scenario 15
 	SkipOwnerCheck       bool // scenario 11
 	RefundKeyedByParent  bool // scenario 1
 	ExpiryClockBehind    bool // scenario 10
@@ -89,6 +90,16 @@ func (b bugs) install(c *cluster.Config) {
 	// Scenario 12, the ledger's class check.
 	if b.ClassBlind {
 		onLedger(c, func(lc *ledgerd.Config) { lc.WrapJetStream = wrapped(lc.WrapJetStream, classBlind(lc.Regions)) })
+	}
+
+	// Scenario 15.
+	if b.LostDeadLetters {
+		onLedger(c, func(lc *ledgerd.Config) {
+			if lc.Region == poisonRegion {
+				region := lc.Region
+				lc.WrapJetStream = wrapped(lc.WrapJetStream, func(js jetstream.JetStream) jetstream.JetStream { return lostDeadLetters{js, region} })
+			}
+		})
 	}
 
 	// Scenario 11.

@@ -166,6 +166,13 @@ var bugCases = []struct {
 		cfg:   Config{oneServer: true, QuietWait: 3 * time.Second},
 		fails: []failure{{I3, []string{"LOST", "still DEBITED"}}},
 	},
+	{
+		scenario: "15",
+		why: "the ledger's dead-letter publishes are acked by no stream: a poisoned step is dropped as if it were " +
+			"dead-lettered, and its transfer stays DEBITED with its money in transit",
+		cfg:   Config{bugs: bugs{LostDeadLetters: true}, QuietWait: 3 * time.Second},
+		fails: []failure{{"poison", []string{"no poisoned step was dead-lettered"}}, {I3, []string{"still DEBITED"}}},
+	},
 }
 
 // bugTries is how many runs a bug case gets to show its bug. Each fault

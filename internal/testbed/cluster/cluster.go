@@ -141,6 +141,7 @@ type Cluster struct {
 // over it that publishes to the region's ledger stream.
 type operator struct {
 	nc *nats.Conn
+	js jetstream.JetStream
 	rt *router.Router
 }
 
@@ -406,10 +407,28 @@ func (c *Cluster) SubmitterOf(ctx context.Context, via string, cmd ledger.Comman
 
 // operator returns a router that publishes as region's operator user.
 func (c *Cluster) operator(ctx context.Context, region string) (*router.Router, error) {
+	o, err := c.operatorConn(ctx, region)
+	if err != nil {
+		return nil, err
+	}
+	return o.rt, nil
+}
+
+// OperatorJetStream returns a JetStream handle of region's operator user
+// (platform/natsauth): what paymesh dlq connects as.
+func (c *Cluster) OperatorJetStream(ctx context.Context, region string) (jetstream.JetStream, error) {
+	o, err := c.operatorConn(ctx, region)
+	if err != nil {
+		return nil, err
+	}
+	return o.js, nil
+}
+
+func (c *Cluster) operatorConn(ctx context.Context, region string) (*operator, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if o := c.ops[region]; o != nil {
-		return o.rt, nil
+		return o, nil
 	}
 	u, err := natsauth.UserOf(region, natsauth.Ops)
 	if err != nil {
@@ -428,9 +447,9 @@ func (c *Cluster) operator(ctx context.Context, region string) (*router.Router, 
 	if c.ops == nil {
 		c.ops = map[string]*operator{}
 	}
-	o := &operator{nc: nc, rt: router.New(js, router.Config{Region: region, Regions: c.ids, Shards: c.cfg.Shards})}
+	o := &operator{nc: nc, js: js, rt: router.New(js, router.Config{Region: region, Regions: c.ids, Shards: c.cfg.Shards})}
 	c.ops[region] = o
-	return o.rt, nil
+	return o, nil
 }
 
 // Stores returns every region's ledger store.
