@@ -36,7 +36,7 @@ type cli struct {
 	API       apiCmd       `cmd:"" name:"api" help:"Serve a region's HTTP API."`
 	Migrate   migrateCmd   `cmd:"" help:"Apply a region's database migrations (the ledger's and the API's) and create its consume-log partitions."`
 	Verify    verifyCmd    `cmd:"" help:"Check a region's ledger invariants and print PASS/FAIL for each."`
-	Client    clientCmd    `cmd:"" help:"Register an API client (or, with --operator, an operator) in every region (or those of --region) and print its API key."`
+	Client    clientCmds   `cmd:"" help:"Register an API client (or an operator) and print its key; rotate, revoke and list its keys."`
 	DLQ       dlqCmd       `cmd:"" name:"dlq" help:"List, show, replay and discard a region's dead letters."`
 	Accounts  accountsCmd  `cmd:"" help:"Open and show accounts through the HTTP API."`
 	Transfers transfersCmd `cmd:"" help:"Send and show transfers through the HTTP API."`

@@ -80,18 +80,32 @@ func (c *verifyCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 	return nil
 }
 
-type clientCmd struct {
+// clientCmds register API clients and manage their keys in every region.
+type clientCmds struct {
+	Add    clientCmd       `cmd:"" default:"withargs" help:"Register an API client (or, with --operator, an operator) in every region (or those of --region) and print its API key (the default: paymesh client <id>)."`
+	Rotate clientRotateCmd `cmd:"" help:"Give a client a new API key in every region, beside the keys it has, and print it: revoke the old key once the client uses the new one."`
+	Revoke clientRevokeCmd `cmd:"" help:"Revoke one of a client's API keys, by its id, in every region."`
+	List   clientListCmd   `cmd:"" help:"List a client's API keys (their ids, never the keys) in every region."`
+}
+
+// regionStores names the regions' API databases a client command writes.
+type regionStores struct {
 	PostgresURL string        `name:"postgres-url" env:"PAYMESH_POSTGRES_URL" help:"Postgres server of the regions' databases (default: ${default_pg})."`
 	DBPrefix    string        `name:"database-prefix" env:"PAYMESH_DATABASE_PREFIX" help:"Region databases are named <prefix><region> instead of the region table's."`
 	URLs        []string      `name:"postgres-urls" env:"PAYMESH_POSTGRES_URLS" help:"region=URL of each region's Postgres server, when they differ (docker-compose)."`
-	Regions     []string      `name:"region" help:"Register the client only in these regions, comma-separated (default: every region of the region table)."`
-	ID          string        `arg:"" help:"Client id (1-64 characters)."`
-	Name        string        `help:"Display name." default:""`
-	Rate        int           `help:"Requests per second allowed." default:"100"`
-	Overdraft   int64         `name:"max-overdraft" help:"Most overdraft (minor units) the client may give its accounts." default:"0"`
-	Operator    bool          `help:"Register an operator instead of a client: its key reaches the operator endpoints (/v1/ops/..., the region's dead letters) and no account or transfer. The id is the operator's name in the dead-letter audit."`
-	Key         string        `env:"PAYMESH_CLIENT_KEY" help:"Use this API key instead of a new random one (at least 16 characters)."`
+	Regions     []string      `name:"region" help:"Only these regions, comma-separated (default: every region of the region table)."`
 	Wait        time.Duration `name:"connect-timeout" env:"PAYMESH_CONNECT_TIMEOUT" default:"60s" help:"How long to wait for a region's API to migrate its tables (docker-compose starts them together)."`
+}
+
+type clientCmd struct {
+	regionStores
+	ID        string `arg:"" help:"Client id (1-64 characters)."`
+	Name      string `help:"Display name." default:""`
+	Rate      int    `help:"Requests per second allowed." default:"100"`
+	Overdraft int64  `name:"max-overdraft" help:"Most overdraft (minor units) the client may give its accounts." default:"0"`
+	Operator  bool   `help:"Register an operator instead of a client: its key reaches the operator endpoints (/v1/ops/..., the region's dead letters) and no account or transfer. The id is the operator's name in the dead-letter audit."`
+	Key       string `env:"PAYMESH_CLIENT_KEY" help:"Development only (needs --insecure-dev): use this API key instead of a new random one (at least 16 characters)."`
+	security
 }
 
 func (c *clientCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, log *slog.Logger) error {
@@ -103,6 +117,17 @@ func (c *clientCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 	if err != nil {
 		return err
 	}
+	err = c.each(ctx, t, log, func(s regionStore) error { return s.PutClient(ctx, client, key) })
+	if err != nil {
+		return err
+	}
+	fmt.Println(key)
+	return nil
+}
+
+// each runs f on the API store of every region of --region (default: all),
+// waiting for a region whose API has not migrated its tables yet.
+func (c *regionStores) each(ctx context.Context, t regions.Table, log *slog.Logger, f func(regionStore) error) error {
 	names := c.Regions
 	if len(names) == 0 {
 		for _, r := range t.Regions {
@@ -119,13 +144,78 @@ func (c *clientCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 		return err
 	}
 	for _, name := range names {
-		put := func() error { return stores[name].PutClient(ctx, client, key) }
-		if err := untilMigrated(ctx, name, c.Wait, log, put); err != nil {
+		if err := untilMigrated(ctx, name, c.Wait, log, func() error { return f(stores[name]) }); err != nil {
 			return fmt.Errorf("region %s: %w", name, err)
 		}
 	}
-	fmt.Println(key)
 	return nil
+}
+
+type clientRotateCmd struct {
+	regionStores
+	ID        string        `arg:"" help:"Client id."`
+	ExpiresIn time.Duration `name:"expires-in" help:"The new key stops working this long from now (default: never)."`
+}
+
+func (c *clientRotateCmd) Run(ctx context.Context, t regions.Table, log *slog.Logger) error {
+	if c.ExpiresIn < 0 {
+		return fmt.Errorf("--expires-in %s: want a positive duration", c.ExpiresIn)
+	}
+	key, err := newAPIKey()
+	if err != nil {
+		return err
+	}
+	var expires time.Time
+	if c.ExpiresIn > 0 {
+		expires = time.Now().Add(c.ExpiresIn)
+	}
+	var info api.KeyInfo
+	err = c.each(ctx, t, log, func(s regionStore) (err error) {
+		info, err = s.AddKey(ctx, c.ID, key, expires)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Printf("%s\t(key id %s)\n", key, info.ID)
+	return nil
+}
+
+type clientRevokeCmd struct {
+	regionStores
+	ID    string `arg:"" help:"Client id."`
+	KeyID string `arg:"" name:"key-id" help:"The key's id (paymesh client list)."`
+}
+
+func (c *clientRevokeCmd) Run(ctx context.Context, t regions.Table, log *slog.Logger) error {
+	return c.each(ctx, t, log, func(s regionStore) error { return s.RevokeKey(ctx, c.ID, c.KeyID) })
+}
+
+type clientListCmd struct {
+	regionStores
+	ID string `arg:"" help:"Client id."`
+}
+
+func (c *clientListCmd) Run(ctx context.Context, t regions.Table, log *slog.Logger) error {
+	return c.each(ctx, t, log, func(s regionStore) error {
+		keys, err := s.Keys(ctx, c.ID)
+		if err != nil {
+			return err
+		}
+		for _, k := range keys {
+			state := "valid"
+			switch {
+			case !k.RevokedAt.IsZero():
+				state = "revoked " + k.RevokedAt.UTC().Format(time.RFC3339)
+			case !k.Valid(time.Now()):
+				state = "expired " + k.ExpiresAt.UTC().Format(time.RFC3339)
+			case !k.ExpiresAt.IsZero():
+				state = "valid until " + k.ExpiresAt.UTC().Format(time.RFC3339)
+			}
+			fmt.Printf("%s\t%s\t%s\tcreated %s\t%s\n", s.region, c.ID, k.ID, k.CreatedAt.UTC().Format(time.RFC3339), state)
+		}
+		return nil
+	})
 }
 
 // registered returns the client or operator the flags describe, or an
@@ -144,14 +234,13 @@ func (c *clientCmd) registered() (api.RegisteredClient, error) {
 	return api.RegisteredClient{ID: c.ID, Name: c.Name, Role: role, RatePerSec: c.Rate, MaxOverdraft: c.Overdraft}, nil
 }
 
-// apiKey returns --key, or a new random key when it is empty.
+// apiKey returns a new random key, or --key (development only).
 func (c *clientCmd) apiKey() (string, error) {
 	if c.Key == "" {
-		raw := make([]byte, 24)
-		if _, err := rand.Read(raw); err != nil {
-			return "", err
-		}
-		return "pm_" + hex.EncodeToString(raw), nil
+		return newAPIKey()
+	}
+	if !c.InsecureDev {
+		return "", errors.New("--key: a key chosen by hand is for development only (--insecure-dev); without it the server makes one")
 	}
 	if len(c.Key) < 16 {
 		return "", fmt.Errorf("--key: an API key needs at least 16 characters")
@@ -159,16 +248,26 @@ func (c *clientCmd) apiKey() (string, error) {
 	return c.Key, nil
 }
 
+// newAPIKey returns a new API key: 192 random bits.
+func newAPIKey() (string, error) {
+	raw := make([]byte, 24)
+	if _, err := rand.Read(raw); err != nil {
+		return "", err
+	}
+	return "pm_" + hex.EncodeToString(raw), nil
+}
+
 // regionStore is a region's API store and the pool it runs on.
 type regionStore struct {
 	*apidb.Store
-	close func()
+	region string
+	close  func()
 }
 
 // openStores opens the API store of every region of names; the caller
 // closes those it returns, also with an error. A missing database
 // registers the client nowhere: the error says which ones and what to run.
-func (c *clientCmd) openStores(ctx context.Context, t regions.Table, names []string) (map[string]regionStore, error) {
+func (c *regionStores) openStores(ctx context.Context, t regions.Table, names []string) (map[string]regionStore, error) {
 	servers := map[string]string{}
 	for _, u := range c.URLs {
 		region, url, ok := strings.Cut(u, "=")
@@ -234,7 +333,7 @@ func (r regionDB) openAPIStore(ctx context.Context, t regions.Table) (regionStor
 	if err != nil {
 		return regionStore{}, err
 	}
-	return regionStore{Store: apidb.New(pool), close: pool.Close}, nil
+	return regionStore{Store: apidb.New(pool), region: r.Region, close: pool.Close}, nil
 }
 
 // untilMigrated runs f, and again every startup.Every for at most timeout

@@ -15,8 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/internal/testbed/pgtest"
 	"github.com/paymesh/paymesh/internal/testbed/syncbuf"
@@ -32,21 +30,7 @@ func TestClientOneRegion(t *testing.T) {
 	ctx := context.Background()
 	tab, ids := defaultRegions(t)
 	prefix := fmt.Sprintf("pmtest_client_%d_", os.Getpid())
-	db := prefix + "eu"
-	url, err := pgdb.Create(ctx, pgtest.AdminURL(), db, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = pgdb.Drop(context.Background(), pgtest.AdminURL(), db) })
-	if err := (&migrateCmd{regionDB: regionDB{Region: "eu", PostgresURL: pgtest.AdminURL(), Database: db}, WindowDays: 7}).Run(ctx, tab); err != nil {
-		t.Fatal(err)
-	}
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	eu := apidb.New(pool)
+	eu := migratedEU(t, tab, prefix)
 	registered := func() bool {
 		_, ok, err := eu.ClientByID(ctx, "acme")
 		if err != nil {
@@ -55,8 +39,8 @@ func TestClientOneRegion(t *testing.T) {
 		return ok
 	}
 
-	all := &clientCmd{PostgresURL: pgtest.AdminURL(), DBPrefix: prefix, ID: "acme", Rate: 100}
-	err = all.Run(ctx, tab, ids, discard)
+	all := &clientCmd{regionStores: regionStores{PostgresURL: pgtest.AdminURL(), DBPrefix: prefix}, ID: "acme", Rate: 100}
+	err := all.Run(ctx, tab, ids, discard)
 	for _, want := range []string{"region us: database " + prefix + "us does not exist", "paymesh migrate --region us --database " + prefix + "us --create",
 		"region ap: database " + prefix + "ap does not exist", "--region eu"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
@@ -66,14 +50,14 @@ func TestClientOneRegion(t *testing.T) {
 	if registered() {
 		t.Fatal("a failed registration left the client in eu")
 	}
-	one := &clientCmd{PostgresURL: pgtest.AdminURL(), DBPrefix: prefix, ID: "acme", Rate: 100, Regions: []string{"eu"}}
+	one := &clientCmd{regionStores: regionStores{PostgresURL: pgtest.AdminURL(), DBPrefix: prefix, Regions: []string{"eu"}}, ID: "acme", Rate: 100}
 	if err := one.Run(ctx, tab, ids, discard); err != nil {
 		t.Fatalf("--region eu: %v", err)
 	}
 	if !registered() {
 		t.Fatal("--region eu: the client is not in eu")
 	}
-	if err := (&clientCmd{PostgresURL: pgtest.AdminURL(), ID: "acme", Regions: []string{"mars"}}).Run(ctx, tab, ids, discard); err == nil || !strings.Contains(err.Error(), "mars") {
+	if err := (&clientCmd{regionStores: regionStores{PostgresURL: pgtest.AdminURL(), Regions: []string{"mars"}}, ID: "acme"}).Run(ctx, tab, ids, discard); err == nil || !strings.Contains(err.Error(), "mars") {
 		t.Fatalf("--region mars: got %v, want an error naming it", err)
 	}
 }
@@ -88,24 +72,9 @@ func TestClientOperator(t *testing.T) {
 	ctx := context.Background()
 	tab, ids := defaultRegions(t)
 	prefix := fmt.Sprintf("pmtest_clientop_%d_", os.Getpid())
-	db := prefix + "eu"
-	url, err := pgdb.Create(ctx, pgtest.AdminURL(), db, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = pgdb.Drop(context.Background(), pgtest.AdminURL(), db) })
-	if err := (&migrateCmd{regionDB: regionDB{Region: "eu", PostgresURL: pgtest.AdminURL(), Database: db}, WindowDays: 7}).Run(ctx, tab); err != nil {
-		t.Fatal(err)
-	}
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	eu := apidb.New(pool)
+	eu := migratedEU(t, tab, prefix)
 	cmd := func(id string, operator bool, overdraft int64) *clientCmd {
-		return &clientCmd{PostgresURL: pgtest.AdminURL(), DBPrefix: prefix, ID: id, Rate: 100, Regions: []string{"eu"},
-			Operator: operator, Overdraft: overdraft, Key: id + "-key-0123456789"}
+		return &clientCmd{regionStores: regionStores{PostgresURL: pgtest.AdminURL(), DBPrefix: prefix, Regions: []string{"eu"}}, ID: id, Rate: 100, Operator: operator, Overdraft: overdraft, Key: id + "-key-0123456789", security: security{InsecureDev: true}}
 	}
 	if err := cmd("alice", true, 0).Run(ctx, tab, ids, discard); err != nil {
 		t.Fatalf("--operator: %v", err)
@@ -141,7 +110,7 @@ func TestClientWaitsForMigrations(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = pgdb.Drop(context.Background(), pgtest.AdminURL(), db) })
 
-	early := &clientCmd{PostgresURL: pgtest.AdminURL(), DBPrefix: prefix, ID: "acme", Rate: 100, Regions: []string{"eu"}, Wait: 300 * time.Millisecond}
+	early := &clientCmd{regionStores: regionStores{PostgresURL: pgtest.AdminURL(), DBPrefix: prefix, Regions: []string{"eu"}, Wait: 300 * time.Millisecond}, ID: "acme", Rate: 100}
 	err := early.Run(ctx, tab, ids, discard)
 	if err == nil || !strings.Contains(err.Error(), "not migrated after 300ms") || !strings.Contains(err.Error(), "paymesh migrate --region eu") {
 		t.Fatalf("no API to migrate: got %v, want an error saying what to run", err)
@@ -153,7 +122,7 @@ func TestClientWaitsForMigrations(t *testing.T) {
 		time.Sleep(time.Second)
 		migrated <- (&migrateCmd{regionDB: regionDB{Region: "eu", PostgresURL: pgtest.AdminURL(), Database: db}, WindowDays: 7}).Run(ctx, tab)
 	}()
-	c := &clientCmd{PostgresURL: pgtest.AdminURL(), DBPrefix: prefix, ID: "acme", Rate: 100, Regions: []string{"eu"}, Wait: time.Minute}
+	c := &clientCmd{regionStores: regionStores{PostgresURL: pgtest.AdminURL(), DBPrefix: prefix, Regions: []string{"eu"}, Wait: time.Minute}, ID: "acme", Rate: 100}
 	if err := c.Run(ctx, tab, ids, slog.New(slog.NewTextHandler(&logs, nil))); err != nil {
 		t.Fatalf("migrated while waiting: %v", err)
 	}

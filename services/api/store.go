@@ -116,6 +116,22 @@ type RegisteredClient struct {
 	MaxOverdraft int64
 }
 
+// KeyInfo describes one of a client's API keys, never the key itself.
+type KeyInfo struct {
+	// ID is the first 8 hex digits of the key's SHA-256: what names it to
+	// its owner and the operator.
+	ID        string
+	CreatedAt time.Time
+	// ExpiresAt and RevokedAt are zero when the key has no expiry or is
+	// not revoked.
+	ExpiresAt, RevokedAt time.Time
+}
+
+// Valid reports whether the key authenticates at now.
+func (k KeyInfo) Valid(now time.Time) bool {
+	return k.RevokedAt.IsZero() && (k.ExpiresAt.IsZero() || k.ExpiresAt.After(now))
+}
+
 // Role is what an API key may do.
 type Role string
 

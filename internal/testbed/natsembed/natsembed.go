@@ -3,10 +3,8 @@
 package natsembed
 
 import (
-	"errors"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -41,9 +39,9 @@ func Start(o Options) (*server.Server, error) {
 		return nil, fmt.Errorf("natsembed: %w", err)
 	}
 	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
+	if !s.ReadyForConnections(readyWait) {
 		s.Shutdown()
-		return nil, errors.New("natsembed: server not ready after 10s")
+		return nil, fmt.Errorf("natsembed: server not ready after %s", readyWait)
 	}
 	return s, nil
 }

@@ -30,10 +30,13 @@ const (
 	HubName = "hub"
 	// leafReconnect is how often a region retries its leafnode link.
 	leafReconnect = 250 * time.Millisecond
-	// linkWait bounds how long start, Heal and RestartRegion wait for links.
-	linkWait = 10 * time.Second
-	// readyWait bounds how long a server may take to accept connections.
-	readyWait = 10 * time.Second
+	// linkWait bounds how long start, Heal and RestartRegion wait for
+	// links: generous, as a loaded machine (a test run beside a CPU hog)
+	// takes seconds where an idle one takes milliseconds.
+	linkWait = 30 * time.Second
+	// readyWait bounds how long a server may take to accept connections
+	// (as generous, for the same reason).
+	readyWait = time.Minute
 	// jetStreamWait bounds how long start, RestartRegion and StartNode
 	// wait for a region's JetStream to answer: a cluster's meta leader
 	// election.

@@ -142,8 +142,8 @@ func TestMigrations(t *testing.T) {
 			if v := version(t, pool, "ledger_schema_version"); v != 7 {
 				t.Errorf("ledger version %d, want 7", v)
 			}
-			if v := version(t, pool, apidb.MigrationTable); v != 3 {
-				t.Errorf("API version %d, want 3", v)
+			if v := version(t, pool, apidb.MigrationTable); v != 4 {
+				t.Errorf("API version %d, want 4", v)
 			}
 			store := apidb.New(pool)
 			if old {
