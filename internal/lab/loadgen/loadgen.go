@@ -17,6 +17,7 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/paymesh/paymesh/services/api"
@@ -91,6 +92,25 @@ type Result struct {
 	Elapsed      time.Duration
 }
 
+// openAccount opens an account in region, again while the API refuses the
+// connection (a fault the run schedules may have stopped it: the request
+// never reached it, so a retry opens no second account), for at most a
+// minute.
+func openAccount(ctx context.Context, c *api.Client, region string, floor int64) (api.Response, error) {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		res, err := c.CreateAccount(ctx, "EUR", region, floor)
+		if err == nil || !errors.Is(err, syscall.ECONNREFUSED) || time.Now().After(deadline) {
+			return res, err
+		}
+		select {
+		case <-ctx.Done():
+			return api.Response{}, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
 // Run opens the accounts and sends the transfers. It returns an error when
 // an account cannot be opened or a request fails for a reason other than a
 // refusal (which is counted).
@@ -121,7 +141,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Result, error) {
 	accounts := map[string][]string{}
 	for _, r := range regions {
 		for range cfg.Accounts {
-			res, err := client(r).CreateAccount(ctx, "EUR", r, -cfg.Overdraft)
+			res, err := openAccount(ctx, client(r), r, -cfg.Overdraft)
 			if err != nil {
 				return Result{}, fmt.Errorf("open an account in %s: %w", r, err)
 			}

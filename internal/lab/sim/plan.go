@@ -28,7 +28,7 @@ const (
 	kindService                    // a long-running paymesh process (ledger, router, api, wan)
 	kindSetup                      // a paymesh command run to completion before the load
 	kindLoad                       // paymesh-lab load, with the fault schedule around it
-	kindTool                       // a paymesh command run once the load has drained (verify)
+	kindTool                       // a paymesh command run once the load has drained (verify, dlq list)
 )
 
 func (k kind) String() string {
@@ -41,7 +41,7 @@ var paymeshCommands = map[string]kind{
 	"ledger": kindService, "router": kindService, "api": kindService, "wan": kindService,
 	"client": kindSetup, "migrate": kindSetup,
 	"load":   kindLoad,
-	"verify": kindTool,
+	"verify": kindTool, "dlq": kindTool,
 }
 
 // The Dockerfile's targets: the product image (the default) and the lab's.

@@ -380,7 +380,8 @@ func percentile(ds []time.Duration, q float64) float64 {
 }
 
 // runTools runs the commands compose keeps for after the load (the
-// verify-<region> services) and records whether each passed.
+// verify-<region> services, and dlq-<region>, the operator's list of the
+// region's dead letters) and records whether each passed.
 func (s *sim) runTools(ctx context.Context, rep *Report) {
 	rep.Tools = map[string]bool{}
 	for _, name := range s.plan.of(kindTool) {
