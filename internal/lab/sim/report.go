@@ -134,7 +134,11 @@ func (r *Report) judge() {
 	add(r.Unfinished == 0, fmt.Sprintf("every recorded transfer reached a final state (%d unfinished)", r.Unfinished), strings.Join(r.Stuck, "\n"))
 	add(r.Verify.OK() && len(r.Verify.Checks) > 0, "global invariants (verify --all --quiescent, in process)", "")
 	for _, name := range slices.Sorted(maps.Keys(r.Tools)) {
-		add(r.Tools[name], name+" (compose's per-region verify, as a process)", "")
+		what := "compose's per-region verify, as a process"
+		if strings.HasPrefix(name, "dlq-") {
+			what = "compose's per-region dead-letter list, as the region's operator, as a process"
+		}
+		add(r.Tools[name], name+" ("+what+")", "")
 	}
 	if r.WantAlert != "" {
 		fired, cleared := false, true
