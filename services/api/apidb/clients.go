@@ -13,8 +13,8 @@ import (
 	"github.com/paymesh/paymesh/services/ledger"
 )
 
-// PutClient creates or updates a client or operator with the hash of its
-// API key (api.HashKey); a RatePerSec of zero means 100 and an empty Role
+// PutClient creates or updates a client or operator, with apiKey (kept as
+// api.HashKey) as its only key; a RatePerSec of zero means 100 and an empty Role
 // api.RoleClient. An id keeps the role it was created with. It returns an
 // error for an invalid ID, an unknown role, a negative overdraft or an
 // operator's overdraft, ErrRoleTaken for an id registered in the other
@@ -38,11 +38,11 @@ func (s *Store) PutClient(ctx context.Context, c api.RegisteredClient, apiKey st
 	hash := api.HashKey(apiKey)
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, `
-			INSERT INTO clients (id, name, key_hash, rate_per_sec, max_overdraft, role) VALUES ($1, $2, $3, $4, $5, $6)
-			ON CONFLICT (id) DO UPDATE SET name = excluded.name, key_hash = excluded.key_hash, rate_per_sec = excluded.rate_per_sec,
+			INSERT INTO clients (id, name, rate_per_sec, max_overdraft, role) VALUES ($1, $2, $3, $4, $5)
+			ON CONFLICT (id) DO UPDATE SET name = excluded.name, rate_per_sec = excluded.rate_per_sec,
 			    max_overdraft = excluded.max_overdraft
 			WHERE clients.role = excluded.role`,
-			c.ID, c.Name, hash, c.RatePerSec, c.MaxOverdraft, string(role))
+			c.ID, c.Name, c.RatePerSec, c.MaxOverdraft, string(role))
 		if err != nil {
 			return fmt.Errorf("put client: %w", err)
 		}
