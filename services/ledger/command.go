@@ -84,6 +84,16 @@ func (c Command) SentFrom(ids *idgen.Regions) (string, error) {
 	return r, nil
 }
 
+// Account returns the account whose home region applies the command and
+// whose ledger shard carries it: the destination for a fund or a credit,
+// the source for every other kind.
+func (c Command) Account() string {
+	if commandKinds[c.Type].atDestination {
+		return c.To
+	}
+	return c.From
+}
+
 // IsAction reports whether the command acts on an existing hold (capture,
 // void) instead of making a transfer. It names the hold (TransferID) and
 // carries the hold's accounts and currency, which the ledger checks

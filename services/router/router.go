@@ -139,10 +139,7 @@ func (r *Router) Stats() *Stats { return r.cfg.Stats }
 // home returns the region whose ledger applies cmd and the account whose
 // shard carries it.
 func (r *Router) home(cmd ledger.Command) (region, account string, err error) {
-	account = cmd.From
-	if cmd.Type == ledger.TypeFund || cmd.Type == ledger.TypeCredit {
-		account = cmd.To
-	}
+	account = cmd.Account()
 	region, err = r.cfg.Regions.HomeRegion(account)
 	if err != nil {
 		return "", "", ledger.Errorf(ledger.CodeInvalidRequest, "cannot route %s: %v", cmd.MsgKey(), err)

@@ -106,14 +106,10 @@ func (t Topology) Subject(accountID string, class subjects.Class, from string) s
 }
 
 // CommandSubject is the subject cmd travels on to this region's ledger,
-// sent from region from: its account's shard (the source's; a fund's
-// destination) and its kind's class (ClassOf).
+// sent from region from: its account's shard (ledger.Command.Account) and
+// its kind's class (ClassOf).
 func (t Topology) CommandSubject(cmd ledger.Command, from string) string {
-	account := cmd.From
-	if account == "" {
-		account = cmd.To
-	}
-	return t.Subject(account, ClassOf(cmd), from)
+	return t.Subject(cmd.Account(), ClassOf(cmd), from)
 }
 
 // ShardSubjects is the wildcard of a shard's subjects: every class, from
