@@ -45,10 +45,10 @@ func (a *accounts) post(ctx context.Context, r *http.Request, client string) rep
 	if _, ok := a.cfg.Regions.Code(home); !ok {
 		return errReply(ledger.Errorf(ledger.CodeInvalidRequest, "unknown region %q", home))
 	}
-	return a.fwd.do(ctx, home, a.create, call{Client: client, Body: body})
+	return a.fwd.do(ctx, home, a.create, Call{Client: client, Body: body})
 }
 
-func (a *accounts) createHere(ctx context.Context, c call) reply {
+func (a *accounts) createHere(ctx context.Context, c Call) reply {
 	var req AccountRequest
 	if err := decodeStrict(c.Body, &req, "currency", "floor", "region"); err != nil {
 		return errReply(err)
@@ -80,10 +80,10 @@ func (a *accounts) get(ctx context.Context, r *http.Request, client string) repl
 	if err != nil {
 		return errReply(ledger.Errorf(ledger.CodeAccountNotFound, "account %q does not exist", id))
 	}
-	return a.fwd.do(ctx, home, a.read, call{Client: client, ID: id})
+	return a.fwd.do(ctx, home, a.read, Call{Client: client, ID: id})
 }
 
-func (a *accounts) readHere(ctx context.Context, c call) reply {
+func (a *accounts) readHere(ctx context.Context, c Call) reply {
 	acct, err := ownAccount(ctx, a.cfg.Ledger, c.Client, c.ID)
 	if err != nil {
 		return errReply(err)
@@ -98,7 +98,7 @@ func (a *accounts) getEntries(ctx context.Context, r *http.Request, client strin
 	if err != nil {
 		return errReply(ledger.Errorf(ledger.CodeAccountNotFound, "account %q does not exist", id))
 	}
-	c := call{Client: client, ID: id, Limit: 50}
+	c := Call{Client: client, ID: id, Limit: 50}
 	q := r.URL.Query()
 	if v := q.Get("after"); v != "" {
 		if c.After, err = parseAfter(v); err != nil {
@@ -113,7 +113,7 @@ func (a *accounts) getEntries(ctx context.Context, r *http.Request, client strin
 	return a.fwd.do(ctx, home, a.entries, c)
 }
 
-func (a *accounts) listHere(ctx context.Context, c call) reply {
+func (a *accounts) listHere(ctx context.Context, c Call) reply {
 	if _, err := ownAccount(ctx, a.cfg.Ledger, c.Client, c.ID); err != nil {
 		return errReply(err)
 	}

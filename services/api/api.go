@@ -102,7 +102,11 @@ type Config struct {
 	// cleanup are measured by (default time.Now); the fault-injection
 	// suite steps it.
 	Now func() time.Time
-	Log *slog.Logger
+	// WrapForwardReader, if set, decorates how the calls other regions
+	// forward to this one are read and checked (ForwardReader): an audit
+	// or metrics of what peers send and what is refused, say.
+	WrapForwardReader func(ForwardReader) ForwardReader
+	Log               *slog.Logger
 }
 
 // Stats counts the API's idempotency outcomes. The zero value is ready.
@@ -159,6 +163,10 @@ func New(cfg Config) *Handler {
 	c := &s.cfg
 	s.auth = &auth{cfg: c, clients: clientCache{ttl: c.ClientCacheTTL, max: defaultClientCacheMax}}
 	s.fwd = &forwarder{cfg: c, stats: &s.Stats}
+	s.fwd.reader = s.fwd
+	if c.WrapForwardReader != nil {
+		s.fwd.reader = c.WrapForwardReader(s.fwd)
+	}
 	s.answers = &answerer{cfg: c, stats: &s.Stats, keys: keyWaiter{store: c.Store, poll: c.AnswerPoll},
 		lately: answeredLately{span: answeredLatelySpan}}
 	if c.Apply != nil {

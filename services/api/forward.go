@@ -22,9 +22,11 @@ import (
 // repeat meets the first request's key in the same region wherever it
 // arrives.
 
-// call is one operation's input, run in the home region of what it
-// touches; it travels between regions as JSON.
-type call struct {
+// Call is one operation's input, run in the home region of what it
+// touches. It travels between regions as JSON on ForwardSubject: the wire
+// form of a forwarded call, which a peer region's API sends (and a tool or
+// a test that speaks to a region's API as a peer would).
+type Call struct {
 	Op     string          `json:"op"`
 	Client string          `json:"client"`
 	ID     string          `json:"id,omitempty"`
@@ -33,7 +35,7 @@ type call struct {
 	Limit  int             `json:"limit,omitempty"`
 	Body   json.RawMessage `json:"body,omitempty"`
 	// Target is, for a refund, the accounts of the transfer it refunds.
-	Target *refundTarget `json:"target,omitempty"`
+	Target *RefundTarget `json:"target,omitempty"`
 	// transfer is Body decoded, when the call runs in the process that
 	// decoded it (a forwarded call decodes its body again).
 	transfer *TransferRequest
@@ -44,7 +46,7 @@ type call struct {
 // forwarded call is, and takes what such a call must carry.
 type operation struct {
 	name  string
-	run   func(context.Context, call) reply
+	run   func(context.Context, Call) reply
 	takes shape
 }
 
@@ -54,6 +56,18 @@ type forwarder struct {
 	cfg   *Config
 	stats *Stats
 	ops   map[string]operation // by name: what other regions may ask of this one
+	// reader reads each forwarded call: the forwarder itself, or
+	// Config.WrapForwardReader's decorator of it.
+	reader ForwardReader
+}
+
+// A ForwardReader reads the calls other regions forward to this one: it
+// decodes a call and checks it against the operation it names
+// (forwardcheck.go). A call it refuses comes back with the reason, and
+// the problem to answer with; one it could decode (every reason but
+// RefusedMalformed) comes back decoded too.
+type ForwardReader interface {
+	ReadForwarded(data []byte) (Call, Refusal, error)
 }
 
 // register makes ops available to other regions.
@@ -74,7 +88,7 @@ func (f *forwarder) home(id string) (string, error) {
 }
 
 // do runs op with c in region home: here, or over NATS in the home region.
-func (f *forwarder) do(ctx context.Context, home string, op operation, c call) reply {
+func (f *forwarder) do(ctx context.Context, home string, op operation, c Call) reply {
 	c.Op = op.name
 	if home == f.cfg.Region {
 		return op.run(ctx, c)
@@ -139,7 +153,11 @@ func (f *forwarder) guarded(m *nats.Msg) (rep reply) {
 // (check). A refused call is answered with its problem, counted and
 // logged.
 func (f *forwarder) serve(m *nats.Msg) reply {
-	c, op, why, err := f.read(m.Data)
+	c, why, err := f.reader.ReadForwarded(m.Data)
+	op, ok := f.ops[c.Op]
+	if err == nil && !ok { // a decorator let a call through that no operation here takes
+		why, err = RefusedOp, unknownOp(c.Op)
+	}
 	if err != nil {
 		f.stats.refused[why].Add(1)
 		f.cfg.Log.Warn("forwarded call refused", "region", f.cfg.Region, "reason", why.String(), "err", err)
@@ -150,17 +168,23 @@ func (f *forwarder) serve(m *nats.Msg) reply {
 	return op.run(ctx, c)
 }
 
-// read decodes a forwarded call and checks it against its operation, or
-// says why it is refused.
-func (f *forwarder) read(data []byte) (call, operation, Refusal, error) {
-	var c call
+// ReadForwarded decodes a forwarded call and checks it against its
+// operation, or says why it is refused (see ForwardReader).
+func (f *forwarder) ReadForwarded(data []byte) (Call, Refusal, error) {
+	var c Call
 	if err := json.Unmarshal(data, &c); err != nil {
-		return c, operation{}, RefusedMalformed, ledger.Errorf(ledger.CodeInvalidRequest, "malformed forwarded call")
+		return c, RefusedMalformed, ledger.Errorf(ledger.CodeInvalidRequest, "malformed forwarded call")
 	}
 	op, ok := f.ops[c.Op]
 	if !ok {
-		return c, op, RefusedOp, ledger.Errorf(ledger.CodeInvalidRequest, "unknown operation %.64q", c.Op)
+		return c, RefusedOp, unknownOp(c.Op)
 	}
 	why, err := f.check(c, op.takes)
-	return c, op, why, err
+	return c, why, err
+}
+
+// unknownOp is the refusal of a call of an operation this region does not
+// serve.
+func unknownOp(op string) error {
+	return ledger.Errorf(ledger.CodeInvalidRequest, "unknown operation %.64q", op)
 }

@@ -87,7 +87,7 @@ func (r Refusal) String() string {
 
 // check refuses a forwarded call that the HTTP edge would not have let
 // through, or that belongs in another region, and says why.
-func (f *forwarder) check(c call, s shape) (Refusal, error) {
+func (f *forwarder) check(c Call, s shape) (Refusal, error) {
 	for _, r := range []struct {
 		why Refusal
 		err error
@@ -106,7 +106,7 @@ func (f *forwarder) check(c call, s shape) (Refusal, error) {
 	return 0, nil
 }
 
-func (f *forwarder) checkID(c call, rule idRule) error {
+func (f *forwarder) checkID(c Call, rule idRule) error {
 	switch {
 	case rule == noID && c.ID != "":
 		return ledger.Errorf(ledger.CodeInvalidRequest, "%s takes no id", c.Op)
@@ -142,7 +142,7 @@ func (f *forwarder) here(op, what, id string) error {
 	return err
 }
 
-func checkCallKey(c call, required bool) error {
+func checkCallKey(c Call, required bool) error {
 	switch {
 	case !required && c.Key != "":
 		return ledger.Errorf(ledger.CodeInvalidRequest, "%s takes no Idempotency-Key", c.Op)
@@ -154,7 +154,7 @@ func checkCallKey(c call, required bool) error {
 	return validKey(c.Key)
 }
 
-func checkCallPage(c call, page bool) error {
+func checkCallPage(c Call, page bool) error {
 	if !page {
 		if c.After != 0 || c.Limit != 0 {
 			return ledger.Errorf(ledger.CodeInvalidRequest, "%s takes no page (after, limit)", c.Op)
@@ -167,7 +167,7 @@ func checkCallPage(c call, page bool) error {
 	return checkAfter(c.After)
 }
 
-func checkCallBody(c call, rule bodyRule) error {
+func checkCallBody(c Call, rule bodyRule) error {
 	if err := checkBodySize(len(c.Body)); err != nil {
 		return err
 	}
@@ -180,7 +180,7 @@ func checkCallBody(c call, rule bodyRule) error {
 	return nil
 }
 
-func (f *forwarder) checkTarget(c call, needed bool) error {
+func (f *forwarder) checkTarget(c Call, needed bool) error {
 	t := c.Target
 	switch {
 	case !needed && t != nil:

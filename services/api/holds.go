@@ -20,12 +20,13 @@ import (
 //     account: every refund of a transfer debits that account, so that one
 //     ledger decides them all, against the refunded amount it keeps. The
 //     region that receives the request first asks the transfer's region for
-//     its accounts (refundTarget), then forwards the refund to the payee's.
+//     its accounts (RefundTarget), then forwards the refund to the payee's.
 //
 // Anyone else gets 404, as for a transfer that does not exist.
 
-// refundTarget is what a refund needs of the transfer it refunds.
-type refundTarget struct {
+// RefundTarget is what a refund needs of the transfer it refunds: a
+// refund call's Target, and the answer of the refund_target operation.
+type RefundTarget struct {
 	From     string `json:"from"`
 	To       string `json:"to"`
 	Currency string `json:"currency"`
@@ -73,21 +74,21 @@ func (h *holds) postAction(op operation) func(context.Context, *http.Request, st
 // actionCall reads a capture, void or refund request (kind: the
 // operation's name): its key, its body and the transfer it names, with
 // that transfer's region.
-func (h *holds) actionCall(kind string, r *http.Request, client string) (call, string, error) {
+func (h *holds) actionCall(kind string, r *http.Request, client string) (Call, string, error) {
 	key, err := idempotencyKey(r)
 	if err != nil {
-		return call{}, "", err
+		return Call{}, "", err
 	}
 	body, err := readActionBody(kind, r)
 	if err != nil {
-		return call{}, "", err
+		return Call{}, "", err
 	}
 	id := r.PathValue("id")
 	home, err := h.fwd.home(id)
 	if err != nil {
-		return call{}, "", transferNotFound(id)
+		return Call{}, "", transferNotFound(id)
 	}
-	return call{Client: client, ID: id, Key: key, Body: body}, home, nil
+	return Call{Client: client, ID: id, Key: key, Body: body}, home, nil
 }
 
 // readActionBody reads and checks the body of a capture, void or refund;
@@ -107,8 +108,8 @@ func readActionBody(kind string, r *http.Request) ([]byte, error) {
 }
 
 // actHere returns the run of a capture or void (typ) in the hold's region.
-func (h *holds) actHere(typ string) func(context.Context, call) reply {
-	return func(ctx context.Context, c call) reply {
+func (h *holds) actHere(typ string) func(context.Context, Call) reply {
+	return func(ctx context.Context, c Call) reply {
 		req, err := DecodeActionRequest(typ, c.Body)
 		if err != nil {
 			return errReply(err)
@@ -138,11 +139,11 @@ func (h *holds) postRefund(ctx context.Context, r *http.Request, client string) 
 		return errReply(err)
 	}
 	id := c.ID
-	rep := h.fwd.do(ctx, home, h.target, call{Client: client, ID: id})
+	rep := h.fwd.do(ctx, home, h.target, Call{Client: client, ID: id})
 	if rep.Status != http.StatusOK {
 		return rep
 	}
-	var target refundTarget
+	var target RefundTarget
 	if err := json.Unmarshal(rep.Body, &target); err != nil {
 		return errReply(err)
 	}
@@ -156,17 +157,17 @@ func (h *holds) postRefund(ctx context.Context, r *http.Request, client string) 
 
 // targetHere answers, in the transfer's region, with its accounts: to the
 // API process that forwards the refund, never to a client.
-func (h *holds) targetHere(ctx context.Context, c call) reply {
+func (h *holds) targetHere(ctx context.Context, c Call) reply {
 	t, err := h.cfg.Ledger.Transfer(ctx, c.ID)
 	if err != nil {
 		return errReply(err)
 	}
-	return jsonReply(http.StatusOK, refundTarget{From: t.From, To: t.To, Currency: t.Currency})
+	return jsonReply(http.StatusOK, RefundTarget{From: t.From, To: t.To, Currency: t.Currency})
 }
 
 // refundHere runs a refund in the payee's region, for the owner of the
 // payee's account.
-func (h *holds) refundHere(ctx context.Context, c call) reply {
+func (h *holds) refundHere(ctx context.Context, c Call) reply {
 	req, err := DecodeActionRequest(ledger.TypeRefund, c.Body)
 	if err != nil {
 		return errReply(err)
@@ -194,7 +195,7 @@ func (h *holds) refundHere(ctx context.Context, c call) reply {
 
 // submit validates cmd and runs it on the unclaimed path, its key's row
 // naming the transfer id.
-func (h *holds) submit(ctx context.Context, c call, cmd ledger.Command, id string, now time.Time) reply {
+func (h *holds) submit(ctx context.Context, c Call, cmd ledger.Command, id string, now time.Time) reply {
 	if err := cmd.Validate(h.cfg.Region, h.cfg.Regions, now); err != nil {
 		return errReply(err)
 	}

@@ -81,32 +81,32 @@ func (t *transfers) post(ctx context.Context, r *http.Request, client string) re
 
 // readRequest reads a new transfer: its key, its body decoded, and the
 // home region of its source account.
-func (t *transfers) readRequest(r *http.Request, client string) (call, string, error) {
+func (t *transfers) readRequest(r *http.Request, client string) (Call, string, error) {
 	key, err := idempotencyKey(r)
 	if err != nil {
-		return call{}, "", err
+		return Call{}, "", err
 	}
 	body, err := readBody(r)
 	if err != nil {
-		return call{}, "", err
+		return Call{}, "", err
 	}
 	req, err := DecodeTransferRequest(body)
 	if err != nil {
-		return call{}, "", err
+		return Call{}, "", err
 	}
 	home, err := t.cfg.Regions.HomeRegion(req.From)
 	if err != nil {
-		return call{}, "", ledger.Errorf(ledger.CodeAccountNotFound, "account %q does not exist", req.From)
+		return Call{}, "", ledger.Errorf(ledger.CodeAccountNotFound, "account %q does not exist", req.From)
 	}
 	if _, err := t.cfg.Regions.HomeRegion(req.To); err != nil {
-		return call{}, "", ledger.Errorf(ledger.CodeAccountNotFound, "account %q does not exist", req.To)
+		return Call{}, "", ledger.Errorf(ledger.CodeAccountNotFound, "account %q does not exist", req.To)
 	}
-	return call{Client: client, Key: key, Body: body, transfer: &req}, home, nil
+	return Call{Client: client, Key: key, Body: body, transfer: &req}, home, nil
 }
 
 // transferRequest is the call's transfer request: the one its receiver
 // decoded, or for a forwarded call its body decoded here.
-func (c call) transferRequest() (TransferRequest, error) {
+func (c Call) transferRequest() (TransferRequest, error) {
 	if c.transfer != nil {
 		return *c.transfer, nil
 	}
@@ -140,7 +140,7 @@ type keyPath interface {
 
 // createHere runs a new transfer in the home region of its source account:
 // check it (stage 4), then take it through its key (stage 5).
-func (t *transfers) createHere(ctx context.Context, c call) reply {
+func (t *transfers) createHere(ctx context.Context, c Call) reply {
 	x, err := t.check(c)
 	if err != nil {
 		return errReply(err)
@@ -154,7 +154,7 @@ func (t *transfers) createHere(ctx context.Context, c call) reply {
 
 // check decodes the call's request, checks its key, and gives it a
 // transfer ID and its key's claim.
-func (t *transfers) check(c call) (newTransfer, error) {
+func (t *transfers) check(c Call) (newTransfer, error) {
 	req, err := c.transferRequest()
 	if err != nil {
 		return newTransfer{}, err
@@ -206,12 +206,12 @@ func (t *transfers) get(ctx context.Context, r *http.Request, client string) rep
 	if err != nil {
 		return errReply(err)
 	}
-	return t.fwd.do(ctx, home, t.read, call{Client: client, ID: id})
+	return t.fwd.do(ctx, home, t.read, Call{Client: client, ID: id})
 }
 
 // readHere reads a transfer of the client in its home region, with its
 // steps and, for a payment, its refunds.
-func (t *transfers) readHere(ctx context.Context, c call) reply {
+func (t *transfers) readHere(ctx context.Context, c Call) reply {
 	tr, err := t.cfg.Ledger.Transfer(ctx, c.ID)
 	if err == nil && tr.ClientID != c.Client {
 		err = ledger.Errorf(ledger.CodeNotFound, "transfer %s does not exist", c.ID)

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -64,6 +65,14 @@ type forwardBed struct {
 
 func mustForwardBed(t *testing.T) *forwardBed {
 	t.Helper()
+	return mustForwardBedReading(t, nil)
+}
+
+// mustForwardBedReading is mustForwardBed with the API's forwarded calls
+// read through wrap's decorator (apid.Config.WrapForwardReader; nil for
+// none).
+func mustForwardBedReading(t *testing.T, wrap func(api.ForwardReader) api.ForwardReader) *forwardBed {
+	t.Helper()
 	ns, nc := natsembed.MustStart(t)
 	_, url := pgtest.MustDatabase(t, postgres.Migrations()...)
 	ids, err := idgen.NewRegions(map[string]uint8{"eu": 1, "us": 2})
@@ -74,7 +83,7 @@ func mustForwardBed(t *testing.T) *forwardBed {
 	defer cancel()
 	b := &forwardBed{nc: nc, ids: ids, log: &syncbuf.Buffer{}}
 	b.srv, err = apid.Open(ctx, apid.Config{Region: "eu", Regions: ids, Node: 3, PostgresURL: url, NATSURL: ns.ClientURL(), Shards: 2,
-		MetricsListen: "127.0.0.1:0", WrapStore: func(s api.Store) api.Store { return panicky{s} },
+		MetricsListen: "127.0.0.1:0", WrapStore: func(s api.Store) api.Store { return panicky{s} }, WrapForwardReader: wrap,
 		Log: slog.New(slog.NewTextHandler(b.log, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -299,5 +308,61 @@ func TestPanicAnswered(t *testing.T) {
 	}
 	if n, ok := scrape.One(t, b.srv.MetricsURL(), "paymesh_account_id_collisions_total", map[string]string{"region": "eu"}); !ok || n != 0 {
 		t.Errorf("paymesh_account_id_collisions_total: got %v (exported: %v), want 0", n, ok)
+	}
+}
+
+// auditor decorates the API's ForwardReader as an audit of what peers send
+// would: it records each call's operation, client and refusal. With pass
+// set it also clears the refusal of a call of an operation the API does
+// not serve, as a buggy decorator might.
+type auditor struct {
+	api.ForwardReader
+	pass bool
+	mu   sync.Mutex
+	seen []string
+}
+
+func (a *auditor) ReadForwarded(data []byte) (api.Call, api.Refusal, error) {
+	c, why, err := a.ForwardReader.ReadForwarded(data)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	line := c.Op + " " + c.Client
+	if err != nil {
+		line += " refused " + why.String()
+	}
+	a.seen = append(a.seen, line)
+	if a.pass && why == api.RefusedOp {
+		err = nil
+	}
+	return c, why, err
+}
+
+// TestForwardReaderDecorated: a decorator installed through
+// WrapForwardReader sees every forwarded call, decoded, with its refusal,
+// and the API answers as without it; a call of no operation here that the
+// decorator lets through is still refused (op) and counted.
+func TestForwardReaderDecorated(t *testing.T) {
+	a := &auditor{pass: true}
+	b := mustForwardBedReading(t, func(r api.ForwardReader) api.ForwardReader { a.ForwardReader = r; return a })
+	if r := b.forward(t, fmt.Sprintf(`{"op":"get_account","client":"acme","id":%q}`, b.account)); r.status != http.StatusOK {
+		t.Fatalf("get_account: %d %s, want 200", r.status, r.body)
+	}
+	if r := b.forward(t, fmt.Sprintf(`{"op":"list_entries","client":"acme","id":%q}`, b.account)); r.status != http.StatusBadRequest {
+		t.Fatalf("list_entries without a limit: %d %s, want 400", r.status, r.body)
+	}
+	if r := b.forward(t, `{"op":"drop_accounts","client":"acme"}`); r.status != http.StatusBadRequest || r.problem.Code != ledger.CodeInvalidRequest {
+		t.Fatalf("an unknown operation let through by the decorator: %d %s, want 400 invalid_request", r.status, r.body)
+	}
+	a.mu.Lock()
+	seen := strings.Join(a.seen, "; ")
+	a.mu.Unlock()
+	if want := "get_account acme; list_entries acme refused page; drop_accounts acme refused op"; seen != want {
+		t.Errorf("the decorator saw %q, want %q", seen, want)
+	}
+	for why, want := range map[api.Refusal]int64{api.RefusedPage: 1, api.RefusedOp: 1} {
+		got := scrape.Sum(t, b.srv.MetricsURL(), "paymesh_forwarded_calls_refused_total", map[string]string{"region": "eu", "reason": why.String()})
+		if got != want {
+			t.Errorf("paymesh_forwarded_calls_refused_total{reason=%q}: got %d, want %d", why, got, want)
+		}
 	}
 }

@@ -113,6 +113,10 @@ type Config struct {
 	// key and client lookup wrap the api.Store interface here instead of
 	// living in the adapter.
 	WrapStore func(api.Store) api.Store
+	// WrapForwardReader, if set, decorates how the API reads and checks
+	// the calls other regions forward to it (api.Config.WrapForwardReader):
+	// an audit of what peers send, say.
+	WrapForwardReader func(api.ForwardReader) api.ForwardReader
 	// Listen is the HTTP address (default 127.0.0.1:0, a free port).
 	Listen string
 	// MetricsListen is where /metrics is served ("" for nowhere,
@@ -214,7 +218,8 @@ func (s *Server) open(ctx context.Context) error {
 	s.accounts = &ledger.Stats{}
 	led := postgres.New(s.pool, postgres.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen, Stats: s.accounts})
 	acfg := api.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen, Ledger: led, Store: store, Router: rt, NATS: s.nc,
-		Answers: answers, AnswerPoll: cfg.AnswerPoll, ClientCacheTTL: cfg.ClientCacheTTL, ClaimKeys: cfg.ClaimKeys, Wait: cfg.Wait, KeyTTL: cfg.KeyTTL, Now: cfg.Now, Log: cfg.Log}
+		Answers: answers, AnswerPoll: cfg.AnswerPoll, ClientCacheTTL: cfg.ClientCacheTTL, ClaimKeys: cfg.ClaimKeys, Wait: cfg.Wait, KeyTTL: cfg.KeyTTL, Now: cfg.Now,
+		WrapForwardReader: cfg.WrapForwardReader, Log: cfg.Log}
 	if !cfg.SubmitAll {
 		if err := s.openApply(ctx, gen, &acfg); err != nil {
 			return err
