@@ -1,12 +1,14 @@
 package chaos
 
 import (
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
 	"github.com/paymesh/paymesh/services/api"
+	"github.com/paymesh/paymesh/services/api/apid"
 	"github.com/paymesh/paymesh/services/ledger/ledgerd"
 	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
@@ -30,6 +32,8 @@ type bugs struct {
 	SkipOwnerCheck       bool // scenario 11
 	RefundKeyedByParent  bool // scenario 1
 	ExpiryClockBehind    bool // scenario 10
+	UncheckedForwards    bool // scenario 16
+	IgnoreRevocation     bool // scenario 17
 }
 
 // install puts the bugs that are on into the cluster's services.
@@ -122,5 +126,23 @@ func (b bugs) install(c *cluster.Config) {
 	// Scenario 10, the expiry's clock.
 	if b.ExpiryClockBehind {
 		onLedger(c, func(lc *ledgerd.Config) { lc.Now = func() time.Time { return time.Now().Add(-time.Hour) } })
+	}
+
+	// Scenario 16.
+	if b.UncheckedForwards {
+		onAPI(c, func(ac *apid.Config) {
+			inner := ac.WrapForwardReader
+			ac.WrapForwardReader = func(r api.ForwardReader) api.ForwardReader {
+				if inner != nil {
+					r = inner(r)
+				}
+				return uncheckedForwards{r}
+			}
+		})
+	}
+
+	// Scenario 17.
+	if b.IgnoreRevocation {
+		wrapAPIStore(c, func(s api.Store) api.Store { return revocationBlind{Store: s, seen: &sync.Map{}} })
 	}
 }

@@ -173,6 +173,22 @@ var bugCases = []struct {
 		cfg:   Config{bugs: bugs{LostDeadLetters: true}, QuietWait: 3 * time.Second},
 		fails: []failure{{"poison", []string{"no poisoned step was dead-lettered"}}, {I3, []string{"still DEBITED"}}},
 	},
+	{
+		scenario: "16",
+		why: "the receiving API runs a forwarded call its forward check refused: a transfer call carrying a target, a page or " +
+			"an id is applied, a page with limit 0 or an account opened with an id is answered 2xx, and nothing is counted",
+		cfg: Config{bugs: bugs{UncheckedForwards: true}},
+		fails: []failure{{"refused", []string{"not refused"}}, {"applied", []string{"made transfer"}},
+			{"counted", []string{"counted"}}, {I3, []string{"answers only refused requests"}}},
+	},
+	{
+		scenario: "17",
+		why: "the API's store answers a key it found once with its client for ever: the revoked key goes on authenticating, " +
+			"and its transfers after the bound are applied",
+		cfg: Config{bugs: bugs{IgnoreRevocation: true}},
+		fails: []failure{{"revoked", []string{"not refused 401"}}, {"applied", []string{"made transfer"}},
+			{I3, []string{"answers only refused requests"}}},
+	},
 }
 
 // bugTries is how many runs a bug case gets to show its bug. Each fault

@@ -353,6 +353,39 @@ func checkEffects(ops []Op, rows []row, chk *Check) (lost, doubled int) {
 	return lost, doubled
 }
 
+// checkUnapplied is a scenario's direct check ("applied") that requests
+// it recorded as refused had no effect: no region holds a transfer, nor so
+// an entry, under any of keys (I3 says the same from the history; this
+// reads the rows of those keys alone).
+func checkUnapplied(ctx context.Context, c *cluster.Cluster, what string, keys []clientKey) (Check, error) {
+	chk := Check{Name: "applied", OK: true, Checked: int64(len(keys))}
+	clients, ks := make([]string, len(keys)), make([]string, len(keys))
+	for i, k := range keys {
+		clients[i], ks[i] = k.client, k.key
+	}
+	found := 0
+	for _, n := range sortedNames(c) {
+		rows, err := c.Region(n).Ledger.Store.Pool().Query(ctx, `
+			SELECT format('key %s/%s made transfer %s (%s %s→%s %s, %s entries) in %s', t.client_id, t.idempotency_key, t.id, t.status,
+			       coalesce(t.from_account, ''), t.to_account, t.amount, (SELECT count(*) FROM postings p WHERE p.transfer_id = t.id), $3::text)
+			FROM transfers t JOIN unnest($1::text[], $2::text[]) AS u(client_id, key) ON t.client_id = u.client_id AND t.idempotency_key = u.key`,
+			clients, ks, n)
+		if err != nil {
+			return chk, fmt.Errorf("read the transfers of refused keys in %s: %w", n, err)
+		}
+		fs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return chk, fmt.Errorf("read the transfers of refused keys in %s: %w", n, err)
+		}
+		found += len(fs)
+		for _, f := range fs {
+			chk.fail("%s", f)
+		}
+	}
+	chk.What = fmt.Sprintf("%s (%d keys, %d transfers)", what, len(keys), found)
+	return chk, nil
+}
+
 // answeredFinal reports whether an API op of the key was answered 200 or
 // 201: a final success, which a REJECTED transfer contradicts (a 202 may
 // still end refused; a router's ack only says the command was stored).

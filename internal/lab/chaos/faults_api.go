@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"slices"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
@@ -12,14 +13,22 @@ import (
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 )
 
-// wrapAPIStore installs wrap around every region's API store, after the
-// decorators installed before it (through the API's WrapStore seam).
-func wrapAPIStore(c *cluster.Config, wrap func(api.Store) api.Store) {
+// onAPI makes every region's API configuration go through change, after
+// the changes installed before it.
+func onAPI(c *cluster.Config, change func(*apid.Config)) {
 	prev := c.API
 	c.API = func(region string, ac *apid.Config) {
 		if prev != nil {
 			prev(region, ac)
 		}
+		change(ac)
+	}
+}
+
+// wrapAPIStore installs wrap around every region's API store, after the
+// decorators installed before it (through the API's WrapStore seam).
+func wrapAPIStore(c *cluster.Config, wrap func(api.Store) api.Store) {
+	onAPI(c, func(ac *apid.Config) {
 		inner := ac.WrapStore
 		ac.WrapStore = func(s api.Store) api.Store {
 			if inner != nil {
@@ -27,19 +36,13 @@ func wrapAPIStore(c *cluster.Config, wrap func(api.Store) api.Store) {
 			}
 			return wrap(s)
 		}
-	}
+	})
 }
 
 // claimKeys makes every region's API claim each key before it submits
 // (apid.Config.ClaimKeys).
 func claimKeys(c *cluster.Config) {
-	prev := c.API
-	c.API = func(region string, ac *apid.Config) {
-		if prev != nil {
-			prev(region, ac)
-		}
-		ac.ClaimKeys = true
-	}
+	onAPI(c, func(ac *apid.Config) { ac.ClaimKeys = true })
 }
 
 // ignoreKeyBody is scenario 1's bug: an idempotency key's fingerprint is
@@ -144,4 +147,45 @@ func ownedByCaller(c api.KeyClaim, st api.KeyStart, err error) (api.KeyStart, er
 		st.Source.ClientID, st.Source.Kind = c.Client, ledger.KindCustomer
 	}
 	return st, err
+}
+
+// uncheckedForwards is scenario 16's bug: the API runs a forwarded call
+// that its forward check refused (forwardcheck.go), as a receiver without
+// the check would; only a call it cannot decode, or whose operation it
+// does not serve, is still refused. A decorator of its ForwardReader
+// (apid.Config.WrapForwardReader).
+type uncheckedForwards struct{ api.ForwardReader }
+
+// ReadForwarded lets every decoded call of a known operation through.
+func (u uncheckedForwards) ReadForwarded(data []byte) (api.Call, api.Refusal, error) {
+	c, why, err := u.ForwardReader.ReadForwarded(data)
+	if err != nil && why != api.RefusedMalformed && why != api.RefusedOp {
+		return c, why, nil
+	}
+	return c, why, err
+}
+
+// revocationBlind is scenario 17's bug: the API's store keeps every client
+// it found by an API key and answers that key with it from then on, a
+// cache that never refreshes, so a revoked key goes on authenticating.
+type revocationBlind struct {
+	api.Store
+	seen *sync.Map // string(key hash) -> api.RegisteredClient
+}
+
+// ClientByKey answers a key the store no longer takes with the client it
+// found by it before.
+func (s revocationBlind) ClientByKey(ctx context.Context, hash []byte) (api.RegisteredClient, bool, error) {
+	c, ok, err := s.Store.ClientByKey(ctx, hash)
+	switch {
+	case err != nil:
+		return c, ok, err
+	case ok:
+		s.seen.Store(string(hash), c)
+		return c, ok, nil
+	}
+	if v, found := s.seen.Load(string(hash)); found {
+		return v.(api.RegisteredClient), true, nil
+	}
+	return c, false, nil
 }

@@ -3,8 +3,6 @@ package chaos
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -66,9 +64,7 @@ type hostility struct {
 // accounts for it per region, and makes one transfer between them per
 // region through the API with its own key.
 func (h *hostility) setup(ctx context.Context, e *env) error {
-	b := make([]byte, 16)
-	_, _ = rand.Read(b)
-	h.otherKey = "pm_chaos_other_" + hex.EncodeToString(b)
+	h.otherKey = newAPIKey("pm_chaos_other_")
 	h.accts, h.system, h.transit, h.xfers, h.wrong, h.statuses = map[string][]string{}, map[string]string{}, map[string]string{}, nil, nil, map[int]int{}
 	for _, n := range e.names {
 		store := e.c.Region(n).Ledger.Store
@@ -118,18 +114,8 @@ func (h *hostility) setup(ctx context.Context, e *env) error {
 		hdr.Set("Content-Type", "application/json")
 		hdr.Set("Idempotency-Key", key)
 		st, raw, err := e.do(ctx, n, http.MethodPost, "/v1/transfers", hdr, payload)
-		var t api.TransferBody
-		_ = json.Unmarshal(raw, &t)
-		switch {
-		case err != nil || st >= 500:
-			e.hist.Complete(i, Unknown, fmt.Sprintf("%d %v %s", st, err, raw), "")
-		case st >= 400:
-			e.hist.Complete(i, Fail, fmt.Sprintf("%d %s", st, raw), "")
-		default:
-			e.hist.Complete(i, OK, fmt.Sprint(st), t.ID)
-		}
-		if t.ID != "" {
-			h.xfers = append(h.xfers, t.ID)
+		if _, id := e.completeAnswer(i, st, raw, err); id != "" {
+			h.xfers = append(h.xfers, id)
 		}
 	}
 	if len(h.xfers) == 0 {
@@ -157,6 +143,25 @@ func (e *env) do(ctx context.Context, via, method, path string, hdr http.Header,
 	defer res.Body.Close()
 	raw, _ := io.ReadAll(io.LimitReader(res.Body, 1<<16))
 	return res.StatusCode, bytes.TrimSpace(raw), nil
+}
+
+// completeAnswer completes op i of the history with an API's answer to a
+// transfer (an HTTP one, or a forwarded call's): a 2xx is ok, with the
+// transfer ID its body names; a 4xx a fail; a 5xx or no answer unknown. It
+// returns the outcome and the transfer ID.
+func (e *env) completeAnswer(i, status int, body []byte, err error) (Outcome, string) {
+	switch {
+	case err != nil || status >= 500 || status < 200:
+		e.hist.Complete(i, Unknown, fmt.Sprintf("%d %v %.300s", status, err, body), "")
+		return Unknown, ""
+	case status >= 400:
+		e.hist.Complete(i, Fail, fmt.Sprintf("%d %.300s", status, body), "")
+		return Fail, ""
+	}
+	var t api.TransferBody
+	_ = json.Unmarshal(body, &t)
+	e.hist.Complete(i, OK, fmt.Sprint(status), t.ID)
+	return OK, t.ID
 }
 
 // jstr is s as a JSON string.

@@ -49,7 +49,7 @@ func (f *forgery) connect(e *env) error {
 				return err
 			}
 			opts := append(natsauth.ConnectOptions(u.Name, u.Password), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
-				if errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), "Publish") {
+				if publishRefused(err) {
 					f.refused.Add(1)
 				}
 			}))
@@ -61,6 +61,12 @@ func (f *forgery) connect(e *env) error {
 		}
 	}
 	return nil
+}
+
+// publishRefused reports whether err is a server's report that it
+// refused a publish of the connection (a permission violation).
+func publishRefused(err error) bool {
+	return errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), "Publish")
 }
 
 func (f *forgery) close() {

@@ -245,9 +245,7 @@ func (e *env) id(region string) string {
 // funds each through its region's router, and waits until the cluster is
 // quiet.
 func (e *env) open(ctx context.Context) error {
-	b := make([]byte, 16)
-	_, _ = rand.Read(b)
-	e.apiKey = "pm_chaos_" + hex.EncodeToString(b)
+	e.apiKey = newAPIKey("pm_chaos_")
 	for _, n := range e.names {
 		if err := e.c.Region(n).APIStore.PutClient(ctx, api.RegisteredClient{ID: clientID, Name: "chaos", RatePerSec: 1_000_000}, e.apiKey); err != nil {
 			return err
@@ -264,6 +262,13 @@ func (e *env) open(ctx context.Context) error {
 	qctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	return e.c.WaitQuiet(qctx)
+}
+
+// newAPIKey returns a random API key that starts with prefix.
+func newAPIKey(prefix string) string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return prefix + hex.EncodeToString(b)
 }
 
 // fundedAccount opens an EUR account of client in region and funds it
