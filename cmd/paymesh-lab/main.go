@@ -39,6 +39,7 @@ type cli struct {
 	Bench benchCmd `cmd:"" help:"Measure throughput and latency on the local Postgres and an embedded nats-server, against baselines run alongside."`
 	Load  loadCmd  `cmd:"" help:"Drive transfers through running regions' HTTP APIs (the demo's with --stay, or docker-compose)."`
 	WAN   wanCmd   `cmd:"" name:"wan" help:"Run a region's WAN link to the hub: a TCP proxy with the table's latency, jitter, resets, cut and heal, and a control API."`
+	Certs certsCmd `cmd:"" help:"Make the development CA and the certificates of docker-compose.yml's servers (the hub, each region's cluster and Postgres), for TLS on every link."`
 }
 
 // cliVars are the defaults the flags' help and default tags name.
