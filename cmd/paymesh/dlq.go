@@ -49,7 +49,7 @@ func (c dlqConn) open(ctx context.Context, t regions.Table, log *slog.Logger) (*
 		pool.Close()
 		return nil, nil, err
 	}
-	nc, err := natsconn.Connect(ctx, natsconn.Config{URL: c.NATSURL, User: c.NATSUser, Password: c.NATSPassword,
+	nc, err := natsconn.Connect(ctx, natsconn.Config{URL: c.NATSURL, User: c.NATSUser, Password: c.NATSPassword, CAFile: c.NATSCA,
 		Name: "paymesh-dlq-" + reg.Name, Timeout: 10 * time.Second, Log: log})
 	if err != nil {
 		pool.Close()

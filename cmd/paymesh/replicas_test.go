@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -163,5 +165,40 @@ func TestInsecureRefused(t *testing.T) {
 				t.Errorf("with --insecure-dev: got %v, want the failed connection", err)
 			}
 		})
+	}
+}
+
+// TestNATSCAFlag: --nats-ca reaches every command that connects to NATS,
+// and a file that does not exist is refused at parse time, naming the
+// flag.
+func TestNATSCAFlag(t *testing.T) {
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(ca, []byte("-"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	c := parse(t, "ledger", "--nats-ca", ca)
+	got["ledger"] = c.Ledger.NATSCA
+	c = parse(t, "router", "--nats-ca", ca)
+	got["router"] = c.Router.NATSCA
+	c = parse(t, "api", "--nats-ca", ca)
+	got["api"] = c.API.NATSCA
+	c = parse(t, "dlq", "list", "--nats-ca", ca)
+	got["dlq"] = c.DLQ.List.NATSCA
+	for cmd, v := range got {
+		if v != ca {
+			t.Errorf("%s: --nats-ca read as %q, want %q", cmd, v, ca)
+		}
+	}
+	for _, cmd := range [][]string{{"ledger"}, {"router"}, {"api"}, {"dlq", "list"}} {
+		var cl cli
+		k, err := kong.New(&cl, kong.Name("paymesh"), cliVars)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = k.Parse(append(cmd, "--nats-ca", filepath.Join(t.TempDir(), "none.pem")))
+		if err == nil || !strings.Contains(err.Error(), "--nats-ca") {
+			t.Errorf("%v with a missing CA file: got %v, want an error naming --nats-ca", cmd, err)
+		}
 	}
 }

@@ -50,6 +50,7 @@ func (r regionDB) resolve(t regions.Table) (regions.Region, string, error) {
 type natsLogin struct {
 	NATSUser     string `name:"nats-user" env:"PAYMESH_NATS_USER" help:"User on the region's nats-server (ledger-<region>, router-<region> or api-<region>; none for a server without users)."`
 	NATSPassword string `name:"nats-password" env:"PAYMESH_NATS_PASSWORD" help:"Password of --nats-user."`
+	NATSCA       string `name:"nats-ca" env:"PAYMESH_NATS_CA" type:"existingfile" help:"PEM file of the authority that signs the nats-servers' certificates: the connection then requires TLS and verifies them with it (docker-compose: /certs/ca.pem)."`
 }
 
 // regionNATS is a service's region on NATS: its servers, its user there,
@@ -200,7 +201,7 @@ func (c *ledgerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 	}
 	srv, err := ledgerd.Open(ctx, ledgerd.Config{OwnShards: own, StreamReplicas: replicas, StreamLimits: limits, DLQLimits: dlq,
 		MaxStepDeliver: c.MaxStepDeliver, MaxParkedDeliver: c.MaxParkedDeliver,
-		Region: reg.Name, Regions: ids, Node: c.Node, PostgresURL: url, NATSURL: c.NATSURL, NATSUser: c.NATSUser, NATSPassword: c.NATSPassword, Workers: c.Workers,
+		Region: reg.Name, Regions: ids, Node: c.Node, PostgresURL: url, NATSURL: c.NATSURL, NATSUser: c.NATSUser, NATSPassword: c.NATSPassword, NATSCA: c.NATSCA, Workers: c.Workers,
 		BatchSize: c.BatchSize, AckWait: c.AckWait, MaxDeliver: c.MaxDeliver, Lease: c.Lease,
 		WindowDays: c.WindowDays, OutboxRetention: c.OutboxKeep, CacheSize: c.CacheSize, Shards: c.Shards, Log: log.With("service", "ledger"),
 		Answers: apidb.Answers{}, AnswersSchema: new(apidb.Migrations()),
@@ -252,7 +253,7 @@ func (c *apiCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, l
 		return err
 	}
 	srv, err := apid.Open(ctx, apid.Config{StreamReplicas: replicas, StreamLimits: limits, Region: reg.Name, Regions: ids, Node: c.Node, PostgresURL: url,
-		NATSURL: c.NATSURL, NATSUser: c.NATSUser, NATSPassword: c.NATSPassword, OpsNATSUser: c.OpsNATSUser, OpsNATSPassword: c.OpsNATSPassword,
+		NATSURL: c.NATSURL, NATSUser: c.NATSUser, NATSPassword: c.NATSPassword, NATSCA: c.NATSCA, OpsNATSUser: c.OpsNATSUser, OpsNATSPassword: c.OpsNATSPassword,
 		Shards: c.Shards, Wait: c.Wait, KeyTTL: c.KeyTTL, ClientCacheTTL: cmp.Or(c.ClientCacheTTL, -1), ClaimKeys: c.ClaimKeys, SubmitAll: c.SubmitAll,
 		Listen: listen, MetricsListen: metricsListen(c.Metrics, reg.APIMetricsPort), ConnectTimeout: c.ConnectTimeout,
 		Log: log.With("service", "api")})
@@ -285,7 +286,7 @@ func (c *routerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 		return err
 	}
 	srv, err := routerd.Open(ctx, routerd.Config{StreamReplicas: replicas, StreamLimits: limits, Region: reg.Name, Regions: ids, PostgresURL: url,
-		NATSURL: c.NATSURL, NATSUser: c.NATSUser, NATSPassword: c.NATSPassword, Shards: c.Shards, AckWait: c.AckWait,
+		NATSURL: c.NATSURL, NATSUser: c.NATSUser, NATSPassword: c.NATSPassword, NATSCA: c.NATSCA, Shards: c.Shards, AckWait: c.AckWait,
 		MetricsListen: metricsListen(c.Metrics, reg.RouterMetricsPort), ConnectTimeout: c.ConnectTimeout, Log: log})
 	if err != nil {
 		return err

@@ -3,11 +3,14 @@
 // at ReconnectWait, log in as the service's user (platform/natsauth), at
 // start wait a bounded time for a server that is not up yet, and log the
 // connection's asynchronous errors (permission violations, slow consumers)
-// and its disconnects and reconnects through the service's logger.
+// and its disconnects and reconnects through the service's logger. Given
+// the authority of the servers' certificates (Config.CAFile, --nats-ca), it
+// requires TLS and verifies them.
 package natsconn
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -29,6 +32,11 @@ type Config struct {
 	URL      string
 	User     string // the service's user (platform/natsauth); empty for a server without users
 	Password string
+	// CAFile is the PEM file of the authority that signs the servers'
+	// certificates. Set, the connection requires TLS and verifies each
+	// server's certificate with it; empty, it uses TLS only when the
+	// server asks for it, verified with the system's authorities.
+	CAFile string
 	// Name is the client name the server shows (paymesh-<service>-<region>).
 	Name string
 	// Timeout bounds how long Connect waits for the server to answer
@@ -56,12 +64,16 @@ func Connect(ctx context.Context, cfg Config) (*nats.Conn, error) {
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			log.Info("nats reconnected", "conn", cfg.Name, "server", nc.ConnectedUrlRedacted())
 		}))
+	if cfg.CAFile != "" {
+		opts = append(opts, nats.RootCAs(cfg.CAFile))
+	}
 	var nc *nats.Conn
 	err := startup.Wait(ctx, cfg.Timeout, cfg.Log, "waiting for nats at "+cfg.URL, func() error {
 		var err error
 		nc, err = nats.Connect(cfg.URL, opts...)
-		if errors.Is(err, nats.ErrAuthorization) {
-			return startup.Permanent(err)
+		var badCert *tls.CertificateVerificationError
+		if errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrSecureConnRequired) || errors.Is(err, nats.ErrSecureConnWanted) || errors.As(err, &badCert) {
+			return startup.Permanent(err) // a refused login or certificate, or a server without TLS: waiting will not fix it
 		}
 		return err
 	})

@@ -58,6 +58,9 @@ type Config struct {
 	NATSURL      string // the region's servers: one URL, or a comma-separated list (every server of a cluster)
 	NATSUser     string // the API's user on that server (platform/natsauth); empty if it has none
 	NATSPassword string
+	// NATSCA is the PEM file of the authority that signs the servers'
+	// certificates: set, every connection requires TLS (natsconn.Config.CAFile).
+	NATSCA string
 	// OpsNATSUser is the region's operator user on the same server
 	// (ops-<region>, platform/natsauth). With it the API serves
 	// the operator endpoints on the region's dead letters (/v1/ops/...,
@@ -253,7 +256,7 @@ func (s *Server) open(ctx context.Context) error {
 // the subject on which the ledger answers this process.
 func (s *Server) openRouter(ctx context.Context) (rt *router.Router, answers string, err error) {
 	cfg := s.cfg
-	s.nc, err = natsconn.Connect(ctx, natsconn.Config{URL: cfg.NATSURL, User: cfg.NATSUser, Password: cfg.NATSPassword,
+	s.nc, err = natsconn.Connect(ctx, natsconn.Config{URL: cfg.NATSURL, User: cfg.NATSUser, Password: cfg.NATSPassword, CAFile: cfg.NATSCA,
 		Name: "paymesh-api-" + cfg.Region, Timeout: cfg.ConnectTimeout, Log: cfg.Log})
 	if err != nil {
 		return nil, "", err
@@ -335,7 +338,7 @@ const defaultOpsWait = 10 * time.Second
 func (s *Server) openOps(ctx context.Context) (*dlq.Ops, error) {
 	cfg := s.cfg
 	var err error
-	s.opsNC, err = natsconn.Connect(ctx, natsconn.Config{URL: cfg.NATSURL, User: cfg.OpsNATSUser, Password: cfg.OpsNATSPassword,
+	s.opsNC, err = natsconn.Connect(ctx, natsconn.Config{URL: cfg.NATSURL, User: cfg.OpsNATSUser, Password: cfg.OpsNATSPassword, CAFile: cfg.NATSCA,
 		Name: "paymesh-api-ops-" + cfg.Region, Timeout: cfg.ConnectTimeout, Log: cfg.Log})
 	if err != nil {
 		return nil, fmt.Errorf("operator user %s: %w", cfg.OpsNATSUser, err)

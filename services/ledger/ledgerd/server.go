@@ -46,11 +46,14 @@ type Config struct {
 	NATSURL      string // the region's servers: one URL, or a comma-separated list (every server of a cluster)
 	NATSUser     string // the ledger's user on that server (platform/natsauth); empty if it has none
 	NATSPassword string
-	Workers      int           // consumers in this process; each applies its own shards in order
-	OwnShards    []int         // shards this process applies (default: all); give replicas disjoint sets
-	BatchSize    int           // most messages per transaction
-	AckWait      time.Duration // JetStream redelivery timeout
-	MaxDeliver   int           // deliveries before a client request is dead-lettered
+	// NATSCA is the PEM file of the authority that signs the servers'
+	// certificates: set, every connection requires TLS (natsconn.Config.CAFile).
+	NATSCA     string
+	Workers    int           // consumers in this process; each applies its own shards in order
+	OwnShards  []int         // shards this process applies (default: all); give replicas disjoint sets
+	BatchSize  int           // most messages per transaction
+	AckWait    time.Duration // JetStream redelivery timeout
+	MaxDeliver int           // deliveries before a client request is dead-lettered
 	// MaxStepDeliver and MaxParkedDeliver bound a saga step's deliveries
 	// (ledgerstream.ConsumerConfig; 0 takes its default).
 	MaxStepDeliver, MaxParkedDeliver int
@@ -239,7 +242,7 @@ func (s *Server) connectPostgres(ctx context.Context) (*idgen.Generator, error) 
 func (s *Server) connectNATS(ctx context.Context) error {
 	cfg := s.cfg
 	var err error
-	s.nc, err = natsconn.Connect(ctx, natsconn.Config{URL: cfg.NATSURL, User: cfg.NATSUser, Password: cfg.NATSPassword,
+	s.nc, err = natsconn.Connect(ctx, natsconn.Config{URL: cfg.NATSURL, User: cfg.NATSUser, Password: cfg.NATSPassword, CAFile: cfg.NATSCA,
 		Name: "paymesh-ledger-" + cfg.Region, Timeout: cfg.ConnectTimeout, Log: cfg.Log})
 	if err != nil {
 		return err

@@ -33,8 +33,11 @@ type Config struct {
 	NATSURL      string // the region's servers: one URL, or a comma-separated list (every server of a cluster)
 	NATSUser     string // the router's user on that server (platform/natsauth); empty if it has none
 	NATSPassword string
-	Shards       int           // ledger subjects per region, as the ledgers
-	AckWait      time.Duration // how long a forward may take before it is retried (see router.Config)
+	// NATSCA is the PEM file of the authority that signs the servers'
+	// certificates: set, every connection requires TLS (natsconn.Config.CAFile).
+	NATSCA  string
+	Shards  int           // ledger subjects per region, as the ledgers
+	AckWait time.Duration // how long a forward may take before it is retried (see router.Config)
 	// DuplicateWindow is the route stream's Nats-Msg-Id window (default
 	// ledgerstream.DefaultDuplicateWindow).
 	DuplicateWindow time.Duration
@@ -106,7 +109,7 @@ func (s *Server) open(ctx context.Context) error {
 	if s.pool, err = postgres.Connect(ctx, cfg.PostgresURL, time.Minute, 0); err != nil {
 		return err
 	}
-	s.nc, err = natsconn.Connect(ctx, natsconn.Config{URL: cfg.NATSURL, User: cfg.NATSUser, Password: cfg.NATSPassword,
+	s.nc, err = natsconn.Connect(ctx, natsconn.Config{URL: cfg.NATSURL, User: cfg.NATSUser, Password: cfg.NATSPassword, CAFile: cfg.NATSCA,
 		Name: "paymesh-router-" + cfg.Region, Timeout: cfg.ConnectTimeout, Log: cfg.Log})
 	if err != nil {
 		return err
