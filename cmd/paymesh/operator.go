@@ -337,14 +337,16 @@ func (r regionDB) openAPIStore(ctx context.Context, t regions.Table) (regionStor
 }
 
 // untilMigrated runs f, and again every startup.Every for at most timeout
-// while it fails because the region's API tables do not exist yet (its API
-// migrates them at start), logging once that it waits. It returns f's last
+// while it fails because the region's API tables or columns do not exist
+// yet (its API migrates them at start, one migration per transaction, so a
+// table can exist before a later migration adds its column), logging once
+// that it waits. It returns f's last
 // error, saying what to run when the tables never came.
 func untilMigrated(ctx context.Context, region string, timeout time.Duration, log *slog.Logger, f func() error) error {
 	err := startup.Wait(ctx, timeout, log.With("region", region), "waiting for the region's API to migrate its tables", func() error {
 		err := f()
 		var pgErr *pgconn.PgError
-		if err != nil && (!errors.As(err, &pgErr) || pgErr.Code != "42P01") { // 42P01: undefined_table
+		if err != nil && (!errors.As(err, &pgErr) || (pgErr.Code != "42P01" && pgErr.Code != "42703")) { // undefined_table, undefined_column
 			return startup.Permanent(err)
 		}
 		return err
