@@ -343,21 +343,12 @@ func (f *forwardForgery) setup(ctx context.Context, e *env) error {
 	f.conns, f.violations = map[string]*nats.Conn{}, map[string]*atomic.Int64{}
 	for _, r := range e.names {
 		for _, service := range append([]string{natsauth.API}, forwardUsers...) {
-			u, err := natsauth.UserOf(r, service)
+			refused := new(atomic.Int64)
+			nc, name, err := connectAs(e, r, service, refused)
 			if err != nil {
 				return err
 			}
-			refused := new(atomic.Int64)
-			opts := append(natsauth.ConnectOptions(u.Name, u.Password), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
-				if publishRefused(err) {
-					refused.Add(1)
-				}
-			}))
-			nc, err := nats.Connect(e.topo.ClientURL(r), opts...)
-			if err != nil {
-				return fmt.Errorf("connect as %s: %w", u.Name, err)
-			}
-			f.conns[u.Name], f.violations[u.Name] = nc, refused
+			f.conns[name], f.violations[name] = nc, refused
 		}
 	}
 	return nil

@@ -44,23 +44,34 @@ func (f *forgery) connect(e *env) error {
 			if service == "" {
 				continue
 			}
-			u, err := natsauth.UserOf(r, service)
+			nc, name, err := connectAs(e, r, service, &f.refused)
 			if err != nil {
 				return err
 			}
-			opts := append(natsauth.ConnectOptions(u.Name, u.Password), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
-				if publishRefused(err) {
-					f.refused.Add(1)
-				}
-			}))
-			nc, err := nats.Connect(e.topo.ClientURL(r), opts...)
-			if err != nil {
-				return fmt.Errorf("connect as %s: %w", u.Name, err)
-			}
-			f.conns[u.Name] = nc
+			f.conns[name] = nc
 		}
 	}
 	return nil
+}
+
+// connectAs connects to region r's server as its user of service
+// (platform/natsauth), counting in refused each publish the server
+// refuses it. It returns the connection and the user's name.
+func connectAs(e *env, r, service string, refused *atomic.Int64) (*nats.Conn, string, error) {
+	u, err := natsauth.UserOf(r, service)
+	if err != nil {
+		return nil, "", err
+	}
+	opts := append(natsauth.ConnectOptions(u.Name, u.Password), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		if publishRefused(err) {
+			refused.Add(1)
+		}
+	}))
+	nc, err := nats.Connect(e.topo.ClientURL(r), opts...)
+	if err != nil {
+		return nil, "", fmt.Errorf("connect as %s: %w", u.Name, err)
+	}
+	return nc, u.Name, nil
 }
 
 // publishRefused reports whether err is a server's report that it
