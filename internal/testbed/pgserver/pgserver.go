@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/user"
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 )
 
 // Throwaway is a PostgreSQL cluster made from the local binaries in a
@@ -22,7 +24,9 @@ type Throwaway struct {
 	Dir    string
 	bin    string
 	asUser string
-	opts   string // the server options, kept for Restart
+	// uid and gid own the files the server reads (-1: this process's).
+	uid, gid int
+	opts     string // the server options, kept for Restart
 }
 
 // findBin finds the folder of initdb and pg_ctl: on PATH, or the newest
@@ -59,6 +63,22 @@ func StartThrowaway(ctx context.Context) (*Throwaway, error) {
 type ThrowawayOptions struct {
 	// Port is the loopback port to listen on (0: a free one).
 	Port int
+	// Password, when set, is user postgres's password, stored as a
+	// scram-sha-256 verifier; TCP connections must give it, and the
+	// socket takes the server's own OS user only (peer). Empty: trust.
+	Password string
+	// CertFile and KeyFile, when set, turn TLS on (ssl=on) with that
+	// certificate and key. Both are copied into the cluster's folder, the
+	// key owned by the server's user with mode 0600, as Postgres requires.
+	CertFile, KeyFile string
+	// CAFile is the authority that signed CertFile: URL then verifies the
+	// server with it (sslmode=verify-full); without it, URL requires TLS
+	// without verifying (sslmode=require).
+	CAFile string
+	// HBAFile, when set, replaces the cluster's pg_hba.conf (copied in).
+	HBAFile string
+	// Settings are more server settings, each "name=value" (-c).
+	Settings []string
 }
 
 // StartThrowawayWith is StartThrowaway with options. It returns an error
@@ -66,6 +86,17 @@ type ThrowawayOptions struct {
 func StartThrowawayWith(ctx context.Context, o ThrowawayOptions) (*Throwaway, error) {
 	if o.Port < 0 || o.Port > 65535 {
 		return nil, fmt.Errorf("throwaway postgres: port %d out of range", o.Port)
+	}
+	if (o.CertFile == "") != (o.KeyFile == "") {
+		return nil, fmt.Errorf("throwaway postgres: a certificate (%q) and a key (%q): want both or neither", o.CertFile, o.KeyFile)
+	}
+	if o.CAFile != "" && o.CertFile == "" {
+		return nil, errors.New("throwaway postgres: an authority without a certificate: TLS needs CertFile and KeyFile")
+	}
+	for _, kv := range o.Settings {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+			return nil, fmt.Errorf("throwaway postgres: setting %q: want name=value", kv)
+		}
 	}
 	if o.Port != 0 {
 		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", o.Port))
@@ -84,15 +115,16 @@ func StartThrowawayWith(ctx context.Context, o ThrowawayOptions) (*Throwaway, er
 		return nil, err
 	}
 	t.Dir = dir
+	t.uid, t.gid = -1, -1
 	if os.Geteuid() == 0 {
 		u, err := user.Lookup("postgres")
 		if err != nil {
 			os.RemoveAll(dir)
 			return nil, errors.New("running as root, and initdb refuses root: create a system user postgres or run as another user")
 		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		if err := os.Chown(dir, uid, gid); err != nil {
+		t.uid, _ = strconv.Atoi(u.Uid)
+		t.gid, _ = strconv.Atoi(u.Gid)
+		if err := os.Chown(dir, t.uid, t.gid); err != nil {
 			os.RemoveAll(dir)
 			return nil, err
 		}
@@ -105,18 +137,92 @@ func StartThrowawayWith(ctx context.Context, o ThrowawayOptions) (*Throwaway, er
 			return nil, err
 		}
 	}
-	data := filepath.Join(dir, "data")
-	if out, err := t.run(ctx, "initdb", "-D", data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"); err != nil {
+	if err := t.initAndStart(ctx, o, port); err != nil {
 		os.RemoveAll(dir)
-		return nil, fmt.Errorf("initdb: %v: %s", err, out)
+		return nil, err
 	}
-	t.opts = fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=on", port, dir)
-	if out, err := t.run(ctx, "pg_ctl", "-D", data, "-o", t.opts, "-l", filepath.Join(dir, "log"), "-w", "-t", "60", "start"); err != nil {
-		os.RemoveAll(dir)
-		return nil, fmt.Errorf("pg_ctl start: %v: %s", err, out)
-	}
-	t.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
 	return t, nil
+}
+
+// initAndStart makes the cluster in t.Dir/data with o's authentication
+// and TLS, starts it on port, and sets t.URL.
+func (t *Throwaway) initAndStart(ctx context.Context, o ThrowawayOptions, port int) error {
+	data := filepath.Join(t.Dir, "data")
+	initArgs := []string{"-D", data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"}
+	if o.Password != "" {
+		pw := filepath.Join(t.Dir, "pwfile")
+		if err := t.writeOwned(pw, []byte(o.Password+"\n"), 0o600); err != nil {
+			return err
+		}
+		defer os.Remove(pw)
+		initArgs = []string{"-D", data, "-U", "postgres", "--pwfile", pw, "--auth-local=peer", "--auth-host=scram-sha-256", "-E", "UTF8", "--no-sync"}
+	}
+	if out, err := t.run(ctx, "initdb", initArgs...); err != nil {
+		return fmt.Errorf("initdb: %v: %s", err, out)
+	}
+	settings := []string{"listen_addresses=127.0.0.1", "fsync=on"}
+	if o.Password != "" {
+		settings = append(settings, "password_encryption=scram-sha-256")
+	}
+	copies := []struct{ from, name, setting string }{
+		{o.CertFile, "server.pem", "ssl_cert_file"},
+		{o.KeyFile, "server-key.pem", "ssl_key_file"},
+		{o.HBAFile, "pg_hba.conf", "hba_file"},
+	}
+	for _, c := range copies {
+		if c.from == "" {
+			continue
+		}
+		b, err := os.ReadFile(c.from)
+		if err != nil {
+			return fmt.Errorf("throwaway postgres: %s: %w", c.setting, err)
+		}
+		to := filepath.Join(t.Dir, c.name)
+		if err := t.writeOwned(to, b, 0o600); err != nil {
+			return err
+		}
+		settings = append(settings, c.setting+"="+to)
+	}
+	if o.CertFile != "" {
+		settings = append(settings, "ssl=on")
+	}
+	settings = append(settings, o.Settings...)
+	t.opts = fmt.Sprintf("-p %d -k %s", port, t.Dir)
+	for _, kv := range settings {
+		t.opts += " -c " + kv
+	}
+	if out, err := t.run(ctx, "pg_ctl", "-D", data, "-o", t.opts, "-l", filepath.Join(t.Dir, "log"), "-w", "-t", "60", "start"); err != nil {
+		log, _ := os.ReadFile(filepath.Join(t.Dir, "log"))
+		return fmt.Errorf("pg_ctl start: %v: %s%s", err, out, log)
+	}
+	u := url.URL{Scheme: "postgres", User: url.User("postgres"), Host: fmt.Sprintf("127.0.0.1:%d", port), Path: "/postgres"}
+	if o.Password != "" {
+		u.User = url.UserPassword("postgres", o.Password)
+	}
+	q := url.Values{"sslmode": {"disable"}}
+	switch {
+	case o.CAFile != "":
+		q = url.Values{"sslmode": {"verify-full"}, "sslrootcert": {o.CAFile}}
+	case o.CertFile != "":
+		q = url.Values{"sslmode": {"require"}}
+	}
+	u.RawQuery = q.Encode()
+	t.URL = u.String()
+	return nil
+}
+
+// writeOwned writes a file in the cluster's folder that the server's user
+// owns (its own when this process is not root).
+func (t *Throwaway) writeOwned(path string, b []byte, mode os.FileMode) error {
+	if err := os.WriteFile(path, b, mode); err != nil {
+		return fmt.Errorf("throwaway postgres: %w", err)
+	}
+	if t.uid >= 0 {
+		if err := os.Chown(path, t.uid, t.gid); err != nil {
+			return fmt.Errorf("throwaway postgres: %w", err)
+		}
+	}
+	return nil
 }
 
 // Restart restarts the cluster in immediate mode (pg_ctl restart -m
