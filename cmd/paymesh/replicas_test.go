@@ -131,7 +131,8 @@ func TestStreamLimitFlags(t *testing.T) {
 }
 
 // TestInsecureRefused: `paymesh ledger|router|api` with the published
-// development passwords, anonymous NATS, Postgres without TLS or (the API)
+// development passwords, anonymous NATS, NATS without TLS to another host,
+// Postgres without TLS or (the API)
 // plain HTTP on a public address refuse to start, naming each, before they
 // connect to anything; --insecure-dev lets them go on (here to the
 // connection that leads nowhere).
@@ -142,7 +143,8 @@ func TestInsecureRefused(t *testing.T) {
 		args    []string
 		want    []string
 	}{
-		{"ledger", nil, []string{"NATS without a user (--nats-user)", "Postgres URL that allows a connection without TLS"}},
+		{"ledger", []string{"--nats-url", "tls://nats-eu-1.example:4222,nats://nats-eu-2.example:4222"},
+			[]string{"NATS without a user (--nats-user)", "NATS without TLS to nats-eu-2.example:4222", "Postgres URL that allows a connection without TLS"}},
 		{"router", []string{"--nats-user", "router-eu", "--nats-password", natsauth.DevPassword("router-eu")},
 			[]string{"NATS user router-eu has its published development password"}},
 		{"api", []string{"--nats-user", "api-eu", "--nats-password", natsauth.DevPassword("api-eu"), "--ops-nats-user", "ops-eu",

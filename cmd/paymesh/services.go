@@ -86,7 +86,7 @@ type dependencyWait struct {
 // security is how a service treats insecure settings (platform/secure):
 // it refuses them, or with --insecure-dev logs each as a warning.
 type security struct {
-	InsecureDev bool `name:"insecure-dev" env:"PAYMESH_INSECURE_DEV" help:"Development only: start with insecure settings (NATS without a user or with a published development password, Postgres without TLS, plain HTTP on a public address), logging each as a warning. Without it the service refuses to start with them."`
+	InsecureDev bool `name:"insecure-dev" env:"PAYMESH_INSECURE_DEV" help:"Development only: start with insecure settings (NATS without a user or with a published development password, NATS without TLS to a server other hosts can reach, Postgres without TLS or with a published development password, plain HTTP on a public address), logging each as a warning. Without it the service refuses to start with them."`
 }
 
 // guard returns an error naming what is insecure in s, unless there is
@@ -196,7 +196,7 @@ func (c *ledgerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 	if c.MaxStepDeliver < 0 || c.MaxParkedDeliver < 0 {
 		return fmt.Errorf("--max-step-deliver %d, --max-parked-deliver %d: want 0 (the default) or more", c.MaxStepDeliver, c.MaxParkedDeliver)
 	}
-	if err := c.guard(secure.Settings{NATS: c.logins(), PostgresURL: url}, log); err != nil {
+	if err := c.guard(secure.Settings{NATS: c.logins(), NATSURL: c.NATSURL, NATSCA: c.NATSCA, PostgresURL: url}, log); err != nil {
 		return err
 	}
 	srv, err := ledgerd.Open(ctx, ledgerd.Config{OwnShards: own, StreamReplicas: replicas, StreamLimits: limits, DLQLimits: dlq,
@@ -249,7 +249,7 @@ func (c *apiCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, l
 	if c.OpsNATSUser != "" {
 		logins = append(logins, secure.Login{Flag: "--ops-nats-user", User: c.OpsNATSUser, Password: c.OpsNATSPassword})
 	}
-	if err := c.guard(secure.Settings{NATS: logins, PostgresURL: url, HTTPListen: listen, TLSUpstream: c.TLSUpstream}, log); err != nil {
+	if err := c.guard(secure.Settings{NATS: logins, NATSURL: c.NATSURL, NATSCA: c.NATSCA, PostgresURL: url, HTTPListen: listen, TLSUpstream: c.TLSUpstream}, log); err != nil {
 		return err
 	}
 	srv, err := apid.Open(ctx, apid.Config{StreamReplicas: replicas, StreamLimits: limits, Region: reg.Name, Regions: ids, Node: c.Node, PostgresURL: url,
@@ -282,7 +282,7 @@ func (c *routerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 	if err != nil {
 		return err
 	}
-	if err := c.guard(secure.Settings{NATS: c.logins(), PostgresURL: url}, log); err != nil {
+	if err := c.guard(secure.Settings{NATS: c.logins(), NATSURL: c.NATSURL, NATSCA: c.NATSCA, PostgresURL: url}, log); err != nil {
 		return err
 	}
 	srv, err := routerd.Open(ctx, routerd.Config{StreamReplicas: replicas, StreamLimits: limits, Region: reg.Name, Regions: ids, PostgresURL: url,

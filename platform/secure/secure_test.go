@@ -12,12 +12,28 @@ import (
 // named, and only it.
 func TestCheck(t *testing.T) {
 	good := secure.Settings{
-		NATS:        []secure.Login{{Flag: "--nats-user", User: "api-eu", Password: "s3cret-from-a-vault"}},
+		NATS:    []secure.Login{{Flag: "--nats-user", User: "api-eu", Password: "s3cret-from-a-vault"}},
+		NATSURL: "nats://nats-eu-1.internal:4222,nats://nats-eu-2.internal:4222", NATSCA: "/certs/ca.pem",
 		PostgresURL: "postgres://paymesh:pw@db.internal:5432/paymesh_eu?sslmode=verify-full",
 		HTTPListen:  "0.0.0.0:8080", TLSUpstream: true,
 	}
 	if got := secure.Check(good); len(got) != 0 {
 		t.Fatalf("production settings: got %q, want nothing", got)
+	}
+	for name, mut := range map[string]func(*secure.Settings){
+		"TLSURLs": func(s *secure.Settings) {
+			s.NATSURL, s.NATSCA = "tls://nats-eu-1.internal:4222,tls://nats-eu-2.internal:4222", ""
+		},
+		"LoopbackNATS": func(s *secure.Settings) {
+			s.NATSURL, s.NATSCA = "nats://127.0.0.1:4222,nats://localhost:4223,[::1]:4224", ""
+		},
+		"NoNATS": func(s *secure.Settings) { s.NATSURL, s.NATSCA = "", "" },
+	} {
+		s := good
+		mut(&s)
+		if got := secure.Check(s); len(got) != 0 {
+			t.Errorf("%s: got %q, want nothing", name, got)
+		}
 	}
 	for _, loop := range []string{"127.0.0.1:8080", "[::1]:8080", "localhost:8080"} {
 		s := good
@@ -35,6 +51,13 @@ func TestCheck(t *testing.T) {
 		"OpsDevPassword": {func(s *secure.Settings) {
 			s.NATS = append(s.NATS, secure.Login{Flag: "--ops-nats-user", User: "ops-eu", Password: natsauth.DevPassword("ops-eu")})
 		}, "ops-eu has its published development password (--ops-nats-user)"},
+		"PlainNATS": {func(s *secure.Settings) {
+			s.NATSURL, s.NATSCA = "tls://nats-eu-1.internal:4222,nats://nats-eu-2.internal:4222,127.0.0.1:4222", ""
+		}, "NATS without TLS to nats-eu-2.internal:4222, an address other hosts can reach"},
+		"PlainNATSNoScheme": {func(s *secure.Settings) { s.NATSURL, s.NATSCA = "nats-eu-3.internal:4222", "" }, "NATS without TLS to nats-eu-3.internal:4222"},
+		"PostgresDevPassword": {func(s *secure.Settings) {
+			s.PostgresURL = "postgres://postgres:dev-only-postgres-eu-not-a-secret@db.internal:5432/x?sslmode=verify-full"
+		}, "Postgres user postgres has a published development password"},
 		"SSLDisabled":     {func(s *secure.Settings) { s.PostgresURL = "postgres://db/x?sslmode=disable" }, "without TLS"},
 		"SSLPrefer":       {func(s *secure.Settings) { s.PostgresURL = "postgres://db/x?sslmode=prefer" }, "without TLS"},
 		"SSLUnset":        {func(s *secure.Settings) { s.PostgresURL = "postgres://db/x" }, "without TLS"},
