@@ -76,11 +76,11 @@ func regionOf(tab regions.Table, name string) string {
 }
 
 // natsURLs is the PAYMESH_NATS_URL of a region's services: every node of
-// its cluster, in table order.
+// its cluster, in table order, over TLS.
 func natsURLs(r regions.Region) string {
 	var urls []string
 	for _, n := range r.NodeNames() {
-		urls = append(urls, "nats://"+n+":4222")
+		urls = append(urls, "tls://"+n+":4222")
 	}
 	return strings.Join(urls, ",")
 }
@@ -152,7 +152,7 @@ func TestComposeMatchesRegions(t *testing.T) {
 	}
 	checkNATSMount(t, p, hubService, "hub")
 	for name := range p.Services {
-		if name == hubService || slices.Contains(loadServices, name) || slices.Contains(observabilityServices, name) {
+		if name == hubService || name == certsService || slices.Contains(loadServices, name) || slices.Contains(observabilityServices, name) {
 			continue
 		}
 		if regionOf(tab, name) == "" {
@@ -163,7 +163,7 @@ func TestComposeMatchesRegions(t *testing.T) {
 	// region's Postgres, loadgen calls each region's API.
 	setup, load := service(t, p, "setup"), service(t, p, "loadgen")
 	for _, r := range tab.Regions {
-		pg := fmt.Sprintf("%s=postgres://postgres@postgres-%s:5432/", r.Name, r.Name)
+		pg := fmt.Sprintf("%s=postgres://postgres:%s@postgres-%s:5432/", r.Name, postgresPassword(r), r.Name)
 		if !strings.Contains(setup.Environment["PAYMESH_POSTGRES_URLS"], pg) {
 			t.Errorf("setup: PAYMESH_POSTGRES_URLS %q lacks %s", setup.Environment["PAYMESH_POSTGRES_URLS"], pg)
 		}
@@ -565,12 +565,12 @@ func TestComposeEnvironmentMapsToHost(t *testing.T) {
 		}
 		var clients, routes []string
 		for _, n := range r.NATS.Nodes {
-			clients = append(clients, fmt.Sprintf("nats://127.0.0.1:%d", n.ClientPort))
+			clients = append(clients, fmt.Sprintf("tls://127.0.0.1:%d", n.ClientPort))
 			routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d\n", n.RoutePort))
 		}
 		for _, kind := range []string{"ledger", "router", "api"} {
 			want[kind+"-"+r.Name]["PAYMESH_NATS_URL"] = strings.Join(clients, ",")
-			want[kind+"-"+r.Name]["PAYMESH_POSTGRES_URL"] = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", r.Postgres.Port)
+			want[kind+"-"+r.Name]["PAYMESH_POSTGRES_URL"] = fmt.Sprintf("postgres://postgres:%s@127.0.0.1:%d/postgres?sslmode=verify-full&sslrootcert=/certs/ca.pem", postgresPassword(r), r.Postgres.Port)
 		}
 		for svc, vars := range want {
 			for k, v := range vars {
@@ -600,13 +600,14 @@ func TestComposeEnvironmentMapsToHost(t *testing.T) {
 
 // images are the Dockerfile's two final targets: the binary each copies
 // from its build stage, and the commands of docker-compose.yml it may run
-// (the product's services and tools; the lab's WAN links and load).
+// (the product's services and tools; the lab's WAN links, load and
+// development PKI).
 var images = map[string]struct {
 	pkg, binary string
 	commands    []string
 }{
 	"paymesh": {"./cmd/paymesh", "/paymesh", []string{"ledger", "router", "api", "migrate", "verify", "client", "dlq"}},
-	"lab":     {"./cmd/paymesh-lab", "/paymesh-lab", []string{"wan", "load"}},
+	"lab":     {"./cmd/paymesh-lab", "/paymesh-lab", []string{"wan", "load", "certs"}},
 }
 
 // TestDockerfileBuildsPaymesh: the Dockerfile builds the product image

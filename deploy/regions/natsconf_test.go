@@ -1,6 +1,9 @@
 package regions_test
 
 import (
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -32,11 +35,12 @@ const natsConfDir = "nats"
 const clusterPort = 6222
 
 // loadNATSConf parses a config with nats-server's own parser, so a config
-// that the server would refuse fails here too.
-func loadNATSConf(t *testing.T, name string) *server.Options {
+// that the server would refuse fails here too; its certificates are those
+// of the PKI in dir (pki), which the parser loads.
+func loadNATSConf(t *testing.T, name, dir string) *server.Options {
 	t.Helper()
 	path := filepath.Join(natsConfDir, name+".conf")
-	o, err := server.ProcessConfigFile(path)
+	o, err := server.ProcessConfigFile(withPKI(t, path, dir))
 	if err != nil {
 		t.Fatalf("%s: %v", path, err)
 	}
@@ -62,11 +66,17 @@ const serverNameEnv = "NATS_SERVER_NAME"
 // no config for a region the table does not know.
 func TestNATSConfigs(t *testing.T) {
 	tab := mustTable(t)
+	dir := pki(t)
 
-	hub := loadNATSConf(t, "hub")
+	hub := loadNATSConf(t, "hub", dir)
 	if hub.ServerName != "hub" || hub.JetStream || hub.LeafNode.Port != tab.Hub.LeafPort || len(hub.LeafNode.Remotes) != 0 {
 		t.Errorf("hub.conf: server_name %q, jetstream %v, leafnode port %d, %d remotes; want hub, no JetStream, %d (regions.yaml's hub.leaf_port), none",
 			hub.ServerName, hub.JetStream, hub.LeafNode.Port, len(hub.LeafNode.Remotes), tab.Hub.LeafPort)
+	}
+	checkTLS(t, "hub.conf", hub, dir, "nats-hub")
+	if hub.LeafNode.TLSConfig == nil || hub.LeafNode.TLSConfig.ClientAuth != tls.NoClientCert || hub.LeafNode.TLSTimeout < 2 {
+		t.Errorf("hub.conf: leafnodes without TLS (%v), or with client certificates asked (leafnodes log in as users), or a TLS timeout under 2 s (%v)",
+			hub.LeafNode.TLSConfig, hub.LeafNode.TLSTimeout)
 	}
 	if !hub.LeafNode.NoAdvertise {
 		t.Error("hub.conf: leafnodes no_advertise is off; regions must reconnect through their WAN links, not to an advertised address")
@@ -79,8 +89,12 @@ func TestNATSConfigs(t *testing.T) {
 		}
 		for _, node := range r.NodeNames() {
 			t.Setenv(serverNameEnv, node)
-			o := loadNATSConf(t, r.Name)
+			o := loadNATSConf(t, r.Name, dir)
 			conf := r.Name + ".conf as " + node
+			checkTLS(t, conf, o, dir, "nats-"+r.Name)
+			if c := o.Cluster.TLSConfig; c == nil || c.ClientAuth != tls.RequireAndVerifyClientCert || c.RootCAs == nil || len(c.Certificates) != 1 {
+				t.Errorf("%s: cluster routes without mutual TLS (%+v)", conf, c)
+			}
 			if o.ServerName != node {
 				t.Errorf("%s: server_name %q, want %q (from %s)", conf, o.ServerName, node, serverNameEnv)
 			}
@@ -104,6 +118,9 @@ func TestNATSConfigs(t *testing.T) {
 			}
 			var urls []string
 			for _, rem := range o.LeafNode.Remotes {
+				if rem.TLSConfig == nil || rem.TLSConfig.RootCAs == nil {
+					t.Errorf("%s: leaf remote %v without TLS verified by the CA", conf, rem.URLs)
+				}
 				for _, u := range rem.URLs {
 					urls = append(urls, u.String())
 				}
@@ -148,11 +165,34 @@ func TestNATSConfigs(t *testing.T) {
 func TestNATSConfigNeedsNodeName(t *testing.T) {
 	tab := mustTable(t)
 	r := tab.Regions[0]
-	path := filepath.Join(natsConfDir, r.Name+".conf")
+	path := withPKI(t, filepath.Join(natsConfDir, r.Name+".conf"), pki(t))
 	t.Setenv(serverNameEnv, "")
 	os.Unsetenv(serverNameEnv)
 	_, err := server.ProcessConfigFile(path)
 	if err == nil || !strings.Contains(err.Error(), serverNameEnv) {
 		t.Fatalf("%s without %s: got %v, want an error naming it", path, serverNameEnv, err)
+	}
+}
+
+// checkTLS: a server's client port requires TLS with the certificate
+// certs.Servers names for it (name.pem of the PKI in dir), and gives TLS
+// handshakes at least 2 s (a loaded machine, a WAN link).
+func checkTLS(t *testing.T, conf string, o *server.Options, dir, name string) {
+	t.Helper()
+	if o.TLSConfig == nil || len(o.TLSConfig.Certificates) != 1 || o.TLSTimeout < 2 {
+		t.Errorf("%s: client port without TLS (%v, timeout %v)", conf, o.TLSConfig, o.TLSTimeout)
+		return
+	}
+	b, err := os.ReadFile(filepath.Join(dir, name+".pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	block, _ := pem.Decode(b)
+	want, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := o.TLSConfig.Certificates[0].Certificate[0]; string(got) != string(want.Raw) {
+		t.Errorf("%s: client port's certificate is not %s.pem", conf, name)
 	}
 }

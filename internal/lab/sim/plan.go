@@ -39,7 +39,7 @@ func (k kind) String() string {
 // paymeshCommands maps the paymesh commands compose runs to their kind.
 var paymeshCommands = map[string]kind{
 	"ledger": kindService, "router": kindService, "api": kindService, "wan": kindService,
-	"client": kindSetup, "migrate": kindSetup,
+	"client": kindSetup, "migrate": kindSetup, "certs": kindSetup,
 	"load":   kindLoad,
 	"verify": kindTool, "dlq": kindTool,
 }

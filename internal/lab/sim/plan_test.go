@@ -48,15 +48,15 @@ func TestEveryComposeServiceHasACounterpart(t *testing.T) {
 			t.Errorf("no service runs as a %s", k)
 		}
 	}
-	// The WAN links and the load run from the lab binary, every region
-	// service and tool from the product's.
+	// The WAN links, the load and the development PKI run from the lab
+	// binary, every region service and tool from the product's.
 	sm := &sim{plan: pl, cfg: Config{Binary: "paymesh", LabBinary: "paymesh-lab"}}
 	for n, k := range pl.kinds {
 		if k < kindService {
 			continue
 		}
 		want := "paymesh"
-		if c := p.Services[n].Command[0]; c == "wan" || c == "load" {
+		if c := p.Services[n].Command[0]; c == "wan" || c == "load" || c == "certs" {
 			want = "paymesh-lab"
 		}
 		if got := sm.binary(n); got != want {

@@ -47,6 +47,10 @@ type Report struct {
 	// whether each verify-<region> process passed.
 	Verify postgres.Report
 	Tools  map[string]bool
+	// Transport is what the servers said of their links' encryption
+	// after the load; TransportError why it could not be read.
+	Transport      Transport
+	TransportError string `json:",omitempty"`
 	// Lost are acknowledged keys their home region never recorded;
 	// Doubled those recorded more than once or under another transfer;
 	// Stuck those recorded whose transfer never reached a final state (a
@@ -133,6 +137,11 @@ func (r *Report) judge() {
 	add(len(r.Doubled) == 0, fmt.Sprintf("no acknowledged key applied twice (%d doubled)", len(r.Doubled)), strings.Join(r.Doubled, "\n"))
 	add(r.Unfinished == 0, fmt.Sprintf("every recorded transfer reached a final state (%d unfinished)", r.Unfinished), strings.Join(r.Stuck, "\n"))
 	add(r.Verify.OK() && len(r.Verify.Checks) > 0, "global invariants (verify --all --quiescent, in process)", "")
+	tp := r.Transport.problems()
+	if r.TransportError != "" {
+		tp = append([]string{r.TransportError}, tp...)
+	}
+	add(len(tp) == 0, "every link encrypted: TLS on every NATS client connection, route and leafnode, TLS and scram-sha-256 on every Postgres connection", strings.Join(tp, "\n"))
 	for _, name := range slices.Sorted(maps.Keys(r.Tools)) {
 		what := "compose's per-region verify, as a process"
 		if strings.HasPrefix(name, "dlq-") {
@@ -209,6 +218,7 @@ func (r *Report) Print(w io.Writer) {
 			fmt.Fprintf(w, "  %s%s: %s\n", a.Name, labels(a.Labels), state)
 		}
 	}
+	fmt.Fprintf(w, "links: %s\n", strings.ReplaceAll(r.Transport.String(), "\n", "\n       "))
 	for _, c := range r.Checks {
 		v := "PASS  "
 		switch {

@@ -20,6 +20,13 @@ func passing() *Report {
 			FiredAt: t0.Add(25 * time.Second), Cleared: true, ClearedAt: t0.Add(50 * time.Second)}},
 		PanelsChecked: 3,
 		LeaderKills:   []LeaderKill{{Stream: "LEDGER_EU", Killed: "nats-eu-2", LeaderWhileDown: "nats-eu-3"}},
+		Transport: Transport{
+			NATS: []NATSTransport{
+				{Server: "nats-hub", ClientTLS: true, Leafnodes: true, LeafTLS: true},
+				{Server: "nats-eu-1", ClientTLS: true, Routes: true, RouteTLS: true, Conns: 4, TLSVersions: map[string]int{"1.3": 4}},
+			},
+			Postgres: []PostgresTransport{{Region: "eu", Conns: 12, Rules: []string{"local peer", "hostssl scram-sha-256"}, SCRAM: true}},
+		},
 	}
 }
 
@@ -51,6 +58,16 @@ func TestJudge(t *testing.T) {
 		{"LeaderNotMoved", func(r *Report) {
 			r.LeaderKills = []LeaderKill{{Stream: "LEDGER_EU", Killed: "nats-eu-2", LeaderWhileDown: "nats-eu-2"}}
 		}, "LEDGER_EU kept a leader while its leader nats-eu-2 was down"},
+		{"NATSClientsPlain", func(r *Report) { r.Transport.NATS[1].ClientTLS = false }, "nats-eu-1: does not require TLS of its clients"},
+		{"NATSRoutesPlain", func(r *Report) { r.Transport.NATS[1].RouteTLS = false }, "nats-eu-1: cluster routes without TLS"},
+		{"NATSLeafPlain", func(r *Report) { r.Transport.NATS[0].LeafTLS = false }, "nats-hub: accepts leafnodes without TLS"},
+		{"NATSPlainConn", func(r *Report) { r.Transport.NATS[1].Plain = []string{"ledger-eu (user ledger-eu, 127.0.0.1:5)"} }, "ledger-eu (user ledger-eu"},
+		{"NATSNoConn", func(r *Report) { r.Transport.NATS[1].Conns = 0 }, "no nats-server client connection"},
+		{"PostgresPlainConn", func(r *Report) { r.Transport.Postgres[0].Plain = []string{"api-eu (127.0.0.1:6)"} }, "postgres eu: a connection without TLS: api-eu"},
+		{"PostgresLooseRule", func(r *Report) { r.Transport.Postgres[0].Loose = []string{"host trust"} }, "hba rule host trust"},
+		{"PostgresNoSCRAM", func(r *Report) { r.Transport.Postgres[0].SCRAM = false }, "no scram-sha-256 verifier"},
+		{"PostgresNone", func(r *Report) { r.Transport.Postgres = nil }, "no Postgres network connection"},
+		{"TransportUnread", func(r *Report) { r.TransportError = "sim: transport: nats-eu-1: refused" }, "nats-eu-1: refused"},
 		{"NoLeaderWhileDown", func(r *Report) {
 			r.LeaderKills = []LeaderKill{{Stream: "LEDGER_EU", Killed: "nats-eu-2", LeaderWhileDown: "none (no leader)"}}
 		}, "none (no leader)"},

@@ -259,12 +259,19 @@ func (s *sim) ports() map[int]string {
 // env returns a service's compose environment mapped to loopback
 // (compose.Mapper.ServiceEnv: its own 0.0.0.0 listen addresses become the
 // host address its port is reached on, every service address its
-// published or mapped port), without the OTLP endpoint (no collector
-// runs).
+// published or mapped port) and to the run folder (the paths of its
+// mounts: mapPaths), without the OTLP endpoint (no collector runs).
 func (s *sim) env(name string) (map[string]string, error) {
 	env, err := s.mapper.ServiceEnv(s.plan.project.Services[name])
 	if err != nil {
 		return nil, err
+	}
+	m, err := s.mounts(name)
+	if err != nil {
+		return nil, err
+	}
+	for k, v := range env {
+		env[k] = mapPaths(m, v)
 	}
 	delete(env, otelEndpointEnv)
 	return env, nil
@@ -281,8 +288,9 @@ func (s *sim) logf(format string, args ...any) {
 }
 
 // cleanup stops every process and removes the throwaway clusters, the
-// JetStream stores and Prometheus's data; the logs, the load's history
-// and the configs stay in the run folder.
+// JetStream stores, compose's named volumes (the development PKI) and
+// Prometheus's data; the logs, the load's history and the configs stay in
+// the run folder.
 func (s *sim) cleanup() {
 	if s.prom != nil {
 		s.prom.Stop()
@@ -301,6 +309,7 @@ func (s *sim) cleanup() {
 	if s.dir != "" {
 		_ = os.RemoveAll(filepath.Join(s.dir, "nats"))
 		_ = os.RemoveAll(filepath.Join(s.dir, "prometheus", "data"))
+		_ = os.RemoveAll(filepath.Join(s.dir, volumesDir)) // compose's named volumes: the PKI, the CA's key among it
 	}
 }
 
@@ -354,6 +363,9 @@ func (s *sim) run(ctx context.Context) (*Report, error) {
 	if err := s.checkHistory(ctx, rep); err != nil {
 		return nil, err
 	}
+	if rep.Transport, err = s.transport(ctx); err != nil {
+		rep.TransportError = err.Error()
+	}
 	if err := s.observe(ctx, rep, s.loadStart); err != nil {
 		return nil, err
 	}
@@ -390,15 +402,21 @@ func (s *sim) startAll(ctx context.Context) error {
 	return s.openStores(ctx)
 }
 
-// startPostgres starts a throwaway cluster on the service's published port
-// and creates its POSTGRES_DB.
+// startPostgres starts a throwaway cluster on the service's published port,
+// with the settings of its compose command and its POSTGRES_PASSWORD
+// (postgresOptions), and creates its POSTGRES_DB.
 func (s *sim) startPostgres(ctx context.Context, name string) error {
 	svc := s.plan.project.Services[name]
 	port, ok := svc.Published(5432)
 	if !ok {
 		return fmt.Errorf("sim: %s publishes no Postgres port (5432)", name)
 	}
-	tw, err := pgserver.StartThrowawayWith(ctx, pgserver.ThrowawayOptions{Port: port})
+	opts, err := s.postgresOptions(name)
+	if err != nil {
+		return err
+	}
+	opts.Port = port
+	tw, err := pgserver.StartThrowawayWith(ctx, opts)
 	if err != nil {
 		return fmt.Errorf("sim: %s: %w", name, err)
 	}
@@ -408,8 +426,82 @@ func (s *sim) startPostgres(ctx context.Context, name string) error {
 			return fmt.Errorf("sim: %s: create database %s: %w", name, db, err)
 		}
 	}
-	s.logf("  %-14s throwaway Postgres on 127.0.0.1:%d (%s)", name, port, tw.Dir)
+	s.logf("  %-14s throwaway Postgres on 127.0.0.1:%d (%s)%s", name, port, tw.Dir, postgresAuth(opts))
 	return nil
+}
+
+// postgresAuth describes a cluster's authentication, for the log.
+func postgresAuth(o pgserver.ThrowawayOptions) string {
+	switch {
+	case o.Password != "" && o.CertFile != "":
+		return ", TLS, scram-sha-256 password"
+	case o.Password != "":
+		return ", scram-sha-256 password, no TLS"
+	case o.CertFile != "":
+		return ", TLS, trust"
+	}
+	return ", trust, no TLS"
+}
+
+// The settings of a Postgres service's command that name files, which the
+// throwaway cluster copies (pgserver.ThrowawayOptions).
+const (
+	pgCertSetting = "ssl_cert_file"
+	pgKeySetting  = "ssl_key_file"
+	pgHBASetting  = "hba_file"
+)
+
+// postgresOptions reads a Postgres service's compose command, "postgres"
+// followed by "-c name=value" settings with its mounts' paths mapped to the
+// run folder, into a throwaway cluster's options: the certificate, key
+// and hba file given as files (which the cluster copies in, owned by its
+// own user), ssl=on implied by them, any other setting as it is, and
+// POSTGRES_PASSWORD as postgres's password. No command is the image's
+// default: trust, no TLS. It returns an error naming the service for any
+// other command, and for ssl=on without a certificate and key.
+func (s *sim) postgresOptions(name string) (pgserver.ThrowawayOptions, error) {
+	svc := s.plan.project.Services[name]
+	o := pgserver.ThrowawayOptions{Password: svc.Environment["POSTGRES_PASSWORD"]}
+	if len(svc.Command) == 0 {
+		return o, nil
+	}
+	m, err := s.mounts(name)
+	if err != nil {
+		return o, err
+	}
+	args := mappedPaths(m, svc.Command)
+	bad := func(why string) error {
+		return fmt.Errorf("sim: %s: command %q: %s (want postgres followed by -c name=value settings)", name, svc.Command, why)
+	}
+	if args[0] != "postgres" {
+		return o, bad("not the postgres server")
+	}
+	ssl := false
+	for i := 1; i < len(args); i += 2 {
+		if args[i] != "-c" || i+1 == len(args) {
+			return o, bad(fmt.Sprintf("argument %q", args[i]))
+		}
+		k, v, ok := strings.Cut(args[i+1], "=")
+		if !ok || k == "" {
+			return o, bad(fmt.Sprintf("setting %q", args[i+1]))
+		}
+		switch k {
+		case pgCertSetting:
+			o.CertFile = v
+		case pgKeySetting:
+			o.KeyFile = v
+		case pgHBASetting:
+			o.HBAFile = v
+		case "ssl":
+			ssl = v == "on"
+		default:
+			o.Settings = append(o.Settings, args[i+1])
+		}
+	}
+	if ssl != (o.CertFile != "" && o.KeyFile != "") {
+		return o, bad(fmt.Sprintf("ssl=on goes with both %s and %s, and they with it", pgCertSetting, pgKeySetting))
+	}
+	return o, nil
 }
 
 // startNATS writes the service's config files, rewritten for loopback,
@@ -419,6 +511,10 @@ func (s *sim) startPostgres(ctx context.Context, name string) error {
 func (s *sim) startNATS(ctx context.Context, name string) error {
 	svc := s.plan.project.Services[name]
 	env, err := s.env(name)
+	if err != nil {
+		return err
+	}
+	mounts, err := s.mounts(name)
 	if err != nil {
 		return err
 	}
@@ -437,6 +533,7 @@ func (s *sim) startNATS(ctx context.Context, name string) error {
 		if err != nil {
 			return err
 		}
+		b = []byte(mapPaths(mounts, string(b)))
 		path := filepath.Join(confDir, name+"-"+filepath.Base(v.Target))
 		if err := os.MkdirAll(confDir, 0o755); err != nil {
 			return fmt.Errorf("sim: %w", err)
@@ -463,7 +560,11 @@ func (s *sim) startService(ctx context.Context, name string) error {
 	if s.cfg.NoWANLatency && strings.HasPrefix(name, wanServicePrefix) {
 		env["PAYMESH_WAN_LATENCY"] = "0"
 	}
-	return s.startProc(ctx, procSpec{Name: name, Path: s.binary(name), Args: s.plan.project.Services[name].Command, Env: env})
+	m, err := s.mounts(name)
+	if err != nil {
+		return err
+	}
+	return s.startProc(ctx, procSpec{Name: name, Path: s.binary(name), Args: mappedPaths(m, s.plan.project.Services[name].Command), Env: env})
 }
 
 // startProc starts a process and waits until it listens on all its ports.
@@ -556,7 +657,11 @@ func (s *sim) startCommand(name string, extra []string) (*proc, error) {
 	if err != nil {
 		return nil, err
 	}
-	args := append(slices.Clone(s.plan.project.Services[name].Command), extra...)
+	m, err := s.mounts(name)
+	if err != nil {
+		return nil, err
+	}
+	args := append(mappedPaths(m, s.plan.project.Services[name].Command), extra...)
 	return s.procs.start(procSpec{Name: name, Path: s.binary(name), Args: args, Env: env})
 }
 
