@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -23,8 +24,8 @@ import (
 // that it has no effect.
 const PurposeForged = "forged"
 
-// forgery is scenario 12's state: a connection per region as its ledger
-// user and as its API user, each counting the permission violations the
+// forgery is scenario 12's state: a connection per region as its ledger,
+// API and router users, each counting the permission violations the
 // server reports.
 type forgery struct {
 	conns    map[string]*nats.Conn // "<service>-<region>"
@@ -39,11 +40,12 @@ type forgery struct {
 
 func (f *forgery) connect(e *env) error {
 	f.conns = map[string]*nats.Conn{}
+	services := []string{"ledger", "api", "router"}
+	if e.cfg.forgeAs != "" && !slices.Contains(services, e.cfg.forgeAs) {
+		services = append(services, e.cfg.forgeAs)
+	}
 	for _, r := range e.names {
-		for _, service := range append([]string{"ledger", "api"}, e.cfg.forgeAs) {
-			if service == "" {
-				continue
-			}
+		for _, service := range services {
 			nc, name, err := connectAs(e, r, service, &f.refused)
 			if err != nil {
 				return err
@@ -121,6 +123,44 @@ func (f *forgery) forge(e *env) {
 		_ = nc.Publish("paymesh.api."+to, []byte(`{}`))
 		_ = nc.Flush()
 	}
+}
+
+// forgeRouter publishes, as a region's router user, what only another
+// credential may send: a credit step in another region's name, or a
+// fund, each straight to a ledger's subjects. The server must refuse both
+// (a router relays only its own region's steps, and only the operator
+// funds), and neither may have an effect (I3).
+func (f *forgery) forgeRouter(e *env) {
+	from := e.names[e.intn(len(e.names))]
+	other := from
+	for other == from {
+		other = e.names[e.intn(len(e.names))]
+	}
+	to := e.names[e.intn(len(e.names))]
+	acct := e.accts[to][e.intn(len(e.accts[to]))]
+	n := f.attempts.Add(1)
+	topo := ledgerstream.Topology{Region: to, Shards: shards}
+	cmd := ledger.Command{Type: ledger.TypeCredit, TransferID: e.id(other), ClientID: clientID,
+		IdempotencyKey: fmt.Sprintf("s%d-forged-step-%d", e.seed, n), From: e.accts[other][e.intn(len(e.accts[other]))], To: acct,
+		Amount: 1_000_000, Currency: "EUR", CreatedAt: time.Now()}
+	subject := topo.Subject(acct, subjects.ClassStep, other) // in other's name
+	b := e.body(cmd)
+	if n%2 == 0 {
+		cmd = ledger.Command{Type: ledger.TypeFund, TransferID: e.id(to), ClientID: "ops", IdempotencyKey: fmt.Sprintf("s%d-forged-fund-by-router-%d", e.seed, n),
+			To: acct, Amount: 1_000_000, Currency: "EUR", CreatedAt: time.Now()}
+		subject = topo.Subject(acct, subjects.ClassOps, from)
+		b = e.body(cmd)
+		b.From = ""
+	}
+	user := natsauth.UserName("router", from)
+	i := e.hist.Invoke(Op{Client: cmd.ClientID, Key: cmd.IdempotencyKey, Body: b, Path: "forged", Via: from, Purpose: PurposeForged,
+		Transfer: cmd.TransferID, cmd: cmd})
+	m := nats.NewMsg(subject)
+	m.Data = cmd.Encode()
+	m.Header.Set("Nats-Msg-Id", cmd.MsgKey())
+	_ = f.conns[user].PublishMsg(m)
+	_ = f.conns[user].Flush()
+	e.hist.Complete(i, Fail, "published as "+user+" on "+subject+": must be refused", "")
 }
 
 // forgeClass publishes, as a region's API user, what the servers let it
@@ -218,8 +258,9 @@ func deadLettered(ctx context.Context, js jetstream.JetStream, stream, reason st
 
 // permissionsScenario is the issue's scenario 12 inside the suite: while
 // the workload runs, every region's ledger and API users keep trying to
-// publish transfers into other regions' ledger streams, and its ledger
-// users to send forwarded API calls. Each must be refused by the server
+// publish transfers into other regions' ledger streams, its ledger users
+// to send forwarded API calls, and its router users to send saga steps in
+// another region's name and funds. Each must be refused by the server
 // (the fault counter counts refusals; a check compares them with the
 // attempts), and none may have an effect (I3: the forged keys are recorded
 // as failed).
@@ -227,8 +268,9 @@ func permissionsScenario() *scenario {
 	f := &forgery{}
 	return &scenario{
 		name: "12-nats-permissions",
-		what: "region ledger and API users publish forged transfers into other regions' ledger subjects, and ledger users " +
-			"forwarded API calls, every 50 ms; the servers must refuse every one (deploy/regions users and permissions). " +
+		what: "region ledger and API users publish forged transfers into other regions' ledger subjects, ledger users " +
+			"forwarded API calls, and router users credit steps in another region's name and funds, every 50 ms; the servers " +
+			"must refuse every one (deploy/regions users and permissions). " +
 			"API users also send what their permissions allow but their class does not carry (a fund or a saga step as " +
 			"a client command, a fund into the route stream): the ledger and the router must refuse each",
 		counts: "forbidden publishes the servers refused",
@@ -239,6 +281,7 @@ func permissionsScenario() *scenario {
 			defer f.close()
 			err := every(ctx, 50*time.Millisecond, func() {
 				f.forge(e)
+				f.forgeRouter(e)
 				f.forgeClass(e)
 			})
 			// The servers report violations asynchronously.

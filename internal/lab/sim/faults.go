@@ -7,12 +7,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/paymesh/paymesh/internal/lab/loadgen"
 	"github.com/paymesh/paymesh/internal/testbed/faultproxy"
-	"github.com/paymesh/paymesh/platform/natsauth"
+	"github.com/paymesh/paymesh/platform/natsconn"
 	"github.com/paymesh/paymesh/platform/subjects"
 )
 
@@ -166,13 +165,17 @@ func (s *sim) purgeLater(ctx context.Context, region string, after time.Duration
 	n, err := s.purgeLedger(ctx, region)
 	if err != nil {
 		s.logf("fault: purge of %s's ledger stream failed: %v", region, err)
+		s.mu.Lock()
+		s.laterFaultErrors = append(s.laterFaultErrors, fmt.Sprintf("%s: purge of %s's ledger stream: %v", FaultLose, region, err))
+		s.mu.Unlock()
 		return
 	}
 	s.logf("fault %s: purged %s's ledger stream: %d commands its ledger had not applied are gone", FaultLose, region, n)
 }
 
-// purgeLedger purges a region's ledger stream with the credentials of its
-// ledger (from compose's environment) and returns the messages purged.
+// purgeLedger purges a region's ledger stream with the credentials and
+// the CA of its ledger (from compose's environment) and returns the
+// messages purged.
 // The API submits the transfers of its own region's accounts there, so
 // what the ledger has not applied yet, and the API already answered 202
 // (its wait ran out while the ledger was down), is gone.
@@ -181,7 +184,8 @@ func (s *sim) purgeLedger(ctx context.Context, region string) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	nc, err := nats.Connect(env["PAYMESH_NATS_URL"], natsauth.ConnectOptions(env["PAYMESH_NATS_USER"], env["PAYMESH_NATS_PASSWORD"])...)
+	nc, err := natsconn.Connect(ctx, natsconn.Config{URL: env["PAYMESH_NATS_URL"], User: env["PAYMESH_NATS_USER"], Password: env["PAYMESH_NATS_PASSWORD"],
+		CAFile: env["PAYMESH_NATS_CA"], Name: "paymesh-sim-purge", Timeout: 10 * time.Second})
 	if err != nil {
 		return 0, err
 	}

@@ -122,6 +122,9 @@ type sim struct {
 	degraded  [2]time.Time // when the degraded link began and ended
 	// leaderKills are the stream leader kills undone so far.
 	leaderKills []LeaderKill
+	// laterFaultErrors are the failures of fault steps that run after
+	// their fault fired (the purge of loseFault).
+	laterFaultErrors []string
 }
 
 // Run runs the simulation, writing progress and the report to out. It
@@ -356,6 +359,7 @@ func (s *sim) run(ctx context.Context) (*Report, error) {
 	s.mu.Lock()
 	rep.Fired = slices.Clone(s.fired)
 	rep.LeaderKills = slices.Clone(s.leaderKills)
+	rep.FaultErrors = append(rep.FaultErrors, s.laterFaultErrors...)
 	s.mu.Unlock()
 	if rep.Verify, err = s.drain(ctx); err != nil {
 		return nil, err
