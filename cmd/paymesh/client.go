@@ -43,7 +43,8 @@ type accountsCmd struct {
 		Currency string `required:"" help:"ISO 4217 currency."`
 		Region   string `help:"Home region (default: the region of --api-url)."`
 		Floor    int64  `help:"Lowest balance allowed (0: no overdraft)."`
-	} `cmd:"" help:"Open an account."`
+		Key      string `help:"Idempotency-Key (default: a new random one, printed, reused on retries): the key opens one account, whichever region a retry reaches."`
+	} `cmd:"" help:"Open an account; retries safely on network errors."`
 	Show struct {
 		apiClient
 		ID      string `arg:"" help:"Account id."`
@@ -55,7 +56,7 @@ type accountsCmd struct {
 func (c *accountsCmd) Run(ctx context.Context, k *kong.Context) error {
 	switch k.Command() {
 	case "accounts create":
-		return show(c.Create.client().CreateAccount(ctx, c.Create.Currency, c.Create.Region, c.Create.Floor))
+		return show(c.Create.client().CreateAccount(ctx, c.Create.Currency, c.Create.Region, c.Create.Floor, idemKey(c.Create.Key)))
 	default:
 		path := "/v1/accounts/" + c.Show.ID
 		if c.Show.Entries {

@@ -114,7 +114,7 @@ func TestVerifyAll(t *testing.T) {
 		if err := s.Migrate(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.CreateAccount(ctx, ledger.NewAccount{ClientID: "c", Currency: "EUR"}); err != nil {
+		if _, _, err := s.CreateAccount(ctx, ledger.NewAccount{ClientID: "c", Currency: "EUR"}); err != nil {
 			t.Fatal(err)
 		}
 		if r.Name == "eu" {

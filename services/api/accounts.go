@@ -1,7 +1,10 @@
 package api
 
 import (
+	"cmp"
 	"context"
+	"hash/fnv"
+	"io"
 	"net/http"
 	"sync"
 
@@ -12,17 +15,27 @@ import (
 // page through its change-log. Each runs in the account's home region, for
 // the client that owns it; another client's account is answered as a
 // missing one.
+//
+// Opening an account is safe to retry under an Idempotency-Key (optional:
+// without one, each request opens an account). The key's home region
+// (AccountKeyHome) records where its first request opens the account
+// (claim: the body's region, or the region the request was sent to), and
+// every retry, wherever it is sent, opens it there: that region's ledger
+// keeps the key with the account, unique per client, so the first request
+// and its retries open one account, and each gets the same answer.
 type accounts struct {
 	cfg  *Config
 	fwd  *forwarder
 	seen *accountCache
-	// The operations run in the account's home region.
-	create, read, entries operation
+	// The operations run in the account's home region (create, read,
+	// entries) or in its key's (claim).
+	create, claim, read, entries operation
 }
 
 func newAccounts(cfg *Config, fwd *forwarder, seen *accountCache) *accounts {
 	a := &accounts{cfg: cfg, fwd: fwd, seen: seen}
-	a.create = operation{name: "create_account", run: a.createHere, takes: shape{body: requiredBody}}
+	a.create = operation{name: "create_account", run: a.createHere, takes: shape{key: optionalKey, body: requiredBody, region: true}}
+	a.claim = operation{name: "claim_account_key", run: a.claimHere, takes: shape{key: requiredKey, body: requiredBody, region: true}}
 	a.read = operation{name: "get_account", run: a.readHere, takes: shape{id: idHere}}
 	a.entries = operation{name: "list_entries", run: a.listHere, takes: shape{id: idHere, page: true}}
 	return a
@@ -30,12 +43,20 @@ func newAccounts(cfg *Config, fwd *forwarder, seen *accountCache) *accounts {
 
 // post serves POST /v1/accounts.
 func (a *accounts) post(ctx context.Context, r *http.Request, client string) reply {
+	key, err := keyIfAny(r)
+	if err != nil {
+		return errReply(err)
+	}
 	body, err := readBody(r)
 	if err != nil {
 		return errReply(err)
 	}
-	var req AccountRequest
-	if err := decodeStrict(body, &req, "currency", "floor", "region"); err != nil {
+	req, err := decodeAccount(body)
+	if err == nil {
+		// Refused here, a request claims no key: the key stays free.
+		err = a.check(ctx, client, req)
+	}
+	if err != nil {
 		return errReply(err)
 	}
 	home := req.Region
@@ -45,32 +66,103 @@ func (a *accounts) post(ctx context.Context, r *http.Request, client string) rep
 	if _, ok := a.cfg.Regions.Code(home); !ok {
 		return errReply(ledger.Errorf(ledger.CodeInvalidRequest, "unknown region %q", home))
 	}
-	return a.fwd.do(ctx, home, a.create, Call{Client: client, Body: body})
+	if key == "" {
+		return a.fwd.do(ctx, home, a.create, Call{Client: client, Body: body})
+	}
+	c := Call{Client: client, Key: key, Body: body, Region: a.cfg.Region}
+	return a.fwd.do(ctx, AccountKeyHome(a.cfg.Regions.Names(), client, key), a.claim, c)
 }
 
-func (a *accounts) createHere(ctx context.Context, c Call) reply {
+// AccountKeyHome returns the region, of regions, that records where a
+// client's account key opens its account: the same for every request with
+// the key, wherever it is sent (FNV-1a of the client and the key).
+func AccountKeyHome(regions []string, client, key string) string {
+	h := fnv.New32a()
+	io.WriteString(h, client)
+	h.Write([]byte{0})
+	io.WriteString(h, key)
+	return regions[h.Sum32()%uint32(len(regions))]
+}
+
+// decodeAccount decodes and checks the body of POST /v1/accounts.
+func decodeAccount(body []byte) (AccountRequest, error) {
 	var req AccountRequest
-	if err := decodeStrict(c.Body, &req, "currency", "floor", "region"); err != nil {
-		return errReply(err)
-	}
-	if req.Region != "" && req.Region != a.cfg.Region {
-		return errReply(ledger.Errorf(ledger.CodeInvalidRequest, "an account of region %.16q is opened there, not in %s", req.Region, a.cfg.Region))
-	}
-	cl, ok, err := a.cfg.Store.ClientByID(ctx, c.Client)
+	err := decodeStrict(body, &req, "currency", "floor", "region")
+	return req, err
+}
+
+// claimHere runs in the key's home region: it records, or finds, the
+// region the key's first request chose (c.Region when the body names
+// none), and opens the account there under the key.
+func (a *accounts) claimHere(ctx context.Context, c Call) reply {
+	req, err := decodeAccount(c.Body)
 	if err != nil {
 		return errReply(err)
 	}
-	if !ok || req.Floor < -cl.MaxOverdraft {
-		return errReply(ledger.Errorf(ledger.CodeInvalidAmount, "floor %d is below the overdraft allowed to this client (-%d)", req.Floor, cl.MaxOverdraft))
+	region := req.Region
+	if region == "" {
+		region = c.Region
 	}
-	acct, err := a.cfg.Ledger.CreateAccount(ctx, ledger.NewAccount{ClientID: c.Client, Currency: req.Currency, Floor: req.Floor})
+	if _, ok := a.cfg.Regions.Code(region); !ok {
+		return errReply(ledger.Errorf(ledger.CodeInvalidRequest, "unknown region %q", region))
+	}
+	first, err := a.cfg.Store.ClaimAccountKey(ctx, c.Client, c.Key, req.fingerprint(), region)
+	if err != nil {
+		return errReply(err)
+	}
+	return a.fwd.do(ctx, first, a.create, Call{Client: c.Client, Key: c.Key, Body: c.Body, Region: first})
+}
+
+func (a *accounts) createHere(ctx context.Context, c Call) reply {
+	req, err := decodeAccount(c.Body)
+	if err != nil {
+		return errReply(err)
+	}
+	if region := cmp.Or(req.Region, c.Region); region != "" && region != a.cfg.Region {
+		return errReply(ledger.Errorf(ledger.CodeInvalidRequest, "an account of region %.16q is opened there, not in %s", region, a.cfg.Region))
+	}
+	if err := a.check(ctx, c.Client, req); err != nil {
+		return errReply(err)
+	}
+	n := ledger.NewAccount{ClientID: c.Client, Currency: req.Currency, Floor: req.Floor}
+	if c.Key != "" {
+		n.IdempotencyKey, n.RequestHash = c.Key, req.fingerprint()
+	}
+	acct, created, err := a.cfg.Ledger.CreateAccount(ctx, n)
 	if err != nil {
 		return errReply(err)
 	}
 	a.seen.remember(acct)
-	rep := jsonReply(http.StatusCreated, accountBody(acct))
+	rep := jsonReply(http.StatusCreated, openedBody(acct))
 	rep.Header = map[string]string{"Location": "/v1/accounts/" + acct.ID}
+	if !created {
+		rep.Header[HeaderReplayed] = "true"
+	}
 	return rep
+}
+
+// check refuses an account request the ledger would refuse (currency,
+// floor), and a floor below the overdraft the client is allowed (every
+// region has the client's registration).
+func (a *accounts) check(ctx context.Context, client string, req AccountRequest) error {
+	if err := (ledger.NewAccount{ClientID: client, Currency: req.Currency, Floor: req.Floor}).Validate(); err != nil {
+		return err
+	}
+	cl, ok, err := a.cfg.Store.ClientByID(ctx, client)
+	if err != nil {
+		return err
+	}
+	if !ok || req.Floor < -cl.MaxOverdraft {
+		return ledger.Errorf(ledger.CodeInvalidAmount, "floor %d is below the overdraft allowed to this client (-%d)", req.Floor, cl.MaxOverdraft)
+	}
+	return nil
+}
+
+// openedBody is the answer to the request that opened a: the account as
+// it was opened (nothing on it yet), so that a retry under its key, later,
+// gets the same answer.
+func openedBody(a ledger.Account) AccountBody {
+	return accountBody(ledger.Account{ID: a.ID, ClientID: a.ClientID, Kind: a.Kind, Currency: a.Currency, Floor: a.Floor, CreatedAt: a.CreatedAt})
 }
 
 // get serves GET /v1/accounts/{id}.

@@ -149,10 +149,15 @@ func (c *Client) post(ctx context.Context, path, key string, body []byte) (Respo
 		InitialInterval: 100 * time.Millisecond, RandomizationFactor: 0.3, Multiplier: 2, MaxInterval: 3 * time.Second}))
 }
 
-// CreateAccount opens an account; region may be empty.
-func (c *Client) CreateAccount(ctx context.Context, currency, region string, floor int64) (Response, error) {
+// CreateAccount opens an account; region may be empty. With an
+// idempotency key it retries as SendTransfer does, and opens one account
+// whatever happens; without one it sends the request once.
+func (c *Client) CreateAccount(ctx context.Context, currency, region string, floor int64, key string) (Response, error) {
 	body, _ := json.Marshal(AccountRequest{Currency: currency, Region: region, Floor: floor})
-	return c.do(ctx, http.MethodPost, "/v1/accounts", "", body)
+	if key == "" {
+		return c.do(ctx, http.MethodPost, "/v1/accounts", "", body)
+	}
+	return c.post(ctx, "/v1/accounts", key, body)
 }
 
 // Get reads a path of the API (an account, its entries, a transfer).

@@ -36,6 +36,10 @@ type Call struct {
 	Body   json.RawMessage `json:"body,omitempty"`
 	// Target is, for a refund, the accounts of the transfer it refunds.
 	Target *RefundTarget `json:"target,omitempty"`
+	// Region is, for an account opened under an Idempotency-Key, the
+	// region it opens in when its body names none: the region the
+	// request was sent to.
+	Region string `json:"region,omitempty"`
 	// transfer is Body decoded, when the call runs in the process that
 	// decoded it (a forwarded call decodes its body again).
 	transfer *TransferRequest

@@ -19,11 +19,21 @@ import (
 // refused unless it has its operation's shape (forwarder.check).
 type shape struct {
 	id     idRule   // the call's ID
-	key    bool     // an Idempotency-Key, required (none otherwise)
+	key    keyRule  // the call's Idempotency-Key
 	body   bodyRule // the call's body
 	page   bool     // after and limit of a page (none otherwise)
 	target bool     // a refund's target, its payee's account here (none otherwise)
+	region bool     // the region a new account opens in when its body names none (none otherwise)
 }
+
+// keyRule is whether an operation's call carries an Idempotency-Key.
+type keyRule uint8
+
+const (
+	noKey       keyRule = iota
+	optionalKey         // opening an account: a key makes it safe to retry
+	requiredKey
+)
 
 // idRule is where the ID of an operation's call is homed.
 type idRule uint8
@@ -71,18 +81,21 @@ const (
 	// account homed in another region, or a target given to an operation
 	// that takes none.
 	RefusedTarget
+	// RefusedRegion: a new account's region missing, unknown, or given
+	// to an operation that takes none.
+	RefusedRegion
 	numRefusals
 )
 
 // Refusals lists every refusal reason.
-var Refusals = []Refusal{RefusedMalformed, RefusedOp, RefusedClient, RefusedID, RefusedKey, RefusedPage, RefusedBody, RefusedTarget}
+var Refusals = []Refusal{RefusedMalformed, RefusedOp, RefusedClient, RefusedID, RefusedKey, RefusedPage, RefusedBody, RefusedTarget, RefusedRegion}
 
 // String returns the refusal's label value.
 func (r Refusal) String() string {
 	if r >= numRefusals {
 		return "unknown"
 	}
-	return [...]string{"malformed", "op", "client", "id", "key", "page", "body", "target"}[r]
+	return [...]string{"malformed", "op", "client", "id", "key", "page", "body", "target", "region"}[r]
 }
 
 // check refuses a forwarded call that the HTTP edge would not have let
@@ -98,6 +111,7 @@ func (f *forwarder) check(c Call, s shape) (Refusal, error) {
 		{RefusedPage, checkCallPage(c, s.page)},
 		{RefusedBody, checkCallBody(c, s.body)},
 		{RefusedTarget, f.checkTarget(c, s.target)},
+		{RefusedRegion, f.checkRegion(c, s.region)},
 	} {
 		if r.err != nil {
 			return r.why, r.err
@@ -142,16 +156,37 @@ func (f *forwarder) here(op, what, id string) error {
 	return err
 }
 
-func checkCallKey(c Call, required bool) error {
+func checkCallKey(c Call, rule keyRule) error {
 	switch {
-	case !required && c.Key != "":
+	case rule == noKey && c.Key != "":
 		return ledger.Errorf(ledger.CodeInvalidRequest, "%s takes no Idempotency-Key", c.Op)
-	case !required:
+	case rule == noKey, rule == optionalKey && c.Key == "":
 		return nil
 	case c.Key == "":
 		return ledger.Errorf(CodeIdempotencyKeyMissing, "%s requires an Idempotency-Key", c.Op)
 	}
 	return validKey(c.Key)
+}
+
+// checkRegion checks a call's region. An operation that takes one (an
+// account key's claim, an account's creation) takes it with an
+// Idempotency-Key, and then needs it: the region the key's first request
+// chose, one of the table's. Any other call carries none.
+func (f *forwarder) checkRegion(c Call, takes bool) error {
+	switch {
+	case !takes && c.Region != "":
+		return ledger.Errorf(ledger.CodeInvalidRequest, "%s takes no region", c.Op)
+	case !takes, c.Region == "" && c.Key == "":
+		return nil
+	case c.Key == "":
+		return ledger.Errorf(ledger.CodeInvalidRequest, "%s takes a region only with an Idempotency-Key", c.Op)
+	case c.Region == "":
+		return ledger.Errorf(ledger.CodeInvalidRequest, "%s with an Idempotency-Key needs the region the account opens in", c.Op)
+	}
+	if _, ok := f.cfg.Regions.Code(c.Region); !ok {
+		return ledger.Errorf(ledger.CodeInvalidRequest, "%s: unknown region %.16q", c.Op, c.Region)
+	}
+	return nil
 }
 
 func checkCallPage(c Call, page bool) error {

@@ -45,13 +45,13 @@ type holds struct {
 
 func newHolds(cfg *Config, fwd *forwarder, unclaimed *unclaimedPath) *holds {
 	h := &holds{cfg: cfg, fwd: fwd, unclaimed: unclaimed}
-	action := shape{id: idHere, key: true, body: optionalBody}
+	action := shape{id: idHere, key: requiredKey, body: optionalBody}
 	h.capture = operation{name: ledger.TypeCapture, run: h.actHere(ledger.TypeCapture), takes: action}
 	h.void = operation{name: ledger.TypeVoid, run: h.actHere(ledger.TypeVoid), takes: action}
 	h.target = operation{name: "refund_target", run: h.targetHere, takes: shape{id: idHere}}
 	// A refund runs in the payee's region, which its target names; the
 	// transfer it refunds may live elsewhere.
-	h.refund = operation{name: "create_refund", run: h.refundHere, takes: shape{id: idAny, key: true, body: optionalBody, target: true}}
+	h.refund = operation{name: "create_refund", run: h.refundHere, takes: shape{id: idAny, key: requiredKey, body: optionalBody, target: true}}
 	return h
 }
 

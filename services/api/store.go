@@ -13,9 +13,11 @@ import (
 // read accounts, their change-log and transfers. services/ledger/postgres's
 // Store implements it.
 type Ledger interface {
-	// CreateAccount opens an account; it returns an *ledger.Error for an
-	// invalid request.
-	CreateAccount(ctx context.Context, n ledger.NewAccount) (ledger.Account, error)
+	// CreateAccount opens an account, or under an idempotency key finds
+	// the one the key opened for the same request (created false); it
+	// returns an *ledger.Error for an invalid request, and for a key that
+	// opened an account for another request.
+	CreateAccount(ctx context.Context, n ledger.NewAccount) (a ledger.Account, created bool, err error)
 	// Account returns an account, or an *ledger.Error with
 	// ledger.CodeAccountNotFound.
 	Account(ctx context.Context, id string) (ledger.Account, error)
@@ -98,6 +100,12 @@ type Store interface {
 	// LockingAnswers), it stores nothing and returns the key in flight,
 	// unless that transaction is the caller's own (c.ApplyPID).
 	AnswerUnclaimed(ctx context.Context, c KeyClaim, status int, body []byte) (IdempotencyKey, error)
+	// ClaimAccountKey records, in the key's home region, that a client's
+	// account key opens its account in region, unless a request with the
+	// key did before, and returns the region the first one chose. It
+	// returns an *ledger.Error with ledger.CodeIdempotencyKeyReused when
+	// that request had another fingerprint.
+	ClaimAccountKey(ctx context.Context, client, key string, fingerprint []byte, region string) (string, error)
 	// DeleteExpiredKeys removes the keys whose retention ended before now
 	// and returns how many.
 	DeleteExpiredKeys(ctx context.Context, now time.Time) (int64, error)

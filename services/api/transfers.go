@@ -64,7 +64,7 @@ type transfers struct {
 
 func newTransfers(cfg *Config, fwd *forwarder, answers *answerer, path keyPath) *transfers {
 	t := &transfers{cfg: cfg, fwd: fwd, answers: answers, path: path}
-	t.create = operation{name: "create_transfer", run: t.createHere, takes: shape{key: true, body: requiredBody}}
+	t.create = operation{name: "create_transfer", run: t.createHere, takes: shape{key: requiredKey, body: requiredBody}}
 	t.read = operation{name: "get_transfer", run: t.readHere, takes: shape{id: idHere}}
 	return t
 }

@@ -3,6 +3,7 @@ package api
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"io"
@@ -84,6 +85,19 @@ func readBody(r *http.Request) ([]byte, error) {
 		return nil, err
 	}
 	return b, nil
+}
+
+// keyIfAny returns the request's Idempotency-Key header, checked as
+// the ledger stores it, or "" when it has none (opening an account).
+func keyIfAny(r *http.Request) (string, error) {
+	if r.Header.Get("Idempotency-Key") == "" && len(r.Header.Values("Idempotency-Key")) <= 1 {
+		return "", nil
+	}
+	key, err := idempotencyKey(r)
+	if err != nil {
+		return "", err
+	}
+	return key, validKey(key)
 }
 
 // idempotencyKey returns the request's Idempotency-Key header, required on
@@ -189,6 +203,20 @@ type AccountRequest struct {
 	Floor int64 `json:"floor"`
 	// Region is the account's home region; default: the region asked.
 	Region string `json:"region,omitempty"`
+}
+
+// fingerprint identifies an account request behind an idempotency key:
+// its currency, floor and region as the request gave them (no region is
+// not the region it was sent to, so a retry sent to another region is the
+// same request).
+func (r AccountRequest) fingerprint() []byte {
+	h := sha256.New()
+	for _, s := range []string{"account", r.Currency, r.Region} {
+		_ = binary.Write(h, binary.BigEndian, uint32(len(s)))
+		io.WriteString(h, s)
+	}
+	_ = binary.Write(h, binary.BigEndian, r.Floor)
+	return h.Sum(nil)
 }
 
 // decodeStrict decodes one JSON object into v: unknown, case-folded or

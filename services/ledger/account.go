@@ -57,6 +57,12 @@ type NewAccount struct {
 	// Floor is the lowest balance allowed; 0 forbids overdraft. It must not
 	// be positive.
 	Floor int64
+	// IdempotencyKey, when set, makes the request safe to retry: the
+	// client's key opens at most one account, and RequestHash (the
+	// fingerprint of the request that asked for it) tells a retry of that
+	// request from another request under the same key.
+	IdempotencyKey string
+	RequestHash    []byte
 }
 
 // Validate returns an *Error describing the first problem with the request.
@@ -68,6 +74,12 @@ func (n NewAccount) Validate() error {
 		return Errorf(CodeInvalidCurrency, "currency %q is not an ISO 4217 currency code", n.Currency)
 	case n.Floor > 0:
 		return Errorf(CodeInvalidRequest, "floor %d must not be positive", n.Floor)
+	case n.IdempotencyKey == "" && len(n.RequestHash) > 0:
+		return Errorf(CodeInvalidRequest, "a request fingerprint without an idempotency key")
+	case n.IdempotencyKey != "" && len(n.RequestHash) == 0:
+		return Errorf(CodeInvalidRequest, "idempotency key %.64q without the request's fingerprint", n.IdempotencyKey)
+	case n.IdempotencyKey != "":
+		return ValidIdempotencyKey(n.IdempotencyKey)
 	}
 	return nil
 }

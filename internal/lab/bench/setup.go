@@ -19,7 +19,7 @@ import (
 // apply, 500 fund commands a transaction, so the funded money is in the
 // change-log and every invariant holds.
 func openAccounts(ctx context.Context, e *env, store *postgres.Store, region string, n int) ([]string, error) {
-	first, err := store.CreateAccount(ctx, ledger.NewAccount{ClientID: Client, Currency: "EUR"})
+	first, _, err := store.CreateAccount(ctx, ledger.NewAccount{ClientID: Client, Currency: "EUR"})
 	if err != nil {
 		return nil, fmt.Errorf("open accounts: %w", err)
 	}

@@ -327,7 +327,7 @@ func (f *forwardForgery) setup(ctx context.Context, e *env) error {
 	f.statuses, f.published, f.expected = map[int]int{}, map[string]int64{}, map[api.Refusal]int64{}
 	for _, n := range e.names {
 		store := e.c.Region(n).Ledger.Store
-		a, err := store.CreateAccount(ctx, ledger.NewAccount{ClientID: otherClientID, Currency: "EUR", Floor: -funding})
+		a, _, err := store.CreateAccount(ctx, ledger.NewAccount{ClientID: otherClientID, Currency: "EUR", Floor: -funding})
 		if err != nil {
 			return fmt.Errorf("an account of %s in %s: %w", otherClientID, n, err)
 		}

@@ -98,7 +98,7 @@ func (r *rotation) setup(ctx context.Context, e *env) error {
 			return err
 		}
 		for range 2 {
-			a, err := reg.Ledger.Store.CreateAccount(ctx, ledger.NewAccount{ClientID: rotatingClientID, Currency: "EUR", Floor: -funding})
+			a, _, err := reg.Ledger.Store.CreateAccount(ctx, ledger.NewAccount{ClientID: rotatingClientID, Currency: "EUR", Floor: -funding})
 			if err != nil {
 				return fmt.Errorf("an account of %s in %s: %w", rotatingClientID, n, err)
 			}

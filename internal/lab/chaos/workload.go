@@ -274,7 +274,7 @@ func newAPIKey(prefix string) string {
 // fundedAccount opens an EUR account of client in region and funds it
 // with funding through the region's router.
 func (e *env) fundedAccount(ctx context.Context, region, client string) (string, error) {
-	a, err := e.c.Region(region).Ledger.Store.CreateAccount(ctx, ledger.NewAccount{ClientID: client, Currency: "EUR"})
+	a, _, err := e.c.Region(region).Ledger.Store.CreateAccount(ctx, ledger.NewAccount{ClientID: client, Currency: "EUR"})
 	if err != nil {
 		return "", err
 	}

@@ -534,7 +534,7 @@ func (d *driver) run(ctx context.Context) error {
 	for _, r := range d.names {
 		store := d.c.Region(r).Ledger.Store
 		for range d.cfg.Accounts {
-			a, err := store.CreateAccount(ctx, ledger.NewAccount{ClientID: demoClient, Currency: "EUR"})
+			a, _, err := store.CreateAccount(ctx, ledger.NewAccount{ClientID: demoClient, Currency: "EUR"})
 			if err != nil {
 				return err
 			}

@@ -92,14 +92,15 @@ type Result struct {
 	Elapsed      time.Duration
 }
 
-// openAccount opens an account in region, again while the API refuses the
-// connection (a fault the run schedules may have stopped it: the request
-// never reached it, so a retry opens no second account), for at most a
-// minute.
+// openAccount opens an account in region under one Idempotency-Key, so
+// that a retry opens no second account, and sends it again while the API
+// refuses the connection (a fault the run schedules may have stopped it),
+// for at most a minute.
 func openAccount(ctx context.Context, c *api.Client, region string, floor int64) (api.Response, error) {
 	deadline := time.Now().Add(time.Minute)
+	key := api.NewIdempotencyKey()
 	for {
-		res, err := c.CreateAccount(ctx, "EUR", region, floor)
+		res, err := c.CreateAccount(ctx, "EUR", region, floor, key)
 		if err == nil || !errors.Is(err, syscall.ECONNREFUSED) || time.Now().After(deadline) {
 			return res, err
 		}

@@ -88,7 +88,7 @@ func (h *harness) open(tb testing.TB, n int, funds int64) {
 	ctx := context.Background()
 	for _, r := range []string{"eu", "us", "ap"} {
 		for range n {
-			a, err := h.c.Region(r).Ledger.Store.CreateAccount(ctx, ledger.NewAccount{ClientID: "c", Currency: "EUR"})
+			a, _, err := h.c.Region(r).Ledger.Store.CreateAccount(ctx, ledger.NewAccount{ClientID: "c", Currency: "EUR"})
 			if err != nil {
 				tb.Fatal(err)
 			}

@@ -180,7 +180,7 @@ func TestMetricsCountInjectedDuplicates(t *testing.T) {
 	gen := map[string]*idgen.Generator{}
 	for _, r := range names {
 		gen[r], _ = idgen.NewGenerator(c.IDs(), r, 900)
-		a, err := c.Region(r).Ledger.Store.CreateAccount(ctx, ledger.NewAccount{ClientID: "c", Currency: "EUR"})
+		a, _, err := c.Region(r).Ledger.Store.CreateAccount(ctx, ledger.NewAccount{ClientID: "c", Currency: "EUR"})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -22,6 +22,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -31,8 +32,14 @@ type Mode int
 const (
 	// DropBefore closes the connection without delivering the bytes.
 	DropBefore Mode = iota + 1
-	// DropAfter delivers the bytes, then closes before any answer returns.
+	// DropAfter delivers the bytes, then closes the client's side at
+	// once: the client learns of the cut while the server may still be
+	// acting on them.
 	DropAfter
+	// DropAnswer delivers the bytes, then closes the connection when the
+	// answer returns, without delivering it: the server has acted on the
+	// bytes before the client learns that the connection is gone.
+	DropAnswer
 )
 
 const (
@@ -66,6 +73,9 @@ type Proxy struct {
 type link struct {
 	client, server net.Conn
 	once           sync.Once
+	// answerLost is set when a DropAnswer chunk goes to the server: the
+	// server's next bytes close the link instead of reaching the client.
+	answerLost atomic.Bool
 }
 
 // New listens on a random loopback port and relays to target. It returns an
@@ -237,7 +247,7 @@ func (p *Proxy) forget(l *link) {
 }
 
 // chunk is bytes read from one side, due on the other side at due. after is
-// DropAfter when the chunk fired that trap.
+// DropAfter or DropAnswer when the chunk fired that trap.
 type chunk struct {
 	data  []byte
 	due   time.Time
@@ -257,6 +267,10 @@ func (p *Proxy) relay(l *link, from, to net.Conn, upstream bool) {
 	buf := make([]byte, chunkSize)
 	for {
 		n, err := from.Read(buf)
+		if n > 0 && !upstream && l.answerLost.Load() {
+			p.forget(l) // the answer to a DropAnswer chunk: lost
+			return
+		}
 		if n > 0 {
 			c := chunk{data: bytes.Clone(buf[:n])} // buf is read into again while c waits
 			if upstream {
@@ -276,7 +290,7 @@ func (p *Proxy) relay(l *link, from, to net.Conn, upstream bool) {
 			case <-writerDone:
 				return
 			}
-			if c.after == DropAfter {
+			if c.after == DropAfter || c.after == DropAnswer {
 				return
 			}
 		}
@@ -287,9 +301,11 @@ func (p *Proxy) relay(l *link, from, to net.Conn, upstream bool) {
 }
 
 // deliver writes the chunks of q to to as they fall due. When q ends it
-// closes the link; after a DropAfter chunk it closes only from (the client),
-// leaving the server's side to the other direction's relay: it closes once
-// the server answers, so the server surely acted on the bytes.
+// closes the link. After a DropAfter chunk it closes only from (the
+// client), leaving the server's side to the other direction's relay, which
+// closes it once the server answers, so the server surely acted on the
+// bytes. After a DropAnswer chunk it leaves the whole link to that relay,
+// so the client sees the cut only once the server has answered.
 func (p *Proxy) deliver(l *link, from, to net.Conn, q <-chan chunk, done chan<- struct{}) {
 	defer close(done)
 	for c := range q {
@@ -303,13 +319,21 @@ func (p *Proxy) deliver(l *link, from, to net.Conn, q <-chan chunk, done chan<- 
 				return
 			}
 		}
+		if c.after == DropAnswer {
+			// Before the write: the server's answer, however fast, finds
+			// it set.
+			l.answerLost.Store(true)
+		}
 		if _, err := to.Write(c.data); err != nil {
 			p.forget(l)
 			return
 		}
-		if c.after == DropAfter {
+		switch c.after {
+		case DropAfter:
 			from.Close()
 			return
+		case DropAnswer:
+			return // the other direction closes the link on the answer
 		}
 	}
 	p.forget(l)

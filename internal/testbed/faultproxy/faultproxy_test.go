@@ -100,3 +100,64 @@ func TestTrapDropBefore(t *testing.T) {
 		t.Fatalf("fired %d, want 1", p.Fired())
 	}
 }
+
+// slowAnswer listens on loopback and answers each line after a delay,
+// sending on answered when it began to write the answer. It returns its address.
+func slowAnswer(t *testing.T, delay time.Duration, answered chan<- time.Time) string {
+	t.Helper()
+	return faultproxytest.Serve(t, func(c net.Conn) {
+		r := bufio.NewReader(c)
+		for {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				return
+			}
+			time.Sleep(delay)
+			at := time.Now()
+			_, _ = io.WriteString(c, line)
+			answered <- at
+		}
+	})
+}
+
+// TestTrapDropAfterAndDropAnswer: both deliver the trapped bytes to the
+// server and never its answer; DropAfter cuts the client at once, while
+// the server may still be acting on them, and DropAnswer only once the
+// server has answered.
+func TestTrapDropAfterAndDropAnswer(t *testing.T) {
+	const delay = 300 * time.Millisecond
+	for _, tc := range []struct {
+		name        string
+		mode        faultproxy.Mode
+		cutBeforeIt bool // the client sees the cut before the server answers
+	}{{"DropAfter", faultproxy.DropAfter, true}, {"DropAnswer", faultproxy.DropAnswer, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			answered := make(chan time.Time, 4)
+			p := newProxy(t, slowAnswer(t, delay, answered))
+			c := dial(t, p.Addr())
+			if got, err := roundTrip(c, "hello"); err != nil || got != "hello" {
+				t.Fatalf("before the trap: got %q, %v", got, err)
+			}
+			<-answered
+			p.Trap([]byte("COMMIT"), tc.mode)
+			got, err := roundTrip(c, "COMMIT")
+			cut := time.Now()
+			if err == nil {
+				t.Fatalf("the answer to the trapped bytes reached the client: %q", got)
+			}
+			var at time.Time
+			select {
+			case at = <-answered:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the server never got the trapped bytes")
+			}
+			if before := cut.Before(at); before != tc.cutBeforeIt {
+				t.Fatalf("client saw the cut at %s, the server answered at %s: cut before the answer %v, want %v",
+					cut.Format(time.StampMicro), at.Format(time.StampMicro), before, tc.cutBeforeIt)
+			}
+			if p.Fired() != 1 {
+				t.Fatalf("fired %d, want 1", p.Fired())
+			}
+		})
+	}
+}

@@ -118,7 +118,7 @@ func (f *Fixture) ID(tb testing.TB) string {
 // Account opens an account funded with funds through the issuance account.
 func (f *Fixture) Account(tb testing.TB, currency string, funds int64) string {
 	tb.Helper()
-	a, err := f.Store.CreateAccount(context.Background(), ledger.NewAccount{ClientID: "c1", Currency: currency})
+	a, _, err := f.Store.CreateAccount(context.Background(), ledger.NewAccount{ClientID: "c1", Currency: currency})
 	if err != nil {
 		tb.Fatal(err)
 	}

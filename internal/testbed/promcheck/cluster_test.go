@@ -80,12 +80,12 @@ func newLoad(t *testing.T, c *cluster.Cluster, names []string) *load {
 		if l.gen[r], err = idgen.NewGenerator(c.IDs(), r, 901); err != nil {
 			t.Fatal(err)
 		}
-		a, err := store.CreateAccount(ctx, ledger.NewAccount{ClientID: "c", Currency: "EUR"})
+		a, _, err := store.CreateAccount(ctx, ledger.NewAccount{ClientID: "c", Currency: "EUR"})
 		if err != nil {
 			t.Fatal(err)
 		}
 		l.eur[r] = a.ID
-		b, err := store.CreateAccount(ctx, ledger.NewAccount{ClientID: "c", Currency: "EUR"})
+		b, _, err := store.CreateAccount(ctx, ledger.NewAccount{ClientID: "c", Currency: "EUR"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -95,7 +95,7 @@ func newLoad(t *testing.T, c *cluster.Cluster, names []string) *load {
 			t.Fatal(err)
 		}
 	}
-	usd, err := c.Region("us").Ledger.Store.CreateAccount(ctx, ledger.NewAccount{ClientID: "c", Currency: "USD"})
+	usd, _, err := c.Region("us").Ledger.Store.CreateAccount(ctx, ledger.NewAccount{ClientID: "c", Currency: "USD"})
 	if err != nil {
 		t.Fatal(err)
 	}

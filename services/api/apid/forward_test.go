@@ -246,6 +246,13 @@ func TestForwardedCallsChecked(t *testing.T) {
 		{"TargetMalformedFrom", refund(fmt.Sprintf(`,"target":{"from":"x","to":%q,"currency":"EUR"}`, acct)), 400, ledger.CodeInvalidRequest, api.RefusedTarget},
 		{"TargetPayeeElsewhere", refund(fmt.Sprintf(`,"target":{"from":%q,"to":%q,"currency":"EUR"}`, acct, usID)), 400, ledger.CodeInvalidRequest, api.RefusedTarget},
 		{"TargetOnGet", get(fmt.Sprintf(`,"target":{"from":%q,"to":%q,"currency":"EUR"}`, acct, acct)), 400, ledger.CodeInvalidRequest, api.RefusedTarget},
+		{"RegionOnGet", get(`,"region":"eu"`), 400, ledger.CodeInvalidRequest, api.RefusedRegion},
+		{"RegionOnCreateWithoutKey", `{"op":"create_account","client":"acme","region":"eu","body":{"currency":"EUR"}}`, 400, ledger.CodeInvalidRequest, api.RefusedRegion},
+		{"KeyedCreateWithoutRegion", `{"op":"create_account","client":"acme","key":"k1","body":{"currency":"EUR"}}`, 400, ledger.CodeInvalidRequest, api.RefusedRegion},
+		{"ClaimUnknownRegion", `{"op":"claim_account_key","client":"acme","key":"k1","region":"mars","body":{"currency":"EUR"}}`, 400, ledger.CodeInvalidRequest, api.RefusedRegion},
+		{"ClaimWithoutKey", `{"op":"claim_account_key","client":"acme","region":"eu","body":{"currency":"EUR"}}`, 400, api.CodeIdempotencyKeyMissing, api.RefusedKey},
+		{"ClaimKeyWithSlash", `{"op":"claim_account_key","client":"acme","key":"a/b","region":"eu","body":{"currency":"EUR"}}`, 400, ledger.CodeInvalidRequest, api.RefusedKey},
+		{"ClaimWithoutBody", `{"op":"claim_account_key","client":"acme","key":"k1","region":"eu"}`, 400, ledger.CodeInvalidRequest, api.RefusedBody},
 	}
 	want := map[api.Refusal]int64{}
 	for _, tt := range tests {

@@ -45,11 +45,11 @@ func TestServerRuns(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(ctx) }()
 
-	a, err := srv.Store.CreateAccount(ctx, ledger.NewAccount{ClientID: "c", Currency: "EUR"})
+	a, _, err := srv.Store.CreateAccount(ctx, ledger.NewAccount{ClientID: "c", Currency: "EUR"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := srv.Store.CreateAccount(ctx, ledger.NewAccount{ClientID: "c", Currency: "EUR"})
+	b, _, err := srv.Store.CreateAccount(ctx, ledger.NewAccount{ClientID: "c", Currency: "EUR"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -188,7 +188,7 @@ func newApplyEnv(tb testing.TB, on bool, accounts int) *applyEnv {
 	var funds []ledger.Command
 	shards := make([][]string, srv.Topo.Shards)
 	for range accounts {
-		a, err := srv.Store.CreateAccount(ctx, ledger.NewAccount{ClientID: "bench", Currency: "EUR"})
+		a, _, err := srv.Store.CreateAccount(ctx, ledger.NewAccount{ClientID: "bench", Currency: "EUR"})
 		if err != nil {
 			tb.Fatal(err)
 		}

@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -52,43 +53,49 @@ const maxIDTries = 4
 var errIDTaken = errors.New("account id taken")
 
 // CreateAccount opens an account in this region, and the region's issuance
-// and transit accounts for its currency if there are none yet. It returns an *ledger.Error
-// for an invalid request. An ID minted for it that another account has
-// (a node's IDs repeat after its clock was stepped) is counted
+// and transit accounts for its currency if there are none yet, and says
+// whether it opened it. Under an idempotency key (n.IdempotencyKey) a
+// client's key opens one account: when the key opened one before for the
+// same request (n.RequestHash), it returns that account and created
+// false; for another request, an *ledger.Error with
+// CodeIdempotencyKeyReused. It returns an *ledger.Error for an invalid
+// request. An ID minted for it that another account has (a node's IDs
+// repeat after its clock was stepped) is counted
 // (ledger.Stats.AccountIDCollisions) and replaced by a new one, up to
 // maxIDTries; past that it returns an error.
-func (s *Store) CreateAccount(ctx context.Context, n ledger.NewAccount) (ledger.Account, error) {
+func (s *Store) CreateAccount(ctx context.Context, n ledger.NewAccount) (a ledger.Account, created bool, err error) {
 	if err := n.Validate(); err != nil {
-		return ledger.Account{}, err
+		return ledger.Account{}, false, err
 	}
 	var ids [3]string // the account, and the issuance and transit accounts if missing
 	for i := range ids {
-		var err error
 		if ids[i], err = s.cfg.IDs.NextString(); err != nil {
-			return ledger.Account{}, fmt.Errorf("create account: %w", err)
+			return ledger.Account{}, false, fmt.Errorf("create account: %w", err)
 		}
 	}
 	for try := 1; ; try++ {
-		a, err := s.createAccount(ctx, n, ids)
+		a, created, err = s.createAccount(ctx, n, ids)
 		if !errors.Is(err, errIDTaken) {
-			return a, err
+			return a, created, err
 		}
 		s.stats().AccountIDCollisions.Add(1)
 		if try == maxIDTries {
-			return ledger.Account{}, fmt.Errorf("%w (the %d IDs minted in a row were all other accounts': a node's clock stepped back?)", err, try)
+			return ledger.Account{}, false, fmt.Errorf("%w (the %d IDs minted in a row were all other accounts': a node's clock stepped back?)", err, try)
 		}
 		if ids[0], err = s.cfg.IDs.NextString(); err != nil {
-			return ledger.Account{}, fmt.Errorf("create account: %w", err)
+			return ledger.Account{}, false, fmt.Errorf("create account: %w", err)
 		}
 	}
 }
 
 // createAccount opens the account n as ids[0], in one transaction with
 // the currency's issuance and transit accounts (ids[1], ids[2]) if they
-// are missing. It returns errIDTaken when ids[0] is another account's.
-func (s *Store) createAccount(ctx context.Context, n ledger.NewAccount, ids [3]string) (ledger.Account, error) {
+// are missing, or finds the account n's key opened (created false). It
+// returns errIDTaken when ids[0] is another account's.
+func (s *Store) createAccount(ctx context.Context, n ledger.NewAccount, ids [3]string) (ledger.Account, bool, error) {
 	id := ids[0]
 	var a ledger.Account
+	created := false
 	err := s.transact(ctx, "create account", func(tx pgx.Tx) error {
 		for i, kind := range []ledger.Kind{ledger.KindIssuance, ledger.KindTransit} {
 			if _, err := tx.Exec(ctx, `
@@ -98,12 +105,21 @@ func (s *Store) createAccount(ctx context.Context, n ledger.NewAccount, ids [3]s
 				return err
 			}
 		}
-		// ON CONFLICT: a rerun finds the account it created if an attempt
-		// before committed after all; any other account under the ID is
-		// not this one (ours).
+		// ON CONFLICT on any unique index: the ID (a rerun finds the
+		// account it created if an attempt before committed after all;
+		// any other account under the ID is not this one: ours) and,
+		// under a key, the client's key (the account the key opened
+		// before, or that a request in flight with it just opened: the
+		// insert waits for that one's transaction).
 		if _, err := tx.Exec(ctx, `
-			INSERT INTO accounts (id, client_id, kind, currency, floor) VALUES ($1, $2, 'customer', $3, $4)
-			ON CONFLICT (id) DO NOTHING`, id, n.ClientID, n.Currency, n.Floor); err != nil {
+			INSERT INTO accounts (id, client_id, kind, currency, floor, idempotency_key, request_hash)
+			VALUES ($1, $2, 'customer', $3, $4, NULLIF($5, ''), $6)
+			ON CONFLICT DO NOTHING`, id, n.ClientID, n.Currency, n.Floor, n.IdempotencyKey, n.RequestHash); err != nil {
+			return err
+		}
+		if n.IdempotencyKey != "" {
+			var err error
+			a, created, err = byKey(ctx, tx, n, id)
 			return err
 		}
 		rows, err := tx.Query(ctx, `SELECT `+accountColumns+` FROM accounts WHERE id = $1`, id)
@@ -113,17 +129,41 @@ func (s *Store) createAccount(ctx context.Context, n ledger.NewAccount, ids [3]s
 		if a, err = pgx.CollectExactlyOneRow(rows, scanAccount); err == nil && !ours(a, n) {
 			err = fmt.Errorf("%w: %s is a %s account of client %q", errIDTaken, id, a.Kind, a.ClientID)
 		}
+		created = err == nil
 		return err
 	}, func(ctx context.Context) (bool, error) {
 		// A COMMIT whose answer was lost: the account is there if it
-		// committed (else the rerun creates it).
+		// committed (else the rerun creates it, or finds the one its key
+		// opened).
 		got, err := s.Account(ctx, id)
 		if ledger.ErrorCode(err) == ledger.CodeAccountNotFound {
 			return false, nil
 		}
 		return err == nil && ours(got, n), err
 	})
-	return a, err
+	return a, created, err
+}
+
+// byKey reads, in tx, the account a client's idempotency key opened: the
+// one minted as id (created), or one an earlier request opened. It
+// returns an *ledger.Error with CodeIdempotencyKeyReused when that
+// request was another one, and errIDTaken when the key opened none (id was
+// another account's, so the insert did nothing).
+func byKey(ctx context.Context, tx pgx.Tx, n ledger.NewAccount, id string) (ledger.Account, bool, error) {
+	var a ledger.Account
+	var hash []byte
+	err := tx.QueryRow(ctx, `SELECT `+accountColumns+`, request_hash FROM accounts WHERE client_id = $1 AND idempotency_key = $2`,
+		n.ClientID, n.IdempotencyKey).Scan(&a.ID, &a.ClientID, &a.Kind, &a.Currency, &a.Balance, &a.Floor, &a.Closed, &a.Version, &a.CreatedAt, &a.Held, &hash)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return ledger.Account{}, false, fmt.Errorf("%w: %s is another account", errIDTaken, id)
+	case err != nil:
+		return ledger.Account{}, false, err
+	case !bytes.Equal(hash, n.RequestHash):
+		return ledger.Account{}, false, ledger.Errorf(ledger.CodeIdempotencyKeyReused,
+			"idempotency key %q of client %q opened account %s for a different request", n.IdempotencyKey, n.ClientID, a.ID)
+	}
+	return a, a.ID == id, nil
 }
 
 // ours reports whether a, found under the ID minted for n, is the account

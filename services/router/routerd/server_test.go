@@ -67,11 +67,11 @@ func TestRouterForwards(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(runCtx) }()
 
-	a, err := led.Store.CreateAccount(ctx, ledger.NewAccount{ClientID: "c", Currency: "EUR"})
+	a, _, err := led.Store.CreateAccount(ctx, ledger.NewAccount{ClientID: "c", Currency: "EUR"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := led.Store.CreateAccount(ctx, ledger.NewAccount{ClientID: "c", Currency: "EUR"})
+	b, _, err := led.Store.CreateAccount(ctx, ledger.NewAccount{ClientID: "c", Currency: "EUR"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,5 +1,6 @@
 // Package faultproxytest holds what tests of links need next to a
-// faultproxy: an echo server to relay to, and a wait for a condition.
+// faultproxy: servers to relay to (an echo, any handler), and a wait for a
+// condition.
 package faultproxytest
 
 import (
@@ -14,6 +15,14 @@ import (
 // it cannot listen.
 func Echo(tb testing.TB) string {
 	tb.Helper()
+	return Serve(tb, func(c net.Conn) { io.Copy(c, c) })
+}
+
+// Serve listens on a random loopback port and runs handle on each
+// connection, closing it afterwards, until the test ends. It returns the
+// address, and fails tb if it cannot listen.
+func Serve(tb testing.TB, handle func(net.Conn)) string {
+	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)
@@ -27,7 +36,7 @@ func Echo(tb testing.TB) string {
 			}
 			go func() {
 				defer c.Close()
-				io.Copy(c, c)
+				handle(c)
 			}()
 		}
 	}()
