@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/alecthomas/kong"
@@ -50,17 +52,39 @@ type accountsCmd struct {
 		ID      string `arg:"" help:"Account id."`
 		Entries bool   `help:"Show its change-log instead."`
 		After   int64  `help:"With --entries: start after this version."`
+		AsOf    string `name:"as-of" help:"Its balance at this instant instead (RFC 3339)."`
 	} `cmd:"" help:"Show an account, from any region."`
+	Statement struct {
+		apiClient
+		ID    string `arg:"" help:"Account id."`
+		From  string `required:"" help:"Start of the period (RFC 3339)."`
+		To    string `help:"End of the period, excluded (RFC 3339; default: now)."`
+		After int64  `help:"Start after this version (next_after of the page before)."`
+	} `cmd:"" help:"An account's statement over a period: opening and closing balance, and the entries in between."`
 }
 
 func (c *accountsCmd) Run(ctx context.Context, k *kong.Context) error {
 	switch k.Command() {
 	case "accounts create":
 		return show(c.Create.client().CreateAccount(ctx, c.Create.Currency, c.Create.Region, c.Create.Floor, idemKey(c.Create.Key)))
+	case "accounts statement <id>":
+		q := url.Values{"from": {c.Statement.From}}
+		if c.Statement.To != "" {
+			q.Set("to", c.Statement.To)
+		}
+		if c.Statement.After > 0 {
+			q.Set("after", strconv.FormatInt(c.Statement.After, 10))
+		}
+		return show(c.Statement.client().Get(ctx, "/v1/accounts/"+url.PathEscape(c.Statement.ID)+"/statement?"+q.Encode()))
 	default:
-		path := "/v1/accounts/" + c.Show.ID
-		if c.Show.Entries {
+		path := "/v1/accounts/" + url.PathEscape(c.Show.ID)
+		switch {
+		case c.Show.Entries && c.Show.AsOf != "":
+			return errors.New("--entries and --as-of: choose one")
+		case c.Show.Entries:
 			path += fmt.Sprintf("/entries?after=%d", c.Show.After)
+		case c.Show.AsOf != "":
+			path += "?as_of=" + url.QueryEscape(c.Show.AsOf)
 		}
 		return show(c.Show.client().Get(ctx, path))
 	}

@@ -149,4 +149,26 @@ func TestTransfersCommands(t *testing.T) {
 	}(); acc.Balance != 1000 || acc.Held != 0 {
 		t.Fatalf("source: %+v, want 1000 held 0 (300 captured, 300 refunded)", acc)
 	}
+
+	// The balance at an instant, and the statement since the funding.
+	out, err = runCLI(t, append([]string{"accounts", "show", a, "--as-of", time.Now().UTC().Format(time.RFC3339Nano)}, flags...)...)
+	var asOf api.AccountAsOfBody
+	if err != nil || json.Unmarshal([]byte(out), &asOf) != nil || asOf.Balance != 1000 || asOf.Version == 0 {
+		t.Fatalf("accounts show --as-of now: %v %s, want balance 1000", err, out)
+	}
+	out, err = runCLI(t, append([]string{"accounts", "statement", a, "--from", time.Now().Add(-time.Hour).UTC().Format(time.RFC3339)}, flags...)...)
+	var st api.StatementBody
+	if err != nil || json.Unmarshal([]byte(out), &st) != nil || st.OpeningBalance != 0 || st.ClosingBalance != 1000 || len(st.Entries) == 0 {
+		t.Fatalf("accounts statement: %v %s, want 0 to 1000 with its entries", err, out)
+	}
+	out, err = runCLI(t, append([]string{"accounts", "statement", a, "--from", "last week"}, flags...)...)
+	if !errors.Is(err, errFailed) || !strings.Contains(out, string(ledger.CodeInvalidRequest)) {
+		t.Fatalf("accounts statement --from 'last week': %v %s, want the API's 400", err, out)
+	}
+	// Opening an account under a key: a retry is the same account.
+	one, _ := runCLI(t, append([]string{"accounts", "create", "--currency", "EUR", "--key", "cli-open-1"}, flags...)...)
+	two, _ := runCLI(t, append([]string{"accounts", "create", "--currency", "EUR", "--key", "cli-open-1"}, flags...)...)
+	if one == "" || one != two {
+		t.Fatalf("accounts create --key twice: %s and %s, want one answer", one, two)
+	}
 }

@@ -6,7 +6,9 @@ import (
 	"hash/fnv"
 	"io"
 	"net/http"
+	"net/url"
 	"sync"
+	"time"
 
 	"github.com/paymesh/paymesh/services/ledger"
 )
@@ -28,16 +30,17 @@ type accounts struct {
 	fwd  *forwarder
 	seen *accountCache
 	// The operations run in the account's home region (create, read,
-	// entries) or in its key's (claim).
-	create, claim, read, entries operation
+	// entries, statement) or in its key's (claim).
+	create, claim, read, entries, statement operation
 }
 
 func newAccounts(cfg *Config, fwd *forwarder, seen *accountCache) *accounts {
 	a := &accounts{cfg: cfg, fwd: fwd, seen: seen}
 	a.create = operation{name: "create_account", run: a.createHere, takes: shape{key: optionalKey, body: requiredBody, region: true}}
 	a.claim = operation{name: "claim_account_key", run: a.claimHere, takes: shape{key: requiredKey, body: requiredBody, region: true}}
-	a.read = operation{name: "get_account", run: a.readHere, takes: shape{id: idHere}}
+	a.read = operation{name: "get_account", run: a.readHere, takes: shape{id: idHere, at: true}}
 	a.entries = operation{name: "list_entries", run: a.listHere, takes: shape{id: idHere, page: true}}
+	a.statement = operation{name: "get_statement", run: a.statementHere, takes: shape{id: idHere, page: true, period: true}}
 	return a
 }
 
@@ -172,15 +175,80 @@ func (a *accounts) get(ctx context.Context, r *http.Request, client string) repl
 	if err != nil {
 		return errReply(ledger.Errorf(ledger.CodeAccountNotFound, "account %q does not exist", id))
 	}
-	return a.fwd.do(ctx, home, a.read, Call{Client: client, ID: id})
+	c := Call{Client: client, ID: id}
+	if v := r.URL.Query().Get("as_of"); v != "" {
+		at, err := parseInstant("as_of", v, time.Now())
+		if err != nil {
+			return errReply(err)
+		}
+		c.At = &at
+	}
+	return a.fwd.do(ctx, home, a.read, c)
 }
 
+// readHere answers the account, or with c.At its balance at that instant.
 func (a *accounts) readHere(ctx context.Context, c Call) reply {
 	acct, err := ownAccount(ctx, a.cfg.Ledger, c.Client, c.ID)
 	if err != nil {
 		return errReply(err)
 	}
-	return jsonReply(http.StatusOK, accountBody(acct))
+	if c.At == nil {
+		return jsonReply(http.StatusOK, accountBody(acct))
+	}
+	bal, version, err := a.cfg.Ledger.BalanceAt(ctx, acct.ID, *c.At)
+	if err != nil {
+		return errReply(err)
+	}
+	return jsonReply(http.StatusOK, AccountAsOfBody{ID: acct.ID, Currency: acct.Currency, AsOf: c.At.UTC(), Balance: bal, Version: version})
+}
+
+// getStatement serves GET /v1/accounts/{id}/statement?from=&to= (to: now
+// by default), a page at a time (after, limit).
+func (a *accounts) getStatement(ctx context.Context, r *http.Request, client string) reply {
+	id := r.PathValue("id")
+	home, err := a.fwd.home(id)
+	if err != nil {
+		return errReply(ledger.Errorf(ledger.CodeAccountNotFound, "account %q does not exist", id))
+	}
+	c := Call{Client: client, ID: id, Limit: 100}
+	q := r.URL.Query()
+	now := time.Now()
+	if q.Get("from") == "" {
+		return errReply(ledger.Errorf(ledger.CodeInvalidRequest, "a statement needs from= (RFC 3339), and to= (default: now)"))
+	}
+	from, err := parseInstant("from", q.Get("from"), now)
+	if err != nil {
+		return errReply(err)
+	}
+	to := now
+	if v := q.Get("to"); v != "" {
+		if to, err = parseInstant("to", v, now); err != nil {
+			return errReply(err)
+		}
+	}
+	if err := checkPeriod(from, to, now); err != nil {
+		return errReply(err)
+	}
+	c.From, c.To = &from, &to
+	if err := readPage(q, &c); err != nil {
+		return errReply(err)
+	}
+	return a.fwd.do(ctx, home, a.statement, c)
+}
+
+func (a *accounts) statementHere(ctx context.Context, c Call) reply {
+	acct, err := ownAccount(ctx, a.cfg.Ledger, c.Client, c.ID)
+	if err != nil {
+		return errReply(err)
+	}
+	limit := min(max(c.Limit, 1), MaxPageLimit)
+	st, err := a.cfg.Ledger.Statement(ctx, acct.ID, *c.From, *c.To, c.After, limit+1)
+	if err != nil {
+		return errReply(err)
+	}
+	page := entriesPage(st.Entries, limit)
+	return jsonReply(http.StatusOK, StatementBody{Account: acct.ID, Currency: acct.Currency, From: c.From.UTC(), To: c.To.UTC(),
+		OpeningBalance: st.Opening, ClosingBalance: st.Closing, Entries: page.Entries, NextAfter: page.NextAfter})
 }
 
 // getEntries serves GET /v1/accounts/{id}/entries.
@@ -191,16 +259,8 @@ func (a *accounts) getEntries(ctx context.Context, r *http.Request, client strin
 		return errReply(ledger.Errorf(ledger.CodeAccountNotFound, "account %q does not exist", id))
 	}
 	c := Call{Client: client, ID: id, Limit: 50}
-	q := r.URL.Query()
-	if v := q.Get("after"); v != "" {
-		if c.After, err = parseAfter(v); err != nil {
-			return errReply(err)
-		}
-	}
-	if v := q.Get("limit"); v != "" {
-		if c.Limit, err = parseLimit(v); err != nil {
-			return errReply(err)
-		}
+	if err := readPage(r.URL.Query(), &c); err != nil {
+		return errReply(err)
 	}
 	return a.fwd.do(ctx, home, a.entries, c)
 }
@@ -219,6 +279,23 @@ func (a *accounts) listHere(ctx context.Context, c Call) reply {
 	return jsonReply(http.StatusOK, entriesPage(ps, limit))
 }
 
+// readPage reads the page of a list of entries from a query into c: after
+// (a version cursor) and limit (1 to MaxPageLimit), each when given.
+func readPage(q url.Values, c *Call) error {
+	var err error
+	if v := q.Get("after"); v != "" {
+		if c.After, err = parseAfter(v); err != nil {
+			return err
+		}
+	}
+	if v := q.Get("limit"); v != "" {
+		if c.Limit, err = parseLimit(v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // entriesPage is the page of up to limit entries of ps, read with one more
 // row than the page holds: that row, if there, means a next page. A limit
 // below 1 (refused before a page is read) is a page of one entry, never an
@@ -227,8 +304,7 @@ func entriesPage(ps []ledger.Posting, limit int) EntriesBody {
 	limit = max(limit, 1)
 	page := EntriesBody{Entries: []EntryBody{}}
 	for _, p := range ps[:min(len(ps), limit)] {
-		page.Entries = append(page.Entries, EntryBody{Version: p.AccountVersion, TransferID: p.TransferID, Leg: string(p.Leg),
-			Amount: p.Amount, BalanceAfter: p.BalanceAfter})
+		page.Entries = append(page.Entries, entryBody(p))
 	}
 	if len(ps) > limit {
 		next := ps[limit-1].AccountVersion

@@ -211,10 +211,11 @@ func withDefaults(cfg Config) Config {
 // serve routes the resources' endpoints, and takes their operations from
 // other regions (forwarder.register).
 func (s *Handler) serve(a *accounts, t *transfers, h *holds, o *ops) {
-	s.fwd.register(a.create, a.claim, a.read, a.entries, t.create, t.read, h.capture, h.void, h.target, h.refund)
+	s.fwd.register(a.create, a.claim, a.read, a.entries, a.statement, t.create, t.read, h.capture, h.void, h.target, h.refund)
 	s.route("POST /v1/accounts", s.auth.authed(a.post))
 	s.route("GET /v1/accounts/{id}", s.auth.authed(a.get))
 	s.route("GET /v1/accounts/{id}/entries", s.auth.authed(a.getEntries))
+	s.route("GET /v1/accounts/{id}/statement", s.auth.authed(a.getStatement))
 	s.route("POST /v1/transfers", s.auth.authed(t.post))
 	s.route("GET /v1/transfers/{id}", s.auth.authed(t.get))
 	s.route("POST /v1/transfers/{id}/capture", s.auth.authed(h.postAction(h.capture)))

@@ -36,6 +36,11 @@ type Call struct {
 	Body   json.RawMessage `json:"body,omitempty"`
 	// Target is, for a refund, the accounts of the transfer it refunds.
 	Target *RefundTarget `json:"target,omitempty"`
+	// At is the instant of an account's balance as of then; From and To
+	// the period of a statement.
+	At   *time.Time `json:"at,omitempty"`
+	From *time.Time `json:"from,omitempty"`
+	To   *time.Time `json:"to,omitempty"`
 	// Region is, for an account opened under an Idempotency-Key, the
 	// region it opens in when its body names none: the region the
 	// request was sent to.

@@ -2,6 +2,7 @@ package api
 
 import (
 	"bytes"
+	"time"
 
 	"github.com/paymesh/paymesh/services/ledger"
 )
@@ -24,6 +25,8 @@ type shape struct {
 	page   bool     // after and limit of a page (none otherwise)
 	target bool     // a refund's target, its payee's account here (none otherwise)
 	region bool     // the region a new account opens in when its body names none (none otherwise)
+	at     bool     // an instant of a balance, optional (none otherwise)
+	period bool     // a statement's from and to, required (none otherwise)
 }
 
 // keyRule is whether an operation's call carries an Idempotency-Key.
@@ -84,18 +87,21 @@ const (
 	// RefusedRegion: a new account's region missing, unknown, or given
 	// to an operation that takes none.
 	RefusedRegion
+	// RefusedTime: an instant or a period missing, in the future, empty,
+	// or given to an operation that takes none.
+	RefusedTime
 	numRefusals
 )
 
 // Refusals lists every refusal reason.
-var Refusals = []Refusal{RefusedMalformed, RefusedOp, RefusedClient, RefusedID, RefusedKey, RefusedPage, RefusedBody, RefusedTarget, RefusedRegion}
+var Refusals = []Refusal{RefusedMalformed, RefusedOp, RefusedClient, RefusedID, RefusedKey, RefusedPage, RefusedBody, RefusedTarget, RefusedRegion, RefusedTime}
 
 // String returns the refusal's label value.
 func (r Refusal) String() string {
 	if r >= numRefusals {
 		return "unknown"
 	}
-	return [...]string{"malformed", "op", "client", "id", "key", "page", "body", "target", "region"}[r]
+	return [...]string{"malformed", "op", "client", "id", "key", "page", "body", "target", "region", "time"}[r]
 }
 
 // check refuses a forwarded call that the HTTP edge would not have let
@@ -112,6 +118,7 @@ func (f *forwarder) check(c Call, s shape) (Refusal, error) {
 		{RefusedBody, checkCallBody(c, s.body)},
 		{RefusedTarget, f.checkTarget(c, s.target)},
 		{RefusedRegion, f.checkRegion(c, s.region)},
+		{RefusedTime, checkCallTime(c, s, time.Now())},
 	} {
 		if r.err != nil {
 			return r.why, r.err
@@ -232,4 +239,32 @@ func (f *forwarder) checkTarget(c Call, needed bool) error {
 	}
 	// A refund debits the payee's account: it runs in the payee's region.
 	return f.here(c.Op, "target to", t.To)
+}
+
+// checkCallTime checks a call's instant and period: an instant, where the
+// operation takes one, not after now; a period, where it needs one, with
+// both ends, from before to, to not after now; neither elsewhere.
+func checkCallTime(c Call, s shape, now time.Time) error {
+	switch {
+	case !s.at && c.At != nil:
+		return ledger.Errorf(ledger.CodeInvalidRequest, "%s takes no instant (at)", c.Op)
+	case !s.period && (c.From != nil || c.To != nil):
+		return ledger.Errorf(ledger.CodeInvalidRequest, "%s takes no period (from, to)", c.Op)
+	case c.At != nil:
+		return checkInstant("at", *c.At, now)
+	case !s.period:
+		return nil
+	case c.From == nil || c.To == nil:
+		return ledger.Errorf(ledger.CodeInvalidRequest, "%s needs a period (from and to)", c.Op)
+	}
+	return checkPeriod(*c.From, *c.To, now)
+}
+
+// checkPeriod refuses a statement's period that is empty or ends in the
+// future.
+func checkPeriod(from, to, now time.Time) error {
+	if !from.Before(to) {
+		return ledger.Errorf(ledger.CodeInvalidRequest, "from=%s is not before to=%s", from.Format(time.RFC3339Nano), to.Format(time.RFC3339Nano))
+	}
+	return checkInstant("to", to, now)
 }

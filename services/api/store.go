@@ -24,6 +24,13 @@ type Ledger interface {
 	// PostingsPage returns up to limit change-log rows of an account with
 	// a version above after, in version order.
 	PostingsPage(ctx context.Context, accountID string, after int64, limit int) ([]ledger.Posting, error)
+	// BalanceAt returns an account's balance at an instant, and the
+	// version of its change-log row that made it (0 and 0 before any).
+	BalanceAt(ctx context.Context, accountID string, at time.Time) (balance, version int64, err error)
+	// Statement returns an account's opening and closing balance over
+	// [from, to), and up to limit of the change-log rows written in it
+	// with a version above after.
+	Statement(ctx context.Context, accountID string, from, to time.Time, after int64, limit int) (ledger.Statement, error)
 	// Transfer returns a transfer, or an *ledger.Error with
 	// ledger.CodeNotFound.
 	Transfer(ctx context.Context, id string) (ledger.Transfer, error)

@@ -496,9 +496,60 @@ type EntriesBody struct {
 
 // EntryBody is one change-log row.
 type EntryBody struct {
-	Version      int64  `json:"version"`
-	TransferID   string `json:"transfer_id"`
-	Leg          string `json:"leg"`
-	Amount       int64  `json:"amount"`
-	BalanceAfter int64  `json:"balance_after"`
+	Version      int64     `json:"version"`
+	TransferID   string    `json:"transfer_id"`
+	Leg          string    `json:"leg"`
+	Amount       int64     `json:"amount"`
+	BalanceAfter int64     `json:"balance_after"`
+	CreatedAt    time.Time `json:"created_at"`
+}
+
+func entryBody(p ledger.Posting) EntryBody {
+	return EntryBody{Version: p.AccountVersion, TransferID: p.TransferID, Leg: string(p.Leg), Amount: p.Amount, BalanceAfter: p.BalanceAfter,
+		CreatedAt: p.CreatedAt.UTC()}
+}
+
+// AccountAsOfBody is an account's balance at an instant (GET
+// /v1/accounts/{id}?as_of=): the balance after its last change-log row
+// written at or before AsOf, and that row's version (0 before its first).
+type AccountAsOfBody struct {
+	ID       string    `json:"id"`
+	Currency string    `json:"currency"`
+	AsOf     time.Time `json:"as_of"`
+	Balance  int64     `json:"balance"`
+	Version  int64     `json:"version"`
+}
+
+// StatementBody is an account's statement over [From, To) (GET
+// /v1/accounts/{id}/statement): the balance before From and before To,
+// and the change-log rows written in between, in version order, a page at
+// a time; opening plus every row's amount is closing.
+type StatementBody struct {
+	Account        string      `json:"account"`
+	Currency       string      `json:"currency"`
+	From           time.Time   `json:"from"`
+	To             time.Time   `json:"to"`
+	OpeningBalance int64       `json:"opening_balance"`
+	ClosingBalance int64       `json:"closing_balance"`
+	Entries        []EntryBody `json:"entries"`
+	// NextAfter is the cursor of the next page; absent on the last page.
+	NextAfter *int64 `json:"next_after,omitempty"`
+}
+
+// parseInstant reads an RFC 3339 instant from query parameter name, at
+// most now (a balance or a statement past now could still change).
+func parseInstant(name, v string, now time.Time) (time.Time, error) {
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return time.Time{}, ledger.Errorf(ledger.CodeInvalidRequest, "%s=%.40q is not an RFC 3339 time (2026-12-31T23:59:59Z)", name, v)
+	}
+	return t, checkInstant(name, t, now)
+}
+
+// checkInstant refuses an instant after now.
+func checkInstant(name string, t, now time.Time) error {
+	if t.After(now) {
+		return ledger.Errorf(ledger.CodeInvalidRequest, "%s=%s is in the future: what happens until then is not known yet", name, t.Format(time.RFC3339))
+	}
+	return nil
 }

@@ -213,6 +213,20 @@ type Posting struct {
 	Amount         int64
 	BalanceAfter   int64
 	AccountVersion int64
+	// CreatedAt is when the row was written; an account's rows carry
+	// times in the order of their versions.
+	CreatedAt time.Time
+}
+
+// Statement is an account's change-log over a period [From, To): the
+// balance before the period (Opening) and at its end (Closing), and the
+// rows written in it, in version order (a page of them, when read a page
+// at a time).
+type Statement struct {
+	AccountID        string
+	From, To         time.Time
+	Opening, Closing int64
+	Entries          []Posting
 }
 
 // ResultKind classifies what happened to one command of a batch.

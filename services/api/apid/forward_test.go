@@ -205,6 +205,9 @@ func TestForwardedCallsChecked(t *testing.T) {
 	transfer := func(key string) string {
 		return fmt.Sprintf(`{"op":"create_transfer","client":"acme"%s,"body":{"from":%q,"to":%q,"amount":1,"currency":"EUR"}}`, key, acct, usID)
 	}
+	statement := func(fields string) string {
+		return fmt.Sprintf(`{"op":"get_statement","client":"acme","id":%q,%s}`, acct, fields)
+	}
 	refund := func(target string) string {
 		return fmt.Sprintf(`{"op":"create_refund","client":"acme","id":%q,"key":"k1"%s}`, acct, target)
 	}
@@ -253,6 +256,15 @@ func TestForwardedCallsChecked(t *testing.T) {
 		{"ClaimWithoutKey", `{"op":"claim_account_key","client":"acme","region":"eu","body":{"currency":"EUR"}}`, 400, api.CodeIdempotencyKeyMissing, api.RefusedKey},
 		{"ClaimKeyWithSlash", `{"op":"claim_account_key","client":"acme","key":"a/b","region":"eu","body":{"currency":"EUR"}}`, 400, ledger.CodeInvalidRequest, api.RefusedKey},
 		{"ClaimWithoutBody", `{"op":"claim_account_key","client":"acme","key":"k1","region":"eu"}`, 400, ledger.CodeInvalidRequest, api.RefusedBody},
+		{"AtInTheFuture", get(`,"at":"2999-01-01T00:00:00Z"`), 400, ledger.CodeInvalidRequest, api.RefusedTime},
+		{"AtOnEntries", entries(`"limit":5,"at":"2020-01-01T00:00:00Z"`), 400, ledger.CodeInvalidRequest, api.RefusedTime},
+		{"PeriodOnGet", get(`,"from":"2020-01-01T00:00:00Z","to":"2020-02-01T00:00:00Z"`), 400, ledger.CodeInvalidRequest, api.RefusedTime},
+		{"StatementNoPeriod", statement(`"limit":5`), 400, ledger.CodeInvalidRequest, api.RefusedTime},
+		{"StatementNoTo", statement(`"limit":5,"from":"2020-01-01T00:00:00Z"`), 400, ledger.CodeInvalidRequest, api.RefusedTime},
+		{"StatementBackwards", statement(`"limit":5,"from":"2020-02-01T00:00:00Z","to":"2020-01-01T00:00:00Z"`), 400, ledger.CodeInvalidRequest, api.RefusedTime},
+		{"StatementToFuture", statement(`"limit":5,"from":"2020-01-01T00:00:00Z","to":"2999-01-01T00:00:00Z"`), 400, ledger.CodeInvalidRequest, api.RefusedTime},
+		{"StatementLimitZero", statement(`"limit":0,"from":"2020-01-01T00:00:00Z","to":"2020-02-01T00:00:00Z"`), 400, ledger.CodeInvalidRequest, api.RefusedPage},
+		{"AtNotATime", get(`,"at":"yesterday"`), 400, ledger.CodeInvalidRequest, api.RefusedMalformed},
 	}
 	want := map[api.Refusal]int64{}
 	for _, tt := range tests {

@@ -2,7 +2,9 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -22,7 +24,7 @@ func (s *Store) TransferPostings(ctx context.Context, transferID string) ([]ledg
 
 func (s *Store) postings(ctx context.Context, where string, args ...any) ([]ledger.Posting, error) {
 	rows, err := s.pool.Query(ctx, `
-		SELECT transfer_id, leg, account_id, amount, balance_after, account_version
+		SELECT transfer_id, leg, account_id, amount, balance_after, account_version, created_at
 		FROM postings WHERE `+where, args...)
 	if err != nil {
 		return nil, fmt.Errorf("read postings: %w", err)
@@ -36,6 +38,60 @@ func (s *Store) postings(ctx context.Context, where string, args ...any) ([]ledg
 
 func scanPosting(r pgx.CollectableRow) (ledger.Posting, error) {
 	var p ledger.Posting
-	err := r.Scan(&p.TransferID, &p.Leg, &p.AccountID, &p.Amount, &p.BalanceAfter, &p.AccountVersion)
+	err := r.Scan(&p.TransferID, &p.Leg, &p.AccountID, &p.Amount, &p.BalanceAfter, &p.AccountVersion, &p.CreatedAt)
 	return p, err
+}
+
+// BalanceAt returns an account's balance at an instant: the balance after
+// its last change-log row written at or before at, and that row's version
+// (0 and 0 before its first row). It does not check that the account
+// exists.
+func (s *Store) BalanceAt(ctx context.Context, accountID string, at time.Time) (balance, version int64, err error) {
+	err = s.pool.QueryRow(ctx, `
+		SELECT balance_after, account_version FROM postings
+		WHERE account_id = $1 AND created_at <= $2 ORDER BY account_version DESC LIMIT 1`, accountID, at).Scan(&balance, &version)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, 0, nil
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("balance at %s: %w", at.Format(time.RFC3339Nano), err)
+	}
+	return balance, version, nil
+}
+
+// Statement returns an account's statement over [from, to): the balance
+// before from (opening) and before to (closing), and up to limit of the
+// change-log rows written in between with a version above after, in
+// version order. Opening plus the amounts of all the rows in between is
+// closing, and each row's balance_after is the running sum.
+func (s *Store) Statement(ctx context.Context, accountID string, from, to time.Time, after int64, limit int) (ledger.Statement, error) {
+	st := ledger.Statement{AccountID: accountID, From: from, To: to}
+	// One snapshot for the three reads, so that they agree while rows
+	// keep arriving after to.
+	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		for _, b := range []struct {
+			at  time.Time
+			out *int64
+		}{{from, &st.Opening}, {to, &st.Closing}} {
+			err := tx.QueryRow(ctx, `
+				SELECT balance_after FROM postings
+				WHERE account_id = $1 AND created_at < $2 ORDER BY account_version DESC LIMIT 1`, accountID, b.at).Scan(b.out)
+			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+				return err
+			}
+		}
+		rows, err := tx.Query(ctx, `
+			SELECT transfer_id, leg, account_id, amount, balance_after, account_version, created_at FROM postings
+			WHERE account_id = $1 AND created_at >= $2 AND created_at < $3 AND account_version > $4
+			ORDER BY account_version LIMIT $5`, accountID, from, to, after, limit)
+		if err != nil {
+			return err
+		}
+		st.Entries, err = pgx.CollectRows(rows, scanPosting)
+		return err
+	})
+	if err != nil {
+		return ledger.Statement{}, fmt.Errorf("statement of %s: %w", accountID, err)
+	}
+	return st, nil
 }

@@ -76,7 +76,11 @@ func (r Report) String() string {
 //     postings and its one applied capture or void agree;
 //   - the refunds of a transfer never exceed what it moved, and the
 //     refunded amount kept with it (its row here, or its credit's) is the
-//     sum of its refunds here that moved money.
+//     sum of its refunds here that moved money;
+//   - statements agree with the change-log: each row's balance_after is
+//     the running sum of its account's amounts in version order, and an
+//     account's rows carry times in the order of their versions (a balance
+//     at an instant, and a statement's opening and closing, read them).
 //
 // It returns an error only when the database cannot be read.
 func (s *Store) Verify(ctx context.Context) (Report, error) {
@@ -94,6 +98,7 @@ func (s *Store) Verify(ctx context.Context) (Report, error) {
 			{"captures stay within their holds", `SELECT count(*) FROM transfers WHERE expires_at IS NOT NULL`, capturedSQL, nil},
 			{"no hold is both captured and voided or expired", `SELECT count(*) FROM transfers WHERE expires_at IS NOT NULL`, closedOnceSQL, nil},
 			{"refunds stay within what their transfer moved", `SELECT (SELECT count(*) FROM transfers WHERE type <> 'refund') + (SELECT count(*) FROM credits)`, refundedSQL, []any{s.cfg.Region}},
+			{"statements agree with the change-log", `SELECT count(*) FROM postings`, statementSQL, nil},
 		} {
 			chk := Check{Name: c.name}
 			if err := tx.QueryRow(ctx, c.count).Scan(&chk.Checked); err != nil {
@@ -114,6 +119,17 @@ func (s *Store) Verify(ctx context.Context) (Report, error) {
 	})
 	return rep, err
 }
+
+// statementSQL names each change-log row whose balance_after is not the
+// running sum of its account's amounts, or whose time is before the time
+// of its account's previous version.
+const statementSQL = `
+	SELECT format('account %s: version %s (%s/%s) has balance_after %s, the running sum is %s; written at %s, version %s at %s',
+	              account_id, account_version, transfer_id, leg, balance_after, running, created_at, account_version - 1, before)
+	FROM (SELECT account_id, account_version, transfer_id, leg, balance_after, created_at,
+	             sum(amount) OVER w AS running, lag(created_at) OVER w AS before
+	      FROM postings WINDOW w AS (PARTITION BY account_id ORDER BY account_version)) p
+	WHERE balance_after <> running OR created_at < before`
 
 const balanceSQL = `
 	SELECT format('account %s: balance %s, change-log sums to %s; version %s, %s postings numbered %s..%s',
