@@ -54,6 +54,12 @@ type accountsCmd struct {
 		After   int64  `help:"With --entries: start after this version."`
 		AsOf    string `name:"as-of" help:"Its balance at this instant instead (RFC 3339)."`
 	} `cmd:"" help:"Show an account, from any region."`
+	List struct {
+		apiClient
+		Currency string `help:"Only accounts in this currency."`
+		Limit    int    `help:"Accounts per page (1 to 500)." default:"20"`
+		Cursor   string `help:"The next_cursor of the page before."`
+	} `cmd:"" help:"List your accounts in every region, newest first, a page at a time."`
 	Statement struct {
 		apiClient
 		ID    string `arg:"" help:"Account id."`
@@ -67,6 +73,14 @@ func (c *accountsCmd) Run(ctx context.Context, k *kong.Context) error {
 	switch k.Command() {
 	case "accounts create":
 		return show(c.Create.client().CreateAccount(ctx, c.Create.Currency, c.Create.Region, c.Create.Floor, idemKey(c.Create.Key)))
+	case "accounts list":
+		q := url.Values{"limit": {strconv.Itoa(c.List.Limit)}}
+		for k, v := range map[string]string{"currency": c.List.Currency, "cursor": c.List.Cursor} {
+			if v != "" {
+				q.Set(k, v)
+			}
+		}
+		return show(c.List.client().Get(ctx, "/v1/accounts?"+q.Encode()))
 	case "accounts statement <id>":
 		q := url.Values{"from": {c.Statement.From}}
 		if c.Statement.To != "" {
@@ -105,6 +119,15 @@ type transfersCmd struct {
 		apiClient
 		ID string `arg:"" help:"Transfer id."`
 	} `cmd:"" help:"Show a transfer's status and legs, from any region."`
+	List struct {
+		apiClient
+		Account     string `help:"Only transfers from or to this account of yours."`
+		Status      string `help:"Only transfers in this status (COMPLETED, HELD, ...)."`
+		CreatedFrom string `name:"created-from" help:"Only transfers created at or after this instant (RFC 3339)."`
+		CreatedTo   string `name:"created-to" help:"Only transfers created before this instant (RFC 3339)."`
+		Limit       int    `help:"Transfers per page (1 to 500)." default:"20"`
+		Cursor      string `help:"The next_cursor of the page before."`
+	} `cmd:"" help:"List your transfers in every region, newest first, a page at a time."`
 	Capture struct {
 		apiClient
 		ID     string `arg:"" help:"Hold id."`
@@ -128,6 +151,15 @@ func (c *transfersCmd) Run(ctx context.Context, k *kong.Context) error {
 	switch k.Command() {
 	case "transfers show <id>":
 		return show(c.Show.client().Get(ctx, "/v1/transfers/"+c.Show.ID))
+	case "transfers list":
+		l := c.List
+		q := url.Values{"limit": {strconv.Itoa(l.Limit)}}
+		for k, v := range map[string]string{"account": l.Account, "status": l.Status, "created_gte": l.CreatedFrom, "created_lt": l.CreatedTo, "cursor": l.Cursor} {
+			if v != "" {
+				q.Set(k, v)
+			}
+		}
+		return show(l.client().Get(ctx, "/v1/transfers?"+q.Encode()))
 	case "transfers capture <id>":
 		amount, err := optionalAmount(c.Capture.Amount)
 		if err != nil {

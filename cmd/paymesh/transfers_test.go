@@ -165,6 +165,26 @@ func TestTransfersCommands(t *testing.T) {
 	if !errors.Is(err, errFailed) || !strings.Contains(out, string(ledger.CodeInvalidRequest)) {
 		t.Fatalf("accounts statement --from 'last week': %v %s, want the API's 400", err, out)
 	}
+	// The lists: the completed transfers from a, and the client's accounts.
+	out, err = runCLI(t, append([]string{"transfers", "list", "--account", a, "--status", "COMPLETED", "--limit", "50"}, flags...)...)
+	var tl api.TransferList
+	if err != nil || json.Unmarshal([]byte(out), &tl) != nil || len(tl.Transfers) == 0 {
+		t.Fatalf("transfers list: %v %s", err, out)
+	}
+	for _, x := range tl.Transfers {
+		if x.Status != string(ledger.StatusCompleted) || x.From != a && x.To != a {
+			t.Fatalf("transfers list --account --status: %+v", x)
+		}
+	}
+	out, err = runCLI(t, append([]string{"accounts", "list", "--limit", "1"}, flags...)...)
+	var al api.AccountList
+	if err != nil || json.Unmarshal([]byte(out), &al) != nil || len(al.Accounts) != 1 || al.NextCursor == "" {
+		t.Fatalf("accounts list --limit 1: %v %s, want one account and a cursor", err, out)
+	}
+	out, err = runCLI(t, append([]string{"transfers", "list", "--status", "DONE"}, flags...)...)
+	if !errors.Is(err, errFailed) || !strings.Contains(out, string(ledger.CodeInvalidRequest)) {
+		t.Fatalf("transfers list --status DONE: %v %s, want the API's 400", err, out)
+	}
 	// Opening an account under a key: a retry is the same account.
 	one, _ := runCLI(t, append([]string{"accounts", "create", "--currency", "EUR", "--key", "cli-open-1"}, flags...)...)
 	two, _ := runCLI(t, append([]string{"accounts", "create", "--currency", "EUR", "--key", "cli-open-1"}, flags...)...)

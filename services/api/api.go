@@ -181,7 +181,7 @@ func New(cfg Config) *Handler {
 	if c.ClaimKeys {
 		path = &claimedPath{cfg: c, answers: s.answers, seen: seen}
 	}
-	s.serve(newAccounts(c, s.fwd, seen), newTransfers(c, s.fwd, s.answers, path), newHolds(c, s.fwd, unclaimed), &ops{cfg: c})
+	s.serve(newAccounts(c, s.fwd, seen), newTransfers(c, s.fwd, s.answers, path), newHolds(c, s.fwd, unclaimed), newLists(c, s.fwd), &ops{cfg: c})
 	return s
 }
 
@@ -210,9 +210,11 @@ func withDefaults(cfg Config) Config {
 
 // serve routes the resources' endpoints, and takes their operations from
 // other regions (forwarder.register).
-func (s *Handler) serve(a *accounts, t *transfers, h *holds, o *ops) {
-	s.fwd.register(a.create, a.claim, a.read, a.entries, a.statement, t.create, t.read, h.capture, h.void, h.target, h.refund)
+func (s *Handler) serve(a *accounts, t *transfers, h *holds, l *lists, o *ops) {
+	s.fwd.register(a.create, a.claim, a.read, a.entries, a.statement, t.create, t.read, h.capture, h.void, h.target, h.refund, l.transfers, l.accounts)
 	s.route("POST /v1/accounts", s.auth.authed(a.post))
+	s.route("GET /v1/accounts", s.auth.authed(l.getAccounts))
+	s.route("GET /v1/transfers", s.auth.authed(l.getTransfers))
 	s.route("GET /v1/accounts/{id}", s.auth.authed(a.get))
 	s.route("GET /v1/accounts/{id}/entries", s.auth.authed(a.getEntries))
 	s.route("GET /v1/accounts/{id}/statement", s.auth.authed(a.getStatement))

@@ -41,6 +41,8 @@ type Call struct {
 	At   *time.Time `json:"at,omitempty"`
 	From *time.Time `json:"from,omitempty"`
 	To   *time.Time `json:"to,omitempty"`
+	// List is what a list selects (list_transfers, list_accounts).
+	List *ListQuery `json:"list,omitempty"`
 	// Region is, for an account opened under an Idempotency-Key, the
 	// region it opens in when its body names none: the region the
 	// request was sent to.

@@ -2,6 +2,7 @@ package api
 
 import (
 	"bytes"
+	"slices"
 	"time"
 
 	"github.com/paymesh/paymesh/services/ledger"
@@ -27,6 +28,7 @@ type shape struct {
 	region bool     // the region a new account opens in when its body names none (none otherwise)
 	at     bool     // an instant of a balance, optional (none otherwise)
 	period bool     // a statement's from and to, required (none otherwise)
+	list   bool     // what a list selects, required (none otherwise)
 }
 
 // keyRule is whether an operation's call carries an Idempotency-Key.
@@ -90,18 +92,22 @@ const (
 	// RefusedTime: an instant or a period missing, in the future, empty,
 	// or given to an operation that takes none.
 	RefusedTime
+	// RefusedList: a list's selection missing or malformed (a status,
+	// currency, account or cursor that is none, an empty period, an
+	// account homed elsewhere), or given to an operation that takes none.
+	RefusedList
 	numRefusals
 )
 
 // Refusals lists every refusal reason.
-var Refusals = []Refusal{RefusedMalformed, RefusedOp, RefusedClient, RefusedID, RefusedKey, RefusedPage, RefusedBody, RefusedTarget, RefusedRegion, RefusedTime}
+var Refusals = []Refusal{RefusedMalformed, RefusedOp, RefusedClient, RefusedID, RefusedKey, RefusedPage, RefusedBody, RefusedTarget, RefusedRegion, RefusedTime, RefusedList}
 
 // String returns the refusal's label value.
 func (r Refusal) String() string {
 	if r >= numRefusals {
 		return "unknown"
 	}
-	return [...]string{"malformed", "op", "client", "id", "key", "page", "body", "target", "region", "time"}[r]
+	return [...]string{"malformed", "op", "client", "id", "key", "page", "body", "target", "region", "time", "list"}[r]
 }
 
 // check refuses a forwarded call that the HTTP edge would not have let
@@ -119,6 +125,7 @@ func (f *forwarder) check(c Call, s shape) (Refusal, error) {
 		{RefusedTarget, f.checkTarget(c, s.target)},
 		{RefusedRegion, f.checkRegion(c, s.region)},
 		{RefusedTime, checkCallTime(c, s, time.Now())},
+		{RefusedList, f.checkCallList(c, s.list, time.Now())},
 	} {
 		if r.err != nil {
 			return r.why, r.err
@@ -267,4 +274,50 @@ func checkPeriod(from, to, now time.Time) error {
 		return ledger.Errorf(ledger.CodeInvalidRequest, "from=%s is not before to=%s", from.Format(time.RFC3339Nano), to.Format(time.RFC3339Nano))
 	}
 	return checkInstant("to", to, now)
+}
+
+// checkCallList checks a list's selection where the operation takes one,
+// and that an account's list runs in the account's region.
+func (f *forwarder) checkCallList(c Call, takes bool, now time.Time) error {
+	switch {
+	case !takes && c.List != nil:
+		return ledger.Errorf(ledger.CodeInvalidRequest, "%s takes no list", c.Op)
+	case !takes:
+		return nil
+	case c.List == nil:
+		return ledger.Errorf(ledger.CodeInvalidRequest, "%s needs what it lists (list)", c.Op)
+	}
+	if err := f.checkList(*c.List, now); err != nil {
+		return err
+	}
+	if c.List.Account != "" {
+		return f.here(c.Op, "account", c.List.Account)
+	}
+	return nil
+}
+
+// checkList refuses a list selection the edge would not make: an unknown
+// status or currency, an account or cursor that is no paymesh ID, a
+// period that is empty.
+func (f *forwarder) checkList(q ListQuery, now time.Time) error {
+	if q.Status != "" && !slices.Contains(ledger.Statuses(), ledger.Status(q.Status)) {
+		return ledger.Errorf(ledger.CodeInvalidRequest, "status=%.16q is none of %v", q.Status, ledger.Statuses())
+	}
+	if q.Currency != "" && !ledger.ValidCurrency(q.Currency) {
+		return ledger.Errorf(ledger.CodeInvalidCurrency, "currency=%.8q is not an ISO 4217 currency code", q.Currency)
+	}
+	if q.Account != "" {
+		if _, err := f.homeOf("account", q.Account); err != nil {
+			return err
+		}
+	}
+	if q.After != nil {
+		if _, err := f.homeOf("cursor", q.After.ID); err != nil {
+			return err
+		}
+	}
+	if q.CreatedFrom != nil && q.CreatedTo != nil && !q.CreatedFrom.Before(*q.CreatedTo) {
+		return ledger.Errorf(ledger.CodeInvalidRequest, "created_gte=%s is not before created_lt=%s", q.CreatedFrom.Format(time.RFC3339Nano), q.CreatedTo.Format(time.RFC3339Nano))
+	}
+	return nil
 }

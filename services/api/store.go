@@ -24,6 +24,12 @@ type Ledger interface {
 	// PostingsPage returns up to limit change-log rows of an account with
 	// a version above after, in version order.
 	PostingsPage(ctx context.Context, accountID string, after int64, limit int) ([]ledger.Posting, error)
+	// TransfersPage returns up to limit of a client's transfers that f
+	// selects, newest first.
+	TransfersPage(ctx context.Context, f ledger.TransferFilter, limit int) ([]ledger.Transfer, error)
+	// AccountsPage returns up to limit of a client's accounts that f
+	// selects, newest first.
+	AccountsPage(ctx context.Context, f ledger.AccountFilter, limit int) ([]ledger.Account, error)
 	// BalanceAt returns an account's balance at an instant, and the
 	// version of its change-log row that made it (0 and 0 before any).
 	BalanceAt(ctx context.Context, accountID string, at time.Time) (balance, version int64, err error)

@@ -265,6 +265,14 @@ func TestForwardedCallsChecked(t *testing.T) {
 		{"StatementToFuture", statement(`"limit":5,"from":"2020-01-01T00:00:00Z","to":"2999-01-01T00:00:00Z"`), 400, ledger.CodeInvalidRequest, api.RefusedTime},
 		{"StatementLimitZero", statement(`"limit":0,"from":"2020-01-01T00:00:00Z","to":"2020-02-01T00:00:00Z"`), 400, ledger.CodeInvalidRequest, api.RefusedPage},
 		{"AtNotATime", get(`,"at":"yesterday"`), 400, ledger.CodeInvalidRequest, api.RefusedMalformed},
+		{"ListOnGet", get(`,"list":{}`), 400, ledger.CodeInvalidRequest, api.RefusedList},
+		{"ListMissing", `{"op":"list_transfers","client":"acme","limit":5}`, 400, ledger.CodeInvalidRequest, api.RefusedList},
+		{"ListBadStatus", `{"op":"list_transfers","client":"acme","limit":5,"list":{"status":"DONE"}}`, 400, ledger.CodeInvalidRequest, api.RefusedList},
+		{"ListBadCurrency", `{"op":"list_accounts","client":"acme","limit":5,"list":{"currency":"euro"}}`, 422, ledger.CodeInvalidCurrency, api.RefusedList},
+		{"ListAccountElsewhere", fmt.Sprintf(`{"op":"list_transfers","client":"acme","limit":5,"list":{"account":%q}}`, usID), 400, ledger.CodeInvalidRequest, api.RefusedList},
+		{"ListBadCursor", `{"op":"list_transfers","client":"acme","limit":5,"list":{"after":{"created_at":"2026-01-01T00:00:00Z","id":"x"}}}`, 400, ledger.CodeInvalidRequest, api.RefusedList},
+		{"ListEmptyPeriod", `{"op":"list_transfers","client":"acme","limit":5,"list":{"created_gte":"2026-01-02T00:00:00Z","created_lt":"2026-01-01T00:00:00Z"}}`, 400, ledger.CodeInvalidRequest, api.RefusedList},
+		{"ListLimitZero", `{"op":"list_accounts","client":"acme","limit":0,"list":{}}`, 400, ledger.CodeInvalidRequest, api.RefusedPage},
 	}
 	want := map[api.Refusal]int64{}
 	for _, tt := range tests {

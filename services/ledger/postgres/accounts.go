@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -207,4 +208,27 @@ func (s *Store) CloseAccount(ctx context.Context, id string) error {
 // Postings returns an account's change-log in version order.
 func (s *Store) Postings(ctx context.Context, accountID string) ([]ledger.Posting, error) {
 	return s.PostingsPage(ctx, accountID, 0, 1<<31-1)
+}
+
+// AccountsPage returns up to limit of a client's customer accounts that f
+// selects, newest first (created_at, then id, descending).
+func (s *Store) AccountsPage(ctx context.Context, f ledger.AccountFilter, limit int) ([]ledger.Account, error) {
+	var afterAt *time.Time
+	var afterID string
+	if f.After != nil {
+		afterAt, afterID = &f.After.CreatedAt, f.After.ID
+	}
+	rows, err := s.pool.Query(ctx, `SELECT `+accountColumns+` FROM accounts
+		WHERE client_id = $1 AND kind = 'customer'
+		  AND ($2 = '' OR currency = $2)
+		  AND ($3::timestamptz IS NULL OR (created_at, id) < ($3, $4::text COLLATE "C"))
+		ORDER BY created_at DESC, id DESC LIMIT $5`, f.ClientID, f.Currency, afterAt, afterID, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list accounts: %w", err)
+	}
+	as, err := pgx.CollectRows(rows, scanAccount)
+	if err != nil {
+		return nil, fmt.Errorf("list accounts: %w", err)
+	}
+	return as, nil
 }

@@ -1,0 +1,32 @@
+package ledger
+
+import "time"
+
+// ListCursor is a position in a list of transfers or accounts, newest
+// first: the (CreatedAt, ID) of the last one a page held. The next page
+// holds those strictly before it, so a page is the same whatever was added
+// after the first one was read.
+type ListCursor struct {
+	CreatedAt time.Time `json:"created_at"`
+	ID        string    `json:"id"`
+}
+
+// TransferFilter selects a client's transfers for a list: each field set
+// narrows it.
+type TransferFilter struct {
+	ClientID string
+	// Account: transfers from or to it.
+	Account string
+	Status  Status
+	// CreatedFrom and CreatedTo bound created_at: [CreatedFrom, CreatedTo).
+	CreatedFrom, CreatedTo time.Time
+	// After is the cursor of the page before (nil: the first page).
+	After *ListCursor
+}
+
+// AccountFilter selects a client's accounts for a list.
+type AccountFilter struct {
+	ClientID string
+	Currency string
+	After    *ListCursor
+}
