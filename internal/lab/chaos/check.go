@@ -145,7 +145,8 @@ func check(ctx context.Context, c *cluster.Cluster, h *History, quiescent bool) 
 	i4 := newCheck(I4)
 	i4.merge(byName("consume-log rows match applied messages"))
 	i5 := newCheck(I5)
-	i5.merge(byName("balance equals the sum of its change-log", "transfers have the change-log rows their status implies"))
+	i5.merge(byName("balance equals the sum of its change-log", "transfers have the change-log rows their status implies",
+		"statements agree with the change-log"))
 	i7 := newCheck(I7)
 	i7.merge(byName("held equals the sum of open holds, within the floor", "captures stay within their holds",
 		"no hold is both captured and voided or expired", "refunds stay within what their transfer moved"))

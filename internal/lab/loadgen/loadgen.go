@@ -92,15 +92,15 @@ type Result struct {
 	Elapsed      time.Duration
 }
 
-// openAccount opens an account in region under one Idempotency-Key, so
-// that a retry opens no second account, and sends it again while the API
-// refuses the connection (a fault the run schedules may have stopped it),
-// for at most a minute.
+// openAccount opens an account in region, again while the API refuses the
+// connection (a fault the run schedules may have stopped it: the request
+// never reached it, so a retry opens no second account), for at most a
+// minute. It uses no Idempotency-Key: under one, opening an account also
+// needs the key's home region, which the run's faults may have stopped.
 func openAccount(ctx context.Context, c *api.Client, region string, floor int64) (api.Response, error) {
 	deadline := time.Now().Add(time.Minute)
-	key := api.NewIdempotencyKey()
 	for {
-		res, err := c.CreateAccount(ctx, "EUR", region, floor, key)
+		res, err := c.CreateAccount(ctx, "EUR", region, floor, "")
 		if err == nil || !errors.Is(err, syscall.ECONNREFUSED) || time.Now().After(deadline) {
 			return res, err
 		}
