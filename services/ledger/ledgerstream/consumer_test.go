@@ -437,8 +437,12 @@ func TestRandomizedRunVerifies(t *testing.T) {
 	if got := st.Applied.Load() + st.Rejected.Load(); got != n+int64(len(accounts)) {
 		t.Fatalf("recorded transfers: got %d, want %d", got, n+len(accounts))
 	}
-	if caught != int64(dupes) {
-		t.Fatalf("duplicates caught: got %d, want %d", caught, dupes)
+	// A batch that outlives AckWait on a loaded machine is delivered
+	// again after its commit, and the redelivery is a duplicate caught
+	// too (a CI run: 2,020 caught, 1,960 sent twice): each is counted in
+	// Redeliveries, and nothing else may add to the count.
+	if redelivered := st.Redeliveries.Load(); caught < int64(dupes) || caught > int64(dupes)+redelivered {
+		t.Fatalf("duplicates caught: got %d, want %d (the copies sent), up to %d more (the redeliveries)", caught, dupes, redelivered)
 	}
 	t.Logf("applied %d, rejected %d, duplicates %v", st.Applied.Load(), st.Rejected.Load(), st.Duplicates())
 	h.f.MustVerify(t)
