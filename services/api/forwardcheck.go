@@ -124,7 +124,7 @@ func (f *forwarder) check(c Call, s shape) (Refusal, error) {
 		{RefusedBody, checkCallBody(c, s.body)},
 		{RefusedTarget, f.checkTarget(c, s.target)},
 		{RefusedRegion, f.checkRegion(c, s.region)},
-		{RefusedTime, checkCallTime(c, s, time.Now())},
+		{RefusedTime, checkCallTime(c, s, time.Now().Add(MaxClockSkew))},
 		{RefusedList, f.checkCallList(c, s.list, time.Now())},
 	} {
 		if r.err != nil {
@@ -248,6 +248,11 @@ func (f *forwarder) checkTarget(c Call, needed bool) error {
 	return f.here(c.Op, "target to", t.To)
 }
 
+// MaxClockSkew is how far the sending region's clock may be ahead of this
+// one's: a statement's default end is the sending edge's now, which must
+// not be refused as in the future here.
+const MaxClockSkew = 5 * time.Second
+
 // checkCallTime checks a call's instant and period: an instant, where the
 // operation takes one, not after now; a period, where it needs one, with
 // both ends, from before to, to not after now; neither elsewhere.
@@ -276,8 +281,7 @@ func checkPeriod(from, to, now time.Time) error {
 	return checkInstant("to", to, now)
 }
 
-// checkCallList checks a list's selection where the operation takes one,
-// and that an account's list runs in the account's region.
+// checkCallList checks a list's selection where the operation takes one.
 func (f *forwarder) checkCallList(c Call, takes bool, now time.Time) error {
 	switch {
 	case !takes && c.List != nil:
@@ -287,13 +291,7 @@ func (f *forwarder) checkCallList(c Call, takes bool, now time.Time) error {
 	case c.List == nil:
 		return ledger.Errorf(ledger.CodeInvalidRequest, "%s needs what it lists (list)", c.Op)
 	}
-	if err := f.checkList(*c.List, now); err != nil {
-		return err
-	}
-	if c.List.Account != "" {
-		return f.here(c.Op, "account", c.List.Account)
-	}
-	return nil
+	return f.checkList(*c.List, now)
 }
 
 // checkList refuses a list selection the edge would not make: an unknown

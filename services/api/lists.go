@@ -20,13 +20,13 @@ import (
 // transfers and accounts, newest first, a page at a time, across regions.
 // A client's transfers live in the regions of their source accounts, and
 // its accounts in their own regions, so a list asks every region for its
-// first page after the cursor (limit+1 rows, in parallel; only the
-// account's region when the list is of one account) and merges the pages
-// by (created_at, id). The cursor is the last row's (created_at, id),
-// the same for every region, so the next page starts below it everywhere:
-// nothing is skipped or repeated across pages, whatever arrives meanwhile
-// (a row added later sorts above the first page's cursor, or below a page
-// that is yet to be read).
+// first page after the cursor (limit+1 rows, in parallel) and merges the
+// pages by (created_at, id). The cursor is the last row's (created_at,
+// id), the same for every region, so the next page starts below it
+// everywhere: no row is repeated, and every row that was there when the
+// first page was read is listed once. A row committed meanwhile is listed
+// when its created_at (the time the API took the request) falls below the
+// position the pages have reached, and not otherwise.
 type lists struct {
 	cfg                 *Config
 	fwd                 *forwarder
@@ -74,14 +74,10 @@ func (l *lists) getTransfers(ctx context.Context, r *http.Request, client string
 	if err != nil {
 		return errReply(err)
 	}
+	// Every region, an account's list too: a transfer lives in its
+	// source's region, so the transfers into an account are in the
+	// regions they came from.
 	regions := l.cfg.Regions.Names()
-	if q.Account != "" {
-		home, err := l.fwd.homeOf("account", q.Account)
-		if err != nil {
-			return errReply(err)
-		}
-		regions = []string{home}
-	}
 	replies := l.fanOut(ctx, regions, l.transfers, Call{Client: client, Limit: limit, List: &q})
 	page, next, failed := merge(l.fwd, regions, replies, limit, func(b []byte) ([]TransferBody, error) {
 		var p TransferList

@@ -136,6 +136,14 @@ func TestListTransfersAndAccounts(t *testing.T) {
 		if got, want := len(e.listAll(t, "eu", "/v1/transfers", "account="+src["us"], 3, keyA)), count("us", "from_account = $1", src["us"]); got != want || got == 0 {
 			t.Fatalf("account=%s: %d, want %d", src["us"], got, want)
 		}
+		// Into an account: the transfers of every region that paid it.
+		into := 0
+		for _, r := range regions {
+			into += count(r, "to_account = $1", dst)
+		}
+		if got := len(e.listAll(t, "ap", "/v1/transfers", "account="+dst, 7, keyA)); got != into || into != len(made) {
+			t.Fatalf("account=%s (paid from three regions): %d listed, want %d", dst, got, into)
+		}
 		all := 0
 		for _, r := range regions {
 			all += count(r, "status = 'COMPLETED'")

@@ -2,6 +2,7 @@ package api
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 )
 
@@ -19,8 +20,13 @@ func errReply(err error) reply {
 	return reply{Status: st, Header: map[string]string{"Content-Type": "application/problem+json"}, Body: b}
 }
 
+// jsonReply renders v with status; a v that does not render is an
+// internal error, never an empty answer.
 func jsonReply(status int, v any) reply {
-	b, _ := json.Marshal(v)
+	b, err := json.Marshal(v)
+	if err != nil {
+		return errReply(fmt.Errorf("render the answer: %w", err))
+	}
 	return reply{Status: status, Body: b}
 }
 

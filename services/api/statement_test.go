@@ -100,6 +100,8 @@ func TestBalanceAsOfAndStatement(t *testing.T) {
 		"StatementEmpty":      "/v1/accounts/" + a + "/statement?from=" + past + "&to=" + past,
 		"StatementBadLimit":   "/v1/accounts/" + a + "/statement?from=" + past + "&limit=0",
 		"StatementBadAfter":   "/v1/accounts/" + a + "/statement?from=" + past + "&after=-1",
+		"AsOfYearZero":        "/v1/accounts/" + a + "?as_of=" + url.QueryEscape("0000-01-01T00:00:00+01:00"),
+		"FromYearZero":        "/v1/accounts/" + a + "/statement?from=" + url.QueryEscape("0000-01-01T00:00:00+01:00"),
 	} {
 		r := e.do(t, "us", "GET", path, keyA, "", "")
 		wantProblem(t, name, r, http.StatusBadRequest, ledger.CodeInvalidRequest)

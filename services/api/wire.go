@@ -546,8 +546,12 @@ func parseInstant(name, v string, now time.Time) (time.Time, error) {
 	return t, checkInstant(name, t, now)
 }
 
-// checkInstant refuses an instant after now.
+// checkInstant refuses an instant after now, or outside the years 1 to
+// 9999 (UTC), which no answer could render.
 func checkInstant(name string, t, now time.Time) error {
+	if y := t.UTC().Year(); y < 1 || y > 9999 {
+		return ledger.Errorf(ledger.CodeInvalidRequest, "%s=%s is outside the years 1 to 9999 (UTC)", name, t.Format(time.RFC3339))
+	}
 	if t.After(now) {
 		return ledger.Errorf(ledger.CodeInvalidRequest, "%s=%s is in the future: what happens until then is not known yet", name, t.Format(time.RFC3339))
 	}

@@ -47,6 +47,7 @@ func scanPosting(r pgx.CollectableRow) (ledger.Posting, error) {
 // (0 and 0 before its first row). It does not check that the account
 // exists.
 func (s *Store) BalanceAt(ctx context.Context, accountID string, at time.Time) (balance, version int64, err error) {
+	at = at.Truncate(time.Microsecond) // Postgres's precision: a row at T is at or before T.0000005
 	err = s.pool.QueryRow(ctx, `
 		SELECT balance_after, account_version FROM postings
 		WHERE account_id = $1 AND created_at <= $2 ORDER BY account_version DESC LIMIT 1`, accountID, at).Scan(&balance, &version)
@@ -66,6 +67,9 @@ func (s *Store) BalanceAt(ctx context.Context, accountID string, at time.Time) (
 // closing, and each row's balance_after is the running sum.
 func (s *Store) Statement(ctx context.Context, accountID string, from, to time.Time, after int64, limit int) (ledger.Statement, error) {
 	st := ledger.Statement{AccountID: accountID, From: from, To: to}
+	// Postgres's precision is a microsecond: [T.0000005, …) starts after a
+	// row at T, and [… , T.0000005) ends after it.
+	from, to = ceilMicro(from), ceilMicro(to)
 	// One snapshot for the three reads, so that they agree while rows
 	// keep arriving after to.
 	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
@@ -94,4 +98,12 @@ func (s *Store) Statement(ctx context.Context, accountID string, from, to time.T
 		return ledger.Statement{}, fmt.Errorf("statement of %s: %w", accountID, err)
 	}
 	return st, nil
+}
+
+// ceilMicro rounds t up to a whole microsecond.
+func ceilMicro(t time.Time) time.Time {
+	if d := t.Truncate(time.Microsecond); !d.Equal(t) {
+		return d.Add(time.Microsecond)
+	}
+	return t
 }

@@ -7,7 +7,9 @@ import (
 	"time"
 
 	"github.com/paymesh/paymesh/internal/testbed/ledgertest"
+	"github.com/paymesh/paymesh/platform/pgdb"
 	"github.com/paymesh/paymesh/services/ledger"
+	"github.com/paymesh/paymesh/services/ledger/postgres"
 )
 
 // foldAt is the independent computation of an account's balance at an
@@ -149,5 +151,39 @@ func TestVerifyStatements(t *testing.T) {
 			}
 			t.Fatalf("no statements check in:\n%s", rep)
 		})
+	}
+}
+
+// TestPostingTimesMigration: rows written before migration 00009 with
+// now() may be out of version order; the migration moves each up to its
+// account's latest time before it, so the statements check passes on an
+// upgraded ledger.
+func TestPostingTimesMigration(t *testing.T) {
+	ctx := context.Background()
+	f := ledgertest.New(t)
+	a, b := f.Account(t, "EUR", 100), f.Account(t, "EUR", 0)
+	for range 3 {
+		f.MustApply(t, f.Transfer(t, a, b, 5))
+	}
+	// Back to the schema before 00009, with what now() could leave:
+	// version 3 stamped before version 2.
+	if _, err := f.Pool.Exec(ctx, `
+		DELETE FROM ledger_schema_version WHERE version_id >= 9;
+		DROP INDEX transfers_client_created; DROP INDEX accounts_client_created;
+		ALTER TABLE postings ALTER COLUMN created_at SET DEFAULT now();
+		UPDATE postings SET created_at = created_at - interval '1 second' WHERE account_id = '`+a+`' AND account_version = 3`); err != nil {
+		t.Fatal(err)
+	}
+	if rep, err := f.Store.Verify(ctx); err != nil || rep.OK() {
+		t.Fatalf("before the migration: verify passes (%v), want the statements check to fail", err)
+	}
+	if err := pgdb.Migrate(ctx, f.Pool, postgres.Migrations()...); err != nil {
+		t.Fatal(err)
+	}
+	f.MustVerify(t)
+	var v2, v3 time.Time
+	if err := f.Pool.QueryRow(ctx, `SELECT (SELECT created_at FROM postings WHERE account_id = $1 AND account_version = 2),
+		(SELECT created_at FROM postings WHERE account_id = $1 AND account_version = 3)`, a).Scan(&v2, &v3); err != nil || !v3.Equal(v2) {
+		t.Fatalf("after the migration: version 2 at %s, version 3 at %s (%v), want 3 moved up to 2's time", v2, v3, err)
 	}
 }

@@ -8,6 +8,13 @@
 -- would stamp v+1 earlier than v. Balances at an instant and statements
 -- read the change-log by these times (paymesh verify checks the order).
 ALTER TABLE postings ALTER COLUMN created_at SET DEFAULT statement_timestamp();
+-- Rows written before, with now(), may be out of that order: each is moved
+-- up to the latest time of its account's rows before it, so that history
+-- reads in order too (a row moves by at most the length of a transaction).
+UPDATE postings p SET created_at = m.latest
+FROM (SELECT transfer_id, leg, max(created_at) OVER (PARTITION BY account_id ORDER BY account_version) AS latest
+      FROM postings) m
+WHERE p.transfer_id = m.transfer_id AND p.leg = m.leg AND p.created_at < m.latest;
 
 -- +goose Down
 ALTER TABLE postings ALTER COLUMN created_at SET DEFAULT now();
