@@ -74,18 +74,10 @@ func (c *accountsCmd) Run(ctx context.Context, k *kong.Context) error {
 	case "accounts create":
 		return show(c.Create.client().CreateAccount(ctx, c.Create.Currency, c.Create.Region, c.Create.Floor, idemKey(c.Create.Key)))
 	case "accounts list":
-		q := url.Values{"limit": {strconv.Itoa(c.List.Limit)}}
-		for k, v := range map[string]string{"currency": c.List.Currency, "cursor": c.List.Cursor} {
-			if v != "" {
-				q.Set(k, v)
-			}
-		}
+		q := given(map[string]string{"limit": strconv.Itoa(c.List.Limit), "currency": c.List.Currency, "cursor": c.List.Cursor})
 		return show(c.List.client().Get(ctx, "/v1/accounts?"+q.Encode()))
 	case "accounts statement <id>":
-		q := url.Values{"from": {c.Statement.From}}
-		if c.Statement.To != "" {
-			q.Set("to", c.Statement.To)
-		}
+		q := given(map[string]string{"from": c.Statement.From, "to": c.Statement.To})
 		if c.Statement.After > 0 {
 			q.Set("after", strconv.FormatInt(c.Statement.After, 10))
 		}
@@ -153,12 +145,8 @@ func (c *transfersCmd) Run(ctx context.Context, k *kong.Context) error {
 		return show(c.Show.client().Get(ctx, "/v1/transfers/"+c.Show.ID))
 	case "transfers list":
 		l := c.List
-		q := url.Values{"limit": {strconv.Itoa(l.Limit)}}
-		for k, v := range map[string]string{"account": l.Account, "status": l.Status, "created_gte": l.CreatedFrom, "created_lt": l.CreatedTo, "cursor": l.Cursor} {
-			if v != "" {
-				q.Set(k, v)
-			}
-		}
+		q := given(map[string]string{"limit": strconv.Itoa(l.Limit), "account": l.Account, "status": l.Status,
+			"created_gte": l.CreatedFrom, "created_lt": l.CreatedTo, "cursor": l.Cursor})
 		return show(l.client().Get(ctx, "/v1/transfers?"+q.Encode()))
 	case "transfers capture <id>":
 		amount, err := optionalAmount(c.Capture.Amount)
@@ -206,6 +194,17 @@ func idemKey(key string) string {
 		fmt.Fprintf(os.Stderr, "Idempotency-Key: %s\n", key)
 	}
 	return key
+}
+
+// given returns the query of the parameters that have a value.
+func given(params map[string]string) url.Values {
+	q := url.Values{}
+	for k, v := range params {
+		if v != "" {
+			q.Set(k, v)
+		}
+	}
+	return q
 }
 
 // optionalAmount parses an amount flag; empty is 0 (all).

@@ -168,12 +168,21 @@ func openedBody(a ledger.Account) AccountBody {
 	return accountBody(ledger.Account{ID: a.ID, ClientID: a.ClientID, Kind: a.Kind, Currency: a.Currency, Floor: a.Floor, CreatedAt: a.CreatedAt})
 }
 
+// home returns the account of a request's path and its home region; an
+// ID homed nowhere is a missing account.
+func (a *accounts) home(r *http.Request) (id, home string, err error) {
+	id = r.PathValue("id")
+	if home, err = a.fwd.home(id); err != nil {
+		return "", "", ledger.Errorf(ledger.CodeAccountNotFound, "account %q does not exist", id)
+	}
+	return id, home, nil
+}
+
 // get serves GET /v1/accounts/{id}.
 func (a *accounts) get(ctx context.Context, r *http.Request, client string) reply {
-	id := r.PathValue("id")
-	home, err := a.fwd.home(id)
+	id, home, err := a.home(r)
 	if err != nil {
-		return errReply(ledger.Errorf(ledger.CodeAccountNotFound, "account %q does not exist", id))
+		return errReply(err)
 	}
 	c := Call{Client: client, ID: id}
 	if v := r.URL.Query().Get("as_of"); v != "" {
@@ -205,10 +214,9 @@ func (a *accounts) readHere(ctx context.Context, c Call) reply {
 // getStatement serves GET /v1/accounts/{id}/statement?from=&to= (to: now
 // by default), a page at a time (after, limit).
 func (a *accounts) getStatement(ctx context.Context, r *http.Request, client string) reply {
-	id := r.PathValue("id")
-	home, err := a.fwd.home(id)
+	id, home, err := a.home(r)
 	if err != nil {
-		return errReply(ledger.Errorf(ledger.CodeAccountNotFound, "account %q does not exist", id))
+		return errReply(err)
 	}
 	c := Call{Client: client, ID: id, Limit: 100}
 	q := r.URL.Query()
@@ -253,10 +261,9 @@ func (a *accounts) statementHere(ctx context.Context, c Call) reply {
 
 // getEntries serves GET /v1/accounts/{id}/entries.
 func (a *accounts) getEntries(ctx context.Context, r *http.Request, client string) reply {
-	id := r.PathValue("id")
-	home, err := a.fwd.home(id)
+	id, home, err := a.home(r)
 	if err != nil {
-		return errReply(ledger.Errorf(ledger.CodeAccountNotFound, "account %q does not exist", id))
+		return errReply(err)
 	}
 	c := Call{Client: client, ID: id, Limit: 50}
 	if err := readPage(r.URL.Query(), &c); err != nil {

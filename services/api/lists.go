@@ -242,13 +242,8 @@ func (l *lists) decodeCursor(v string) (*ledger.ListCursor, error) {
 // transfers that c.List selects, limit+1 rows (the one more tells the
 // merge there is a next page).
 func (l *lists) transfersHere(ctx context.Context, c Call) reply {
-	f := ledger.TransferFilter{ClientID: c.Client, Account: c.List.Account, Status: ledger.Status(c.List.Status), After: c.List.After}
-	if c.List.CreatedFrom != nil {
-		f.CreatedFrom = *c.List.CreatedFrom
-	}
-	if c.List.CreatedTo != nil {
-		f.CreatedTo = *c.List.CreatedTo
-	}
+	f := ledger.TransferFilter{ClientID: c.Client, Account: c.List.Account, Status: ledger.Status(c.List.Status),
+		CreatedFrom: c.List.CreatedFrom, CreatedTo: c.List.CreatedTo, After: c.List.After}
 	ts, err := l.cfg.Ledger.TransfersPage(ctx, f, min(max(c.Limit, 1), MaxPageLimit)+1)
 	if err != nil {
 		return errReply(err)

@@ -18,8 +18,9 @@ type TransferFilter struct {
 	// Account: transfers from or to it.
 	Account string
 	Status  Status
-	// CreatedFrom and CreatedTo bound created_at: [CreatedFrom, CreatedTo).
-	CreatedFrom, CreatedTo time.Time
+	// CreatedFrom and CreatedTo, when set, bound created_at:
+	// [CreatedFrom, CreatedTo).
+	CreatedFrom, CreatedTo *time.Time
 	// After is the cursor of the page before (nil: the first page).
 	After *ListCursor
 }

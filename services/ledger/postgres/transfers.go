@@ -210,14 +210,8 @@ func (s *Store) ActionByKey(ctx context.Context, client, key string) (ledger.Act
 // selects, newest first (created_at, then id, descending), from the
 // transfers_client_created index.
 func (s *Store) TransfersPage(ctx context.Context, f ledger.TransferFilter, limit int) ([]ledger.Transfer, error) {
-	var from, to, afterAt *time.Time
+	var afterAt *time.Time
 	var afterID string
-	if !f.CreatedFrom.IsZero() {
-		from = &f.CreatedFrom
-	}
-	if !f.CreatedTo.IsZero() {
-		to = &f.CreatedTo
-	}
 	if f.After != nil {
 		afterAt, afterID = &f.After.CreatedAt, f.After.ID
 	}
@@ -229,7 +223,7 @@ func (s *Store) TransfersPage(ctx context.Context, f ledger.TransferFilter, limi
 		  AND ($5::timestamptz IS NULL OR created_at < $5)
 		  AND ($6::timestamptz IS NULL OR (created_at, id) < ($6, $7::text COLLATE "C"))
 		ORDER BY created_at DESC, id DESC LIMIT $8`,
-		f.ClientID, f.Account, string(f.Status), from, to, afterAt, afterID, limit)
+		f.ClientID, f.Account, string(f.Status), f.CreatedFrom, f.CreatedTo, afterAt, afterID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("list transfers: %w", err)
 	}
