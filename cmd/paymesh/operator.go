@@ -144,7 +144,15 @@ func (c *regionStores) each(ctx context.Context, t regions.Table, log *slog.Logg
 		return err
 	}
 	for _, name := range names {
-		if err := untilMigrated(ctx, name, c.Wait, log, func() error { return f(stores[name]) }); err != nil {
+		err := untilMigrated(ctx, name, c.Wait, log, func() error {
+			// Not before every migration has run: a table of the first
+			// ones may still have a column a later one drops.
+			if pending, err := stores[name].Pending(ctx); err != nil || pending {
+				return cmp.Or(err, errNotMigrated)
+			}
+			return f(stores[name])
+		})
+		if err != nil {
 			return fmt.Errorf("region %s: %w", name, err)
 		}
 	}
@@ -336,17 +344,20 @@ func (r regionDB) openAPIStore(ctx context.Context, t regions.Table) (regionStor
 	return regionStore{Store: apidb.New(pool), region: r.Region, close: pool.Close}, nil
 }
 
+// errNotMigrated reports that the API's migrations have not all run yet.
+var errNotMigrated = errors.New("the API's migrations have not all run")
+
 // untilMigrated runs f, and again every startup.Every for at most timeout
-// while it fails because the region's API tables or columns do not exist
-// yet (its API migrates them at start, one migration per transaction, so a
-// table can exist before a later migration adds its column), logging once
+// while it fails because the region's API migrations have not all run
+// (errNotMigrated), or its tables or columns do not exist yet (its API
+// migrates them at start, one migration per transaction), logging once
 // that it waits. It returns f's last
 // error, saying what to run when the tables never came.
 func untilMigrated(ctx context.Context, region string, timeout time.Duration, log *slog.Logger, f func() error) error {
 	err := startup.Wait(ctx, timeout, log.With("region", region), "waiting for the region's API to migrate its tables", func() error {
 		err := f()
 		var pgErr *pgconn.PgError
-		if err != nil && (!errors.As(err, &pgErr) || (pgErr.Code != "42P01" && pgErr.Code != "42703")) { // undefined_table, undefined_column
+		if err != nil && !errors.Is(err, errNotMigrated) && (!errors.As(err, &pgErr) || (pgErr.Code != "42P01" && pgErr.Code != "42703")) { // undefined_table, undefined_column
 			return startup.Permanent(err)
 		}
 		return err

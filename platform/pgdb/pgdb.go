@@ -113,6 +113,24 @@ func up(ctx context.Context, db *sql.DB, m Migration) error {
 	return err
 }
 
+// Pending reports whether a migration of set m is not applied yet on the
+// database, without taking the migration lock, so that a tool waiting for
+// another process's migrations never acts on a schema half migrated. A
+// database without the set's version table may return its error.
+func Pending(ctx context.Context, pool *pgxpool.Pool, m Migration) (bool, error) {
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	p, err := goose.NewProvider(goose.DialectPostgres, db, m.FS, goose.WithTableName(m.Table), goose.WithDisableGlobalRegistry(true))
+	if err != nil {
+		return false, err
+	}
+	current, target, err := p.GetVersions(ctx)
+	if err != nil {
+		return false, fmt.Errorf("migrations of %s: %w", m.Table, err)
+	}
+	return current < target, nil
+}
+
 // Redact returns a URL with its password hidden, for messages.
 func Redact(raw string) string {
 	u, err := url.Parse(raw)

@@ -41,6 +41,12 @@ func Migrations() pgdb.Migration {
 	return pgdb.Migration{FS: sub, Table: MigrationTable}
 }
 
+// Pending reports whether an API migration is not applied yet on the
+// database (pgdb.Pending).
+func (s *Store) Pending(ctx context.Context) (bool, error) {
+	return pgdb.Pending(ctx, s.pool, Migrations())
+}
+
 // Store is the API's Postgres adapter. It is safe for concurrent use.
 type Store struct {
 	pool   *pgxpool.Pool
