@@ -64,7 +64,14 @@ func TestLedgerPending(t *testing.T) {
 		t.Fatal(err)
 	}
 	url := serve(t, m)
-	if got, ok := scrape.One(t, url, "paymesh_consumer_pending", map[string]string{"region": "eu", "stream": topo.Stream()}); !ok || got != 5 {
+	// The shards' consumers count the publishes a moment after their
+	// PubAcks (a loaded fresh-clone run read 2 of 5): wait for them.
+	got, ok := scrape.One(t, url, "paymesh_consumer_pending", map[string]string{"region": "eu", "stream": topo.Stream()})
+	for deadline := time.Now().Add(10 * time.Second); (!ok || got != 5) && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+		got, ok = scrape.One(t, url, "paymesh_consumer_pending", map[string]string{"region": "eu", "stream": topo.Stream()})
+	}
+	if !ok || got != 5 {
 		t.Errorf("paymesh_consumer_pending{stream=%s}: got %v (present %v), want 5", topo.Stream(), got, ok)
 	}
 	if got, ok := scrape.One(t, url, "paymesh_consumer_pending", map[string]string{"stream": "LEDGER_US"}); ok {
