@@ -111,8 +111,11 @@ func TestResetRate(t *testing.T) {
 			rst++
 		}
 	}
-	if rst != int(st.Resets) {
-		t.Fatalf("connections reset with RST: got %d, want %d", rst, st.Resets)
+	// A reset already under way when the shape was cleared may land after
+	// the first Status (a fresh-clone run: 24 RSTs, 23 counted): compare
+	// with the count once every connection has been read.
+	if final := p.Status().Resets; rst != int(final) {
+		t.Fatalf("connections reset with RST: got %d, want %d", rst, final)
 	}
 }
 
