@@ -204,11 +204,12 @@ func (a *accounts) readHere(ctx context.Context, c Call) reply {
 	if c.At == nil {
 		return jsonReply(http.StatusOK, accountBody(acct))
 	}
-	bal, version, err := a.cfg.Ledger.BalanceAt(ctx, acct.ID, *c.At)
+	b, err := a.cfg.Ledger.BalanceAt(ctx, acct.ID, *c.At)
 	if err != nil {
 		return errReply(err)
 	}
-	return jsonReply(http.StatusOK, AccountAsOfBody{ID: acct.ID, Currency: acct.Currency, AsOf: c.At.UTC(), Balance: bal, Version: version})
+	return jsonReply(http.StatusOK, AccountAsOfBody{ID: acct.ID, Currency: acct.Currency, AsOf: c.At.UTC(), Balance: b.Balance, Held: b.Held,
+		Available: b.Available(), Version: b.Version})
 }
 
 // getStatement serves GET /v1/accounts/{id}/statement?from=&to= (to: now

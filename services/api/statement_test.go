@@ -21,6 +21,7 @@ func TestBalanceAsOfAndStatement(t *testing.T) {
 	a := e.account(t, "eu", keyA, 1000)
 	b := e.account(t, "eu", keyA, 0)
 	instants := []time.Time{time.Now().UTC()}
+	var holdID string
 	for i := range 4 {
 		for j := range 3 {
 			key := "stmt-" + string(rune('a'+i)) + string(rune('a'+j))
@@ -28,8 +29,30 @@ func TestBalanceAsOfAndStatement(t *testing.T) {
 				t.Fatalf("transfer: %d %s", r.status, r.body)
 			}
 		}
+		// A hold of 7 from a, open over rounds 1 and 2: held and available
+		// at an instant count it.
+		switch i {
+		case 1:
+			if r := e.do(t, "eu", "POST", "/v1/transfers", keyA, "stmt-hold", holdJSON(a, b, 7, "")); r.status != http.StatusCreated {
+				t.Fatalf("hold: %d %s", r.status, r.body)
+			} else {
+				var h api.TransferBody
+				r.json(t, &h)
+				holdID = h.ID
+			}
+		case 3:
+			if r := e.do(t, "eu", "POST", "/v1/transfers/"+holdID+"/void", keyA, "stmt-void", ""); r.status != http.StatusOK {
+				t.Fatalf("void: %d %s", r.status, r.body)
+			}
+		}
 		time.Sleep(5 * time.Millisecond)
 		instants = append(instants, time.Now().UTC())
+	}
+	heldAt := func(n int) int64 { // the hold was made in round 1, voided in round 3
+		if n >= 2 && n <= 3 {
+			return 7
+		}
+		return 0
 	}
 	pool := e.c.Region("eu").Ledger.Store.Pool()
 	fold := func(acct string, at time.Time, op string) int64 {
@@ -40,12 +63,13 @@ func TestBalanceAsOfAndStatement(t *testing.T) {
 		return n
 	}
 	for _, region := range []string{"eu", "us"} {
-		for _, at := range instants {
+		for n, at := range instants {
 			r := e.do(t, region, "GET", "/v1/accounts/"+a+"?as_of="+url.QueryEscape(at.Format(time.RFC3339Nano)), keyA, "", "")
 			var got api.AccountAsOfBody
 			r.json(t, &got)
-			if r.status != http.StatusOK || got.Balance != fold(a, at, "<=") || got.ID != a || !got.AsOf.Equal(at) {
-				t.Fatalf("as of %s via %s: %d %s, want the fold %d", at.Format(time.StampMicro), region, r.status, r.body, fold(a, at, "<="))
+			bal := fold(a, at, "<=")
+			if r.status != http.StatusOK || got.Balance != bal || got.ID != a || !got.AsOf.Equal(at) || got.Held != heldAt(n) || got.Available != bal-heldAt(n) {
+				t.Fatalf("as of %s via %s: %d %s, want the fold %d, held %d", at.Format(time.StampMicro), region, r.status, r.body, bal, heldAt(n))
 			}
 		}
 		from, to := instants[1], instants[len(instants)-1]

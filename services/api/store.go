@@ -30,9 +30,9 @@ type Ledger interface {
 	// AccountsPage returns up to limit of a client's accounts that f
 	// selects, newest first.
 	AccountsPage(ctx context.Context, f ledger.AccountFilter, limit int) ([]ledger.Account, error)
-	// BalanceAt returns an account's balance at an instant, and the
-	// version of its change-log row that made it (0 and 0 before any).
-	BalanceAt(ctx context.Context, accountID string, at time.Time) (balance, version int64, err error)
+	// BalanceAt returns an account's balance, held amount and version at
+	// an instant (zero before any change).
+	BalanceAt(ctx context.Context, accountID string, at time.Time) (ledger.Balance, error)
 	// Statement returns an account's opening and closing balance over
 	// [from, to), and up to limit of the change-log rows written in it
 	// with a version above after.

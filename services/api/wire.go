@@ -511,13 +511,16 @@ func entryBody(p ledger.Posting) EntryBody {
 
 // AccountAsOfBody is an account's balance at an instant (GET
 // /v1/accounts/{id}?as_of=): the balance after its last change-log row
-// written at or before AsOf, and that row's version (0 before its first).
+// written at or before AsOf, that row's version (0 before its first),
+// what the account's open holds reserved then, and what was available.
 type AccountAsOfBody struct {
-	ID       string    `json:"id"`
-	Currency string    `json:"currency"`
-	AsOf     time.Time `json:"as_of"`
-	Balance  int64     `json:"balance"`
-	Version  int64     `json:"version"`
+	ID        string    `json:"id"`
+	Currency  string    `json:"currency"`
+	AsOf      time.Time `json:"as_of"`
+	Balance   int64     `json:"balance"`
+	Held      int64     `json:"held"`
+	Available int64     `json:"available"`
+	Version   int64     `json:"version"`
 }
 
 // StatementBody is an account's statement over [From, To) (GET

@@ -229,6 +229,16 @@ type Statement struct {
 	Entries          []Posting
 }
 
+// Balance is an account's balance and held amount at an instant: the
+// balance after its last change-log row written by then (Version, 0 before
+// the first), and the sum of its holds open then.
+type Balance struct {
+	Balance, Held, Version int64
+}
+
+// Available is what a debit could have used at that instant.
+func (b Balance) Available() int64 { return b.Balance - b.Held }
+
 // ResultKind classifies what happened to one command of a batch.
 type ResultKind int
 

@@ -616,9 +616,12 @@ func (n *newTransfers) queue(b *pgx.Batch) {
 	}
 	b.Queue(`
 		INSERT INTO transfers (id, client_id, idempotency_key, type, from_account, to_account, currency, status, reason,
-		                       fingerprint, amount, version, created_at, expires_at, refund_of)
-		SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
-		                     $9::text[], $10::bytea[], $11::bigint[], $12::bigint[], $13::timestamptz[], $14::timestamptz[], $15::text[])`,
+		                       fingerprint, amount, version, created_at, expires_at, refund_of, held_at)
+		SELECT *, CASE WHEN u.status = 'HELD' THEN statement_timestamp() END
+		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
+		            $9::text[], $10::bytea[], $11::bigint[], $12::bigint[], $13::timestamptz[], $14::timestamptz[], $15::text[])
+		     AS u(id, client_id, idempotency_key, type, from_account, to_account, currency, status, reason,
+		          fingerprint, amount, version, created_at, expires_at, refund_of)`,
 		n.id, n.client, n.key, n.typ, n.from, n.to, n.cur, n.status, n.reason, n.fp, n.amount, n.version, n.created,
 		n.expires, n.refundOf)
 }
@@ -853,10 +856,12 @@ func optional(c ledger.Code) *string {
 
 // advanceTransfersSQL moves each transfer to its next status where it is
 // still in the status and version the batch read: the state machine's
-// compare-and-set (layer 6).
+// compare-and-set (layer 6). A hold leaving HELD stops reserving its
+// amount then (released_at).
 const advanceTransfersSQL = `
 	UPDATE transfers t SET status = u.status, version = u.to_version, reason = nullif(u.reason, ''),
-	       captured_amount = nullif(u.captured, 0), settled_at = CASE WHEN u.status = 'DEBITED' THEN NULL ELSE now() END
+	       captured_amount = nullif(u.captured, 0), settled_at = CASE WHEN u.status = 'DEBITED' THEN NULL ELSE now() END,
+	       released_at = CASE WHEN u.from_status = 'HELD' THEN statement_timestamp() ELSE t.released_at END
 	FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::text[], $7::bigint[])
 	     AS u(id, from_status, from_version, status, to_version, reason, captured)
 	WHERE t.id = u.id AND t.status = u.from_status AND t.version = u.from_version`

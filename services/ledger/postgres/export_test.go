@@ -8,3 +8,7 @@ const AdvanceTransfersSQL = advanceTransfersSQL
 
 // MaxIDTries exposes the bound on the IDs minted for one account.
 const MaxIDTries = maxIDTries
+
+// StatementSQL exposes the statements check's query, for a schema older
+// than the whole of verify's.
+const StatementSQL = statementSQL

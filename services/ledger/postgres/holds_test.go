@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/paymesh/paymesh/internal/testbed/ledgertest"
+	"github.com/paymesh/paymesh/platform/pgdb"
 	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 )
@@ -555,6 +556,9 @@ func TestVerifyHoldsAndRefunds(t *testing.T) {
 	}{
 		{"held equals the sum of open holds, within the floor", `UPDATE accounts SET held = held - 1 WHERE id = '{account}'`},
 		{"held equals the sum of open holds, within the floor", `UPDATE transfers SET status = 'VOIDED' WHERE id = '{open}'`},
+		{"held equals the sum of open holds, within the floor", `UPDATE transfers SET released_at = NULL WHERE id = '{done}'`},
+		{"held equals the sum of open holds, within the floor", `UPDATE transfers SET held_at = released_at + interval '1 second' WHERE id = '{done}'`},
+		{"held equals the sum of open holds, within the floor", `UPDATE transfers SET held_at = created_at WHERE id = '{paid}'`},
 		{"captures stay within their holds", `UPDATE transfers SET captured_amount = NULL WHERE id = '{done}'`},
 		{"no hold is both captured and voided or expired", `UPDATE transfer_actions SET type = 'void' WHERE transfer_id = '{done}'`},
 		{"no hold is both captured and voided or expired", `UPDATE transfers SET status = 'EXPIRED' WHERE id = '{done}'`},
@@ -598,5 +602,79 @@ func TestVerifyHoldsAndRefunds(t *testing.T) {
 			}
 			t.Fatalf("no check %q in:\n%s", tc.check, rep)
 		})
+	}
+}
+
+// TestHeldAt: what an account held at an instant is the sum of its holds
+// open then, as the test itself tracks them between batches: a hold counts
+// from its batch, stops counting at its capture or void, and a refused hold
+// never counts; the balance at each instant is the test's own too.
+func TestHeldAt(t *testing.T) {
+	f := ledgertest.New(t)
+	ctx := context.Background()
+	a, b := f.Account(t, "EUR", 100), f.Account(t, "EUR", 0)
+	type want struct {
+		at            time.Time
+		balance, held int64
+	}
+	var wants []want
+	note := func(balance, held int64) {
+		time.Sleep(2 * time.Millisecond) // an instant strictly between batches
+		wants = append(wants, want{time.Now(), balance, held})
+		time.Sleep(2 * time.Millisecond)
+	}
+	note(100, 0)
+	h1, h2 := hold(t, f, a, b, 30, time.Hour), hold(t, f, a, b, 20, time.Hour)
+	f.Apply(t, h1, h2)
+	note(100, 50)
+	refused(t, "a hold over what is available", f.Apply(t, hold(t, f, a, b, 51, time.Hour))[0], ledger.CodeInsufficientFunds)
+	note(100, 50)
+	f.MustApply(t, action(t, f, ledger.TypeCapture, h1, 25)) // releases all 30, moves 25
+	note(75, 20)
+	f.MustApply(t, action(t, f, ledger.TypeVoid, h2, 0))
+	note(75, 0)
+	f.Apply(t, hold(t, f, a, b, 75, time.Hour))
+	note(75, 75)
+	for i, w := range wants {
+		got, err := f.Store.BalanceAt(ctx, a, w.at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Balance != w.balance || got.Held != w.held || got.Available() != w.balance-w.held {
+			t.Errorf("instant %d: balance %d held %d available %d, want %d, %d and %d", i, got.Balance, got.Held, got.Available(),
+				w.balance, w.held, w.balance-w.held)
+		}
+	}
+	if now := account(t, f, a); now.Held != wants[len(wants)-1].held {
+		t.Fatalf("held now %d, want %d", now.Held, wants[len(wants)-1].held)
+	}
+	if got, err := f.Store.BalanceAt(ctx, b, wants[0].at); err != nil || got != (ledger.Balance{}) {
+		t.Fatalf("before any change: %+v %v, want zero", got, err)
+	}
+}
+
+// TestHoldTimesMigration: holds recorded before migration 00011 get their
+// times from their creation and settlement, so that verify passes on an
+// upgraded ledger and the open hold is held now.
+func TestHoldTimesMigration(t *testing.T) {
+	ctx := context.Background()
+	f := ledgertest.New(t)
+	a, b := f.Account(t, "EUR", 100), f.Account(t, "EUR", 0)
+	open, captured, voided := hold(t, f, a, b, 10, time.Hour), hold(t, f, a, b, 20, time.Hour), hold(t, f, a, b, 30, time.Hour)
+	f.Apply(t, open, captured, voided)
+	refused(t, "a hold over what is available", f.Apply(t, hold(t, f, a, b, 41, time.Hour))[0], ledger.CodeInsufficientFunds)
+	f.MustApply(t, action(t, f, ledger.TypeCapture, captured, 0))
+	f.MustApply(t, action(t, f, ledger.TypeVoid, voided, 0))
+	if _, err := f.Pool.Exec(ctx, `
+		DELETE FROM ledger_schema_version WHERE version_id >= 11;
+		DROP INDEX transfers_holds; ALTER TABLE transfers DROP COLUMN held_at, DROP COLUMN released_at`); err != nil {
+		t.Fatal(err)
+	}
+	if err := pgdb.Migrate(ctx, f.Pool, postgres.Migrations()...); err != nil {
+		t.Fatal(err)
+	}
+	f.MustVerify(t)
+	if got, err := f.Store.BalanceAt(ctx, a, time.Now()); err != nil || got.Held != 10 || got.Balance != 80 {
+		t.Fatalf("after the migration: %+v %v, want balance 80 and the open hold's 10 held", got, err)
 	}
 }

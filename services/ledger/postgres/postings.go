@@ -43,21 +43,23 @@ func scanPosting(r pgx.CollectableRow) (ledger.Posting, error) {
 }
 
 // BalanceAt returns an account's balance at an instant: the balance after
-// its last change-log row written at or before at, and that row's version
-// (0 and 0 before its first row). It does not check that the account
-// exists.
-func (s *Store) BalanceAt(ctx context.Context, accountID string, at time.Time) (balance, version int64, err error) {
+// its last change-log row written at or before at, and what its holds
+// reserved then (each hold from its held_at, up to but not including its
+// released_at), read in one snapshot.
+func (s *Store) BalanceAt(ctx context.Context, accountID string, at time.Time) (ledger.Balance, error) {
 	at = at.Truncate(time.Microsecond) // Postgres's precision: a row at T is at or before T.0000005
-	err = s.pool.QueryRow(ctx, `
-		SELECT balance_after, account_version FROM postings
-		WHERE account_id = $1 AND created_at <= $2 ORDER BY account_version DESC LIMIT 1`, accountID, at).Scan(&balance, &version)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, 0, nil
-	}
+	var b ledger.Balance
+	err := s.pool.QueryRow(ctx, `
+		SELECT coalesce(p.balance_after, 0), coalesce(p.account_version, 0),
+		       (SELECT coalesce(sum(amount), 0) FROM transfers
+		        WHERE from_account = $1 AND held_at <= $2 AND (released_at IS NULL OR released_at > $2))
+		FROM (VALUES (1)) one LEFT JOIN LATERAL (
+		    SELECT balance_after, account_version FROM postings WHERE account_id = $1 AND created_at <= $2
+		    ORDER BY account_version DESC LIMIT 1) p ON true`, accountID, at).Scan(&b.Balance, &b.Version, &b.Held)
 	if err != nil {
-		return 0, 0, fmt.Errorf("balance at %s: %w", at.Format(time.RFC3339Nano), err)
+		return ledger.Balance{}, fmt.Errorf("balance at %s: %w", at.Format(time.RFC3339Nano), err)
 	}
-	return balance, version, nil
+	return b, nil
 }
 
 // Statement returns an account's statement over [from, to): the balance

@@ -56,16 +56,16 @@ func TestBalanceAtAndStatement(t *testing.T) {
 	}
 	for _, acct := range []string{a, b} {
 		for _, at := range instants {
-			bal, version, err := f.Store.BalanceAt(ctx, acct, at)
+			got, err := f.Store.BalanceAt(ctx, acct, at)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if want := foldAt(t, f, acct, at, false); bal != want {
-				t.Fatalf("%s at %s: balance %d (version %d), the fold of its change-log is %d", acct, at.Format(time.StampMicro), bal, version, want)
+			if want := foldAt(t, f, acct, at, false); got.Balance != want {
+				t.Fatalf("%s at %s: balance %d (version %d), the fold of its change-log is %d", acct, at.Format(time.StampMicro), got.Balance, got.Version, want)
 			}
 		}
-		now, _, _ := f.Store.BalanceAt(ctx, acct, time.Now())
-		if cur := f.Balance(t, acct); now != cur {
+		now, _ := f.Store.BalanceAt(ctx, acct, time.Now())
+		if cur := f.Balance(t, acct); now.Balance != cur {
 			t.Fatalf("%s now: %d, its balance %d", acct, now, cur)
 		}
 		for i, from := range instants {
@@ -112,8 +112,8 @@ func TestBalanceAtAndStatement(t *testing.T) {
 		}
 	}
 	// Before the account's first row: nothing.
-	if bal, v, err := f.Store.BalanceAt(ctx, b, instants[0].Add(-time.Hour)); err != nil || bal != 0 || v != 0 {
-		t.Fatalf("before any row: %d %d %v, want 0 0", bal, v, err)
+	if got, err := f.Store.BalanceAt(ctx, b, instants[0].Add(-time.Hour)); err != nil || got != (ledger.Balance{}) {
+		t.Fatalf("before any row: %+v %v, want zero", got, err)
 	}
 	f.MustVerify(t)
 }
@@ -169,13 +169,15 @@ func TestPostingTimesMigration(t *testing.T) {
 	// version 3 stamped before version 2.
 	if _, err := f.Pool.Exec(ctx, `
 		DELETE FROM ledger_schema_version WHERE version_id >= 9;
+		DROP INDEX transfers_holds; ALTER TABLE transfers DROP COLUMN held_at, DROP COLUMN released_at;
 		DROP INDEX transfers_client_created; DROP INDEX accounts_client_created;
 		ALTER TABLE postings ALTER COLUMN created_at SET DEFAULT now();
 		UPDATE postings SET created_at = created_at - interval '1 second' WHERE account_id = '`+a+`' AND account_version = 3`); err != nil {
 		t.Fatal(err)
 	}
-	if rep, err := f.Store.Verify(ctx); err != nil || rep.OK() {
-		t.Fatalf("before the migration: verify passes (%v), want the statements check to fail", err)
+	// The schema is older than verify's other checks: the statements check alone.
+	if n := f.Count(t, `SELECT count(*) FROM (`+postgres.StatementSQL+`) failures`); n == 0 {
+		t.Fatal("before the migration: the statements check passes, want it to fail")
 	}
 	if err := pgdb.Migrate(ctx, f.Pool, postgres.Migrations()...); err != nil {
 		t.Fatal(err)

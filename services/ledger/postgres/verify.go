@@ -69,7 +69,9 @@ func (r Report) String() string {
 //   - consume-log rows and applied messages match one-to-one within the
 //     consume-log window, and no claim is stuck PROCESSING past its lease;
 //   - an account's held equals the sum of its open holds, and what is
-//     available stays above its floor;
+//     available stays above its floor; a hold was held from its recording
+//     until it left HELD (held_at, released_at: the held amount at an
+//     instant reads them), and a refused hold never was;
 //   - a capture moves at most what its hold held, and only a captured hold
 //     has a captured amount;
 //   - no hold is both captured and voided or expired: its status, its
@@ -236,8 +238,9 @@ const dedupSQL = `
 	FROM m LEFT JOIN d USING (msg_key) WHERE m.created_at >= $2
 	GROUP BY m.msg_key HAVING count(d.msg_key) <> 1`
 
-// heldSQL: every account's held is what its open holds reserve, and a
-// debit could never have used more than was available above the floor.
+// heldSQL: every account's held is what its open holds reserve, a debit
+// could never have used more than was available above the floor, and each
+// hold's times agree with its status.
 const heldSQL = `
 	SELECT format('account %s: held %s, its open holds sum to %s', a.id, a.held, coalesce(h.total, 0))
 	FROM accounts a
@@ -246,7 +249,13 @@ const heldSQL = `
 	WHERE a.held <> coalesce(h.total, 0)
 	UNION ALL
 	SELECT format('account %s: balance %s less held %s is below its floor %s', id, balance, held, floor)
-	FROM accounts WHERE balance::numeric - held < floor`
+	FROM accounts WHERE balance::numeric - held < floor
+	UNION ALL
+	SELECT format('transfer %s is %s, held from %s to %s', id, status, coalesce(held_at::text, 'never'), coalesce(released_at::text, 'now'))
+	FROM transfers
+	WHERE (held_at IS NULL) <> (expires_at IS NULL OR status = 'REJECTED')
+	   OR (held_at IS NOT NULL AND (released_at IS NULL) <> (status = 'HELD'))
+	   OR released_at < held_at`
 
 // capturedSQL: a captured amount belongs to a captured hold, within what
 // it held, and every captured hold has one.
