@@ -67,6 +67,16 @@ type accountsCmd struct {
 		To    string `help:"End of the period, excluded (RFC 3339; default: now)."`
 		After int64  `help:"Start after this version (next_after of the page before)."`
 	} `cmd:"" help:"An account's statement over a period: opening and closing balance, and the entries in between."`
+	Close    accountActionCmd `cmd:"" help:"Close an account for good: it needs a zero balance, no open hold and nothing on its way out."`
+	Freeze   accountActionCmd `cmd:"" help:"Stop an account's debits; credits still land."`
+	Unfreeze accountActionCmd `cmd:"" help:"Let a frozen account's debits through again."`
+}
+
+// accountActionCmd is a close, freeze or unfreeze of an account.
+type accountActionCmd struct {
+	apiClient
+	ID  string `arg:"" help:"Account id."`
+	Key string `help:"Idempotency-Key (default: a new random one, printed, reused on retries)."`
 }
 
 func (c *accountsCmd) Run(ctx context.Context, k *kong.Context) error {
@@ -76,6 +86,12 @@ func (c *accountsCmd) Run(ctx context.Context, k *kong.Context) error {
 	case "accounts list":
 		q := given(map[string]string{"limit": strconv.Itoa(c.List.Limit), "currency": c.List.Currency, "cursor": c.List.Cursor})
 		return show(c.List.client().Get(ctx, "/v1/accounts?"+q.Encode()))
+	case "accounts close <id>":
+		return show(c.Close.client().AccountAction(ctx, c.Close.ID, "close", idemKey(c.Close.Key)))
+	case "accounts freeze <id>":
+		return show(c.Freeze.client().AccountAction(ctx, c.Freeze.ID, "freeze", idemKey(c.Freeze.Key)))
+	case "accounts unfreeze <id>":
+		return show(c.Unfreeze.client().AccountAction(ctx, c.Unfreeze.ID, "unfreeze", idemKey(c.Unfreeze.Key)))
 	case "accounts statement <id>":
 		q := given(map[string]string{"from": c.Statement.From, "to": c.Statement.To})
 		if c.Statement.After > 0 {

@@ -191,4 +191,21 @@ func TestTransfersCommands(t *testing.T) {
 	if one == "" || one != two {
 		t.Fatalf("accounts create --key twice: %s and %s, want one answer", one, two)
 	}
+	// Freeze, unfreeze and close the empty account; a second close is the API's 422.
+	var opened api.AccountBody
+	_ = json.Unmarshal([]byte(one), &opened)
+	for _, step := range []struct {
+		op             string
+		frozen, closed bool
+	}{{"freeze", true, false}, {"unfreeze", false, false}, {"close", false, true}} {
+		out, err := runCLI(t, append([]string{"accounts", step.op, opened.ID, "--key", "cli-" + step.op}, flags...)...)
+		var got api.AccountBody
+		if err != nil || json.Unmarshal([]byte(out), &got) != nil || got.Frozen != step.frozen || got.Closed != step.closed {
+			t.Fatalf("accounts %s: %v %s, want frozen %v closed %v", step.op, err, out, step.frozen, step.closed)
+		}
+	}
+	out, err = runCLI(t, append([]string{"accounts", "close", opened.ID}, flags...)...)
+	if !errors.Is(err, errFailed) || !strings.Contains(out, string(ledger.CodeAccountClosed)) {
+		t.Fatalf("accounts close of a closed account: %v %s, want the API's account_closed", err, out)
+	}
 }

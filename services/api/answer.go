@@ -141,11 +141,12 @@ func (a *answerer) final(ctx context.Context, w waiting, k IdempotencyKey) (repl
 // expired answers when the wait ran out, from the key as last read (ok:
 // there is a row).
 func (a *answerer) expired(ctx context.Context, w waiting, k IdempotencyKey, ok bool) reply {
-	if !w.cmd.IsAction() {
+	if !w.cmd.IsKeyedAction() {
 		return a.accepted(ctx, w)
 	}
-	// A capture or void is not answered before its ledger decided it: the
-	// hold's state says nothing of which request won. The key holds no
+	// A capture, void or account action is not answered before its ledger
+	// decided it: the hold's or account's state says nothing of which
+	// request won. The key holds no
 	// answer yet, so a retry gets the decision.
 	if ok && !k.InFlight { // decided: the captured amount is on its way (202), now seen by a client: frozen
 		return a.frozen(ctx, w.cmd.ClientID, w.cmd.IdempotencyKey, k, false)

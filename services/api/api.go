@@ -181,7 +181,7 @@ func New(cfg Config) *Handler {
 	if c.ClaimKeys {
 		path = &claimedPath{cfg: c, answers: s.answers, seen: seen}
 	}
-	s.serve(newAccounts(c, s.fwd, seen), newTransfers(c, s.fwd, s.answers, path), newHolds(c, s.fwd, unclaimed), newLists(c, s.fwd), &ops{cfg: c})
+	s.serve(newAccounts(c, s.fwd, seen), newTransfers(c, s.fwd, s.answers, path), newHolds(c, s.fwd, unclaimed), newAccountActions(c, s.fwd, unclaimed), newLists(c, s.fwd), &ops{cfg: c})
 	return s
 }
 
@@ -210,14 +210,18 @@ func withDefaults(cfg Config) Config {
 
 // serve routes the resources' endpoints, and takes their operations from
 // other regions (forwarder.register).
-func (s *Handler) serve(a *accounts, t *transfers, h *holds, l *lists, o *ops) {
-	s.fwd.register(a.create, a.claim, a.read, a.entries, a.statement, t.create, t.read, h.capture, h.void, h.target, h.refund, l.transfers, l.accounts)
+func (s *Handler) serve(a *accounts, t *transfers, h *holds, aa *accountActions, l *lists, o *ops) {
+	s.fwd.register(a.create, a.claim, a.read, a.entries, a.statement, t.create, t.read, h.capture, h.void, h.target, h.refund,
+		aa.close, aa.freeze, aa.unfreeze, l.transfers, l.accounts)
 	s.route("POST /v1/accounts", s.auth.authed(a.post))
 	s.route("GET /v1/accounts", s.auth.authed(l.getAccounts))
 	s.route("GET /v1/transfers", s.auth.authed(l.getTransfers))
 	s.route("GET /v1/accounts/{id}", s.auth.authed(a.get))
 	s.route("GET /v1/accounts/{id}/entries", s.auth.authed(a.getEntries))
 	s.route("GET /v1/accounts/{id}/statement", s.auth.authed(a.getStatement))
+	s.route("POST /v1/accounts/{id}/close", s.auth.authed(aa.post(aa.close)))
+	s.route("POST /v1/accounts/{id}/freeze", s.auth.authed(aa.post(aa.freeze)))
+	s.route("POST /v1/accounts/{id}/unfreeze", s.auth.authed(aa.post(aa.unfreeze)))
 	s.route("POST /v1/transfers", s.auth.authed(t.post))
 	s.route("GET /v1/transfers/{id}", s.auth.authed(t.get))
 	s.route("POST /v1/transfers/{id}/capture", s.auth.authed(h.postAction(h.capture)))

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"time"
 
@@ -121,6 +122,12 @@ func (c *Client) Void(ctx context.Context, id, key string) (Response, error) {
 func (c *Client) Refund(ctx context.Context, id string, amount int64, key string) (Response, error) {
 	body, _ := json.Marshal(ActionRequest{Amount: amount})
 	return c.post(ctx, "/v1/transfers/"+id+"/refunds", key, body)
+}
+
+// AccountAction closes, freezes or unfreezes (op: "close", "freeze",
+// "unfreeze") the account id, retrying as SendTransfer does.
+func (c *Client) AccountAction(ctx context.Context, id, op, key string) (Response, error) {
+	return c.post(ctx, "/v1/accounts/"+url.PathEscape(id)+"/"+op, key, nil)
 }
 
 // post sends a request that moves money with its idempotency key, and

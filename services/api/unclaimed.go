@@ -259,19 +259,26 @@ func (p *unclaimedPath) submittedBefore(ctx context.Context, claim KeyClaim, cmd
 
 // firstAnswer is the answer to a repeat of cmd from the ledger's record of
 // what its key made, as the ledger answers a repeat: for a capture or
-// void, its action with the hold as it is now; for a transfer or refund,
-// the transfer. False when the ledger has no record yet.
+// void, its action with the hold as it is now; for an account action, its
+// record with the account as it is now; for a transfer or refund, the
+// transfer. False when the ledger has no record yet.
 func (p *unclaimedPath) firstAnswer(ctx context.Context, claim KeyClaim, cmd ledger.Command) (int, []byte, bool, error) {
-	if cmd.IsAction() {
+	if cmd.IsKeyedAction() {
 		a, found, err := p.cfg.Ledger.ActionByKey(ctx, claim.Client, claim.Key)
 		if err != nil || !found {
 			return 0, nil, false, err
 		}
-		hold, err := p.cfg.Ledger.Transfer(ctx, a.TransferID)
-		if err != nil {
+		first := ledger.Result{Kind: ledger.Duplicate, Action: &a}
+		if cmd.IsAccountAction() {
+			acct, err := p.cfg.Ledger.Account(ctx, cmd.From)
+			if err != nil {
+				return 0, nil, false, err
+			}
+			first.Account = &acct
+		} else if first.Transfer, err = p.cfg.Ledger.Transfer(ctx, a.TransferID); err != nil {
 			return 0, nil, false, err
 		}
-		st, b := repeatAnswer(cmd, a.Fingerprint, ledger.Result{Kind: ledger.Duplicate, Action: &a, Transfer: hold})
+		st, b := repeatAnswer(cmd, a.Fingerprint, first)
 		return st, b, true, nil
 	}
 	prior, found, err := p.cfg.Store.TransferByKey(ctx, claim.Client, claim.Key)

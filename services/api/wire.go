@@ -355,6 +355,8 @@ func RequestFingerprint(c ledger.Command) []byte {
 		return actionFingerprint(c.Type, c.TransferID, c.Amount)
 	case ledger.TypeRefund:
 		return actionFingerprint(c.Type, c.RefundOf, c.Amount)
+	case ledger.TypeClose, ledger.TypeFreeze, ledger.TypeUnfreeze:
+		return actionFingerprint(c.Type, c.From, 0)
 	}
 	return TransferRequest{From: c.From, To: c.To, Amount: c.Amount, Currency: c.Currency, Hold: c.Hold}.fingerprint()
 }
@@ -448,6 +450,11 @@ func RespondTo(c ledger.Command, r ledger.Result) (int, []byte) {
 	// from the action's record: its refusal, or the hold it acted on.
 	repeat := r.Kind == ledger.Duplicate && r.Action != nil
 	switch {
+	case c.IsAccountAction() && repeat && r.Action.Status == ledger.ActionRejected:
+		return problem(ledger.Errorf(r.Action.Reason, "this %s of %s was refused: %s", r.Action.Type, r.Action.AccountID, r.Action.Reason))
+	case c.IsAccountAction() && (r.Kind == ledger.Applied || repeat) && r.Account != nil:
+		b, _ := json.Marshal(accountBody(*r.Account))
+		return http.StatusOK, b
 	case c.IsAction() && repeat && r.Action.Status == ledger.ActionRejected:
 		return problem(ledger.Errorf(r.Action.Reason, "this %s of %s was refused: %s", r.Action.Type, r.Action.TransferID, r.Action.Reason))
 	case c.IsAction() && (r.Kind == ledger.Applied || repeat && r.Transfer.ID != ""):
@@ -478,13 +485,14 @@ type AccountBody struct {
 	Available int64     `json:"available"`
 	Floor     int64     `json:"floor"`
 	Closed    bool      `json:"closed"`
+	Frozen    bool      `json:"frozen"`
 	Version   int64     `json:"version"`
 	CreatedAt time.Time `json:"created_at"`
 }
 
 func accountBody(a ledger.Account) AccountBody {
 	return AccountBody{ID: a.ID, Currency: a.Currency, Balance: a.Balance, Held: a.Held, Available: a.Available(), Floor: a.Floor, Closed: a.Closed,
-		Version: a.Version, CreatedAt: a.CreatedAt.UTC()}
+		Frozen: a.Frozen, Version: a.Version, CreatedAt: a.CreatedAt.UTC()}
 }
 
 // EntriesBody is a page of an account's change-log.

@@ -41,6 +41,8 @@ type Account struct {
 	// an overdraft limit, NoFloor for the issuance account.
 	Floor  int64
 	Closed bool
+	// Frozen stops the account's debits; credits still land.
+	Frozen bool
 	// Version counts the postings applied to the account.
 	Version   int64
 	CreatedAt time.Time

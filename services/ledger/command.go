@@ -46,6 +46,14 @@ const (
 	// applies in the payee's region, which decides every refund of the
 	// transfer, and runs as a saga when the payer is in another region.
 	TypeRefund = "refund"
+	// TypeClose closes an account (From) for good: it takes no debit or
+	// credit after. It needs a zero balance, no open hold and nothing on
+	// its way out to another region.
+	TypeClose = "close"
+	// TypeFreeze stops an account's (From) debits; credits still land.
+	TypeFreeze = "freeze"
+	// TypeUnfreeze lets a frozen account's debits through again.
+	TypeUnfreeze = "unfreeze"
 )
 
 // Hold expiries.
@@ -99,6 +107,19 @@ func (c Command) Account() string {
 // carries the hold's accounts and currency, which the ledger checks
 // against the hold.
 func (c Command) IsAction() bool { return c.Type == TypeCapture || c.Type == TypeVoid }
+
+// IsAccountAction reports whether the command changes an account's state
+// (close, freeze, unfreeze) instead of moving money. It names the account
+// (From) and nothing else: no transfer, destination, amount or currency.
+func (c Command) IsAccountAction() bool {
+	return c.Type == TypeClose || c.Type == TypeFreeze || c.Type == TypeUnfreeze
+}
+
+// IsKeyedAction reports whether the command is a client's request whose
+// business key is its record of an action (transfer_actions,
+// account_actions) rather than a transfer: a capture or void, or an
+// account action.
+func (c Command) IsKeyedAction() bool { return c.IsAction() || c.IsAccountAction() }
 
 // MaxCommandBytes bounds an encoded command.
 const MaxCommandBytes = 4 << 10
@@ -278,13 +299,16 @@ func (c Command) Validate(home string, ids *idgen.Regions, now time.Time) error 
 	if err := c.validateFields(now); err != nil {
 		return err
 	}
+	if c.IsAccountAction() {
+		return c.validateAccountAction(home, ids)
+	}
 	r, err := c.regions(ids)
 	if err != nil {
 		return err
 	}
 	kind, ok := commandKinds[c.Type]
 	if !ok {
-		return Errorf(CodeInvalidRequest, "type %q is not one of transfer, fund, capture, void, refund, credit, confirm, refuse, expire", c.Type)
+		return Errorf(CodeInvalidRequest, "type %q is not one of transfer, fund, capture, void, refund, close, freeze, unfreeze, credit, confirm, refuse, expire", c.Type)
 	}
 	if kind.check != nil {
 		if err := kind.check(c, r); err != nil {
@@ -320,10 +344,30 @@ func (c Command) validateFields(now time.Time) error {
 	if !c.IsStep() && c.CreatedAt.After(now.Add(MaxClockSkew)) {
 		return Errorf(CodeInvalidRequest, "created_at %s is more than %s in the future", c.CreatedAt.Format(time.RFC3339), MaxClockSkew)
 	}
+	if c.IsAccountAction() {
+		return nil // its fields are its own (validateAccountAction)
+	}
 	if err := c.validateAmount(); err != nil {
 		return err
 	}
 	return c.validateHold()
+}
+
+// validateAccountAction checks a close, freeze or unfreeze: it names one
+// account of region home and carries nothing else.
+func (c Command) validateAccountAction(home string, ids *idgen.Regions) error {
+	if c.TransferID != "" || c.To != "" || c.Amount != 0 || c.Currency != "" || c.Hold || !c.ExpiresAt.IsZero() ||
+		c.RefundOf != "" || c.Reason != "" {
+		return Errorf(CodeInvalidRequest, "a %s names its account (from) and nothing else", c.Type)
+	}
+	where, err := ids.HomeRegion(c.From)
+	if err != nil {
+		return Errorf(CodeInvalidRequest, "from: %v", err)
+	}
+	if where != home {
+		return Errorf(CodeWrongRegion, "a %s of %s applies in region %s, not %s", c.Type, c.From, where, home)
+	}
+	return nil
 }
 
 // validateAmount checks the amount and the currency. A capture or refund

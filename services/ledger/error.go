@@ -65,6 +65,13 @@ const (
 	// CodeRefundExceedsCaptured: the refunds of a transfer would exceed
 	// what it moved.
 	CodeRefundExceedsCaptured Code = "refund_exceeds_captured"
+	// CodeAccountFrozen: a debit of a frozen account, or a freeze of one.
+	CodeAccountFrozen Code = "account_frozen"
+	// CodeAccountNotFrozen: an unfreeze of an account that is not frozen.
+	CodeAccountNotFrozen Code = "account_not_frozen"
+	// CodeAccountNotEmpty: a close of an account whose balance is not zero,
+	// that has open holds, or with money on its way out to another region.
+	CodeAccountNotEmpty Code = "account_not_empty"
 )
 
 // Codes returns every Code, in the order they are declared.
@@ -72,7 +79,8 @@ func Codes() []Code {
 	return []Code{CodeInvalidRequest, CodeInvalidAmount, CodeInvalidCurrency, CodeSameAccount, CodeAccountNotFound,
 		CodeAccountClosed, CodeSystemAccount, CodeCurrencyMismatch, CodeInsufficientFunds, CodeBalanceOverflow, CodeWrongRegion,
 		CodeIdempotencyKeyReused, CodeTransferIDReused, CodeIllegalTransition, CodeStaleVersion, CodeNotFound,
-		CodeTransferNotHeld, CodeHoldExpired, CodeAmountExceedsHold, CodeTransferNotRefundable, CodeRefundExceedsCaptured}
+		CodeTransferNotHeld, CodeHoldExpired, CodeAmountExceedsHold, CodeTransferNotRefundable, CodeRefundExceedsCaptured,
+		CodeAccountFrozen, CodeAccountNotFrozen, CodeAccountNotEmpty}
 }
 
 // Error is a domain error with a stable code and a message safe to show to

@@ -21,8 +21,12 @@ type Outcome struct {
 	FromVersion int64
 	// Credit is the credit recorded by a credit step.
 	Credit *Credit
-	// Action is the record of a capture or void, applied or refused.
-	Action   *Action
+	// Action is the record of a capture or void, or of an account action,
+	// applied or refused.
+	Action *Action
+	// Account is the account an account action applied to, as it is after
+	// it: its closed and frozen flags are written.
+	Account  *Account
 	Postings []Posting
 	Outbox   []OutboxMessage
 	// CancelTimer names the hold whose expiry step is no longer due: it
@@ -72,14 +76,16 @@ const (
 	ActionRejected ActionStatus = "REJECTED"
 )
 
-// Action is the record of one capture or void request, unique per client
-// and idempotency key (its business key): which hold, what it captured,
-// and whether it won or why it was refused.
+// Action is the record of one capture or void request, or of one account
+// action, unique per client and idempotency key (its business key): which
+// hold (TransferID) or account (AccountID), what it captured, and whether
+// it won or why it was refused.
 type Action struct {
 	ClientID       string
 	IdempotencyKey string
 	Fingerprint    []byte
 	TransferID     string
+	AccountID      string
 	Type           string
 	Amount         int64
 	Status         ActionStatus
@@ -105,6 +111,10 @@ type Batch struct {
 	Credits map[string]Credit
 	// Now is when the batch is decided: a hold expires from its ExpiresAt.
 	Now time.Time
+	// InFlight counts, for each account a close names, its transfers
+	// debited on their way to another region (DEBITED): their refusal
+	// would credit it back.
+	InFlight map[string]int
 	// Issuance and Transit map a currency to this region's issuance and
 	// transit account IDs.
 	Issuance, Transit map[string]string
@@ -140,6 +150,8 @@ func (b Batch) Plan(cmds []Command) Plan {
 			p.Outcomes[i] = w.credit(c)
 		case TypeConfirm, TypeRefuse:
 			p.Outcomes[i] = w.settle(c)
+		case TypeClose, TypeFreeze, TypeUnfreeze:
+			p.Outcomes[i] = w.change(c)
 		}
 	}
 	for id, a := range w.acc {
@@ -432,6 +444,52 @@ func (w *work) expire(c Command) Outcome {
 	return o
 }
 
+// change applies a close, freeze or unfreeze to the client's account, or
+// refuses it with the reason: a close needs a zero balance, no open hold
+// and no transfer on its way out (whose refusal would credit it back); a
+// freeze needs an account not frozen, an unfreeze a frozen one; a closed
+// account changes no more. The account's row is locked, so a debit of it
+// waits for (or is planned before) the change.
+func (w *work) change(c Command) Outcome {
+	a := &Action{ClientID: c.ClientID, IdempotencyKey: c.IdempotencyKey, Fingerprint: c.Fingerprint(), AccountID: c.From,
+		Type: c.Type, Status: ActionApplied, CreatedAt: c.CreatedAt}
+	acc := w.acc[c.From]
+	if acc == nil || acc.Kind != KindCustomer || acc.ClientID != c.ClientID {
+		// The API sends only its client's own accounts: a command naming
+		// another's, or none, was forged or corrupted on its way. Nothing
+		// is recorded, and an operator sees it dead-lettered.
+		return Outcome{Result: Invalid, Err: Errorf(CodeAccountNotFound, "account %s is not an account of client %s", c.From, c.ClientID)}
+	}
+	refuse := func(err *Error) Outcome {
+		a.Status, a.Reason = ActionRejected, err.Code
+		return Outcome{Action: a, Err: err, Result: Rejected}
+	}
+	switch {
+	case acc.Closed:
+		return refuse(Errorf(CodeAccountClosed, "account %s is closed", acc.ID))
+	case c.Type == TypeClose && acc.Balance != 0:
+		return refuse(Errorf(CodeAccountNotEmpty, "account %s holds %d: only an account with a zero balance can be closed", acc.ID, acc.Balance))
+	case c.Type == TypeClose && acc.Held != 0:
+		return refuse(Errorf(CodeAccountNotEmpty, "account %s has open holds of %d: capture or void them first", acc.ID, acc.Held))
+	case c.Type == TypeClose && w.InFlight[acc.ID] > 0:
+		return refuse(Errorf(CodeAccountNotEmpty, "account %s has %d transfers on their way to another region: a refusal would credit it back", acc.ID, w.InFlight[acc.ID]))
+	case c.Type == TypeFreeze && acc.Frozen:
+		return refuse(Errorf(CodeAccountFrozen, "account %s is frozen already", acc.ID))
+	case c.Type == TypeUnfreeze && !acc.Frozen:
+		return refuse(Errorf(CodeAccountNotFrozen, "account %s is not frozen", acc.ID))
+	}
+	switch c.Type {
+	case TypeClose:
+		acc.Closed = true
+	case TypeFreeze:
+		acc.Frozen = true
+	case TypeUnfreeze:
+		acc.Frozen = false
+	}
+	after := *acc
+	return Outcome{Action: a, Account: &after, Result: Applied}
+}
+
 // credit applies the credit step in the destination region, or refuses it;
 // either way a step goes back to the source region.
 func (w *work) credit(c Command) Outcome {
@@ -524,6 +582,8 @@ func (w *work) check(c Command, from, to *Account) (*Account, *Error) {
 		return nil, Errorf(CodeAccountNotFound, "destination account %s does not exist", c.To)
 	case from.Closed:
 		return nil, Errorf(CodeAccountClosed, "source account %s is closed", from.ID)
+	case from.Frozen:
+		return nil, Errorf(CodeAccountFrozen, "source account %s is frozen: it takes credits, no debits", from.ID)
 	case to.Closed:
 		return nil, Errorf(CodeAccountClosed, "destination account %s is closed", to.ID)
 	case from.Currency != c.Currency:

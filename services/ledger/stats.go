@@ -37,19 +37,22 @@ const (
 	// TopicRefundRequest is a payee's refund of a transfer (TypeRefund);
 	// "refund" is the saga's own step above.
 	TopicRefundRequest
+	// TopicAccount is a client's close, freeze or unfreeze of an account
+	// (Command.IsAccountAction).
+	TopicAccount
 	numTopics
 )
 
 // Topics lists every topic.
 var Topics = []Topic{TopicUnknown, TopicTransfer, TopicFund, TopicCredit, TopicConfirm, TopicRefund,
-	TopicCapture, TopicVoid, TopicExpire, TopicRefundRequest}
+	TopicCapture, TopicVoid, TopicExpire, TopicRefundRequest, TopicAccount}
 
 // String returns the topic's label value.
 func (t Topic) String() string {
 	if t >= numTopics {
 		t = TopicUnknown
 	}
-	return [...]string{"unknown", "transfer", "fund", "credit", "confirm", "refund", "capture", "void", "expire", "refund_request"}[t]
+	return [...]string{"unknown", "transfer", "fund", "credit", "confirm", "refund", "capture", "void", "expire", "refund_request", "account"}[t]
 }
 
 // Topic returns the topic of the command, from its type alone.
@@ -73,6 +76,8 @@ func (c Command) Topic() Topic {
 		return TopicExpire
 	case TypeRefund:
 		return TopicRefundRequest
+	case TypeClose, TypeFreeze, TypeUnfreeze:
+		return TopicAccount
 	}
 	return TopicUnknown
 }

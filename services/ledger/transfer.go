@@ -285,7 +285,11 @@ type Result struct {
 	// Action is, for a capture or void, its record: the one made now, or
 	// for a duplicate the one made the first time (Transfer is then the
 	// hold as it is now), so that a repeat is answered as the first was.
+	// An account action's is its record too, with Account.
 	Action *Action
+	// Account is, for an account action, the account after it (for a
+	// duplicate, as it is now).
+	Account *Account
 }
 
 // Answer is a client request's first answer, as the API sends it: an HTTP

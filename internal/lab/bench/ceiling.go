@@ -56,13 +56,16 @@ func (c CeilingRun) line() string {
 // which keep them unexported; TestCeilingSQLIsApplys fails when a copy and
 // its source drift apart. The claim is pkg/dedup's own (QueueClaimForTx).
 const (
-	ceilingLockSQL = `SELECT id, client_id, kind, currency, balance, floor, closed, version, created_at, held FROM accounts WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE`
+	ceilingLockSQL = `SELECT id, client_id, kind, currency, balance, floor, closed, version, created_at, held, frozen FROM accounts WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE`
 
 	ceilingTransfersSQL = `
 			INSERT INTO transfers (id, client_id, idempotency_key, type, from_account, to_account, currency, status, reason,
-			                       fingerprint, amount, version, created_at, expires_at, refund_of)
-			SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
-			                     $9::text[], $10::bytea[], $11::bigint[], $12::bigint[], $13::timestamptz[], $14::timestamptz[], $15::text[])`
+			                       fingerprint, amount, version, created_at, expires_at, refund_of, held_at)
+			SELECT *, CASE WHEN u.status = 'HELD' THEN statement_timestamp() END
+			FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
+			            $9::text[], $10::bytea[], $11::bigint[], $12::bigint[], $13::timestamptz[], $14::timestamptz[], $15::text[])
+			     AS u(id, client_id, idempotency_key, type, from_account, to_account, currency, status, reason,
+			          fingerprint, amount, version, created_at, expires_at, refund_of)`
 
 	ceilingPostingsSQL = `
 			INSERT INTO postings (transfer_id, leg, account_id, amount, balance_after, account_version)
@@ -227,10 +230,10 @@ func applyCeiling(ctx context.Context, pool *pgxpool.Pool, log *dedup.Log, xs []
 				id, client, kind, cur string
 				balance, floor, ver   int64
 				held                  int64
-				closed                bool
+				closed, frozen        bool
 				created               time.Time
 			)
-			_, err := pgx.ForEachRow(rows, []any{&id, &client, &kind, &cur, &balance, &floor, &closed, &ver, &created, &held}, func() error {
+			_, err := pgx.ForEachRow(rows, []any{&id, &client, &kind, &cur, &balance, &floor, &closed, &ver, &created, &held, &frozen}, func() error {
 				acc[id] = &row{balance: balance, version: ver, from: ver}
 				return nil
 			})

@@ -21,17 +21,20 @@ import (
 
 // The workload's money flows beyond "move now": holds that are captured
 // (in part or whole), voided, raced (a capture against a void) or left to
-// expire, and transfers refunded by their payee, in parts, twice, past
-// their total, or by two refunds at once that cannot both fit. Each request
+// expire, transfers refunded by their payee, in parts, twice, past
+// their total, or by two refunds at once that cannot both fit, and
+// accounts frozen, unfrozen and closed, then paid (refused in their region,
+// refunded from another). Each request
 // is an op of the history under its own idempotency key, so the checker
 // holds every one to its effect.
 
 // Shares of the workload's requests that start a flow, and how long a
 // hold lives (every hold is captured, voided or expired before the checks).
 const (
-	holdShare   = 0.12
-	refundShare = 0.06
-	holdLife    = time.Second
+	holdShare    = 0.12
+	refundShare  = 0.06
+	accountShare = 0.03
+	holdLife     = time.Second
 )
 
 // Body types of the flows' ops (transfers keep their command type).
@@ -106,6 +109,31 @@ func (e *env) holdFlow(ctx context.Context, rng *mrand.Rand, key, home, via stri
 			wg.Wait()
 		default: // left to expire
 		}
+	})
+}
+
+// accountFlow opens an empty account in the region of b's destination,
+// freezes, unfreezes and closes it through the API of regions drawn now,
+// each once the one before is known, and then pays it b: a payment from
+// its own region is refused (account_closed), one from another region is
+// refused there and refunded to its sender.
+func (e *env) accountFlow(ctx context.Context, rng *mrand.Rand, key, via string, b Body) {
+	vias := [3]string{e.names[rng.IntN(len(e.names))], e.names[rng.IntN(len(e.names))], e.names[rng.IntN(len(e.names))]}
+	dst, _ := e.c.IDs().HomeRegion(b.To)
+	r := e.c.Region(dst)
+	if r == nil {
+		return
+	}
+	a, _, err := r.Ledger.Store.CreateAccount(ctx, ledger.NewAccount{ClientID: clientID, Currency: "EUR"})
+	if err != nil {
+		return // the region's database is away: no flow
+	}
+	e.later.Go(func() {
+		for i, op := range []string{ledger.TypeFreeze, ledger.TypeUnfreeze, ledger.TypeClose} {
+			e.postUntilKnownAt(ctx, PurposeFirst, vias[i], key+"-"+op, Body{Type: op, Currency: "EUR"}, "/v1/accounts/"+a.ID+"/"+op, nil, a.ID)
+		}
+		b.To = a.ID
+		e.postUntilKnown(ctx, PurposeFirst, via, key, b)
 	})
 }
 
@@ -248,7 +276,8 @@ func (e *env) postAt(ctx context.Context, purpose, via, key string, b Body, path
 	return Fail, res.StatusCode, string(p.Code)
 }
 
-// action is a capture or void as the checker reads it.
+// action is a capture, void or account action as the checker reads it
+// (transfer: the hold acted on, or the account).
 type action struct {
 	region, client, key, transfer, typ, status string
 	amount                                     int64
@@ -257,7 +286,10 @@ type action struct {
 func readActions(ctx context.Context, c *cluster.Cluster) ([]action, error) {
 	var out []action
 	for _, n := range sortedNames(c) {
-		rows, err := c.Region(n).Ledger.Store.Pool().Query(ctx, `SELECT client_id, idempotency_key, transfer_id, type, amount, status FROM transfer_actions`)
+		rows, err := c.Region(n).Ledger.Store.Pool().Query(ctx, `
+			SELECT client_id, idempotency_key, transfer_id, type, amount, status FROM transfer_actions
+			UNION ALL
+			SELECT client_id, idempotency_key, account_id, type, 0, status FROM account_actions`)
 		if err != nil {
 			return nil, fmt.Errorf("read actions of %s: %w", n, err)
 		}
@@ -274,15 +306,16 @@ func readActions(ctx context.Context, c *cluster.Cluster) ([]action, error) {
 	return out, nil
 }
 
-// isAction reports whether an op is a capture or void (checked by
-// checkActions, not against transfer rows).
+// isAction reports whether an op is a capture, void or account action
+// (checked by checkActions, not against transfer rows).
 func isAction(op Op) bool {
-	return op.Body.Type == ledger.TypeCapture || op.Body.Type == ledger.TypeVoid
+	return ledger.Command{Type: op.Body.Type}.IsKeyedAction()
 }
 
-// checkActions is I3 for captures and voids: per key, an acknowledged one
-// applied (its record APPLIED, on the hold it named), a refused one did
-// not, and every record answers a request of the history. It returns how
+// checkActions is I3 for captures, voids and account actions: per key, an
+// acknowledged one applied (its record APPLIED, on the hold or account it
+// named), a refused one did not, and every record answers a request of the
+// history. It returns how
 // many acknowledged ones were lost.
 func checkActions(ops []Op, actions []action, chk *Check) (lost int) {
 	byKey := map[clientKey][]Op{}
@@ -352,7 +385,11 @@ func (e *env) flowStats(ctx context.Context, stats map[string]int64) error {
 			UNION ALL
 			SELECT 'refunds_' || lower(status), count(*) FROM transfers WHERE type = 'refund' GROUP BY status
 			UNION ALL
-			SELECT type || 's_' || lower(status), count(*) FROM transfer_actions GROUP BY type, status`)
+			SELECT type || 's_' || lower(status), count(*) FROM transfer_actions GROUP BY type, status
+			UNION ALL
+			SELECT type || 's_' || lower(status), count(*) FROM account_actions GROUP BY type, status
+			UNION ALL
+			SELECT 'refused_closed_' || lower(status), count(*) FROM transfers WHERE reason = 'account_closed' GROUP BY status`)
 		if err != nil {
 			return err
 		}

@@ -343,6 +343,9 @@ func (e *env) request(ctx context.Context, i int) {
 	case flow < holdShare+refundShare && !e.sc.hot:
 		e.refundFlow(ctx, rng, key, home, via, viaAPI, body)
 		return
+	case flow < holdShare+refundShare+accountShare && !e.sc.hot:
+		e.accountFlow(ctx, rng, key, via, body)
+		return
 	}
 	cmd := ledger.Command{Type: ledger.TypeTransfer, TransferID: e.id(home), ClientID: clientID, IdempotencyKey: key,
 		From: body.From, To: body.To, Amount: body.Amount, Currency: body.Currency, CreatedAt: time.Now()}

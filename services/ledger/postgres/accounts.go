@@ -12,12 +12,17 @@ import (
 	"github.com/paymesh/paymesh/services/ledger"
 )
 
-const accountColumns = `id, client_id, kind, currency, balance, floor, closed, version, created_at, held`
+const accountColumns = `id, client_id, kind, currency, balance, floor, closed, version, created_at, held, frozen`
 
 func scanAccount(row pgx.CollectableRow) (ledger.Account, error) {
 	var a ledger.Account
-	err := row.Scan(&a.ID, &a.ClientID, &a.Kind, &a.Currency, &a.Balance, &a.Floor, &a.Closed, &a.Version, &a.CreatedAt, &a.Held)
+	err := row.Scan(accountFields(&a)...)
 	return a, err
+}
+
+// accountFields are the destinations of accountColumns in a.
+func accountFields(a *ledger.Account) []any {
+	return []any{&a.ID, &a.ClientID, &a.Kind, &a.Currency, &a.Balance, &a.Floor, &a.Closed, &a.Version, &a.CreatedAt, &a.Held, &a.Frozen}
 }
 
 // QueueAccounts queues in b the read of the accounts ids into out, by ID
@@ -26,7 +31,7 @@ func scanAccount(row pgx.CollectableRow) (ledger.Account, error) {
 func QueueAccounts(b *pgx.Batch, ids []string, out map[string]ledger.Account) {
 	b.Queue(`SELECT `+accountColumns+` FROM accounts WHERE id = ANY($1::text[])`, ids).Query(func(rows pgx.Rows) error {
 		var a ledger.Account
-		_, err := pgx.ForEachRow(rows, []any{&a.ID, &a.ClientID, &a.Kind, &a.Currency, &a.Balance, &a.Floor, &a.Closed, &a.Version, &a.CreatedAt, &a.Held}, func() error {
+		_, err := pgx.ForEachRow(rows, accountFields(&a), func() error {
 			out[a.ID] = a
 			return nil
 		})
@@ -154,7 +159,7 @@ func byKey(ctx context.Context, tx pgx.Tx, n ledger.NewAccount, id string) (ledg
 	var a ledger.Account
 	var hash []byte
 	err := tx.QueryRow(ctx, `SELECT `+accountColumns+`, request_hash FROM accounts WHERE client_id = $1 AND idempotency_key = $2`,
-		n.ClientID, n.IdempotencyKey).Scan(&a.ID, &a.ClientID, &a.Kind, &a.Currency, &a.Balance, &a.Floor, &a.Closed, &a.Version, &a.CreatedAt, &a.Held, &hash)
+		n.ClientID, n.IdempotencyKey).Scan(append(accountFields(&a), &hash)...)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return ledger.Account{}, false, fmt.Errorf("%w: %s is another account", errIDTaken, id)
@@ -190,19 +195,6 @@ func (s *Store) Account(ctx context.Context, id string) (ledger.Account, error) 
 		return ledger.Account{}, fmt.Errorf("read account: %w", err)
 	}
 	return a, nil
-}
-
-// CloseAccount marks an account closed; later transfers touching it are
-// rejected. It returns CodeAccountNotFound for an unknown account.
-func (s *Store) CloseAccount(ctx context.Context, id string) error {
-	tag, err := s.pool.Exec(ctx, `UPDATE accounts SET closed = true WHERE id = $1 AND kind = 'customer'`, id)
-	if err != nil {
-		return fmt.Errorf("close account: %w", err)
-	}
-	if tag.RowsAffected() == 0 {
-		return ledger.Errorf(ledger.CodeAccountNotFound, "account %s does not exist", id)
-	}
-	return nil
 }
 
 // Postings returns an account's change-log in version order.

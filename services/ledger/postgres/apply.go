@@ -133,9 +133,17 @@ func (s *Store) applyTx(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, k
 	results := resultsOf(cmds, fates)
 	for i, c := range cmds {
 		// A repeated capture or void is answered with its first record and
-		// the hold as it is now (locked by the claim stage).
-		if r := &results[i]; c.IsAction() && r.Action != nil && rd.state != nil {
+		// the hold as it is now (locked by the claim stage), a repeated
+		// account action with the account as it is now.
+		r := &results[i]
+		switch {
+		case r.Action == nil || rd.state == nil:
+		case c.IsAction():
 			r.Transfer = rd.state.Transfers[c.TransferID]
+		case c.IsAccountAction():
+			if a, ok := rd.state.Accounts[c.From]; ok {
+				r.Account = &a
+			}
 		}
 	}
 	if settledByClaims(cmds, rd.claims) {
@@ -244,7 +252,7 @@ func plan(state *ledger.Batch, cmds []ledger.Command, claims []dedup.Claim, fate
 	p.plan = state.Plan(p.cmds)
 	for n, i := range idx {
 		o := p.plan.Outcomes[n]
-		r := ledger.Result{Kind: o.Result, Transfer: o.Transfer, Err: o.Err, Credit: o.Credit, Action: o.Action}
+		r := ledger.Result{Kind: o.Result, Transfer: o.Transfer, Err: o.Err, Credit: o.Credit, Action: o.Action, Account: o.Account}
 		switch o.Result {
 		case ledger.Applied, ledger.Rejected:
 			p.keep = append(p.keep, claims[i])
@@ -298,27 +306,27 @@ func pick(cmds []ledger.Command, idx []int) []ledger.Command {
 func requests(cmds []ledger.Command, idx []int) []int {
 	var out []int
 	for _, i := range idx {
-		if !cmds[i].IsStep() && !cmds[i].IsAction() {
+		if !cmds[i].IsStep() && !cmds[i].IsKeyedAction() {
 			out = append(out, i)
 		}
 	}
 	return out
 }
 
-// actions filters idx down to captures and voids.
+// actions filters idx down to captures, voids and account actions.
 func actions(cmds []ledger.Command, idx []int) []int {
 	var out []int
 	for _, i := range idx {
-		if cmds[i].IsAction() {
+		if cmds[i].IsKeyedAction() {
 			out = append(out, i)
 		}
 	}
 	return out
 }
 
-// queueExistingActions queues the lookup of the captures and voids recorded
-// under the keys of the actions at idx (their business key), by request
-// key; the map is filled in when the batch runs.
+// queueExistingActions queues the lookup of the captures, voids and account
+// actions recorded under the keys of the actions at idx (their business
+// key), by request key; the map is filled in when the batch runs.
 func (s *Store) queueExistingActions(b *pgx.Batch, cmds []ledger.Command, idx []int) map[string]ledger.Action {
 	out := map[string]ledger.Action{}
 	if len(idx) == 0 {
@@ -329,11 +337,11 @@ func (s *Store) queueExistingActions(b *pgx.Batch, cmds []ledger.Command, idx []
 		clients[n], ikeys[n] = cmds[i].ClientID, cmds[i].IdempotencyKey
 	}
 	b.Queue(`
-		SELECT a.client_id, a.idempotency_key, a.fingerprint, a.transfer_id, a.type, a.amount, a.status, coalesce(a.reason, ''), a.created_at
+		SELECT `+actionColumns+`
 		FROM unnest($1::text[], $2::text[]) AS k(client_id, idempotency_key)
-		JOIN transfer_actions a ON a.client_id = k.client_id AND a.idempotency_key = k.idempotency_key`, clients, ikeys).Query(func(rows pgx.Rows) error {
+		JOIN actions a USING (client_id, idempotency_key)`, clients, ikeys).Query(func(rows pgx.Rows) error {
 		var a ledger.Action
-		_, err := pgx.ForEachRow(rows, []any{&a.ClientID, &a.IdempotencyKey, &a.Fingerprint, &a.TransferID, &a.Type, &a.Amount, &a.Status, &a.Reason, &a.CreatedAt}, func() error {
+		_, err := pgx.ForEachRow(rows, actionFields(&a), func() error {
 			out[s.requestKey(ledger.Command{Type: a.Type, TransferID: a.TransferID, ClientID: a.ClientID, IdempotencyKey: a.IdempotencyKey})] = a
 			return nil
 		})
@@ -461,7 +469,14 @@ func (s *Store) queueLockState(ctx context.Context, tx pgx.Tx, b *pgx.Batch, cmd
 		return st, nil
 	}
 	var currencies, settle, credits []string
+	var closing []string // the accounts of the closes: their transfers in flight
 	for _, c := range cmds {
+		if c.Type == ledger.TypeClose {
+			closing = append(closing, c.From)
+		}
+		if c.IsAccountAction() {
+			continue // it names an account and no currency
+		}
 		if !slices.Contains(currencies, c.Currency) {
 			currencies = append(currencies, c.Currency)
 		}
@@ -503,7 +518,7 @@ func (s *Store) queueLockState(ctx context.Context, tx pgx.Tx, b *pgx.Batch, cmd
 			default:
 				ids = append(ids, c.From, st.Transit[c.Currency])
 			}
-		case ledger.TypeVoid, ledger.TypeExpire:
+		case ledger.TypeVoid, ledger.TypeExpire, ledger.TypeClose, ledger.TypeFreeze, ledger.TypeUnfreeze:
 			ids = append(ids, c.From)
 		case ledger.TypeCredit:
 			ids = append(ids, c.To, st.Transit[c.Currency])
@@ -524,6 +539,23 @@ func (s *Store) queueLockState(ctx context.Context, tx pgx.Tx, b *pgx.Batch, cmd
 			}
 			for _, a := range as {
 				st.Accounts[a.ID] = a
+			}
+			return nil
+		})
+	}
+	if len(closing) > 0 {
+		// After the locks: a debit that committed before them is counted.
+		st.InFlight = map[string]int{}
+		b.Queue(`SELECT from_account, count(*) FROM transfers WHERE from_account = ANY($1::text[]) AND status = 'DEBITED' GROUP BY from_account`,
+			closing).Query(func(rows pgx.Rows) error {
+			var id string
+			var n int
+			_, err := pgx.ForEachRow(rows, []any{&id, &n}, func() error {
+				st.InFlight[id] = n
+				return nil
+			})
+			if err != nil {
+				return fmt.Errorf("read transfers in flight: %w", err)
 			}
 			return nil
 		})
@@ -563,6 +595,8 @@ func (s *Store) queuePlan(b *pgx.Batch, cmds []ledger.Command, p ledger.Plan) {
 	}
 	w.transfers.queue(b)
 	w.actions.queue(b)
+	w.accountActions.queue(b)
+	w.states.queue(b)
 	s.queueAdvanced(b, w.advanced)
 	w.credits.queue(b)
 	s.queueRefunded(b, p.Refunded)
@@ -576,10 +610,14 @@ func (s *Store) queuePlan(b *pgx.Batch, cmds []ledger.Command, p ledger.Plan) {
 type planWrites struct {
 	transfers newTransfers
 	actions   newActions
-	advanced  advancedTransfers
-	credits   newCredits
-	postings  newPostings
-	outbox    newOutbox
+	// accountActions and states are the account actions' records and the
+	// accounts they closed, froze or unfroze.
+	accountActions newAccountActions
+	states         accountStates
+	advanced       advancedTransfers
+	credits        newCredits
+	postings       newPostings
+	outbox         newOutbox
 	// cancelTimers holds the outbox keys of the expiry steps of holds
 	// captured or voided.
 	cancelTimers []string
@@ -587,10 +625,17 @@ type planWrites struct {
 
 // add collects the writes of command c's outcome o.
 func (w *planWrites) add(c ledger.Command, o ledger.Outcome) {
-	if o.Action != nil {
+	switch {
+	case o.Action != nil && c.IsAccountAction():
+		w.accountActions.add(o.Action)
+	case o.Action != nil:
 		w.actions.add(o.Action)
 	}
+	if o.Account != nil && o.Result == ledger.Applied {
+		w.states.add(o.Account)
+	}
 	switch {
+	case c.IsAccountAction():
 	case !c.IsStep() && !c.IsAction() && (o.Result == ledger.Applied || o.Result == ledger.Rejected):
 		w.transfers.add(c, o.Transfer)
 	case o.Credit != nil:
@@ -635,6 +680,62 @@ func (n *newActions) queue(b *pgx.Batch) {
 		INSERT INTO transfer_actions (client_id, idempotency_key, fingerprint, transfer_id, type, amount, status, reason, created_at)
 		SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::text[], $6::bigint[], $7::text[], $8::text[], $9::timestamptz[])`,
 		n.client, n.key, n.fp, n.transfer, n.typ, n.amount, n.status, n.reason, n.created)
+}
+
+// newAccountActions collects the columns of the account actions a batch
+// records.
+type newAccountActions struct {
+	client, key, account, typ, status []string
+	reason                            []*string
+	fp                                [][]byte
+	created                           []time.Time
+}
+
+func (n *newAccountActions) add(a *ledger.Action) {
+	n.client, n.key, n.account, n.typ = append(n.client, a.ClientID), append(n.key, a.IdempotencyKey), append(n.account, a.AccountID), append(n.typ, a.Type)
+	n.status, n.reason, n.fp, n.created = append(n.status, string(a.Status)), append(n.reason, optional(a.Reason)), append(n.fp, a.Fingerprint), append(n.created, a.CreatedAt)
+}
+
+// queue queues the insert of the account actions, if any.
+func (n *newAccountActions) queue(b *pgx.Batch) {
+	if len(n.account) == 0 {
+		return
+	}
+	b.Queue(`
+		INSERT INTO account_actions (client_id, idempotency_key, fingerprint, account_id, type, status, reason, created_at)
+		SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[], $5::text[], $6::text[], $7::text[], $8::timestamptz[])`,
+		n.client, n.key, n.fp, n.account, n.typ, n.status, n.reason, n.created)
+}
+
+// accountStates collects the closed and frozen flags of the accounts a
+// batch's account actions changed: the last state of each (one batch may
+// freeze and unfreeze an account).
+type accountStates struct {
+	at             map[string]int
+	id             []string
+	closed, frozen []bool
+}
+
+func (u *accountStates) add(a *ledger.Account) {
+	if i, ok := u.at[a.ID]; ok {
+		u.closed[i], u.frozen[i] = a.Closed, a.Frozen
+		return
+	}
+	if u.at == nil {
+		u.at = map[string]int{}
+	}
+	u.at[a.ID] = len(u.id)
+	u.id, u.closed, u.frozen = append(u.id, a.ID), append(u.closed, a.Closed), append(u.frozen, a.Frozen)
+}
+
+// queue queues the update of the accounts' flags, if any (their rows are
+// locked by the claim stage).
+func (u *accountStates) queue(b *pgx.Batch) {
+	if len(u.id) == 0 {
+		return
+	}
+	b.Queue(`UPDATE accounts a SET closed = u.closed, frozen = u.frozen
+		FROM unnest($1::text[], $2::bool[], $3::bool[]) AS u(id, closed, frozen) WHERE a.id = u.id`, u.id, u.closed, u.frozen)
 }
 
 // advancedTransfers collects the columns of the transfers a batch moves to

@@ -70,7 +70,7 @@ func classify(cmds []ledger.Command, claims []dedup.Claim, known knownTransfers,
 			f := fate{kind: fateDuplicate, layer: ledger.Layer(cl.Layer)}
 			if cl.Layer == dedup.LayerTable && !c.IsStep() {
 				f.transfer = known.byKey[cl.Key.ID] // the stored outcome, for the replay
-				if a, ok := known.actions[cl.Key.ID]; ok && c.IsAction() {
+				if a, ok := known.actions[cl.Key.ID]; ok && c.IsKeyedAction() {
 					f.action = &a
 				}
 			}
@@ -85,7 +85,7 @@ func classify(cmds []ledger.Command, claims []dedup.Claim, known knownTransfers,
 			fates[i] = fate{kind: fateDuplicate, layer: ledger.LayerBusinessKey, release: true}
 		case c.IsStep(): // a new credit; confirm, refuse, expire: the state machine decides
 			fates[i] = fate{kind: fateApply}
-		case c.IsAction(): // a capture or void: its record is its business key, the hold's state decides
+		case c.IsKeyedAction(): // a capture, void or account action: its record is its business key, the state decides
 			a, ok := known.actions[cl.Key.ID]
 			switch {
 			case ok && bytes.Equal(a.Fingerprint, c.Fingerprint()):

@@ -537,6 +537,11 @@ func TestHoldsAcrossRegions(t *testing.T) {
 	if got := us.Balance(t, b); got != 50 {
 		t.Fatalf("payee: %d, want 50", got)
 	}
+	// The close behind the ledger's back is undone: verify holds a closed
+	// account to a zero balance, which a close through the ledger needs.
+	if _, err := eu.Pool.Exec(context.Background(), `UPDATE accounts SET closed = false WHERE id = $1`, a); err != nil {
+		t.Fatal(err)
+	}
 	for _, f := range []*ledgertest.Fixture{eu, us} {
 		f.MustVerify(t)
 	}
@@ -665,11 +670,7 @@ func TestHoldTimesMigration(t *testing.T) {
 	refused(t, "a hold over what is available", f.Apply(t, hold(t, f, a, b, 41, time.Hour))[0], ledger.CodeInsufficientFunds)
 	f.MustApply(t, action(t, f, ledger.TypeCapture, captured, 0))
 	f.MustApply(t, action(t, f, ledger.TypeVoid, voided, 0))
-	if _, err := f.Pool.Exec(ctx, `
-		DELETE FROM ledger_schema_version WHERE version_id >= 11;
-		DROP INDEX transfers_holds; ALTER TABLE transfers DROP COLUMN held_at, DROP COLUMN released_at`); err != nil {
-		t.Fatal(err)
-	}
+	downTo(t, f, 10)
 	if err := pgdb.Migrate(ctx, f.Pool, postgres.Migrations()...); err != nil {
 		t.Fatal(err)
 	}

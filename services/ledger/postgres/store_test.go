@@ -208,9 +208,7 @@ func TestRefusals(t *testing.T) {
 	}
 	t.Run("ErrAccountClosed", func(t *testing.T) {
 		c := f.Account(t, "EUR", 0)
-		if err := f.Store.CloseAccount(context.Background(), c); err != nil {
-			t.Fatal(err)
-		}
+		f.MustApply(t, change(t, f, ledger.TypeClose, c))
 		if r := f.Apply(t, f.Transfer(t, a, c, 1))[0]; r.Err == nil || r.Err.Code != ledger.CodeAccountClosed {
 			t.Fatalf("got %v %v, want account_closed", r.Kind, r.Err)
 		}

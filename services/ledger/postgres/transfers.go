@@ -194,9 +194,7 @@ func (s *Store) Refunds(ctx context.Context, id string) (refunds []ledger.Refund
 func (s *Store) ActionByKey(ctx context.Context, client, key string) (ledger.Action, bool, error) {
 	var a ledger.Action
 	err := s.pool.QueryRow(ctx, `
-		SELECT client_id, idempotency_key, fingerprint, transfer_id, type, amount, status, coalesce(reason, ''), created_at
-		FROM transfer_actions WHERE client_id = $1 AND idempotency_key = $2`, client, key).Scan(
-		&a.ClientID, &a.IdempotencyKey, &a.Fingerprint, &a.TransferID, &a.Type, &a.Amount, &a.Status, &a.Reason, &a.CreatedAt)
+		SELECT `+actionColumns+` FROM actions WHERE client_id = $1 AND idempotency_key = $2`, client, key).Scan(actionFields(&a)...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ledger.Action{}, false, nil
 	}
@@ -232,4 +230,12 @@ func (s *Store) TransfersPage(ctx context.Context, f ledger.TransferFilter, limi
 		return nil, fmt.Errorf("list transfers: %w", err)
 	}
 	return ts, nil
+}
+
+// actionColumns are the columns of the actions view (transfer_actions and
+// account_actions) that make a ledger.Action, scanned by actionFields.
+const actionColumns = `client_id, idempotency_key, fingerprint, transfer_id, account_id, type, amount, status, coalesce(reason, ''), created_at`
+
+func actionFields(a *ledger.Action) []any {
+	return []any{&a.ClientID, &a.IdempotencyKey, &a.Fingerprint, &a.TransferID, &a.AccountID, &a.Type, &a.Amount, &a.Status, &a.Reason, &a.CreatedAt}
 }

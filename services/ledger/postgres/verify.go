@@ -227,6 +227,8 @@ const dedupSQL = `
 	    UNION ALL
 	    SELECT 'xfer/' || client_id || '/' || idempotency_key, transfer_id, created_at FROM transfer_actions
 	    UNION ALL
+	    SELECT 'xfer/' || client_id || '/' || idempotency_key, account_id, created_at FROM account_actions
+	    UNION ALL
 	    SELECT 'step/' || id || '/expire', id, created_at FROM transfers WHERE status = 'EXPIRED')
 	SELECT format('consume-log row %s has nothing it applied', d.msg_key)
 	FROM d LEFT JOIN m USING (msg_key) WHERE d.status = 'PROCESSED' AND m.id IS NULL
@@ -250,6 +252,9 @@ const heldSQL = `
 	UNION ALL
 	SELECT format('account %s: balance %s less held %s is below its floor %s', id, balance, held, floor)
 	FROM accounts WHERE balance::numeric - held < floor
+	UNION ALL
+	SELECT format('account %s is closed with balance %s and held %s', id, balance, held)
+	FROM accounts WHERE closed AND (balance <> 0 OR held <> 0)
 	UNION ALL
 	SELECT format('transfer %s is %s, held from %s to %s', id, status, coalesce(held_at::text, 'never'), coalesce(released_at::text, 'now'))
 	FROM transfers
