@@ -114,9 +114,9 @@ func (e *env) holdFlow(ctx context.Context, rng *mrand.Rand, key, home, via stri
 
 // accountFlow opens an empty account in the region of b's destination,
 // freezes, unfreezes and closes it through the API of regions drawn now,
-// each once the one before is known, and then pays it b: a payment from
-// its own region is refused (account_closed), one from another region is
-// refused there and refunded to its sender.
+// each once the one before is known, and then pays it b through a router:
+// a payment from its own region is refused (account_closed), one from
+// another region is refused there and refunded to its sender.
 func (e *env) accountFlow(ctx context.Context, rng *mrand.Rand, key, via string, b Body) {
 	vias := [3]string{e.names[rng.IntN(len(e.names))], e.names[rng.IntN(len(e.names))], e.names[rng.IntN(len(e.names))]}
 	dst, _ := e.c.IDs().HomeRegion(b.To)
@@ -132,8 +132,11 @@ func (e *env) accountFlow(ctx context.Context, rng *mrand.Rand, key, via string,
 		for i, op := range []string{ledger.TypeFreeze, ledger.TypeUnfreeze, ledger.TypeClose} {
 			e.postUntilKnownAt(ctx, PurposeFirst, vias[i], key+"-"+op, Body{Type: op, Currency: "EUR"}, "/v1/accounts/"+a.ID+"/"+op, nil, a.ID)
 		}
-		b.To = a.ID
-		e.postUntilKnown(ctx, PurposeFirst, via, key, b)
+		// Through a router: the payment is in a stream until it applies,
+		// so the checks' wait for quiet streams covers it.
+		home, _ := e.c.IDs().HomeRegion(b.From)
+		e.submitUntilKnown(ctx, PurposeFirst, via, ledger.Command{Type: ledger.TypeTransfer, TransferID: e.id(home), ClientID: clientID,
+			IdempotencyKey: key, From: b.From, To: a.ID, Amount: b.Amount, Currency: b.Currency, CreatedAt: time.Now()})
 	})
 }
 

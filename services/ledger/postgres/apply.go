@@ -469,11 +469,7 @@ func (s *Store) queueLockState(ctx context.Context, tx pgx.Tx, b *pgx.Batch, cmd
 		return st, nil
 	}
 	var currencies, settle, credits []string
-	var closing []string // the accounts of the closes: their transfers in flight
 	for _, c := range cmds {
-		if c.Type == ledger.TypeClose {
-			closing = append(closing, c.From)
-		}
 		if c.IsAccountAction() {
 			continue // it names an account and no currency
 		}
@@ -543,24 +539,38 @@ func (s *Store) queueLockState(ctx context.Context, tx pgx.Tx, b *pgx.Batch, cmd
 			return nil
 		})
 	}
-	if len(closing) > 0 {
-		// After the locks: a debit that committed before them is counted.
-		st.InFlight = map[string]int{}
-		b.Queue(`SELECT from_account, count(*) FROM transfers WHERE from_account = ANY($1::text[]) AND status = 'DEBITED' GROUP BY from_account`,
-			closing).Query(func(rows pgx.Rows) error {
-			var id string
-			var n int
-			_, err := pgx.ForEachRow(rows, []any{&id, &n}, func() error {
-				st.InFlight[id] = n
-				return nil
-			})
-			if err != nil {
-				return fmt.Errorf("read transfers in flight: %w", err)
-			}
+	queueInFlight(b, cmds, st)
+	return st, nil
+}
+
+// queueInFlight queues, when a batch closes accounts, the count of each
+// one's transfers on their way to another region (DEBITED) into
+// st.InFlight. It is queued after the account locks: a debit that
+// committed before them is counted.
+func queueInFlight(b *pgx.Batch, cmds []ledger.Command, st *ledger.Batch) {
+	var closing []string
+	for _, c := range cmds {
+		if c.Type == ledger.TypeClose {
+			closing = append(closing, c.From)
+		}
+	}
+	if len(closing) == 0 {
+		return
+	}
+	st.InFlight = map[string]int{}
+	b.Queue(`SELECT from_account, count(*) FROM transfers WHERE from_account = ANY($1::text[]) AND status = 'DEBITED' GROUP BY from_account`,
+		closing).Query(func(rows pgx.Rows) error {
+		var id string
+		var n int
+		_, err := pgx.ForEachRow(rows, []any{&id, &n}, func() error {
+			st.InFlight[id] = n
 			return nil
 		})
-	}
-	return st, nil
+		if err != nil {
+			return fmt.Errorf("read transfers in flight: %w", err)
+		}
+		return nil
+	})
 }
 
 // queueLocked queues, when there are ids, the statement sql that reads and
