@@ -17,7 +17,7 @@ const (
 	transferID = "eu-0c9j1v4qkz8an"
 	transfer   = `{"id":"` + transferID + `","from":"eu-0c9j1v4qkz8ap","to":"us-0c9j1v4qkz8aq","amount":10,"currency":"EUR",` +
 		`"status":"COMPLETED","version":3,"created_at":"2026-01-02T03:04:05Z","steps":[{"leg":"debit","account":"eu-0c9j1v4qkz8ap","amount":10}]}`
-	account = `{"id":"` + accountID + `","currency":"EUR","balance":0,"held":0,"available":0,"floor":0,"closed":false,"version":1,"created_at":"2026-01-02T03:04:05Z"}`
+	account = `{"id":"` + accountID + `","currency":"EUR","balance":0,"held":0,"available":0,"floor":0,"closed":false,"frozen":false,"version":1,"created_at":"2026-01-02T03:04:05Z"}`
 	problem = `{"type":"https://paymesh.dev/problems/not_found","title":"Not Found","status":404,"detail":"x","code":"not_found"}`
 )
 

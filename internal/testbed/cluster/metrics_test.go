@@ -241,7 +241,7 @@ func TestMetricsCountInjectedDuplicates(t *testing.T) {
 func checkTopics(t *testing.T, c *cluster.Cluster, names []string) {
 	t.Helper()
 	ledgerTopics := map[string]bool{"transfer": true, "fund": true, "credit": true, "confirm": true, "refund": true,
-		"capture": true, "void": true, "expire": true, "refund_request": true}
+		"capture": true, "void": true, "expire": true, "refund_request": true, "account": true}
 	routerTopics := map[string]bool{"route": true, "forward": true, "relay": true}
 	for _, r := range names {
 		url, routerURL := c.Region(r).LedgerMetricsURL, c.Region(r).RouterMetricsURL
