@@ -88,6 +88,18 @@ func (d *driver) flows(ctx context.Context, holds, refunds int) (Flows, error) {
 				mu.Unlock()
 				key := fmt.Sprintf("h-%d-%d", d.cfg.Seed, i)
 				r, err := client().SendTransfer(ctx, req, key)
+				// A 202 is the API's provisional answer when its wait ran
+				// out (a loaded machine), and a retry replays it: the
+				// client reads the hold until it is applied.
+				var pending api.TransferBody
+				if err == nil && r.Status == http.StatusAccepted && json.Unmarshal(r.Body, &pending) == nil && pending.ID != "" {
+					for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline) && ctx.Err() == nil; time.Sleep(50 * time.Millisecond) {
+						if got, gerr := client().Get(ctx, "/v1/transfers/"+pending.ID); gerr == nil { // recorded: HELD, or refused
+							r = got
+							break
+						}
+					}
+				}
 				var h api.TransferBody
 				if err != nil || json.Unmarshal(r.Body, &h) != nil || h.Status != string(ledger.StatusHeld) {
 					problem("hold %s: %d %s (%v), want 201 HELD", key, r.Status, r.Body, err)
