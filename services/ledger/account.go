@@ -46,6 +46,11 @@ type Account struct {
 	// Version counts the postings applied to the account.
 	Version   int64
 	CreatedAt time.Time
+	// Reference and Metadata are the client's, from the request that
+	// opened the account. The reads of an account fill them in; the apply
+	// does not read them.
+	Reference string
+	Metadata  map[string]string
 }
 
 // Available is what a new debit may use: the balance less what open holds
@@ -65,6 +70,10 @@ type NewAccount struct {
 	// request from another request under the same key.
 	IdempotencyKey string
 	RequestHash    []byte
+	// Reference, when set, is unique among the client's accounts in the
+	// region; Metadata is kept with the account.
+	Reference string
+	Metadata  map[string]string
 }
 
 // Validate returns an *Error describing the first problem with the request.
@@ -81,7 +90,14 @@ func (n NewAccount) Validate() error {
 	case n.IdempotencyKey != "" && len(n.RequestHash) == 0:
 		return Errorf(CodeInvalidRequest, "idempotency key %.64q without the request's fingerprint", n.IdempotencyKey)
 	case n.IdempotencyKey != "":
-		return ValidIdempotencyKey(n.IdempotencyKey)
+		if err := ValidIdempotencyKey(n.IdempotencyKey); err != nil {
+			return err
+		}
 	}
-	return nil
+	if n.Reference != "" {
+		if err := ValidReference(n.Reference); err != nil {
+			return err
+		}
+	}
+	return ValidMetadata(n.Metadata)
 }

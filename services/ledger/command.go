@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"regexp"
+	"slices"
 	"strconv"
 	"time"
 	"unicode"
@@ -121,8 +123,10 @@ func (c Command) IsAccountAction() bool {
 // account action.
 func (c Command) IsKeyedAction() bool { return c.IsAction() || c.IsAccountAction() }
 
-// MaxCommandBytes bounds an encoded command.
-const MaxCommandBytes = 4 << 10
+// MaxCommandBytes bounds an encoded command: room for metadata at its
+// limits, every byte of it escaped as encoding/json writes it (a '<' takes
+// six).
+const MaxCommandBytes = 64 << 10
 
 // Command asks the ledger to move money. Its identity is (ClientID,
 // IdempotencyKey): every delivery and every retry of the same request carries
@@ -146,6 +150,13 @@ type Command struct {
 	// RefundOf names the transfer a refund (and its saga steps) gives
 	// money back for.
 	RefundOf string `json:"refund_of,omitempty"`
+	// Reference is the client's own ID of the request (an order or payment
+	// ID), unique among the client's transfers recorded in this region and
+	// not refused; Metadata is the client's, kept with the transfer. Both
+	// are part of the request (the fingerprint); only a transfer, fund or
+	// refund takes them.
+	Reference string            `json:"reference,omitempty"`
+	Metadata  map[string]string `json:"metadata,omitempty"`
 	// KeyExpiresAt is set, on a client request, by an API that did not
 	// claim the request's idempotency key before submitting it: the apply
 	// transaction stores the key, with the request's first answer, kept
@@ -195,8 +206,7 @@ func (c Command) Fingerprint() []byte {
 	}
 	h := sha256.New()
 	for _, s := range []string{c.Type, from, c.To, c.Currency} {
-		_ = binary.Write(h, binary.BigEndian, uint32(len(s)))
-		io.WriteString(h, s)
+		writeField(h, s)
 	}
 	_ = binary.Write(h, binary.BigEndian, c.Amount)
 	// Fields of the later request kinds, only when set: the fingerprints of
@@ -213,7 +223,33 @@ func (c Command) Fingerprint() []byte {
 	if c.IsAction() {
 		io.WriteString(h, c.TransferID) // the hold acted on
 	}
+	WriteLabels(h, c.Reference, c.Metadata)
 	return h.Sum(nil)
+}
+
+// WriteLabels writes a request's reference and metadata, when it has
+// them, to the hash h of its fingerprint: length-prefixed, the keys
+// sorted, so that no two requests hash alike and a request without them
+// hashes as before they existed.
+func WriteLabels(h io.Writer, reference string, metadata map[string]string) {
+	if reference != "" {
+		io.WriteString(h, "reference")
+		writeField(h, reference)
+	}
+	if len(metadata) > 0 {
+		io.WriteString(h, "metadata")
+		_ = binary.Write(h, binary.BigEndian, uint32(len(metadata)))
+		for _, k := range slices.Sorted(maps.Keys(metadata)) {
+			writeField(h, k)
+			writeField(h, metadata[k])
+		}
+	}
+}
+
+// writeField writes s to h after its length.
+func writeField(h io.Writer, s string) {
+	_ = binary.Write(h, binary.BigEndian, uint32(len(s)))
+	io.WriteString(h, s)
 }
 
 // Encode returns the command's JSON form.
@@ -226,20 +262,22 @@ func (c Command) Encode() []byte {
 // fractions, exponents and values beyond int64 get a precise error instead
 // of a silent rounding.
 type wireCommand struct {
-	Type           string         `json:"type"`
-	TransferID     string         `json:"transfer_id"`
-	ClientID       string         `json:"client_id"`
-	IdempotencyKey string         `json:"idempotency_key"`
-	From           string         `json:"from"`
-	To             string         `json:"to"`
-	Amount         jsontext.Value `json:"amount"`
-	Currency       string         `json:"currency"`
-	CreatedAt      time.Time      `json:"created_at"`
-	Reason         Code           `json:"reason"`
-	Hold           bool           `json:"hold"`
-	ExpiresAt      time.Time      `json:"expires_at"`
-	RefundOf       string         `json:"refund_of"`
-	KeyExpiresAt   time.Time      `json:"key_expires_at"`
+	Type           string            `json:"type"`
+	TransferID     string            `json:"transfer_id"`
+	ClientID       string            `json:"client_id"`
+	IdempotencyKey string            `json:"idempotency_key"`
+	From           string            `json:"from"`
+	To             string            `json:"to"`
+	Amount         jsontext.Value    `json:"amount"`
+	Currency       string            `json:"currency"`
+	CreatedAt      time.Time         `json:"created_at"`
+	Reason         Code              `json:"reason"`
+	Hold           bool              `json:"hold"`
+	ExpiresAt      time.Time         `json:"expires_at"`
+	RefundOf       string            `json:"refund_of"`
+	Reference      string            `json:"reference"`
+	Metadata       map[string]string `json:"metadata"`
+	KeyExpiresAt   time.Time         `json:"key_expires_at"`
 }
 
 // DecodeCommand parses a command strictly, in one pass: unknown fields,
@@ -265,7 +303,8 @@ func DecodeCommand(b []byte) (Command, error) {
 	}
 	return Command{Type: w.Type, TransferID: w.TransferID, ClientID: w.ClientID, IdempotencyKey: w.IdempotencyKey,
 		From: w.From, To: w.To, Amount: amount, Currency: w.Currency, CreatedAt: w.CreatedAt, Reason: w.Reason,
-		Hold: w.Hold, ExpiresAt: w.ExpiresAt, RefundOf: w.RefundOf, KeyExpiresAt: w.KeyExpiresAt}, nil
+		Hold: w.Hold, ExpiresAt: w.ExpiresAt, RefundOf: w.RefundOf, Reference: w.Reference, Metadata: w.Metadata,
+		KeyExpiresAt: w.KeyExpiresAt}, nil
 }
 
 // ParseAmount parses integer minor units written in canonical decimal
@@ -344,6 +383,9 @@ func (c Command) validateFields(now time.Time) error {
 	if !c.IsStep() && c.CreatedAt.After(now.Add(MaxClockSkew)) {
 		return Errorf(CodeInvalidRequest, "created_at %s is more than %s in the future", c.CreatedAt.Format(time.RFC3339), MaxClockSkew)
 	}
+	if err := c.validateLabels(); err != nil {
+		return err
+	}
 	if c.IsAccountAction() {
 		return nil // its fields are its own (validateAccountAction)
 	}
@@ -351,6 +393,23 @@ func (c Command) validateFields(now time.Time) error {
 		return err
 	}
 	return c.validateHold()
+}
+
+// validateLabels checks a request's reference and metadata: only a
+// transfer, fund or refund has them, within their limits.
+func (c Command) validateLabels() error {
+	if c.Reference == "" && c.Metadata == nil {
+		return nil
+	}
+	if c.IsStep() || c.IsKeyedAction() {
+		return Errorf(CodeInvalidRequest, "a %s has no reference or metadata", c.Type)
+	}
+	if c.Reference != "" {
+		if err := ValidReference(c.Reference); err != nil {
+			return err
+		}
+	}
+	return ValidMetadata(c.Metadata)
 }
 
 // validateAccountAction checks a close, freeze or unfreeze: it names one

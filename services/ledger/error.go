@@ -72,6 +72,9 @@ const (
 	// CodeAccountNotEmpty: a close of an account whose balance is not zero,
 	// that has open holds, or with money on its way out to another region.
 	CodeAccountNotEmpty Code = "account_not_empty"
+	// CodeReferenceInUse: the client's reference names another transfer
+	// (or account) of this region already; Error.Existing names it.
+	CodeReferenceInUse Code = "reference_in_use"
 )
 
 // Codes returns every Code, in the order they are declared.
@@ -80,7 +83,7 @@ func Codes() []Code {
 		CodeAccountClosed, CodeSystemAccount, CodeCurrencyMismatch, CodeInsufficientFunds, CodeBalanceOverflow, CodeWrongRegion,
 		CodeIdempotencyKeyReused, CodeTransferIDReused, CodeIllegalTransition, CodeStaleVersion, CodeNotFound,
 		CodeTransferNotHeld, CodeHoldExpired, CodeAmountExceedsHold, CodeTransferNotRefundable, CodeRefundExceedsCaptured,
-		CodeAccountFrozen, CodeAccountNotFrozen, CodeAccountNotEmpty}
+		CodeAccountFrozen, CodeAccountNotFrozen, CodeAccountNotEmpty, CodeReferenceInUse}
 }
 
 // Error is a domain error with a stable code and a message safe to show to
@@ -88,6 +91,9 @@ func Codes() []Code {
 type Error struct {
 	Code    Code
 	Message string
+	// Existing names, for CodeReferenceInUse, the transfer or account
+	// that holds the reference.
+	Existing string
 }
 
 func (e *Error) Error() string { return string(e.Code) + ": " + e.Message }

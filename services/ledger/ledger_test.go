@@ -1,6 +1,7 @@
 package ledger_test
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -71,7 +72,7 @@ func TestDecodeCommand(t *testing.T) {
 		From: id("eu"), To: id("eu"), Amount: 250, Currency: "EUR", CreatedAt: time.Now().UTC().Truncate(time.Microsecond)}
 	t.Run("OK", func(t *testing.T) {
 		got, err := ledger.DecodeCommand(good.Encode())
-		if err != nil || got != good {
+		if err != nil || !reflect.DeepEqual(got, good) {
 			t.Fatalf("got %+v %v, want %+v", got, err, good)
 		}
 	})
@@ -394,7 +395,7 @@ func TestValidateHoldsAndActions(t *testing.T) {
 			c.ExpiresAt = time.Time{}
 		}
 		got, err := ledger.DecodeCommand(c.Encode())
-		if err != nil || got != c {
+		if err != nil || !reflect.DeepEqual(got, c) {
 			t.Fatalf("%s round trip: got %+v %v, want %+v", c.Type, got, err, c)
 		}
 	}

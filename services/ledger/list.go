@@ -21,6 +21,11 @@ type TransferFilter struct {
 	// CreatedFrom and CreatedTo, when set, bound created_at:
 	// [CreatedFrom, CreatedTo).
 	CreatedFrom, CreatedTo *time.Time
+	// Reference: the transfers with this reference (one, unless the
+	// others were refused). Metadata: those whose metadata has every one
+	// of these keys with its value.
+	Reference string
+	Metadata  map[string]string
 	// After is the cursor of the page before (nil: the first page).
 	After *ListCursor
 }
@@ -29,5 +34,8 @@ type TransferFilter struct {
 type AccountFilter struct {
 	ClientID string
 	Currency string
-	After    *ListCursor
+	// Reference and Metadata narrow as TransferFilter's do.
+	Reference string
+	Metadata  map[string]string
+	After     *ListCursor
 }

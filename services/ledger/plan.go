@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -115,6 +116,9 @@ type Batch struct {
 	// debited on their way to another region (DEBITED): their refusal
 	// would credit it back.
 	InFlight map[string]int
+	// References maps a client's reference (ReferenceKey) to the transfer
+	// recorded here that holds it, for the references the requests give.
+	References map[string]string
 	// Issuance and Transit map a currency to this region's issuance and
 	// transit account IDs.
 	Issuance, Transit map[string]string
@@ -127,7 +131,7 @@ type Batch struct {
 // nothing. cmds must be valid for this region (Command.Validate).
 func (b Batch) Plan(cmds []Command) Plan {
 	w := &work{Batch: b, acc: make(map[string]*Account, len(b.Accounts)), xfer: make(map[string]*Transfer, len(b.Transfers)),
-		credits: make(map[string]*Credit, len(b.Credits))}
+		credits: make(map[string]*Credit, len(b.Credits)), refs: maps.Clone(b.References)}
 	for id, a := range b.Accounts {
 		w.acc[id] = &a
 	}
@@ -189,7 +193,13 @@ type work struct {
 	acc     map[string]*Account
 	xfer    map[string]*Transfer
 	credits map[string]*Credit
+	// refs holds the references taken, those of the batch's transfers
+	// recorded so far with them.
+	refs map[string]string
 }
+
+// ReferenceKey is the key of Batch.References: a client's reference.
+func ReferenceKey(client, reference string) string { return client + "\x00" + reference }
 
 func (w *work) cross(c Command) bool {
 	if w.Regions == nil || c.Type == TypeFund {
@@ -230,6 +240,7 @@ func (w *work) request(c Command) Outcome {
 		ID: c.TransferID, ClientID: c.ClientID, IdempotencyKey: c.IdempotencyKey,
 		Fingerprint: c.Fingerprint(), From: c.From, To: c.To, Amount: c.Amount,
 		Currency: c.Currency, Status: StatusPending, CreatedAt: c.CreatedAt, Version: 1, RefundOf: c.RefundOf,
+		Reference: c.Reference, Metadata: c.Metadata,
 	}
 	if c.Hold {
 		t.ExpiresAt = c.ExpiresAt
@@ -238,6 +249,7 @@ func (w *work) request(c Command) Outcome {
 		t.From = w.Issuance[c.Currency]
 	}
 	reject := func(err *Error) Outcome {
+		w.giveBackReference(c)
 		if err.Code == CodeAccountNotFound {
 			// Not a refusal: the account may be created later, and a
 			// replay of the dead letter must then apply the request.
@@ -249,10 +261,12 @@ func (w *work) request(c Command) Outcome {
 	}
 	if from := w.acc[t.From]; c.Type == TypeTransfer && from != nil && from.Kind == KindCustomer && from.ClientID != c.ClientID {
 		// The API sends only its client's own accounts: a command naming
-		// another's was forged or corrupted on its way. Nothing is
-		// recorded (the client's key stays free), and an operator sees it
-		// dead-lettered.
+		// another's was forged or corrupted on its way. Nothing is recorded
+		// (the key stays free), and an operator sees it dead-lettered.
 		return Outcome{Result: Invalid, Err: Errorf(CodeAccountNotFound, "source account %s is not an account of client %s", t.From, c.ClientID)}
+	}
+	if err := w.takeReference(c); err != nil {
+		return reject(err)
 	}
 	var refunded *int64 // the refunded transfer's refunded amount (its row here, or its credit's)
 	if c.Type == TypeRefund {
@@ -301,6 +315,34 @@ func (w *work) request(c Command) Outcome {
 	t.Status, _ = Next(StatusPending, EventDebit)
 	return Outcome{Transfer: t, Postings: post(t.ID, from, LegDebit, to, LegHold, c.Amount), Result: Applied,
 		Outbox: []OutboxMessage{{Region: dest, Account: c.To, Command: c.Step(TypeCredit, "")}}}
+}
+
+// takeReference refuses a request whose reference another transfer of the
+// client holds here, naming that transfer; a reference held by a transfer
+// refused is free again. It takes the reference for c's transfer, given
+// back by reject (release) if c is refused after all.
+func (w *work) takeReference(c Command) *Error {
+	if c.Reference == "" {
+		return nil
+	}
+	k := ReferenceKey(c.ClientID, c.Reference)
+	if holder, ok := w.refs[k]; ok && holder != c.TransferID {
+		err := Errorf(CodeReferenceInUse, "reference %s is transfer %s's", quoteShort(c.Reference), holder)
+		err.Existing = holder
+		return err
+	}
+	if w.refs == nil {
+		w.refs = map[string]string{}
+	}
+	w.refs[k] = c.TransferID
+	return nil
+}
+
+// giveBackReference frees the reference c took, when c is refused.
+func (w *work) giveBackReference(c Command) {
+	if k := ReferenceKey(c.ClientID, c.Reference); c.Reference != "" && w.refs[k] == c.TransferID {
+		delete(w.refs, k)
+	}
 }
 
 // refundable resolves a refund against the transfer it refunds: that

@@ -168,6 +168,9 @@ type Transfer struct {
 	// ledger decided: the refunds of a same-region transfer (the payee's
 	// region decides them).
 	RefundedAmount int64
+	// Reference and Metadata are the client's, from the request.
+	Reference string
+	Metadata  map[string]string
 }
 
 // Refund is one refund of a transfer, as a region knows it: a refund

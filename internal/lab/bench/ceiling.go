@@ -60,12 +60,13 @@ const (
 
 	ceilingTransfersSQL = `
 			INSERT INTO transfers (id, client_id, idempotency_key, type, from_account, to_account, currency, status, reason,
-			                       fingerprint, amount, version, created_at, expires_at, refund_of, held_at)
+			                       fingerprint, amount, version, created_at, expires_at, refund_of, reference, metadata, held_at)
 			SELECT *, CASE WHEN u.status = 'HELD' THEN statement_timestamp() END
 			FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
-			            $9::text[], $10::bytea[], $11::bigint[], $12::bigint[], $13::timestamptz[], $14::timestamptz[], $15::text[])
+			            $9::text[], $10::bytea[], $11::bigint[], $12::bigint[], $13::timestamptz[], $14::timestamptz[], $15::text[],
+			            $16::text[], $17::jsonb[])
 			     AS u(id, client_id, idempotency_key, type, from_account, to_account, currency, status, reason,
-			          fingerprint, amount, version, created_at, expires_at, refund_of)`
+			          fingerprint, amount, version, created_at, expires_at, refund_of, reference, metadata)`
 
 	ceilingPostingsSQL = `
 			INSERT INTO postings (transfer_id, leg, account_id, amount, balance_after, account_version)
@@ -288,7 +289,8 @@ func applyCeiling(ctx context.Context, pool *pgxpool.Pool, log *dedup.Log, xs []
 		}
 
 		b = &pgx.Batch{}
-		b.Queue(ceilingTransfersSQL, tID, tClient, tKey, tType, tFrom, tTo, tCur, tStatus, tReason, tFP, tAmount, tVersion, tCreated, tExpires, tRefundOf)
+		b.Queue(ceilingTransfersSQL, tID, tClient, tKey, tType, tFrom, tTo, tCur, tStatus, tReason, tFP, tAmount, tVersion, tCreated, tExpires, tRefundOf,
+			[]*string(nil), []*string(nil)) // no references or metadata: NULL arrays, as the apply sends them
 		b.Queue(ceilingPostingsSQL, pTransfer, pLeg, pAccount, pAmount, pAfter, pVersion)
 		b.Queue(ceilingBalancesSQL, aID, aFrom, aTo, aBal, aHeld, aHeld).Exec(func(tag pgconn.CommandTag) error {
 			if tag.RowsAffected() != int64(len(aID)) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -383,7 +384,7 @@ func TestMaxDeliverDeadLetters(t *testing.T) {
 	if len(dl) != 1 || dl[0].Header.Get(ledgerstream.HeaderDLQReason) != ledgerstream.ReasonMaxDeliveries || dl[0].Header.Get(ledgerstream.HeaderDLQDelivery) != "3" {
 		t.Fatalf("dead letters: got %d, want 1 with reason max_deliveries after 3 deliveries", len(dl))
 	}
-	if c, err := ledger.DecodeCommand(dl[0].Data); err != nil || c != cmd {
+	if c, err := ledger.DecodeCommand(dl[0].Data); err != nil || !reflect.DeepEqual(c, cmd) {
 		t.Fatalf("dead letter keeps the command: got %+v %v", c, err)
 	}
 }

@@ -25,6 +25,17 @@ func accountFields(a *ledger.Account) []any {
 	return []any{&a.ID, &a.ClientID, &a.Kind, &a.Currency, &a.Balance, &a.Floor, &a.Closed, &a.Version, &a.CreatedAt, &a.Held, &a.Frozen}
 }
 
+// labeledColumns are accountColumns with the client's reference and
+// metadata, for the reads of an account (scanLabeled); the apply reads
+// accountColumns only.
+const labeledColumns = accountColumns + `, coalesce(reference, ''), metadata`
+
+func scanLabeled(row pgx.CollectableRow) (ledger.Account, error) {
+	var a ledger.Account
+	err := row.Scan(append(accountFields(&a), &a.Reference, &a.Metadata)...)
+	return a, err
+}
+
 // QueueAccounts queues in b the read of the accounts ids into out, by ID
 // (a missing one is absent), in one statement: a caller composes it with its own statements in one round trip. The
 // batch's Close returns the read's error.
@@ -117,22 +128,28 @@ func (s *Store) createAccount(ctx context.Context, n ledger.NewAccount, ids [3]s
 		// under a key, the client's key (the account the key opened
 		// before, or that a request in flight with it just opened: the
 		// insert waits for that one's transaction).
-		if _, err := tx.Exec(ctx, `
-			INSERT INTO accounts (id, client_id, kind, currency, floor, idempotency_key, request_hash)
-			VALUES ($1, $2, 'customer', $3, $4, NULLIF($5, ''), $6)
-			ON CONFLICT DO NOTHING`, id, n.ClientID, n.Currency, n.Floor, n.IdempotencyKey, n.RequestHash); err != nil {
-			return err
-		}
-		if n.IdempotencyKey != "" {
-			var err error
-			a, created, err = byKey(ctx, tx, n, id)
-			return err
-		}
-		rows, err := tx.Query(ctx, `SELECT `+accountColumns+` FROM accounts WHERE id = $1`, id)
+		// A reference another account holds is refused, naming it.
+		tag, err := tx.Exec(ctx, `
+			INSERT INTO accounts (id, client_id, kind, currency, floor, idempotency_key, request_hash, reference, metadata)
+			VALUES ($1, $2, 'customer', $3, $4, NULLIF($5, ''), $6, NULLIF($7, ''), $8::jsonb)
+			ON CONFLICT DO NOTHING`, id, n.ClientID, n.Currency, n.Floor, n.IdempotencyKey, n.RequestHash, n.Reference, metadataJSON(n.Metadata))
 		if err != nil {
 			return err
 		}
-		if a, err = pgx.CollectExactlyOneRow(rows, scanAccount); err == nil && !ours(a, n) {
+		if tag.RowsAffected() == 0 && n.Reference != "" {
+			if err := referenceFree(ctx, tx, n, id); err != nil {
+				return err
+			}
+		}
+		if n.IdempotencyKey != "" {
+			a, created, err = byKey(ctx, tx, n, id)
+			return err
+		}
+		rows, err := tx.Query(ctx, `SELECT `+labeledColumns+` FROM accounts WHERE id = $1`, id)
+		if err != nil {
+			return err
+		}
+		if a, err = pgx.CollectExactlyOneRow(rows, scanLabeled); err == nil && !ours(a, n) {
 			err = fmt.Errorf("%w: %s is a %s account of client %q", errIDTaken, id, a.Kind, a.ClientID)
 		}
 		created = err == nil
@@ -150,6 +167,26 @@ func (s *Store) createAccount(ctx context.Context, n ledger.NewAccount, ids [3]s
 	return a, created, err
 }
 
+// referenceFree returns an *ledger.Error with CodeReferenceInUse, naming
+// the account, when n's reference is held by an account of the client
+// other than the one n's key opened or the one minted for n as id.
+func referenceFree(ctx context.Context, tx pgx.Tx, n ledger.NewAccount, id string) error {
+	var holder, key string
+	err := tx.QueryRow(ctx, `SELECT id, coalesce(idempotency_key, '') FROM accounts WHERE client_id = $1 AND reference = $2`,
+		n.ClientID, n.Reference).Scan(&holder, &key)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil
+	case err != nil:
+		return err
+	case holder == id || n.IdempotencyKey != "" && key == n.IdempotencyKey:
+		return nil
+	}
+	e := ledger.Errorf(ledger.CodeReferenceInUse, "reference %q is account %s's", n.Reference, holder)
+	e.Existing = holder
+	return e
+}
+
 // byKey reads, in tx, the account a client's idempotency key opened: the
 // one minted as id (created), or one an earlier request opened. It
 // returns an *ledger.Error with CodeIdempotencyKeyReused when that
@@ -158,8 +195,8 @@ func (s *Store) createAccount(ctx context.Context, n ledger.NewAccount, ids [3]s
 func byKey(ctx context.Context, tx pgx.Tx, n ledger.NewAccount, id string) (ledger.Account, bool, error) {
 	var a ledger.Account
 	var hash []byte
-	err := tx.QueryRow(ctx, `SELECT `+accountColumns+`, request_hash FROM accounts WHERE client_id = $1 AND idempotency_key = $2`,
-		n.ClientID, n.IdempotencyKey).Scan(append(accountFields(&a), &hash)...)
+	err := tx.QueryRow(ctx, `SELECT `+labeledColumns+`, request_hash FROM accounts WHERE client_id = $1 AND idempotency_key = $2`,
+		n.ClientID, n.IdempotencyKey).Scan(append(accountFields(&a), &a.Reference, &a.Metadata, &hash)...)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return ledger.Account{}, false, fmt.Errorf("%w: %s is another account", errIDTaken, id)
@@ -183,11 +220,11 @@ func ours(a ledger.Account, n ledger.NewAccount) bool {
 
 // Account returns an account, or an *ledger.Error with CodeAccountNotFound.
 func (s *Store) Account(ctx context.Context, id string) (ledger.Account, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+accountColumns+` FROM accounts WHERE id = $1`, id)
+	rows, err := s.pool.Query(ctx, `SELECT `+labeledColumns+` FROM accounts WHERE id = $1`, id)
 	if err != nil {
 		return ledger.Account{}, fmt.Errorf("read account: %w", err)
 	}
-	a, err := pgx.CollectExactlyOneRow(rows, scanAccount)
+	a, err := pgx.CollectExactlyOneRow(rows, scanLabeled)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ledger.Account{}, ledger.Errorf(ledger.CodeAccountNotFound, "account %s does not exist", id)
 	}
@@ -210,15 +247,17 @@ func (s *Store) AccountsPage(ctx context.Context, f ledger.AccountFilter, limit 
 	if f.After != nil {
 		afterAt, afterID = &f.After.CreatedAt, f.After.ID
 	}
-	rows, err := s.pool.Query(ctx, `SELECT `+accountColumns+` FROM accounts
+	rows, err := s.pool.Query(ctx, `SELECT `+labeledColumns+` FROM accounts
 		WHERE client_id = $1 AND kind = 'customer'
 		  AND ($2 = '' OR currency = $2)
 		  AND ($3::timestamptz IS NULL OR (created_at, id) < ($3, $4::text COLLATE "C"))
-		ORDER BY created_at DESC, id DESC LIMIT $5`, f.ClientID, f.Currency, afterAt, afterID, limit)
+		  AND ($6 = '' OR reference = $6)
+		  AND ($7::jsonb IS NULL OR metadata @> $7)
+		ORDER BY created_at DESC, id DESC LIMIT $5`, f.ClientID, f.Currency, afterAt, afterID, limit, f.Reference, metadataJSON(f.Metadata))
 	if err != nil {
 		return nil, fmt.Errorf("list accounts: %w", err)
 	}
-	as, err := pgx.CollectRows(rows, scanAccount)
+	as, err := pgx.CollectRows(rows, scanLabeled)
 	if err != nil {
 		return nil, fmt.Errorf("list accounts: %w", err)
 	}

@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -70,7 +71,7 @@ func TestAccountIDCollision(t *testing.T) {
 			if n := st.AccountIDCollisions.Load(); n != 1 {
 				t.Fatalf("collisions: got %d, want 1", n)
 			}
-			if after, err := f.Store.Account(ctx, tt.taken); err != nil || after != before {
+			if after, err := f.Store.Account(ctx, tt.taken); err != nil || !reflect.DeepEqual(after, before) {
 				t.Fatalf("the account under the taken ID: got %+v %v, want it unchanged %+v", after, err, before)
 			}
 		})
@@ -168,7 +169,7 @@ func TestCreateAccountUnderKey(t *testing.T) {
 		t.Fatalf("first: %+v created %v %v, want a new account", first, created, err)
 	}
 	again, created, err := f.Store.CreateAccount(ctx, req)
-	if err != nil || created || again != first {
+	if err != nil || created || !reflect.DeepEqual(again, first) {
 		t.Fatalf("retry: %+v created %v %v, want %+v, not created", again, created, err, first)
 	}
 

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"time"
@@ -145,6 +146,7 @@ func (s *Store) applyTx(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, k
 				r.Account = &a
 			}
 		}
+		nameHolder(c, r, rd.state)
 	}
 	if settledByClaims(cmds, rd.claims) {
 		return results, nil, nil
@@ -193,6 +195,7 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, key
 	}
 	known := s.queueExistingTransfers(b, cmds, reqs)
 	known.actions = s.queueExistingActions(b, cmds, acts)
+	refs := queueReferences(b, cmds, reqs)
 	credited := queueExistingCredits(b, cmds, open)
 	state, err := s.queueLockState(ctx, tx, b, pick(cmds, open))
 	if err != nil {
@@ -207,6 +210,7 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, cmds []ledger.Command, key
 	if err != nil {
 		return claimed{}, err
 	}
+	state.References = refs
 	// The batch is decided now, with its rows locked: a hold that expired
 	// while this transaction waited for a lock is expired for it.
 	state.Now = s.now()
@@ -391,6 +395,51 @@ func (s *Store) queueExistingTransfers(b *pgx.Batch, cmds []ledger.Command, idx 
 // request is keyed as a transfer is).
 func requestOf(t ledger.Transfer) ledger.Command {
 	return ledger.Command{Type: ledger.TypeTransfer, TransferID: t.ID, ClientID: t.ClientID, IdempotencyKey: t.IdempotencyKey}
+}
+
+// queueReferences queues the lookup of the transfers, not refused, that
+// hold the references of the requests at idx (the client's business key):
+// by ledger.ReferenceKey, filled in when the batch runs.
+func queueReferences(b *pgx.Batch, cmds []ledger.Command, idx []int) map[string]string {
+	out := map[string]string{}
+	var clients, refs []string
+	for _, i := range idx {
+		if cmds[i].Reference != "" {
+			clients, refs = append(clients, cmds[i].ClientID), append(refs, cmds[i].Reference)
+		}
+	}
+	if len(refs) == 0 {
+		return out
+	}
+	b.Queue(`
+		SELECT k.client_id, k.reference, t.id FROM unnest($1::text[], $2::text[]) AS k(client_id, reference)
+		CROSS JOIN LATERAL (
+		    SELECT id FROM transfers
+		    WHERE client_id = k.client_id AND reference = k.reference AND status <> 'REJECTED') t`, clients, refs).Query(func(rows pgx.Rows) error {
+		var client, ref, id string
+		_, err := pgx.ForEachRow(rows, []any{&client, &ref, &id}, func() error {
+			out[ledger.ReferenceKey(client, ref)] = id
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("read references: %w", err)
+		}
+		return nil
+	})
+	return out
+}
+
+// nameHolder gives a repeat of a request refused for its reference the
+// transfer that holds the reference, as its first answer named it.
+func nameHolder(c ledger.Command, r *ledger.Result, state *ledger.Batch) {
+	t := r.Transfer
+	if r.Kind != ledger.Duplicate || t.Status != ledger.StatusRejected || t.Reason != ledger.CodeReferenceInUse || state == nil {
+		return
+	}
+	if holder, ok := state.References[ledger.ReferenceKey(c.ClientID, c.Reference)]; ok {
+		r.Err = ledger.Errorf(ledger.CodeReferenceInUse, "reference %q is transfer %s's", c.Reference, holder)
+		r.Err.Existing = holder
+	}
 }
 
 // queueExistingCredits queues the lookup of the credits already recorded
@@ -671,14 +720,15 @@ func (n *newTransfers) queue(b *pgx.Batch) {
 	}
 	b.Queue(`
 		INSERT INTO transfers (id, client_id, idempotency_key, type, from_account, to_account, currency, status, reason,
-		                       fingerprint, amount, version, created_at, expires_at, refund_of, held_at)
+		                       fingerprint, amount, version, created_at, expires_at, refund_of, reference, metadata, held_at)
 		SELECT *, CASE WHEN u.status = 'HELD' THEN statement_timestamp() END
 		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[],
-		            $9::text[], $10::bytea[], $11::bigint[], $12::bigint[], $13::timestamptz[], $14::timestamptz[], $15::text[])
+		            $9::text[], $10::bytea[], $11::bigint[], $12::bigint[], $13::timestamptz[], $14::timestamptz[], $15::text[],
+		            $16::text[], $17::jsonb[])
 		     AS u(id, client_id, idempotency_key, type, from_account, to_account, currency, status, reason,
-		          fingerprint, amount, version, created_at, expires_at, refund_of)`,
+		          fingerprint, amount, version, created_at, expires_at, refund_of, reference, metadata)`,
 		n.id, n.client, n.key, n.typ, n.from, n.to, n.cur, n.status, n.reason, n.fp, n.amount, n.version, n.created,
-		n.expires, n.refundOf)
+		n.expires, n.refundOf, n.reference, n.metadata)
 }
 
 // queue queues the insert of the captures and voids, if any.
@@ -943,6 +993,9 @@ type newTransfers struct {
 	amount, version                             []int64
 	created                                     []time.Time
 	expires                                     []*time.Time
+	// reference and metadata are NULL arrays while no transfer of the
+	// batch has any (the common case costs no per-row values).
+	reference, metadata []*string
 }
 
 func (n *newTransfers) add(c ledger.Command, t ledger.Transfer) {
@@ -955,6 +1008,23 @@ func (n *newTransfers) add(c ledger.Command, t ledger.Transfer) {
 		expires = &t.ExpiresAt
 	}
 	n.expires, n.refundOf = append(n.expires, expires), append(n.refundOf, optional(ledger.Code(t.RefundOf)))
+	if t.Reference == "" && t.Metadata == nil && n.reference == nil {
+		return
+	}
+	if n.reference == nil {
+		n.reference, n.metadata = make([]*string, len(n.id)-1, len(n.id)), make([]*string, len(n.id)-1, len(n.id))
+	}
+	n.reference, n.metadata = append(n.reference, optional(ledger.Code(t.Reference))), append(n.metadata, metadataJSON(t.Metadata))
+}
+
+// metadataJSON is metadata as a jsonb parameter, nil for none.
+func metadataJSON(m map[string]string) *string {
+	if m == nil {
+		return nil
+	}
+	b, _ := json.Marshal(m) // cannot fail: strings only
+	s := string(b)
+	return &s
 }
 
 func optional(c ledger.Code) *string {

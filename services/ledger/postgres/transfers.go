@@ -13,13 +13,14 @@ import (
 
 const transferColumns = `id, client_id, idempotency_key, fingerprint, from_account, to_account, amount, currency,
 	status, coalesce(reason, ''), version, created_at, expires_at, coalesce(captured_amount, 0), coalesce(refund_of, ''),
-	refunded_amount`
+	refunded_amount, coalesce(reference, ''), metadata`
 
 func scanTransfer(row pgx.CollectableRow) (ledger.Transfer, error) {
 	var t ledger.Transfer
 	var expires *time.Time
 	err := row.Scan(&t.ID, &t.ClientID, &t.IdempotencyKey, &t.Fingerprint, &t.From, &t.To, &t.Amount, &t.Currency,
-		&t.Status, &t.Reason, &t.Version, &t.CreatedAt, &expires, &t.CapturedAmount, &t.RefundOf, &t.RefundedAmount)
+		&t.Status, &t.Reason, &t.Version, &t.CreatedAt, &expires, &t.CapturedAmount, &t.RefundOf, &t.RefundedAmount,
+		&t.Reference, &t.Metadata)
 	if expires != nil {
 		t.ExpiresAt = *expires
 	}
@@ -220,8 +221,10 @@ func (s *Store) TransfersPage(ctx context.Context, f ledger.TransferFilter, limi
 		  AND ($4::timestamptz IS NULL OR created_at >= $4)
 		  AND ($5::timestamptz IS NULL OR created_at < $5)
 		  AND ($6::timestamptz IS NULL OR (created_at, id) < ($6, $7::text COLLATE "C"))
+		  AND ($9 = '' OR reference = $9)
+		  AND ($10::jsonb IS NULL OR metadata @> $10)
 		ORDER BY created_at DESC, id DESC LIMIT $8`,
-		f.ClientID, f.Account, string(f.Status), f.CreatedFrom, f.CreatedTo, afterAt, afterID, limit)
+		f.ClientID, f.Account, string(f.Status), f.CreatedFrom, f.CreatedTo, afterAt, afterID, limit, f.Reference, metadataJSON(f.Metadata))
 	if err != nil {
 		return nil, fmt.Errorf("list transfers: %w", err)
 	}
