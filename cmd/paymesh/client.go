@@ -46,6 +46,7 @@ type accountsCmd struct {
 		Region   string `help:"Home region (default: the region of --api-url)."`
 		Floor    int64  `help:"Lowest balance allowed (0: no overdraft)."`
 		Key      string `help:"Idempotency-Key (default: a new random one, printed, reused on retries): the key opens one account, whichever region a retry reaches."`
+		labelFlags
 	} `cmd:"" help:"Open an account; retries safely on network errors."`
 	Show struct {
 		apiClient
@@ -59,6 +60,7 @@ type accountsCmd struct {
 		Currency string `help:"Only accounts in this currency."`
 		Limit    int    `help:"Accounts per page (1 to 500)." default:"20"`
 		Cursor   string `help:"The next_cursor of the page before."`
+		labelFilters
 	} `cmd:"" help:"List your accounts in every region, newest first, a page at a time."`
 	Statement struct {
 		apiClient
@@ -72,6 +74,29 @@ type accountsCmd struct {
 	Unfreeze accountActionCmd `cmd:"" help:"Let a frozen account's debits through again."`
 }
 
+// labelFlags are a request's reference and metadata.
+type labelFlags struct {
+	Reference string            `help:"Your own ID of it (an order or payment ID): unique among yours in its region."`
+	Metadata  map[string]string `help:"Metadata to keep with it, key=value (repeat the flag, or separate pairs with ';')."`
+}
+
+// labelFilters select a list by reference and metadata.
+type labelFilters struct {
+	Reference string            `help:"Only those with this reference."`
+	Metadata  map[string]string `help:"Only those whose metadata has key=value (repeat for several keys: all of them)."`
+}
+
+// set adds the filters to q, metadata as metadata[key]=value.
+func (f labelFilters) set(q url.Values) url.Values {
+	if f.Reference != "" {
+		q.Set("reference", f.Reference)
+	}
+	for k, v := range f.Metadata {
+		q.Set("metadata["+k+"]", v)
+	}
+	return q
+}
+
 // accountActionCmd is a close, freeze or unfreeze of an account.
 type accountActionCmd struct {
 	apiClient
@@ -82,9 +107,11 @@ type accountActionCmd struct {
 func (c *accountsCmd) Run(ctx context.Context, k *kong.Context) error {
 	switch k.Command() {
 	case "accounts create":
-		return show(c.Create.client().CreateAccount(ctx, c.Create.Currency, c.Create.Region, c.Create.Floor, idemKey(c.Create.Key)))
+		cr := c.Create
+		req := api.AccountRequest{Currency: cr.Currency, Region: cr.Region, Floor: cr.Floor, Reference: cr.Reference, Metadata: cr.Metadata}
+		return show(cr.client().CreateAccount(ctx, req, idemKey(cr.Key)))
 	case "accounts list":
-		q := given(map[string]string{"limit": strconv.Itoa(c.List.Limit), "currency": c.List.Currency, "cursor": c.List.Cursor})
+		q := c.List.set(given(map[string]string{"limit": strconv.Itoa(c.List.Limit), "currency": c.List.Currency, "cursor": c.List.Cursor}))
 		return show(c.List.client().Get(ctx, "/v1/accounts?"+q.Encode()))
 	case "accounts close <id>":
 		return show(c.Close.client().AccountAction(ctx, c.Close.ID, "close", idemKey(c.Close.Key)))
@@ -122,6 +149,7 @@ type transfersCmd struct {
 		Key      string `help:"Idempotency-Key (default: a new random one, printed, reused on retries)."`
 		Hold     bool   `help:"Authorize only: reserve the amount until a capture, a void or the expiry."`
 		Expires  string `help:"With --hold: when it expires (RFC 3339, or a duration from now such as 30m; default 7 days)."`
+		labelFlags
 	} `cmd:"" help:"Send a transfer (or a hold); retries safely on network errors."`
 	Show struct {
 		apiClient
@@ -135,6 +163,7 @@ type transfersCmd struct {
 		CreatedTo   string `name:"created-to" help:"Only transfers created before this instant (RFC 3339)."`
 		Limit       int    `help:"Transfers per page (1 to 500)." default:"20"`
 		Cursor      string `help:"The next_cursor of the page before."`
+		labelFilters
 	} `cmd:"" help:"List your transfers in every region, newest first, a page at a time."`
 	Capture struct {
 		apiClient
@@ -161,8 +190,8 @@ func (c *transfersCmd) Run(ctx context.Context, k *kong.Context) error {
 		return show(c.Show.client().Get(ctx, "/v1/transfers/"+c.Show.ID))
 	case "transfers list":
 		l := c.List
-		q := given(map[string]string{"limit": strconv.Itoa(l.Limit), "account": l.Account, "status": l.Status,
-			"created_gte": l.CreatedFrom, "created_lt": l.CreatedTo, "cursor": l.Cursor})
+		q := l.set(given(map[string]string{"limit": strconv.Itoa(l.Limit), "account": l.Account, "status": l.Status,
+			"created_gte": l.CreatedFrom, "created_lt": l.CreatedTo, "cursor": l.Cursor}))
 		return show(l.client().Get(ctx, "/v1/transfers?"+q.Encode()))
 	case "transfers capture <id>":
 		amount, err := optionalAmount(c.Capture.Amount)
@@ -184,7 +213,8 @@ func (c *transfersCmd) Run(ctx context.Context, k *kong.Context) error {
 	if err != nil {
 		return err
 	}
-	req := api.TransferRequest{From: s.From, To: s.To, Amount: amount, Currency: s.Currency, Hold: s.Hold}
+	req := api.TransferRequest{From: s.From, To: s.To, Amount: amount, Currency: s.Currency, Hold: s.Hold,
+		Reference: s.Reference, Metadata: s.Metadata}
 	if s.Expires != "" {
 		if !s.Hold {
 			return errors.New("--expires belongs to a hold (--hold)")

@@ -185,6 +185,23 @@ func TestTransfersCommands(t *testing.T) {
 	if !errors.Is(err, errFailed) || !strings.Contains(out, string(ledger.CodeInvalidRequest)) {
 		t.Fatalf("transfers list --status DONE: %v %s, want the API's 400", err, out)
 	}
+	// A reference and metadata: kept, listed by, and the reference taken.
+	paid := transfer("transfers", "send", "--from", a, "--to", b, "--amount", "1", "--currency", "EUR",
+		"--reference", "cli-order-1", "--metadata", "shop=north", "--metadata", "till=7")
+	if paid.Reference != "cli-order-1" || paid.Metadata["shop"] != "north" || paid.Metadata["till"] != "7" {
+		t.Fatalf("send --reference --metadata: %+v", paid)
+	}
+	out, err = runCLI(t, append([]string{"transfers", "send", "--from", a, "--to", b, "--amount", "1", "--currency", "EUR", "--reference", "cli-order-1"}, flags...)...)
+	if !errors.Is(err, errFailed) || !strings.Contains(out, string(ledger.CodeReferenceInUse)) || !strings.Contains(out, paid.ID) {
+		t.Fatalf("the reference again: %v %s, want reference_in_use naming %s", err, out, paid.ID)
+	}
+	for _, args := range [][]string{{"--reference", "cli-order-1", "--status", "COMPLETED"}, {"--metadata", "shop=north;till=7"}} {
+		out, err = runCLI(t, append(append([]string{"transfers", "list"}, args...), flags...)...)
+		tl = api.TransferList{}
+		if err != nil || json.Unmarshal([]byte(out), &tl) != nil || len(tl.Transfers) != 1 || tl.Transfers[0].ID != paid.ID {
+			t.Fatalf("transfers list %v: %v %s, want %s", args, err, out, paid.ID)
+		}
+	}
 	// Opening an account under a key: a retry is the same account.
 	one, _ := runCLI(t, append([]string{"accounts", "create", "--currency", "EUR", "--key", "cli-open-1"}, flags...)...)
 	two, _ := runCLI(t, append([]string{"accounts", "create", "--currency", "EUR", "--key", "cli-open-1"}, flags...)...)

@@ -90,8 +90,10 @@ func AccountKeyHome(regions []string, client, key string) string {
 // decodeAccount decodes and checks the body of POST /v1/accounts.
 func decodeAccount(body []byte) (AccountRequest, error) {
 	var req AccountRequest
-	err := decodeStrict(body, &req, "currency", "floor", "region")
-	return req, err
+	if err := decodeStrict(body, &req, "currency", "floor", "region", "reference", "metadata"); err != nil {
+		return req, err
+	}
+	return req, validLabels(req.Reference, req.Metadata)
 }
 
 // claimHere runs in the key's home region: it records, or finds, the
@@ -127,7 +129,7 @@ func (a *accounts) createHere(ctx context.Context, c Call) reply {
 	if err := a.check(ctx, c.Client, req); err != nil {
 		return errReply(err)
 	}
-	n := ledger.NewAccount{ClientID: c.Client, Currency: req.Currency, Floor: req.Floor}
+	n := ledger.NewAccount{ClientID: c.Client, Currency: req.Currency, Floor: req.Floor, Reference: req.Reference, Metadata: req.Metadata}
 	if c.Key != "" {
 		n.IdempotencyKey, n.RequestHash = c.Key, req.fingerprint()
 	}
@@ -165,7 +167,8 @@ func (a *accounts) check(ctx context.Context, client string, req AccountRequest)
 // it was opened (nothing on it yet), so that a retry under its key, later,
 // gets the same answer.
 func openedBody(a ledger.Account) AccountBody {
-	return accountBody(ledger.Account{ID: a.ID, ClientID: a.ClientID, Kind: a.Kind, Currency: a.Currency, Floor: a.Floor, CreatedAt: a.CreatedAt})
+	return accountBody(ledger.Account{ID: a.ID, ClientID: a.ClientID, Kind: a.Kind, Currency: a.Currency, Floor: a.Floor, CreatedAt: a.CreatedAt,
+		Reference: a.Reference, Metadata: a.Metadata})
 }
 
 // home returns the account of a request's path and its home region; an

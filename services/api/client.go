@@ -159,8 +159,8 @@ func (c *Client) post(ctx context.Context, path, key string, body []byte) (Respo
 // CreateAccount opens an account; region may be empty. With an
 // idempotency key it retries as SendTransfer does, and opens one account
 // whatever happens; without one it sends the request once.
-func (c *Client) CreateAccount(ctx context.Context, currency, region string, floor int64, key string) (Response, error) {
-	body, _ := json.Marshal(AccountRequest{Currency: currency, Region: region, Floor: floor})
+func (c *Client) CreateAccount(ctx context.Context, req AccountRequest, key string) (Response, error) {
+	body, _ := json.Marshal(req)
 	if key == "" {
 		return c.do(ctx, http.MethodPost, "/v1/accounts", "", body)
 	}

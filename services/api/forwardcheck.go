@@ -314,6 +314,14 @@ func (f *forwarder) checkList(q ListQuery, now time.Time) error {
 			return err
 		}
 	}
+	if q.Reference != "" {
+		if err := ledger.ValidReference(q.Reference); err != nil {
+			return err
+		}
+	}
+	if err := ledger.ValidMetadata(q.Metadata); err != nil {
+		return err
+	}
 	if q.CreatedFrom != nil && q.CreatedTo != nil && !q.CreatedFrom.Before(*q.CreatedTo) {
 		return ledger.Errorf(ledger.CodeInvalidRequest, "created_gte=%s is not before created_lt=%s", q.CreatedFrom.Format(time.RFC3339Nano), q.CreatedTo.Format(time.RFC3339Nano))
 	}

@@ -48,6 +48,10 @@ type ListQuery struct {
 	Account  string `json:"account,omitempty"`
 	Status   string `json:"status,omitempty"`
 	Currency string `json:"currency,omitempty"`
+	// Reference and Metadata select by the client's labels: metadata
+	// holds each key given with its value (metadata[key]=value).
+	Reference string            `json:"reference,omitempty"`
+	Metadata  map[string]string `json:"metadata,omitempty"`
 	// CreatedFrom and CreatedTo bound created_at: [from, to).
 	CreatedFrom *time.Time `json:"created_gte,omitempty"`
 	CreatedTo   *time.Time `json:"created_lt,omitempty"`
@@ -68,9 +72,9 @@ type AccountList struct {
 	NextCursor string        `json:"next_cursor,omitempty"`
 }
 
-// getTransfers serves GET /v1/transfers?account=&status=&created_gte=&created_lt=&limit=&cursor=.
+// getTransfers serves GET /v1/transfers?account=&status=&reference=&metadata[key]=&created_gte=&created_lt=&limit=&cursor=.
 func (l *lists) getTransfers(ctx context.Context, r *http.Request, client string) reply {
-	q, limit, err := l.readQuery(r.URL.RawQuery, "account", "status", "created_gte", "created_lt")
+	q, limit, err := l.readQuery(r.URL.RawQuery, "account", "status", "reference", "metadata[key]", "created_gte", "created_lt")
 	if err != nil {
 		return errReply(err)
 	}
@@ -90,9 +94,9 @@ func (l *lists) getTransfers(ctx context.Context, r *http.Request, client string
 	return jsonReply(http.StatusOK, TransferList{Transfers: page, NextCursor: next})
 }
 
-// getAccounts serves GET /v1/accounts?currency=&limit=&cursor=.
+// getAccounts serves GET /v1/accounts?currency=&reference=&metadata[key]=&limit=&cursor=.
 func (l *lists) getAccounts(ctx context.Context, r *http.Request, client string) reply {
-	q, limit, err := l.readQuery(r.URL.RawQuery, "currency")
+	q, limit, err := l.readQuery(r.URL.RawQuery, "currency", "reference", "metadata[key]")
 	if err != nil {
 		return errReply(err)
 	}
@@ -178,6 +182,13 @@ func (l *lists) readQuery(raw string, filters ...string) (ListQuery, int, error)
 			return q, 0, ledger.Errorf(ledger.CodeInvalidRequest, "give %s once", name)
 		}
 		val := vals[0]
+		if key, ok := metadataParam(name); ok && slices.Contains(filters, "metadata[key]") {
+			if q.Metadata == nil {
+				q.Metadata = map[string]string{}
+			}
+			q.Metadata[key] = val
+			continue
+		}
 		if name != "limit" && name != "cursor" && !slices.Contains(filters, name) {
 			return q, 0, ledger.Errorf(ledger.CodeInvalidRequest, "unknown query parameter %.32q (this list takes %s, limit, cursor)", name, strings.Join(filters, ", "))
 		}
@@ -193,6 +204,8 @@ func (l *lists) readQuery(raw string, filters ...string) (ListQuery, int, error)
 			q.Status = val
 		case "currency":
 			q.Currency = val
+		case "reference":
+			q.Reference = val
 		case "created_gte", "created_lt":
 			var t time.Time
 			if t, err = time.Parse(time.RFC3339Nano, val); err != nil {
@@ -208,6 +221,15 @@ func (l *lists) readQuery(raw string, filters ...string) (ListQuery, int, error)
 		}
 	}
 	return q, limit, l.fwd.checkList(q, now)
+}
+
+// metadataParam returns the key of a metadata[key] query parameter.
+func metadataParam(name string) (string, bool) {
+	key, ok := strings.CutPrefix(name, "metadata[")
+	if !ok || !strings.HasSuffix(key, "]") {
+		return "", false
+	}
+	return strings.TrimSuffix(key, "]"), true
 }
 
 // EncodeCursor makes the opaque cursor of a list's page that ends at
@@ -243,7 +265,7 @@ func (l *lists) decodeCursor(v string) (*ledger.ListCursor, error) {
 // merge there is a next page).
 func (l *lists) transfersHere(ctx context.Context, c Call) reply {
 	f := ledger.TransferFilter{ClientID: c.Client, Account: c.List.Account, Status: ledger.Status(c.List.Status),
-		CreatedFrom: c.List.CreatedFrom, CreatedTo: c.List.CreatedTo, After: c.List.After}
+		CreatedFrom: c.List.CreatedFrom, CreatedTo: c.List.CreatedTo, After: c.List.After, Reference: c.List.Reference, Metadata: c.List.Metadata}
 	ts, err := l.cfg.Ledger.TransfersPage(ctx, f, min(max(c.Limit, 1), MaxPageLimit)+1)
 	if err != nil {
 		return errReply(err)
@@ -257,8 +279,9 @@ func (l *lists) transfersHere(ctx context.Context, c Call) reply {
 
 // accountsHere answers this region's first page of the client's accounts.
 func (l *lists) accountsHere(ctx context.Context, c Call) reply {
-	as, err := l.cfg.Ledger.AccountsPage(ctx, ledger.AccountFilter{ClientID: c.Client, Currency: c.List.Currency, After: c.List.After},
-		min(max(c.Limit, 1), MaxPageLimit)+1)
+	f := ledger.AccountFilter{ClientID: c.Client, Currency: c.List.Currency, Reference: c.List.Reference, Metadata: c.List.Metadata,
+		After: c.List.After}
+	as, err := l.cfg.Ledger.AccountsPage(ctx, f, min(max(c.Limit, 1), MaxPageLimit)+1)
 	if err != nil {
 		return errReply(err)
 	}

@@ -61,6 +61,7 @@ var statusOf = map[ledger.Code]int{
 	ledger.CodeAccountFrozen:         http.StatusUnprocessableEntity,
 	ledger.CodeAccountNotFrozen:      http.StatusConflict,
 	ledger.CodeAccountNotEmpty:       http.StatusConflict,
+	ledger.CodeReferenceInUse:        http.StatusConflict,
 	CodeUnauthorized:                 http.StatusUnauthorized,
 	CodeRateLimited:                  http.StatusTooManyRequests,
 	CodeIdempotencyKeyMissing:        http.StatusBadRequest,
@@ -93,20 +94,23 @@ type Problem struct {
 	Status int         `json:"status"`
 	Detail string      `json:"detail,omitempty"`
 	Code   ledger.Code `json:"code"`
+	// Existing names, for reference_in_use, the transfer or account that
+	// holds the reference.
+	Existing string `json:"existing,omitempty"`
 }
 
 // problem renders err as a problem response. Errors without a code are
 // internal: the client sees a generic message only.
 func problem(err error) (int, []byte) {
 	code := ledger.ErrorCode(err)
-	detail := ""
+	detail, existing := "", ""
 	if code == "" {
 		code = CodeInternal
 		detail = "internal error"
 	} else {
 		var e *ledger.Error
 		if errors.As(err, &e) {
-			detail = e.Message
+			detail, existing = e.Message, e.Existing
 		}
 	}
 	status, ok := statusOf[code]
@@ -114,6 +118,6 @@ func problem(err error) (int, []byte) {
 		status = http.StatusUnprocessableEntity
 	}
 	b, _ := json.Marshal(Problem{Type: "https://paymesh.dev/problems/" + string(code), Title: http.StatusText(status),
-		Status: status, Detail: detail, Code: code})
+		Status: status, Detail: detail, Code: code, Existing: existing})
 	return status, b
 }

@@ -139,6 +139,13 @@ type TransferRequest struct {
 	// of the request's identity: a retry is the same request.
 	Hold      bool       `json:"hold,omitempty"`
 	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+	// Reference is the client's own ID of the transfer (an order or
+	// payment ID): unique among its transfers from the source's region
+	// that were not refused. Metadata is the client's, kept with the
+	// transfer. Both are part of the request (ledger.ValidReference and
+	// ledger.ValidMetadata give their limits).
+	Reference string            `json:"reference,omitempty"`
+	Metadata  map[string]string `json:"metadata,omitempty"`
 }
 
 // command is the ledger command of the request, as transfer id of client's
@@ -146,7 +153,8 @@ type TransferRequest struct {
 // ledger.DefaultHoldExpiry after created.
 func (r TransferRequest) command(id, client, key string, created time.Time) ledger.Command {
 	c := ledger.Command{Type: ledger.TypeTransfer, TransferID: id, ClientID: client, IdempotencyKey: key,
-		From: r.From, To: r.To, Amount: r.Amount, Currency: r.Currency, CreatedAt: created, Hold: r.Hold}
+		From: r.From, To: r.To, Amount: r.Amount, Currency: r.Currency, CreatedAt: created, Hold: r.Hold,
+		Reference: r.Reference, Metadata: r.Metadata}
 	switch {
 	case r.Hold && r.ExpiresAt != nil:
 		c.ExpiresAt = r.ExpiresAt.UTC()
@@ -203,6 +211,10 @@ type AccountRequest struct {
 	Floor int64 `json:"floor"`
 	// Region is the account's home region; default: the region asked.
 	Region string `json:"region,omitempty"`
+	// Reference is the client's own ID of the account, unique among its
+	// accounts in the account's region; Metadata is the client's.
+	Reference string            `json:"reference,omitempty"`
+	Metadata  map[string]string `json:"metadata,omitempty"`
 }
 
 // fingerprint identifies an account request behind an idempotency key:
@@ -216,6 +228,7 @@ func (r AccountRequest) fingerprint() []byte {
 		io.WriteString(h, s)
 	}
 	_ = binary.Write(h, binary.BigEndian, r.Floor)
+	ledger.WriteLabels(h, r.Reference, r.Metadata)
 	return h.Sum(nil)
 }
 
@@ -272,7 +285,10 @@ func decodeStrict(body []byte, v any, fields ...string) error {
 			return err
 		}
 	}
-	if err := json.Unmarshal(body, v); err != nil {
+	// The JSON v2 decoder refuses what lies below the top level as the
+	// loop above refuses it there: a metadata key given twice, invalid
+	// UTF-8.
+	if err := jsonv2.Unmarshal(body, v); err != nil {
 		return ledger.Errorf(ledger.CodeInvalidRequest, "malformed JSON: %v", err)
 	}
 	return nil
@@ -285,8 +301,10 @@ type wireTransfer struct {
 	To        string         `json:"to"`
 	Amount    jsontext.Value `json:"amount"`
 	Currency  string         `json:"currency"`
-	Hold      bool           `json:"hold"`
-	ExpiresAt *time.Time     `json:"expires_at"`
+	Hold      bool              `json:"hold"`
+	ExpiresAt *time.Time        `json:"expires_at"`
+	Reference string            `json:"reference"`
+	Metadata  map[string]string `json:"metadata"`
 }
 
 // decodeTransferFast decodes a well-formed transfer request in one pass
@@ -306,7 +324,8 @@ func decodeTransferFast(body []byte) (TransferRequest, bool) {
 	if jsonv2.Unmarshal(body, &w, jsonv2.RejectUnknownMembers(true)) != nil {
 		return TransferRequest{}, false
 	}
-	r := TransferRequest{From: w.From, To: w.To, Currency: w.Currency, Hold: w.Hold, ExpiresAt: w.ExpiresAt}
+	r := TransferRequest{From: w.From, To: w.To, Currency: w.Currency, Hold: w.Hold, ExpiresAt: w.ExpiresAt,
+		Reference: w.Reference, Metadata: w.Metadata}
 	if len(w.Amount) > 0 {
 		if w.Amount.Kind() != '0' {
 			return TransferRequest{}, false
@@ -325,9 +344,12 @@ func decodeTransferFast(body []byte) (TransferRequest, bool) {
 func DecodeTransferRequest(body []byte) (TransferRequest, error) {
 	r, ok := decodeTransferFast(body)
 	if !ok { // the strict decoder names what is wrong, or decodes what the fast one would not
-		if err := decodeStrict(body, &r, "from", "to", "amount", "currency", "hold", "expires_at"); err != nil {
+		if err := decodeStrict(body, &r, "from", "to", "amount", "currency", "hold", "expires_at", "reference", "metadata"); err != nil {
 			return r, err
 		}
+	}
+	if err := validLabels(r.Reference, r.Metadata); err != nil {
+		return r, err
 	}
 	if r.ExpiresAt != nil && !r.Hold {
 		return r, ledger.Errorf(ledger.CodeInvalidRequest, "expires_at belongs to a hold (\"hold\": true)")
@@ -358,7 +380,22 @@ func RequestFingerprint(c ledger.Command) []byte {
 	case ledger.TypeClose, ledger.TypeFreeze, ledger.TypeUnfreeze:
 		return actionFingerprint(c.Type, c.From, 0)
 	}
-	return TransferRequest{From: c.From, To: c.To, Amount: c.Amount, Currency: c.Currency, Hold: c.Hold}.fingerprint()
+	return TransferRequest{From: c.From, To: c.To, Amount: c.Amount, Currency: c.Currency, Hold: c.Hold,
+		Reference: c.Reference, Metadata: c.Metadata}.fingerprint()
+}
+
+// validLabels checks a request's reference (when given) and metadata, and
+// refuses metadata given as an empty object: leave it out instead.
+func validLabels(reference string, metadata map[string]string) error {
+	if metadata != nil && len(metadata) == 0 {
+		return ledger.Errorf(ledger.CodeInvalidRequest, "metadata is an empty object: leave it out instead")
+	}
+	if reference != "" {
+		if err := ledger.ValidReference(reference); err != nil {
+			return err
+		}
+	}
+	return ledger.ValidMetadata(metadata)
 }
 
 // fingerprint identifies the request behind an idempotency key; a hold's
@@ -386,6 +423,9 @@ type TransferBody struct {
 	CapturedAmount *int64     `json:"captured_amount,omitempty"`
 	// RefundOf names the transfer a refund gives money back for.
 	RefundOf string `json:"refund_of,omitempty"`
+	// Reference and Metadata are the client's, from the request.
+	Reference string            `json:"reference,omitempty"`
+	Metadata  map[string]string `json:"metadata,omitempty"`
 	// RefundedAmount and Refunds: the refunds of this transfer that have
 	// reached its region (GET only).
 	RefundedAmount *int64       `json:"refunded_amount,omitempty"`
@@ -409,7 +449,8 @@ type StepBody struct {
 
 func transferBody(t ledger.Transfer) TransferBody {
 	b := TransferBody{ID: t.ID, From: t.From, To: t.To, Amount: t.Amount, Currency: t.Currency, Status: string(t.Status),
-		Reason: t.Reason, Version: t.Version, CreatedAt: t.CreatedAt.UTC(), RefundOf: t.RefundOf}
+		Reason: t.Reason, Version: t.Version, CreatedAt: t.CreatedAt.UTC(), RefundOf: t.RefundOf, Reference: t.Reference,
+		Metadata: t.Metadata}
 	if t.IsHold() {
 		e := t.ExpiresAt.UTC()
 		b.ExpiresAt = &e
@@ -465,8 +506,8 @@ func RespondTo(c ledger.Command, r ledger.Result) (int, []byte) {
 		return http.StatusOK, b
 	}
 	switch {
-	case r.Kind == ledger.Rejected && r.Err != nil:
-		return problem(r.Err)
+	case r.Err != nil && (r.Kind == ledger.Rejected || r.Kind == ledger.Duplicate && r.Err.Code == r.Transfer.Reason):
+		return problem(r.Err) // a repeat of a refusal for a reference in use names the transfer that holds it
 	case r.Kind == ledger.Conflict || r.Kind == ledger.Invalid:
 		return problem(r.Err)
 	case r.Transfer.ID != "" && r.Transfer.Status == ledger.StatusRejected:
@@ -488,11 +529,15 @@ type AccountBody struct {
 	Frozen    bool      `json:"frozen"`
 	Version   int64     `json:"version"`
 	CreatedAt time.Time `json:"created_at"`
+	// Reference and Metadata are the client's, from the request that
+	// opened the account.
+	Reference string            `json:"reference,omitempty"`
+	Metadata  map[string]string `json:"metadata,omitempty"`
 }
 
 func accountBody(a ledger.Account) AccountBody {
 	return AccountBody{ID: a.ID, Currency: a.Currency, Balance: a.Balance, Held: a.Held, Available: a.Available(), Floor: a.Floor, Closed: a.Closed,
-		Frozen: a.Frozen, Version: a.Version, CreatedAt: a.CreatedAt.UTC()}
+		Frozen: a.Frozen, Version: a.Version, CreatedAt: a.CreatedAt.UTC(), Reference: a.Reference, Metadata: a.Metadata}
 }
 
 // EntriesBody is a page of an account's change-log.

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -47,7 +48,7 @@ func FuzzDecodeTransferRequest(f *testing.F) {
 		}
 		b, _ := json.Marshal(r)
 		again, err := DecodeTransferRequest(b)
-		if err != nil || again != r {
+		if err != nil || !reflect.DeepEqual(again, r) {
 			t.Fatalf("round trip of %+v: %+v %v", r, again, err)
 		}
 	})
@@ -80,6 +81,12 @@ var fastCases = []string{
 	`{"from":null,"to":"eu-2","amount":5,"currency":"EUR"}`,
 	`{"from":"eu-\u0031","to":"eu-2","amount":5,"currency":"EUR"}`,
 	"{\"from\":\"eu-\xff\",\"to\":\"eu-2\",\"amount\":5,\"currency\":\"EUR\"}",
+	`{"from":"eu-1","to":"eu-2","amount":5,"currency":"EUR","reference":"o-1","metadata":{"a":"1"}}`,
+	`{"from":"eu-1","to":"eu-2","amount":5,"currency":"EUR","metadata":{"a":"1","a":"2"}}`,
+	`{"from":"eu-1","to":"eu-2","amount":5,"currency":"EUR","metadata":{"a":1}}`,
+	`{"from":"eu-1","to":"eu-2","amount":5,"currency":"EUR","metadata":null}`,
+	`{"from":"eu-1","to":"eu-2","amount":5,"currency":"EUR","metadata":{}}`,
+	`{"from":"eu-1","to":"eu-2","amount":5,"currency":"EUR","Metadata":{"a":"1"}}`,
 	`null`, `[]`, `"x"`, ``, `{}`,
 }
 
@@ -90,10 +97,10 @@ func checkFastAgrees(t *testing.T, body []byte) {
 		return
 	}
 	var strict TransferRequest
-	if err := decodeStrict(body, &strict, "from", "to", "amount", "currency"); err != nil {
+	if err := decodeStrict(body, &strict, "from", "to", "amount", "currency", "hold", "expires_at", "reference", "metadata"); err != nil {
 		t.Fatalf("the fast decoder accepted %q, which the strict one refuses: %v", body, err)
 	}
-	if fast != strict {
+	if !reflect.DeepEqual(fast, strict) {
 		t.Fatalf("%q: fast %+v, strict %+v", body, fast, strict)
 	}
 }

@@ -100,7 +100,7 @@ type Result struct {
 func openAccount(ctx context.Context, c *api.Client, region string, floor int64) (api.Response, error) {
 	deadline := time.Now().Add(time.Minute)
 	for {
-		res, err := c.CreateAccount(ctx, "EUR", region, floor, "")
+		res, err := c.CreateAccount(ctx, api.AccountRequest{Currency: "EUR", Region: region, Floor: floor}, "")
 		if err == nil || !errors.Is(err, syscall.ECONNREFUSED) || time.Now().After(deadline) {
 			return res, err
 		}

@@ -56,7 +56,7 @@ func TestAPIServes(t *testing.T) {
 	go func() { done <- srv.Run(runCtx) }()
 
 	c := &api.Client{BaseURL: srv.URL(), APIKey: key, HTTP: apicheck.Client(t)}
-	resp, err := c.CreateAccount(ctx, "EUR", "", 0, "")
+	resp, err := c.CreateAccount(ctx, api.AccountRequest{Currency: "EUR"}, "")
 	if err != nil || resp.Status != http.StatusCreated || !strings.Contains(string(resp.Body), `"currency":"EUR"`) {
 		t.Fatalf("POST /v1/accounts at %s: got %d %s %v, want 201 with the account", srv.URL(), resp.Status, resp.Body, err)
 	}
