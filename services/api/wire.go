@@ -297,10 +297,10 @@ func decodeStrict(body []byte, v any, fields ...string) error {
 // wireTransfer is a transfer request as the fast decoder reads it: the
 // amount stays raw, to be checked as decodeStrict checks it.
 type wireTransfer struct {
-	From      string         `json:"from"`
-	To        string         `json:"to"`
-	Amount    jsontext.Value `json:"amount"`
-	Currency  string         `json:"currency"`
+	From      string            `json:"from"`
+	To        string            `json:"to"`
+	Amount    jsontext.Value    `json:"amount"`
+	Currency  string            `json:"currency"`
 	Hold      bool              `json:"hold"`
 	ExpiresAt *time.Time        `json:"expires_at"`
 	Reference string            `json:"reference"`
