@@ -249,7 +249,6 @@ func (w *work) request(c Command) Outcome {
 		t.From = w.Issuance[c.Currency]
 	}
 	reject := func(err *Error) Outcome {
-		w.giveBackReference(c)
 		if err.Code == CodeAccountNotFound {
 			// Not a refusal: the account may be created later, and a
 			// replay of the dead letter must then apply the request.
@@ -264,9 +263,6 @@ func (w *work) request(c Command) Outcome {
 		// another's was forged or corrupted on its way. Nothing is recorded
 		// (the key stays free), and an operator sees it dead-lettered.
 		return Outcome{Result: Invalid, Err: Errorf(CodeAccountNotFound, "source account %s is not an account of client %s", t.From, c.ClientID)}
-	}
-	if err := w.takeReference(c); err != nil {
-		return reject(err)
 	}
 	var refunded *int64 // the refunded transfer's refunded amount (its row here, or its credit's)
 	if c.Type == TypeRefund {
@@ -298,6 +294,9 @@ func (w *work) request(c Command) Outcome {
 	if _, err := w.check(c, from, to); err != nil {
 		return reject(err)
 	}
+	if err := w.takeReference(c); err != nil {
+		return reject(err)
+	}
 	if c.Hold {
 		t.Status, _ = Next(StatusPending, EventHold)
 		from.Held += c.Amount
@@ -319,8 +318,8 @@ func (w *work) request(c Command) Outcome {
 
 // takeReference refuses a request whose reference another transfer of the
 // client holds here, naming that transfer; a reference held by a transfer
-// refused is free again. It takes the reference for c's transfer, given
-// back by reject (release) if c is refused after all.
+// refused is free again. It takes the reference for c's transfer: it is
+// the last check of a request, so nothing refuses c after it.
 func (w *work) takeReference(c Command) *Error {
 	if c.Reference == "" {
 		return nil
@@ -336,13 +335,6 @@ func (w *work) takeReference(c Command) *Error {
 	}
 	w.refs[k] = c.TransferID
 	return nil
-}
-
-// giveBackReference frees the reference c took, when c is refused.
-func (w *work) giveBackReference(c Command) {
-	if k := ReferenceKey(c.ClientID, c.Reference); c.Reference != "" && w.refs[k] == c.TransferID {
-		delete(w.refs, k)
-	}
 }
 
 // refundable resolves a refund against the transfer it refunds: that
