@@ -314,12 +314,7 @@ func (f *forwarder) checkList(q ListQuery, now time.Time) error {
 			return err
 		}
 	}
-	if q.Reference != "" {
-		if err := ledger.ValidReference(q.Reference); err != nil {
-			return err
-		}
-	}
-	if err := ledger.ValidMetadata(q.Metadata); err != nil {
+	if err := ledger.ValidLabels(q.Reference, q.Metadata); err != nil {
 		return err
 	}
 	if q.CreatedFrom != nil && q.CreatedTo != nil && !q.CreatedFrom.Before(*q.CreatedTo) {

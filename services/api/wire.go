@@ -390,12 +390,7 @@ func validLabels(reference string, metadata map[string]string) error {
 	if metadata != nil && len(metadata) == 0 {
 		return ledger.Errorf(ledger.CodeInvalidRequest, "metadata is an empty object: leave it out instead")
 	}
-	if reference != "" {
-		if err := ledger.ValidReference(reference); err != nil {
-			return err
-		}
-	}
-	return ledger.ValidMetadata(metadata)
+	return ledger.ValidLabels(reference, metadata)
 }
 
 // fingerprint identifies the request behind an idempotency key; a hold's

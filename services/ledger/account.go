@@ -94,10 +94,5 @@ func (n NewAccount) Validate() error {
 			return err
 		}
 	}
-	if n.Reference != "" {
-		if err := ValidReference(n.Reference); err != nil {
-			return err
-		}
-	}
-	return ValidMetadata(n.Metadata)
+	return ValidLabels(n.Reference, n.Metadata)
 }

@@ -404,12 +404,7 @@ func (c Command) validateLabels() error {
 	if c.IsStep() || c.IsKeyedAction() {
 		return Errorf(CodeInvalidRequest, "a %s has no reference or metadata", c.Type)
 	}
-	if c.Reference != "" {
-		if err := ValidReference(c.Reference); err != nil {
-			return err
-		}
-	}
-	return ValidMetadata(c.Metadata)
+	return ValidLabels(c.Reference, c.Metadata)
 }
 
 // validateAccountAction checks a close, freeze or unfreeze: it names one

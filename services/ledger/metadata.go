@@ -66,6 +66,17 @@ func validMetadataKey(k string) error {
 	return nil
 }
 
+// ValidLabels returns an *Error naming the first limit a request's
+// reference (when given) or metadata exceeds.
+func ValidLabels(reference string, metadata map[string]string) error {
+	if reference != "" {
+		if err := ValidReference(reference); err != nil {
+			return err
+		}
+	}
+	return ValidMetadata(metadata)
+}
+
 // ValidReference returns an *Error unless ref is a client's reference (an
 // order or payment ID of its own): 1-MaxReferenceLen printable ASCII
 // characters other than space.
