@@ -12,7 +12,7 @@ import (
 type benchCmd struct {
 	PostgresURL    string        `name:"postgres-url" env:"PAYMESH_POSTGRES_URL" help:"Postgres server on which to create the bench databases (default: ${default_pg})."`
 	DBPrefix       string        `name:"database-prefix" help:"Name the bench databases <prefix><scenario> (default paymesh_bench_): two runs on one server need different prefixes, or they drop each other's databases."`
-	Scenarios      []string      `help:"Scenarios to run, comma-separated (default: all): uniform, replay, latency, replicas (topology start at R1 and R3, uniform again at R3), hot, dedup-table, naive, ceiling (the apply transaction's SQL alone), tpcb, cross-region, api, api-process (paymesh api, router and ledger as processes, the load from the bench), ledger-process. uniform always runs: the others are compared with it."`
+	Scenarios      []string      `help:"Scenarios to run, comma-separated (default: all): uniform, replay, latency, replicas (topology start at R1 and R3, uniform again at R3), hot, dedup-table, naive, ceiling (the apply transaction's SQL alone), tpcb, cross-region, api, api-process (paymesh api, router and ledger as processes, the load from the bench), ledger-process, holds, reads (the API's reads on a region of --read-transfers). uniform always runs: the others are compared with it."`
 	Accounts       int           `help:"Accounts to open and fund (default 10000; --quick 2000)."`
 	Transfers      int           `help:"Transfers per full-speed run (default 200000; --quick 30000)."`
 	BatchSize      int           `name:"batch-size" help:"Most messages per ledger transaction (default: the ledger's, ${default_batch})."`
@@ -23,6 +23,7 @@ type benchCmd struct {
 	APITransfers   int           `name:"api-transfers" help:"Transfers the api scenario sends through the HTTP API (default 20000; --quick 4000)."`
 	APIConcurrency []int         `name:"api-concurrency" help:"Requests in flight of each api run, comma-separated (default 64,256); the first is the headline figure."`
 	DedupRows      int64         `name:"dedup-rows" help:"Consume-log rows written before the dedup-table run (default 10000000; --quick 1000000)."`
+	ReadTransfers  int           `name:"read-transfers" help:"Transfers in the region the reads scenario reads (default 10000000; --quick 1000000)."`
 	Limit          time.Duration `help:"Longest publish phase of a full-speed run (default 60s; --quick 15s)."`
 	Quick          bool          `help:"A run of about a minute: fewer accounts, transfers and consume-log rows, shorter baselines."`
 	JSON           string        `name:"json" help:"Write the results as JSON to this file." type:"path"`
@@ -37,7 +38,7 @@ func (c *benchCmd) Run(ctx context.Context) error {
 	res, err := bench.Run(ctx, bench.Config{LedgerBinary: c.processBinary(),
 		PostgresURL: c.PostgresURL, DatabasePrefix: c.DBPrefix, Scenarios: c.Scenarios, Accounts: c.Accounts, Transfers: c.Transfers,
 		BatchSize: c.BatchSize, BatchSizes: c.BatchSizes, Workers: c.Workers, Shards: c.Shards, Window: c.Window,
-		APITransfers: c.APITransfers, APIConcurrency: c.APIConcurrency, DedupRows: c.DedupRows, Limit: c.Limit, Quick: c.Quick, Keep: c.Keep, CPUProfile: c.CPUProfile, APIProfile: c.APIProfile, Seed: c.Seed,
+		APITransfers: c.APITransfers, APIConcurrency: c.APIConcurrency, DedupRows: c.DedupRows, ReadTransfers: c.ReadTransfers, Limit: c.Limit, Quick: c.Quick, Keep: c.Keep, CPUProfile: c.CPUProfile, APIProfile: c.APIProfile, Seed: c.Seed,
 	}, os.Stdout)
 	if err != nil {
 		return err

@@ -59,26 +59,33 @@ const (
 	// Replicas starts the embedded topology with one server and with a
 	// JetStream cluster of three, and runs uniform again at R3.
 	Replicas = "replicas"
+	// Reads times the API's reads (lists, a balance as of an instant, a
+	// statement) on a region holding ReadTransfers transfers.
+	Reads = "reads"
 )
 
 // Scenarios lists every scenario in running order.
-var Scenarios = []string{Uniform, Replay, Latency, Replicas, Hot, Dedup, Naive, Ceiling, TPCB, Cross, API, APIProcess, Holds, LedgerProcess}
+var Scenarios = []string{Uniform, Replay, Latency, Replicas, Hot, Dedup, Naive, Ceiling, TPCB, Cross, API, APIProcess, Holds, LedgerProcess, Reads}
 
 // Config sizes a bench run. Defaults fills in its zero fields.
 type Config struct {
-	PostgresURL    string        `json:"-"`
-	DatabasePrefix string        `json:"database_prefix"`
-	Scenarios      []string      `json:"scenarios"`
-	Accounts       int           `json:"accounts"`
-	Transfers      int           `json:"transfers"`
-	BatchSize      int           `json:"batch_size"`
-	BatchSizes     []int         `json:"batch_sizes,omitempty"` // a sweep of the uniform run
-	Workers        int           `json:"workers"`
-	Shards         int           `json:"shards"`
-	CacheSize      int           `json:"cache_size"`
-	Window         int           `json:"window"`     // published but not yet committed, at most
-	DedupRows      int64         `json:"dedup_rows"` // consume-log rows written before the dedup-table run
-	Limit          time.Duration `json:"limit"`      // longest publish phase of a full-speed run
+	PostgresURL    string   `json:"-"`
+	DatabasePrefix string   `json:"database_prefix"`
+	Scenarios      []string `json:"scenarios"`
+	Accounts       int      `json:"accounts"`
+	Transfers      int      `json:"transfers"`
+	BatchSize      int      `json:"batch_size"`
+	BatchSizes     []int    `json:"batch_sizes,omitempty"` // a sweep of the uniform run
+	Workers        int      `json:"workers"`
+	Shards         int      `json:"shards"`
+	CacheSize      int      `json:"cache_size"`
+	Window         int      `json:"window"`     // published but not yet committed, at most
+	DedupRows      int64    `json:"dedup_rows"` // consume-log rows written before the dedup-table run
+	// ReadTransfers is how many transfers the reads scenario's region
+	// holds; ReadRuns how many times it runs each read.
+	ReadTransfers  int           `json:"read_transfers"`
+	ReadRuns       int           `json:"read_runs"`
+	Limit          time.Duration `json:"limit"` // longest publish phase of a full-speed run
 	LatencyFor     time.Duration `json:"latency_for"`
 	NaiveFor       time.Duration `json:"naive_for"`
 	CrossTransfers int           `json:"cross_transfers"`
@@ -136,6 +143,8 @@ func (c Config) Defaults() Config {
 		c.APIConcurrency = []int{64, 256}
 	}
 	def(&c.PgbenchScale, 10, 10)
+	def(&c.ReadTransfers, 10_000_000, 1_000_000)
+	def(&c.ReadRuns, 200, 100)
 	if c.DedupRows <= 0 {
 		c.DedupRows = map[bool]int64{false: 10_000_000, true: 1_000_000}[c.Quick]
 	}
@@ -164,6 +173,8 @@ func (c Config) Validate() error {
 		return errors.New("need at least 2 accounts")
 	case c.Transfers < 1 || c.CrossTransfers < 1 || c.APITransfers < 1:
 		return errors.New("need at least 1 transfer")
+	case c.ReadTransfers < 1 || c.ReadRuns < 1:
+		return errors.New("the reads scenario needs at least 1 transfer and 1 run")
 	case c.Window < 1 || c.Workers < 1 || c.Shards < 1:
 		return errors.New("window, workers and shards must be positive")
 	}
@@ -268,6 +279,7 @@ type Result struct {
 	Holds      *HoldsRun      `json:"holds,omitempty"`
 	Process    *ProcessRun    `json:"ledger_process,omitempty"`
 	Replicas   *ReplicasRun   `json:"replicas,omitempty"`
+	Reads      *ReadsRun      `json:"reads,omitempty"`
 	Figures    []Figure       `json:"figures"`
 	Elapsed    float64        `json:"elapsed_seconds"`
 }
@@ -517,6 +529,14 @@ func (e *env) runAll(ctx context.Context, res *Result) error {
 			res.Process = &p
 			fmt.Fprintln(e.out, p.line())
 		}
+	}
+	if cfg.has(Reads) {
+		r, err := e.reads(ctx)
+		if err != nil {
+			return fmt.Errorf("%s: %w", Reads, err)
+		}
+		res.Reads = &r
+		fmt.Fprintln(e.out, r.line())
 	}
 	for _, b := range cfg.BatchSizes {
 		run, rig, _, err := e.uniformRun(ctx, fmt.Sprintf("sweep-%d", b), b, false, 0, cfg.Limit, "")

@@ -96,30 +96,16 @@ type ceilingTransfer struct {
 // the transfers, the change-log and the balance compare-and-set pipelined,
 // then COMMIT, durable as the server is configured.
 func (e *env) ceiling(ctx context.Context) (CeilingRun, error) {
-	name := e.cfg.DatabasePrefix + Ceiling
-	url, err := e.createDB(ctx, name)
-	if err != nil {
-		return CeilingRun{}, err
-	}
-	defer e.dropDB(ctx, name)
-	pool, err := postgres.Connect(ctx, url, 30*time.Second, 0)
-	if err != nil {
-		return CeilingRun{}, err
-	}
-	defer pool.Close()
 	gen, err := idgen.NewGenerator(e.regions, region, 1)
 	if err != nil {
 		return CeilingRun{}, err
 	}
-	log := dedup.New(dedup.Config{Holder: "bench-" + Ceiling})
-	store := postgres.New(pool, postgres.Config{Region: region, IDs: gen, Regions: e.regions, Dedup: postgres.NewConsumeLog(log)})
-	if err := store.Migrate(ctx); err != nil {
-		return CeilingRun{}, err
-	}
-	accounts, err := openAccounts(ctx, e, store, region, e.cfg.Accounts)
+	db, err := e.openRegionDB(ctx, Ceiling, gen)
 	if err != nil {
 		return CeilingRun{}, err
 	}
+	defer db.close(ctx)
+	pool, store, accounts, log := db.pool, db.store, db.accounts, db.log
 	w, err := e.newWorkload(Ceiling+strconv.FormatInt(e.seq.Add(1), 10), e.cfg.Transfers, len(accounts), -1)
 	if err != nil {
 		return CeilingRun{}, err
@@ -135,7 +121,7 @@ func (e *env) ceiling(ctx context.Context) (CeilingRun, error) {
 	res := CeilingRun{BatchSize: e.cfg.BatchSize, Loops: e.cfg.Workers}
 	var next, done, txs, txNanos atomic.Int64
 	stop := e.progress(Ceiling, func() (int64, int64) { return done.Load(), int64(len(xs)) })
-	pg0, cpu0 := pgBackends(ctx, pool, name), cpuTime()
+	pg0, cpu0 := pgBackends(ctx, pool, db.name), cpuTime()
 	start := time.Now()
 	var capped atomic.Bool
 	errs := make(chan error, res.Loops)
@@ -166,7 +152,7 @@ func (e *env) ceiling(ctx context.Context) (CeilingRun, error) {
 	wg.Wait()
 	elapsed := time.Since(start)
 	cpu := cpuTime() - cpu0
-	pgCPU, pgOK := pgCPUDelta(pg0, pgBackends(ctx, pool, name))
+	pgCPU, pgOK := pgCPUDelta(pg0, pgBackends(ctx, pool, db.name))
 	stop()
 	close(errs)
 	if err := <-errs; err != nil {

@@ -115,7 +115,30 @@ func figures(r Result) []Figure {
 			add(fmt.Sprintf("HTTP API %s throughput (%d in flight, holds run)", p.Name, h.Concurrency), "requests/s", "(reported)", true, p.Rate, h.Verified)
 		}
 	}
+	if rd := r.Reads; rd != nil {
+		at := fmt.Sprintf(" (%s transfers)", count(rd.Transfers))
+		var scans []string
+		for _, x := range rd.Reads {
+			add("reads: "+x.Name+" p99"+at, "ms", "(reported)", true, x.P99Ms, true)
+			for _, t := range x.SeqScans {
+				scans = append(scans, x.Name+" on "+t)
+			}
+		}
+		planned := len(rd.Reads) > 0 && rd.Reads[0].Plan != ""
+		add("reads: sequential scans"+at, "", "0", planned, float64(len(scans)), len(scans) == 0)
+	}
 	return out
+}
+
+// count renders n as 10M, 250k or 300.
+func count(n int64) string {
+	switch {
+	case n >= 1_000_000 && n%1_000_000 == 0:
+		return fmt.Sprintf("%dM", n/1_000_000)
+	case n >= 1_000 && n%1_000 == 0:
+		return fmt.Sprintf("%dk", n/1_000)
+	}
+	return fmt.Sprint(n)
 }
 
 // Print writes the result's summary: the machine, the figures with their
@@ -150,6 +173,7 @@ func (r Result) Print(w io.Writer) {
 	}
 	r.printReplicas(w)
 	r.printAPI(w)
+	r.printReads(w)
 	if len(r.Sweep) > 0 {
 		fmt.Fprintf(w, "batch-size sweep:")
 		for _, s := range r.Sweep {
@@ -205,6 +229,20 @@ func (r Result) printAPI(w io.Writer) {
 	}
 }
 
+// printReads writes the reads scenario's table: each read's latency, rows
+// and whether its plan scans a table in full.
+func (r Result) printReads(w io.Writer) {
+	rd := r.Reads
+	if rd == nil {
+		return
+	}
+	fmt.Fprintf(w, "reads on a region of %d transfers and %d change-log rows (%.0f MB), %d accounts, %d runs each, one session:\n",
+		rd.Transfers, rd.Postings, rd.SizeMB, rd.Accounts, r.Config.ReadRuns)
+	for _, x := range rd.Reads {
+		fmt.Fprintf(w, "  %-14s p50 %7.2f ms  p99 %7.2f ms  %5.1f rows  %-36s %s\n", x.Name, x.P50Ms, x.P99Ms, x.Rows, scanVerdict(x), x.What)
+	}
+}
+
 // cpuSplit renders process + Postgres CPU per transfer and their sum.
 func cpuSplit(process, pg float64) string {
 	if pg < 0 {
@@ -222,7 +260,7 @@ func (r Result) OK() bool {
 	}
 	return (r.Ceiling == nil || r.Ceiling.Verified) && (r.Cross == nil || r.Cross.Verified) && (r.API == nil || r.API.Verified) && !slices.ContainsFunc(r.APIOther, func(a APIRun) bool { return !a.Verified }) &&
 		(r.APIProcess == nil || r.APIProcess.Verified) && (r.Process == nil || r.Process.Verified) &&
-		(r.Replicas == nil || r.Replicas.R3.Verified)
+		(r.Replicas == nil || r.Replicas.R3.Verified) && (r.Reads == nil || r.Reads.Verified)
 }
 
 func fmtSeconds(s float64) string { return fmt.Sprintf("%.0fs", s) }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/paymesh/paymesh/pkg/dedup"
 	"github.com/paymesh/paymesh/services/ledger"
@@ -58,6 +59,49 @@ func openAccounts(ctx context.Context, e *env, store *postgres.Store, region str
 		}
 	}
 	return ids, nil
+}
+
+// regionDB is a scenario's region database: created, migrated, and its
+// accounts opened and funded. close drops it (unless Keep).
+type regionDB struct {
+	e        *env
+	name     string
+	url      string
+	pool     *pgxpool.Pool
+	store    *postgres.Store
+	log      *dedup.Log
+	accounts []string
+}
+
+// openRegionDB makes scenario's region database, its store minting account
+// IDs from ids.
+func (e *env) openRegionDB(ctx context.Context, scenario string, ids postgres.IDSource) (d *regionDB, err error) {
+	d = &regionDB{e: e, name: e.cfg.DatabasePrefix + scenario}
+	if d.url, err = e.createDB(ctx, d.name); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			d.close(ctx)
+		}
+	}()
+	if d.pool, err = postgres.Connect(ctx, d.url, 30*time.Second, 0); err != nil {
+		return d, err
+	}
+	d.log = dedup.New(dedup.Config{Holder: "bench-" + scenario})
+	d.store = postgres.New(d.pool, postgres.Config{Region: region, IDs: ids, Regions: e.regions, Dedup: postgres.NewConsumeLog(d.log)})
+	if err := d.store.Migrate(ctx); err != nil {
+		return d, err
+	}
+	d.accounts, err = openAccounts(ctx, e, d.store, region, e.cfg.Accounts)
+	return d, err
+}
+
+func (d *regionDB) close(ctx context.Context) {
+	if d.pool != nil {
+		d.pool.Close()
+	}
+	d.e.dropDB(ctx, d.name)
 }
 
 // fillHolder marks the consume-log rows the dedup-table scenario writes

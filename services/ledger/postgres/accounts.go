@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -237,29 +236,4 @@ func (s *Store) Account(ctx context.Context, id string) (ledger.Account, error) 
 // Postings returns an account's change-log in version order.
 func (s *Store) Postings(ctx context.Context, accountID string) ([]ledger.Posting, error) {
 	return s.PostingsPage(ctx, accountID, 0, 1<<31-1)
-}
-
-// AccountsPage returns up to limit of a client's customer accounts that f
-// selects, newest first (created_at, then id, descending).
-func (s *Store) AccountsPage(ctx context.Context, f ledger.AccountFilter, limit int) ([]ledger.Account, error) {
-	var afterAt *time.Time
-	var afterID string
-	if f.After != nil {
-		afterAt, afterID = &f.After.CreatedAt, f.After.ID
-	}
-	rows, err := s.pool.Query(ctx, `SELECT `+labeledColumns+` FROM accounts
-		WHERE client_id = $1 AND kind = 'customer'
-		  AND ($2 = '' OR currency = $2)
-		  AND ($3::timestamptz IS NULL OR (created_at, id) < ($3, $4::text COLLATE "C"))
-		  AND ($6 = '' OR reference = $6)
-		  AND ($7::jsonb IS NULL OR metadata @> $7)
-		ORDER BY created_at DESC, id DESC LIMIT $5`, f.ClientID, f.Currency, afterAt, afterID, limit, f.Reference, metadataJSON(f.Metadata))
-	if err != nil {
-		return nil, fmt.Errorf("list accounts: %w", err)
-	}
-	as, err := pgx.CollectRows(rows, scanLabeled)
-	if err != nil {
-		return nil, fmt.Errorf("list accounts: %w", err)
-	}
-	return as, nil
 }

@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -53,9 +52,8 @@ func (s *Store) BalanceAt(ctx context.Context, accountID string, at time.Time) (
 		SELECT coalesce(p.balance_after, 0), coalesce(p.account_version, 0),
 		       (SELECT coalesce(sum(amount), 0) FROM transfers
 		        WHERE from_account = $1 AND held_at <= $2 AND (released_at IS NULL OR released_at > $2))
-		FROM (VALUES (1)) one LEFT JOIN LATERAL (
-		    SELECT balance_after, account_version FROM postings WHERE account_id = $1 AND created_at <= $2
-		    ORDER BY account_version DESC LIMIT 1) p ON true`, accountID, at).Scan(&b.Balance, &b.Version, &b.Held)
+		FROM (VALUES (1)) one LEFT JOIN postings p ON p.account_id = $1 AND p.account_version = `+versionBefore("<= $2"),
+		accountID, at).Scan(&b.Balance, &b.Version, &b.Held)
 	if err != nil {
 		return ledger.Balance{}, fmt.Errorf("balance at %s: %w", at.Format(time.RFC3339Nano), err)
 	}
@@ -75,21 +73,25 @@ func (s *Store) Statement(ctx context.Context, accountID string, from, to time.T
 	// One snapshot for the three reads, so that they agree while rows
 	// keep arriving after to.
 	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		for _, b := range []struct {
-			at  time.Time
-			out *int64
-		}{{from, &st.Opening}, {to, &st.Closing}} {
-			err := tx.QueryRow(ctx, `
-				SELECT balance_after FROM postings
-				WHERE account_id = $1 AND created_at < $2 ORDER BY account_version DESC LIMIT 1`, accountID, b.at).Scan(b.out)
-			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-				return err
-			}
+		// The versions before from and before to bound the rows between:
+		// an account's rows carry times in version order.
+		var opening, closing *int64
+		err := tx.QueryRow(ctx, `
+			SELECT `+versionBefore("< $2")+`, `+versionBefore("< $3"), accountID, from, to).Scan(&opening, &closing)
+		if err != nil || closing == nil {
+			return err // nil: no row before to, an empty statement
+		}
+		err = tx.QueryRow(ctx, `
+			SELECT coalesce((SELECT balance_after FROM postings WHERE account_id = $1 AND account_version = $2), 0),
+			       (SELECT balance_after FROM postings WHERE account_id = $1 AND account_version = $3)`,
+			accountID, opening, *closing).Scan(&st.Opening, &st.Closing)
+		if err != nil {
+			return err
 		}
 		rows, err := tx.Query(ctx, `
 			SELECT transfer_id, leg, account_id, amount, balance_after, account_version, created_at FROM postings
-			WHERE account_id = $1 AND created_at >= $2 AND created_at < $3 AND account_version > $4
-			ORDER BY account_version LIMIT $5`, accountID, from, to, after, limit)
+			WHERE account_id = $1 AND account_version > greatest($2::bigint, $3) AND account_version <= $4
+			ORDER BY account_version LIMIT $5`, accountID, opening, after, *closing, limit)
 		if err != nil {
 			return err
 		}
@@ -100,6 +102,14 @@ func (s *Store) Statement(ctx context.Context, accountID string, from, to time.T
 		return ledger.Statement{}, fmt.Errorf("statement of %s: %w", accountID, err)
 	}
 	return st, nil
+}
+
+// versionBefore is the subquery of an account's ($1) last version written
+// at the times cond selects ("< $2"). It walks the account's versions back
+// from the newest in postings_account_version, whose created_at answers
+// cond from the index alone: no table row is read on the way.
+func versionBefore(cond string) string {
+	return `(SELECT account_version FROM postings WHERE account_id = $1 AND created_at ` + cond + ` ORDER BY account_version DESC LIMIT 1)`
 }
 
 // ceilMicro rounds t up to a whole microsecond.

@@ -205,36 +205,6 @@ func (s *Store) ActionByKey(ctx context.Context, client, key string) (ledger.Act
 	return a, true, nil
 }
 
-// TransfersPage returns up to limit of a client's transfers that f
-// selects, newest first (created_at, then id, descending), from the
-// transfers_client_created index.
-func (s *Store) TransfersPage(ctx context.Context, f ledger.TransferFilter, limit int) ([]ledger.Transfer, error) {
-	var afterAt *time.Time
-	var afterID string
-	if f.After != nil {
-		afterAt, afterID = &f.After.CreatedAt, f.After.ID
-	}
-	rows, err := s.pool.Query(ctx, `SELECT `+transferColumns+` FROM transfers
-		WHERE client_id = $1
-		  AND ($2 = '' OR from_account = $2 OR to_account = $2)
-		  AND ($3 = '' OR status = $3)
-		  AND ($4::timestamptz IS NULL OR created_at >= $4)
-		  AND ($5::timestamptz IS NULL OR created_at < $5)
-		  AND ($6::timestamptz IS NULL OR (created_at, id) < ($6, $7::text COLLATE "C"))
-		  AND ($9 = '' OR reference = $9)
-		  AND ($10::jsonb IS NULL OR metadata @> $10)
-		ORDER BY created_at DESC, id DESC LIMIT $8`,
-		f.ClientID, f.Account, string(f.Status), f.CreatedFrom, f.CreatedTo, afterAt, afterID, limit, f.Reference, metadataJSON(f.Metadata))
-	if err != nil {
-		return nil, fmt.Errorf("list transfers: %w", err)
-	}
-	ts, err := pgx.CollectRows(rows, scanTransfer)
-	if err != nil {
-		return nil, fmt.Errorf("list transfers: %w", err)
-	}
-	return ts, nil
-}
-
 // actionColumns are the columns of the actions view (transfer_actions and
 // account_actions) that make a ledger.Action, scanned by actionFields.
 const actionColumns = `client_id, idempotency_key, fingerprint, transfer_id, account_id, type, amount, status, coalesce(reason, ''), created_at`
