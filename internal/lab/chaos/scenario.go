@@ -109,6 +109,24 @@ func (e *env) untilEffect(ctx context.Context, d time.Duration) (context.Context
 	return wctx, cancel
 }
 
+// relaysTried counts the saga steps into region written since since that
+// the other regions' relays have tried: sent, or failed at least once.
+func (e *env) relaysTried(ctx context.Context, region string, since time.Time) int {
+	total := 0
+	for _, n := range e.names {
+		if n == region || e.c.Region(n) == nil {
+			continue
+		}
+		var c int
+		err := e.c.Region(n).Ledger.Store.Pool().QueryRow(ctx, `SELECT count(*) FROM outbox
+			WHERE region = $1 AND created_at >= $2 AND (sent_at IS NOT NULL OR attempts > 0)`, region, since).Scan(&c)
+		if err == nil {
+			total += c
+		}
+	}
+	return total
+}
+
 // at sleeps until fraction f of d has passed since start, or ctx ends.
 func at(ctx context.Context, start time.Time, d time.Duration, f float64) bool {
 	select {
@@ -344,7 +362,8 @@ var builtin = []*scenario{
 	},
 	{
 		name:   "7-nats-restart",
-		what:   "a region's NATS server (JetStream, file storage) shut down, left down for 500 ms and started again, twice, in random regions",
+		what: "a region's NATS server (JetStream, file storage) shut down, left down for 500 ms and until the other regions' " +
+			"relays have tried 2 saga steps into it (5 s at most), and started again, twice, in random regions",
 		counts: "NATS server restarts",
 		fault: func(ctx context.Context, e *env, d time.Duration) error {
 			start := time.Now()
@@ -352,7 +371,13 @@ var builtin = []*scenario{
 				if !at(ctx, start, d, f) {
 					return nil
 				}
-				if err := e.topo.RestartRegionAfter(e.names[e.intn(len(e.names))], 500*time.Millisecond); err != nil {
+				r, down := e.names[e.intn(len(e.names))], time.Now()
+				// Down until the outage has met relays, whatever the
+				// machine's load: a step relayed into it must wait for it.
+				tried := func() bool {
+					return time.Since(down) >= 500*time.Millisecond && e.relaysTried(ctx, r, down) >= 2
+				}
+				if err := e.topo.RestartRegionWhen(r, tried, 5*time.Second); err != nil {
 					return err
 				}
 				e.fired.Add(1)

@@ -688,10 +688,19 @@ func (t *Topology) RestartRegion(region string) error { return t.RestartRegionAf
 // RestartRegionAfter is RestartRegion with the servers left down for down
 // before they start again: an outage their clients notice.
 func (t *Topology) RestartRegionAfter(region string, down time.Duration) error {
+	return t.RestartRegionWhen(region, func() bool { return false }, down)
+}
+
+// RestartRegionWhen is RestartRegion with the servers left down until done
+// reports true (asked every 20 ms) or longest has passed: an outage that
+// lasts until what it is for has happened.
+func (t *Topology) RestartRegionWhen(region string, done func() bool, longest time.Duration) error {
 	if err := t.stopRegion(region); err != nil {
 		return err
 	}
-	time.Sleep(down)
+	for end := time.Now().Add(longest); time.Now().Before(end) && !done(); {
+		time.Sleep(20 * time.Millisecond)
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	g := t.regions[region]
