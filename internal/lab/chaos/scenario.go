@@ -361,7 +361,7 @@ var builtin = []*scenario{
 		},
 	},
 	{
-		name:   "7-nats-restart",
+		name: "7-nats-restart",
 		what: "a region's NATS server (JetStream, file storage) shut down, left down for 500 ms and until the other regions' " +
 			"relays have tried 2 saga steps into it (5 s at most), and started again, twice, in random regions",
 		counts: "NATS server restarts",
