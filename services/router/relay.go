@@ -77,7 +77,10 @@ func (r *Router) RunRelay(ctx context.Context, outbox Outbox, log *slog.Logger) 
 			return
 		}
 		r.mark(ctx, outbox, sent, failed, log)
-		down.update(steps, failedRegions)
+		for region, failures := range down.update(steps, failedRegions) {
+			log.Warn("relay: steps not acked; region skipped for a while", "region", region,
+				"failures", failures, "retry_in", retryDelay(failures), "unacked", len(failed))
+		}
 	}
 }
 
@@ -158,8 +161,10 @@ func (b regionBackoff) skip() []string {
 }
 
 // update backs off further from each region of failed whose delay is
-// over, and forgets the regions of steps whose relays succeeded.
-func (b regionBackoff) update(steps []Step, failed map[string]bool) {
+// over, and forgets the regions of steps whose relays succeeded. It
+// returns the regions it backed off further, with their failure counts.
+func (b regionBackoff) update(steps []Step, failed map[string]bool) map[string]uint64 {
+	further := map[string]uint64{}
 	for _, st := range steps {
 		if !failed[st.Region] {
 			delete(b, st.Region)
@@ -173,8 +178,10 @@ func (b regionBackoff) update(steps []Step, failed map[string]bool) {
 		if time.Now().After(s.until) {
 			s.failures++
 			s.until = time.Now().Add(retryDelay(s.failures))
+			further[st.Region] = s.failures
 		}
 	}
+	return further
 }
 
 func sleep(ctx context.Context, d time.Duration) {

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -34,6 +36,10 @@ func checkReplay(ctx context.Context, c *cluster.Cluster) (Check, error) {
 	for _, n := range sortedNames(c) {
 		r := c.Region(n)
 		before, err := counts(ctx, r.Ledger.Store)
+		if err != nil {
+			return chk, err
+		}
+		known, err := transferIDs(ctx, r.Ledger.Store)
 		if err != nil {
 			return chk, err
 		}
@@ -71,7 +77,8 @@ func checkReplay(ctx context.Context, c *cluster.Cluster) (Check, error) {
 			return chk, err
 		}
 		if after != before {
-			chk.fail("%s: replaying %d commands changed transfers/postings/credits/outbox from %v to %v", n, len(cmds), before, after)
+			chk.fail("%s: replaying %d commands changed transfers/postings/credits/outbox from %v to %v; transfers added: %s",
+				n, len(cmds), before, after, addedTransfers(ctx, r.Ledger.Store, known))
 		}
 	}
 	return chk, nil
@@ -96,6 +103,34 @@ func keepHistory(ctx context.Context, c *cluster.Cluster) error {
 		}
 	}
 	return nil
+}
+
+// transferIDs returns the IDs of the transfers s holds.
+func transferIDs(ctx context.Context, s *postgres.Store) ([]string, error) {
+	rows, err := s.Pool().Query(ctx, `SELECT id FROM transfers`)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// addedTransfers describes the transfers s holds that are not among
+// known, so that a failed I6 names what appeared (and whether a replayed
+// command or a late writer made it).
+func addedTransfers(ctx context.Context, s *postgres.Store, known []string) string {
+	rows, err := s.Pool().Query(ctx, `SELECT id || ' ' || type || ' ' || status || ' key ' || coalesce(idempotency_key, '-') ||
+		' created ' || created_at::text FROM transfers WHERE NOT (id = ANY($1::text[])) ORDER BY id`, known)
+	if err != nil {
+		return err.Error()
+	}
+	added, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err.Error()
+	}
+	if len(added) == 0 {
+		return "none"
+	}
+	return strings.Join(added, "; ")
 }
 
 func counts(ctx context.Context, s *postgres.Store) ([4]int64, error) {

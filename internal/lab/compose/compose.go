@@ -73,6 +73,9 @@ type Service struct {
 	Volumes []Volume
 	// Profiles are the profiles that enable the service; none means always.
 	Profiles []string
+	// Restart is the restart policy ("no", "always", "on-failure",
+	// "unless-stopped"; "" when the file sets none).
+	Restart string
 }
 
 // Port is a published port: Host on the host reaches Container in the
@@ -154,6 +157,7 @@ func convert(name string, s types.ServiceConfig) (Service, error) {
 		Environment: map[string]string{},
 		DependsOn:   map[string]string{},
 		Profiles:    slices.Clone(s.Profiles),
+		Restart:     s.Restart,
 	}
 	if s.Build != nil {
 		svc.Target = s.Build.Target

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -20,7 +21,19 @@ type procSpec struct {
 	Path string   // the binary
 	Args []string // its arguments
 	Env  map[string]string
+	// Restart starts the process again when it exits on its own, as
+	// compose's restart policies (unless-stopped, always, on-failure) do:
+	// after 100 ms, doubling up to restartMax for each exit that comes
+	// within restartReset of its start.
+	Restart bool
 }
+
+// Automatic restarts: docker's own backoff.
+const (
+	restartFirst = 100 * time.Millisecond
+	restartMax   = 10 * time.Second
+	restartReset = 10 * time.Second
+)
 
 // proc is one started process, in its own process group so that a kill
 // reaches whatever it started.
@@ -33,6 +46,14 @@ type proc struct {
 	done    chan struct{} // closed when cmd has exited
 	exitErr error
 	starts  int
+	// held is set while the simulation itself has stopped the process
+	// (a fault's kill, the end of the run): it is not restarted then.
+	held bool
+	// autoStarts counts the restarts by the policy; backoff is the next
+	// one's delay, started when the last run began.
+	autoStarts int
+	backoff    time.Duration
+	startedAt  time.Time
 }
 
 // procs supervises the simulation's processes.
@@ -49,6 +70,37 @@ func newProcs(dir string) (*procs, error) {
 		return nil, fmt.Errorf("sim: log folder: %w", err)
 	}
 	return &procs{dir: dir, byKey: map[string]*proc{}}, nil
+}
+
+// failed returns, for each process whose last run exited with an error
+// (a one-shot job that ended well does not count), its name, exit status
+// and the last lines of its log.
+func (ps *procs) failed() []string {
+	ps.mu.Lock()
+	order := slices.Clone(ps.order)
+	ps.mu.Unlock()
+	var out []string
+	for _, p := range order {
+		if done, err := p.exited(); done && err != nil {
+			out = append(out, fmt.Sprintf("%s exited (%v): %s", p.spec.Name, err, tail(p.log, 8)))
+		}
+	}
+	return out
+}
+
+// restarted returns how many times the restart policy started each
+// process again, for those it did.
+func (ps *procs) restarted() map[string]int {
+	ps.mu.Lock()
+	order := slices.Clone(ps.order)
+	ps.mu.Unlock()
+	out := map[string]int{}
+	for _, p := range order {
+		if n := p.restarted(); n > 0 {
+			out[p.spec.Name] = n
+		}
+	}
+	return out
 }
 
 // start starts a process for spec, its stdout and stderr appended to
@@ -84,7 +136,12 @@ func (ps *procs) stopAll(grace time.Duration) {
 }
 
 // run starts the process once more.
-func (p *proc) run() error {
+func (p *proc) run() error { return p.runAfter(nil) }
+
+// runAfter starts the process once more; with a prev run, only if that run
+// is still the last and the simulation has not stopped the process since
+// (the restart policy's start).
+func (p *proc) runAfter(prev chan struct{}) error {
 	f, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return fmt.Errorf("sim: %s: log: %w", p.spec.Name, err)
@@ -92,6 +149,12 @@ func (p *proc) run() error {
 	defer f.Close() // the child holds its own copy
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if prev != nil {
+		if p.held || p.done != prev {
+			return nil
+		}
+		p.autoStarts++
+	}
 	p.starts++
 	fmt.Fprintf(f, "---- sim: start %d of %s: %s %s\n", p.starts, p.spec.Name, p.spec.Path, strings.Join(p.spec.Args, " "))
 	cmd := exec.Command(p.spec.Path, p.spec.Args...)
@@ -102,15 +165,43 @@ func (p *proc) run() error {
 		return fmt.Errorf("sim: start %s (%s): %w", p.spec.Name, p.spec.Path, err)
 	}
 	done := make(chan struct{})
-	p.cmd, p.done, p.exitErr = cmd, done, nil
+	p.cmd, p.done, p.exitErr, p.held, p.startedAt = cmd, done, nil, false, time.Now()
 	go func() {
 		err := cmd.Wait()
 		p.mu.Lock()
 		p.exitErr = err
 		p.mu.Unlock()
 		close(done)
+		p.restartByPolicy(done)
 	}()
 	return nil
+}
+
+// restartByPolicy starts the process again after the backoff when its
+// spec asks for it and the simulation did not stop it; done is the run
+// that exited, so a run started meanwhile (a fault's undo) is left alone.
+func (p *proc) restartByPolicy(done chan struct{}) {
+	p.mu.Lock()
+	if !p.spec.Restart || p.held {
+		p.mu.Unlock()
+		return
+	}
+	if time.Since(p.startedAt) >= restartReset || p.backoff == 0 {
+		p.backoff = restartFirst
+	}
+	delay := p.backoff
+	p.backoff = min(2*p.backoff, restartMax)
+	p.mu.Unlock()
+	time.Sleep(delay)
+	_ = p.runAfter(done)
+}
+
+// restarted returns how many times the restart policy started the
+// process again.
+func (p *proc) restarted() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.autoStarts
 }
 
 // environ is the child's environment: PATH and HOME of this process (the
@@ -174,6 +265,14 @@ func (p *proc) exited() (bool, error) {
 	}
 }
 
+// hold keeps the restart policy from starting the process again until
+// the simulation itself does.
+func (p *proc) hold() {
+	p.mu.Lock()
+	p.held = true
+	p.mu.Unlock()
+}
+
 // signal sends sig to the process's group.
 func (p *proc) signal(sig syscall.Signal) {
 	p.mu.Lock()
@@ -188,6 +287,7 @@ func (p *proc) signal(sig syscall.Signal) {
 // kill9 kills the process group with SIGKILL, as a crash would, and
 // waits for it to be gone.
 func (p *proc) kill9() {
+	p.hold()
 	p.signal(syscall.SIGKILL)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -204,6 +304,7 @@ func (p *proc) restart() error {
 
 // stop sends SIGTERM to the group, and SIGKILL after grace.
 func (p *proc) stop(grace time.Duration) {
+	p.hold()
 	p.signal(syscall.SIGTERM)
 	ctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()

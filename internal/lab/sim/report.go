@@ -56,6 +56,14 @@ type Report struct {
 	// Stuck those recorded whose transfer never reached a final state (a
 	// saga step lost), with the transfer and its state.
 	Lost, Doubled, Stuck []string
+	// Failed are the services that exited with an error after the faults
+	// were undone (their logs' last lines); RouterLogs, when something was
+	// left unfinished, the last lines of each router's log.
+	Failed, RouterLogs []string
+	// Restarted counts, per service, the starts by its compose restart
+	// policy after it exited on its own (a start-up that timed out while
+	// a fault was on, for one).
+	Restarted map[string]int
 	// Alerts are the alerts seen during the run and whether each cleared.
 	Alerts []AlertSeen
 	// Panels are the dashboard's panel queries that returned no data
@@ -135,7 +143,10 @@ func (r *Report) judge() {
 	add(r.Acknowledged > 0, fmt.Sprintf("the load was acknowledged (%d keys)", r.Acknowledged), "")
 	add(len(r.Lost) == 0, fmt.Sprintf("every acknowledged key is in its home ledger (%d lost)", len(r.Lost)), strings.Join(r.Lost, "\n"))
 	add(len(r.Doubled) == 0, fmt.Sprintf("no acknowledged key applied twice (%d doubled)", len(r.Doubled)), strings.Join(r.Doubled, "\n"))
-	add(r.Unfinished == 0, fmt.Sprintf("every recorded transfer reached a final state (%d unfinished)", r.Unfinished), strings.Join(r.Stuck, "\n"))
+	add(len(r.Failed) == 0, fmt.Sprintf("every service was running once the load had drained (%d exited; restarted by compose's policy: %s)",
+		len(r.Failed), restarts(r.Restarted)), strings.Join(r.Failed, "\n"))
+	add(r.Unfinished == 0, fmt.Sprintf("every recorded transfer reached a final state (%d unfinished)", r.Unfinished),
+		strings.Join(append(slices.Clone(r.Stuck), r.RouterLogs...), "\n"))
 	add(r.Verify.OK() && len(r.Verify.Checks) > 0, "global invariants (verify --all --quiescent, in process)", "")
 	tp := r.Transport.problems()
 	if r.TransportError != "" {
@@ -279,4 +290,17 @@ func (r *Report) WriteJSON(path string) error {
 		return fmt.Errorf("sim: report: %w", err)
 	}
 	return nil
+}
+
+// restarts describes the restarts by the restart policy: "none", or
+// "router-ap ×1, ...".
+func restarts(n map[string]int) string {
+	if len(n) == 0 {
+		return "none"
+	}
+	var out []string
+	for _, name := range slices.Sorted(maps.Keys(n)) {
+		out = append(out, fmt.Sprintf("%s ×%d", name, n[name]))
+	}
+	return strings.Join(out, ", ")
 }

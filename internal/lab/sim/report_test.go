@@ -47,6 +47,10 @@ func TestJudge(t *testing.T) {
 		{"FaultNotFired", func(r *Report) { r.Fired = nil }, FaultDegrade},
 		{"FaultError", func(r *Report) { r.FaultErrors = []string{"cut-eu: refused"} }, "cut-eu: refused"},
 		{"Unfinished", func(r *Report) { r.Unfinished = 1 }, "1 unfinished"},
+		{"UnfinishedRouterLog", func(r *Report) {
+			r.Unfinished, r.RouterLogs = 1, []string{"router-ap's log ends: relay: steps not acked"}
+		}, "router-ap's log ends"},
+		{"ServiceExited", func(r *Report) { r.Failed = []string{"router-ap exited (exit status 1): no NATS"} }, "router-ap exited"},
 		{"VerifyFailed", func(r *Report) { r.Verify.Checks[0].OK = false }, "global invariants"},
 		{"ToolFailed", func(r *Report) { r.Tools["verify-eu"] = false }, "verify-eu"},
 		{"AlertBeforeDegrade", func(r *Report) { r.Alerts[0].FiredAt = r.DegradedFrom.Add(-time.Second) }, "fired for us"},

@@ -364,8 +364,12 @@ func (s *sim) run(ctx context.Context) (*Report, error) {
 	if rep.Verify, err = s.drain(ctx); err != nil {
 		return nil, err
 	}
+	rep.Failed, rep.Restarted = s.procs.failed(), s.procs.restarted()
 	if err := s.checkHistory(ctx, rep); err != nil {
 		return nil, err
+	}
+	if rep.Unfinished > 0 {
+		rep.RouterLogs = s.routerLogs()
 	}
 	if rep.Transport, err = s.transport(ctx); err != nil {
 		rep.TransportError = err.Error()
@@ -568,7 +572,9 @@ func (s *sim) startService(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	return s.startProc(ctx, procSpec{Name: name, Path: s.binary(name), Args: mappedPaths(m, s.plan.project.Services[name].Command), Env: env})
+	svc := s.plan.project.Services[name]
+	return s.startProc(ctx, procSpec{Name: name, Path: s.binary(name), Args: mappedPaths(m, svc.Command), Env: env,
+		Restart: slices.Contains([]string{"always", "unless-stopped", "on-failure"}, svc.Restart)})
 }
 
 // startProc starts a process and waits until it listens on all its ports.
@@ -627,6 +633,19 @@ func or(s, otherwise string) string {
 		return otherwise
 	}
 	return s
+}
+
+// routerLogs returns the last lines of each router's log, which say why a
+// relay or a forward did not get through.
+func (s *sim) routerLogs() []string {
+	var out []string
+	for _, name := range s.plan.of(kindService) {
+		if !strings.HasPrefix(name, "router") || s.procs.get(name) == nil {
+			continue
+		}
+		out = append(out, fmt.Sprintf("%s's log ends: %s", name, tail(s.procs.get(name).log, 12)))
+	}
+	return out
 }
 
 // tail returns the last n lines of a log file.
