@@ -62,6 +62,7 @@ func TestLoad(t *testing.T) {
 			},
 			Ports:     []compose.Port{{Host: 8101, Container: 8101, Protocol: "tcp"}, {Host: 9101, Container: 9101, Protocol: "tcp"}},
 			DependsOn: map[string]string{"db": compose.ServiceHealthy, "hub": compose.ServiceHealthy},
+			Restart:   "unless-stopped", // from the file's x- anchor
 		},
 	}
 	for name, w := range want {
@@ -91,7 +92,7 @@ func TestLoadProfiles(t *testing.T) {
 			t.Errorf("profiles %v: tool enabled %v, want %v", tc.profiles, ok, tc.tool)
 			continue
 		}
-		if ok && (!slices.Equal(tool.Command, []string{"verify", "--all"}) || tool.DependsOn["db"] != compose.ServiceStarted || !slices.Equal(tool.Profiles, []string{"tools"})) {
+		if ok && (!slices.Equal(tool.Command, []string{"verify", "--all"}) || tool.DependsOn["db"] != compose.ServiceStarted || !slices.Equal(tool.Profiles, []string{"tools"}) || tool.Restart != "no") {
 			t.Errorf("tool: %+v", tool)
 		}
 	}
