@@ -79,15 +79,15 @@ func (r *Router) RunRelay(ctx context.Context, outbox Outbox, log *slog.Logger) 
 		r.mark(ctx, outbox, sent, failed, log)
 		for region, failures := range down.update(steps, failedRegions) {
 			log.Warn("relay: steps not acked; region skipped for a while", "region", region,
-				"failures", failures, "retry_in", retryDelay(failures), "unacked", len(failed))
+				"failures", failures, "retry_in", retryDelay(failures), "unacked", failedRegions[region])
 		}
 	}
 }
 
 // relay publishes steps and waits for their PubAcks, up to the publish
-// timeout. It returns the IDs of the steps acked and of those not, and the
-// regions of the latter.
-func (r *Router) relay(ctx context.Context, steps []Step) (sent, failed []int64, failedRegions map[string]bool) {
+// timeout. It returns the IDs of the steps acked and of those not, and how
+// many of the latter each region has.
+func (r *Router) relay(ctx context.Context, steps []Step) (sent, failed []int64, failedRegions map[string]int) {
 	futures := make([][]jetstream.PubAckFuture, len(steps))
 	spans := make([]trace.Span, len(steps))
 	for i, st := range steps {
@@ -95,13 +95,13 @@ func (r *Router) relay(ctx context.Context, steps []Step) (sent, failed []int64,
 	}
 	wctx, cancel := context.WithTimeout(ctx, r.publishTimeout())
 	defer cancel()
-	failedRegions = map[string]bool{}
+	failedRegions = map[string]int{}
 	for i, st := range steps {
 		ok, dup := wait(wctx, futures[i])
 		endPublish(spans[i], ok, dup)
 		if !ok {
 			failed = append(failed, st.ID)
-			failedRegions[st.Region] = true
+			failedRegions[st.Region]++
 			continue
 		}
 		sent = append(sent, st.ID)
@@ -163,10 +163,9 @@ func (b regionBackoff) skip() []string {
 // update backs off further from each region of failed whose delay is
 // over, and forgets the regions of steps whose relays succeeded. It
 // returns the regions it backed off further, with their failure counts.
-func (b regionBackoff) update(steps []Step, failed map[string]bool) map[string]uint64 {
-	further := map[string]uint64{}
+func (b regionBackoff) update(steps []Step, failed map[string]int) (further map[string]uint64) {
 	for _, st := range steps {
-		if !failed[st.Region] {
+		if failed[st.Region] == 0 {
 			delete(b, st.Region)
 			continue
 		}
@@ -178,6 +177,9 @@ func (b regionBackoff) update(steps []Step, failed map[string]bool) map[string]u
 		if time.Now().After(s.until) {
 			s.failures++
 			s.until = time.Now().Add(retryDelay(s.failures))
+			if further == nil {
+				further = map[string]uint64{}
+			}
 			further[st.Region] = s.failures
 		}
 	}

@@ -76,11 +76,8 @@ func newProcs(dir string) (*procs, error) {
 // (a one-shot job that ended well does not count), its name, exit status
 // and the last lines of its log.
 func (ps *procs) failed() []string {
-	ps.mu.Lock()
-	order := slices.Clone(ps.order)
-	ps.mu.Unlock()
 	var out []string
-	for _, p := range order {
+	for _, p := range ps.list() {
 		if done, err := p.exited(); done && err != nil {
 			out = append(out, fmt.Sprintf("%s exited (%v): %s", p.spec.Name, err, tail(p.log, 8)))
 		}
@@ -91,11 +88,8 @@ func (ps *procs) failed() []string {
 // restarted returns how many times the restart policy started each
 // process again, for those it did.
 func (ps *procs) restarted() map[string]int {
-	ps.mu.Lock()
-	order := slices.Clone(ps.order)
-	ps.mu.Unlock()
 	out := map[string]int{}
-	for _, p := range order {
+	for _, p := range ps.list() {
 		if n := p.restarted(); n > 0 {
 			out[p.spec.Name] = n
 		}
@@ -117,6 +111,13 @@ func (ps *procs) start(spec procSpec) (*proc, error) {
 	return p, nil
 }
 
+// list returns the processes in start order.
+func (ps *procs) list() []*proc {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	return slices.Clone(ps.order)
+}
+
 // get returns the named process, or nil.
 func (ps *procs) get(name string) *proc {
 	ps.mu.Lock()
@@ -127,9 +128,7 @@ func (ps *procs) get(name string) *proc {
 // stopAll stops every process, the last started first. Each gets SIGTERM
 // for its whole group and grace to exit, then SIGKILL.
 func (ps *procs) stopAll(grace time.Duration) {
-	ps.mu.Lock()
-	order := append([]*proc(nil), ps.order...)
-	ps.mu.Unlock()
+	order := ps.list()
 	for i := len(order) - 1; i >= 0; i-- {
 		order[i].stop(grace)
 	}

@@ -640,10 +640,9 @@ func or(s, otherwise string) string {
 func (s *sim) routerLogs() []string {
 	var out []string
 	for _, name := range s.plan.of(kindService) {
-		if !strings.HasPrefix(name, "router") || s.procs.get(name) == nil {
-			continue
+		if p := s.procs.get(name); p != nil && strings.HasPrefix(name, "router") {
+			out = append(out, fmt.Sprintf("%s's log ends: %s", name, tail(p.log, 12)))
 		}
-		out = append(out, fmt.Sprintf("%s's log ends: %s", name, tail(s.procs.get(name).log, 12)))
 	}
 	return out
 }
