@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/alecthomas/kong"
@@ -263,4 +264,19 @@ func optionalAmount(s string) (int64, error) {
 		err = ledger.Errorf(ledger.CodeInvalidAmount, "amount %d must be positive", n)
 	}
 	return n, err
+}
+
+type eventsCmd struct {
+	List struct {
+		apiClient
+		After string   `help:"The next_cursor of the page before: the feed after it."`
+		Type  []string `help:"Only events of these types (transfer.completed, account.frozen, ...; several: comma-separated)."`
+		Limit int      `help:"Events per page (1 to 500)." default:"20"`
+	} `cmd:"" help:"Read your events in every region, oldest first, a page at a time; follow the feed with its next_cursor."`
+}
+
+func (c *eventsCmd) Run(ctx context.Context) error {
+	l := c.List
+	q := given(map[string]string{"limit": strconv.Itoa(l.Limit), "after": l.After, "type": strings.Join(l.Type, ",")})
+	return show(l.client().Get(ctx, "/v1/events?"+q.Encode()))
 }

@@ -40,6 +40,7 @@ type cli struct {
 	DLQ       dlqCmd       `cmd:"" name:"dlq" help:"List, show, replay and discard a region's dead letters."`
 	Accounts  accountsCmd  `cmd:"" help:"Open and show accounts through the HTTP API."`
 	Transfers transfersCmd `cmd:"" help:"Send and show transfers through the HTTP API."`
+	Events    eventsCmd    `cmd:"" help:"Read your event feed through the HTTP API."`
 }
 
 // cliVars are the defaults the flags' help and default tags name.

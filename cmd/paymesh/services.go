@@ -154,8 +154,10 @@ type ledgerCmd struct {
 	CacheSize        int           `name:"cache-size" env:"PAYMESH_CACHE_SIZE" default:"100000" help:"Recently committed keys kept in memory (0 disables)."`
 	Shards           int           `env:"PAYMESH_SHARDS" default:"16" help:"Ledger subjects per region."`
 	OutboxKeep       time.Duration `name:"outbox-retention" env:"PAYMESH_OUTBOX_RETENTION" default:"24h" help:"How long sent outbox rows are kept before they are deleted (negative keeps them all)."`
-	ShardSet         string        `name:"shard-set" env:"PAYMESH_SHARD_SET" default:"0/1" help:"i/n: this process applies the shards k with k mod n = i. Give each ledger replica of a region its own i."`
-	Metrics          string        `name:"metrics-listen" env:"PAYMESH_METRICS_LISTEN" help:"Address of /metrics (default: 127.0.0.1:<the region's metrics_port>; 'off' for none)."`
+	EventKeep        time.Duration `name:"event-retention" env:"PAYMESH_EVENT_RETENTION" default:"720h" help:"How long events are kept for the feed (GET /v1/events) before they are deleted (negative keeps them all)."`
+	noEvents
+	ShardSet string `name:"shard-set" env:"PAYMESH_SHARD_SET" default:"0/1" help:"i/n: this process applies the shards k with k mod n = i. Give each ledger replica of a region its own i."`
+	Metrics  string `name:"metrics-listen" env:"PAYMESH_METRICS_LISTEN" help:"Address of /metrics (default: 127.0.0.1:<the region's metrics_port>; 'off' for none)."`
 	dependencyWait
 	security
 }
@@ -203,7 +205,7 @@ func (c *ledgerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 		MaxStepDeliver: c.MaxStepDeliver, MaxParkedDeliver: c.MaxParkedDeliver,
 		Region: reg.Name, Regions: ids, Node: c.Node, PostgresURL: url, NATSURL: c.NATSURL, NATSUser: c.NATSUser, NATSPassword: c.NATSPassword, NATSCA: c.NATSCA, Workers: c.Workers,
 		BatchSize: c.BatchSize, AckWait: c.AckWait, MaxDeliver: c.MaxDeliver, Lease: c.Lease,
-		WindowDays: c.WindowDays, OutboxRetention: c.OutboxKeep, CacheSize: c.CacheSize, Shards: c.Shards, Log: log.With("service", "ledger"),
+		WindowDays: c.WindowDays, OutboxRetention: c.OutboxKeep, EventRetention: c.EventKeep, NoEvents: c.NoEvents, CacheSize: c.CacheSize, Shards: c.Shards, Log: log.With("service", "ledger"),
 		Answers: apidb.Answers{}, AnswersSchema: new(apidb.Migrations()),
 		MetricsListen: metricsListen(c.Metrics, reg.MetricsPort), ConnectTimeout: c.ConnectTimeout,
 	})
@@ -227,9 +229,16 @@ type apiCmd struct {
 	ClaimKeys       bool          `name:"claim-keys" env:"PAYMESH_CLAIM_KEYS" help:"Claim every transfer's idempotency key in a commit of its own before submitting it (by default a request whose accounts this process has seen is submitted unclaimed, and the ledger's transaction stores its key). Claiming keeps 422 for a repeat with another body while the first is in flight in another API process of the region."`
 	SubmitAll       bool          `name:"submit-all" env:"PAYMESH_SUBMIT_ALL" help:"Submit every transfer request to the region's ledger stream (by default the API applies them itself, in group commits of the ledger's own transaction, and submits only those it could not apply there)."`
 	Metrics         string        `name:"metrics-listen" env:"PAYMESH_API_METRICS_LISTEN" help:"Address of /metrics (default: 127.0.0.1:<the region's api_metrics_port>; 'off' for none)."`
-	TLSUpstream     bool          `name:"tls-upstream" env:"PAYMESH_TLS_UPSTREAM" help:"TLS ends in front of --listen (a proxy or load balancer): plain HTTP on a public address is then no exposure."`
+	noEvents
+	TLSUpstream bool `name:"tls-upstream" env:"PAYMESH_TLS_UPSTREAM" help:"TLS ends in front of --listen (a proxy or load balancer): plain HTTP on a public address is then no exposure."`
 	dependencyWait
 	security
+}
+
+// noEvents is the setting that turns the events off; a region's ledgers
+// and APIs must agree on it.
+type noEvents struct {
+	NoEvents bool `name:"no-events" env:"PAYMESH_NO_EVENTS" help:"Record no events: the feed (GET /v1/events) stays empty. Give the region's ledgers and APIs the same setting."`
 }
 
 func (c *apiCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, log *slog.Logger) error {
@@ -254,7 +263,7 @@ func (c *apiCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, l
 	}
 	srv, err := apid.Open(ctx, apid.Config{StreamReplicas: replicas, StreamLimits: limits, Region: reg.Name, Regions: ids, Node: c.Node, PostgresURL: url,
 		NATSURL: c.NATSURL, NATSUser: c.NATSUser, NATSPassword: c.NATSPassword, NATSCA: c.NATSCA, OpsNATSUser: c.OpsNATSUser, OpsNATSPassword: c.OpsNATSPassword,
-		Shards: c.Shards, Wait: c.Wait, KeyTTL: c.KeyTTL, ClientCacheTTL: cmp.Or(c.ClientCacheTTL, -1), ClaimKeys: c.ClaimKeys, SubmitAll: c.SubmitAll,
+		Shards: c.Shards, Wait: c.Wait, KeyTTL: c.KeyTTL, ClientCacheTTL: cmp.Or(c.ClientCacheTTL, -1), ClaimKeys: c.ClaimKeys, SubmitAll: c.SubmitAll, NoEvents: c.NoEvents,
 		Listen: listen, MetricsListen: metricsListen(c.Metrics, reg.APIMetricsPort), ConnectTimeout: c.ConnectTimeout,
 		Log: log.With("service", "api")})
 	if err != nil {

@@ -185,6 +185,22 @@ func TestTransfersCommands(t *testing.T) {
 	if !errors.Is(err, errFailed) || !strings.Contains(out, string(ledger.CodeInvalidRequest)) {
 		t.Fatalf("transfers list --status DONE: %v %s, want the API's 400", err, out)
 	}
+	// The event feed: the captures of the client's holds, then a type
+	// that is none.
+	out, err = runCLI(t, append([]string{"events", "list", "--type", "transfer.captured,transfer.voided", "--limit", "50"}, flags...)...)
+	var el api.EventList
+	if err != nil || json.Unmarshal([]byte(out), &el) != nil || len(el.Events) == 0 || el.NextCursor == "" {
+		t.Fatalf("events list --type: %v %s, want the captures and a cursor", err, out)
+	}
+	for _, x := range el.Events {
+		if x.Type != "transfer.captured" && x.Type != "transfer.voided" || x.Data.Transfer == nil {
+			t.Fatalf("events list --type transfer.captured,transfer.voided: %+v", x)
+		}
+	}
+	out, err = runCLI(t, append([]string{"events", "list", "--type", "transfer.teleported"}, flags...)...)
+	if !errors.Is(err, errFailed) || !strings.Contains(out, string(ledger.CodeInvalidRequest)) {
+		t.Fatalf("events list --type transfer.teleported: %v %s, want the API's 400", err, out)
+	}
 	// A reference and metadata: kept, listed by, and the reference taken.
 	paid := transfer("transfers", "send", "--from", a, "--to", b, "--amount", "1", "--currency", "EUR",
 		"--reference", "cli-order-1", "--metadata", "shop=north", "--metadata", "till=7")

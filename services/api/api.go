@@ -212,10 +212,11 @@ func withDefaults(cfg Config) Config {
 // other regions (forwarder.register).
 func (s *Handler) serve(a *accounts, t *transfers, h *holds, aa *accountActions, l *lists, o *ops) {
 	s.fwd.register(a.create, a.claim, a.read, a.entries, a.statement, t.create, t.read, h.capture, h.void, h.target, h.refund,
-		aa.close, aa.freeze, aa.unfreeze, l.transfers, l.accounts)
+		aa.close, aa.freeze, aa.unfreeze, l.transfers, l.accounts, l.events)
 	s.route("POST /v1/accounts", s.auth.authed(a.post))
 	s.route("GET /v1/accounts", s.auth.authed(l.getAccounts))
 	s.route("GET /v1/transfers", s.auth.authed(l.getTransfers))
+	s.route("GET /v1/events", s.auth.authed(l.getEvents))
 	s.route("GET /v1/accounts/{id}", s.auth.authed(a.get))
 	s.route("GET /v1/accounts/{id}/entries", s.auth.authed(a.getEntries))
 	s.route("GET /v1/accounts/{id}/statement", s.auth.authed(a.getStatement))

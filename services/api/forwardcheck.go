@@ -317,6 +317,14 @@ func (f *forwarder) checkList(q ListQuery, now time.Time) error {
 	if err := ledger.ValidLabels(q.Reference, q.Metadata); err != nil {
 		return err
 	}
+	if err := checkEventTypes(q.Types); err != nil {
+		return err
+	}
+	if q.EventsAfter != nil {
+		if err := f.checkEventPosition(*q.EventsAfter); err != nil {
+			return err
+		}
+	}
 	if q.CreatedFrom != nil && q.CreatedTo != nil && !q.CreatedFrom.Before(*q.CreatedTo) {
 		return ledger.Errorf(ledger.CodeInvalidRequest, "created_gte=%s is not before created_lt=%s", q.CreatedFrom.Format(time.RFC3339Nano), q.CreatedTo.Format(time.RFC3339Nano))
 	}

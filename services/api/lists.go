@@ -28,15 +28,16 @@ import (
 // when its created_at (the time the API took the request) falls below the
 // position the pages have reached, and not otherwise.
 type lists struct {
-	cfg                 *Config
-	fwd                 *forwarder
-	transfers, accounts operation
+	cfg                         *Config
+	fwd                         *forwarder
+	transfers, accounts, events operation
 }
 
 func newLists(cfg *Config, fwd *forwarder) *lists {
 	l := &lists{cfg: cfg, fwd: fwd}
 	l.transfers = operation{name: "list_transfers", run: l.transfersHere, takes: shape{page: true, list: true}}
 	l.accounts = operation{name: "list_accounts", run: l.accountsHere, takes: shape{page: true, list: true}}
+	l.events = operation{name: "list_events", run: l.eventsHere, takes: shape{page: true, list: true}}
 	return l
 }
 
@@ -57,6 +58,10 @@ type ListQuery struct {
 	CreatedTo   *time.Time `json:"created_lt,omitempty"`
 	// After is the decoded cursor of the page before.
 	After *ledger.ListCursor `json:"after,omitempty"`
+	// Types and EventsAfter select events (list_events): their types
+	// (none: all), and the position in the region's feed to read after.
+	Types       []string              `json:"types,omitempty"`
+	EventsAfter *ledger.EventPosition `json:"events_after,omitempty"`
 }
 
 // TransferList is a page of GET /v1/transfers.

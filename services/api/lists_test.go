@@ -95,13 +95,7 @@ func TestListTransfersAndAccounts(t *testing.T) {
 	n := 0
 	send := func(region, from, to string, amount int64) string {
 		n++
-		r := e.do(t, region, "POST", "/v1/transfers", keyA, "list-"+itoaInt(n), transferJSON(from, to, amount))
-		var tr api.TransferBody
-		r.json(t, &tr)
-		if tr.ID == "" {
-			t.Fatalf("transfer: %d %s", r.status, r.body)
-		}
-		return tr.ID
+		return e.sendTransfer(t, region, "list-"+itoaInt(n), from, to, amount)
 	}
 	for i := range 7 {
 		for _, r := range regions {

@@ -30,6 +30,9 @@ type Ledger interface {
 	// AccountsPage returns up to limit of a client's accounts that f
 	// selects, newest first.
 	AccountsPage(ctx context.Context, f ledger.AccountFilter, limit int) ([]ledger.Account, error)
+	// EventsPage returns up to limit of a client's events in this region
+	// after f.After, in the region's feed order.
+	EventsPage(ctx context.Context, f ledger.EventFilter, limit int) ([]ledger.RecordedEvent, error)
 	// BalanceAt returns an account's balance, held amount and version at
 	// an instant (zero before any change).
 	BalanceAt(ctx context.Context, accountID string, at time.Time) (ledger.Balance, error)

@@ -109,6 +109,8 @@ type Stats struct {
 	CommitsUnanswered atomic.Int64
 	// OutboxPruned counts sent outbox rows deleted by the retention job.
 	OutboxPruned atomic.Int64
+	// EventsPruned counts events deleted after their retention.
+	EventsPruned atomic.Int64
 	// AccountIDCollisions counts the IDs minted for a new account that
 	// another account already had (a node's IDs repeated, after its clock
 	// was stepped): each was refused and another minted.

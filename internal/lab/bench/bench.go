@@ -40,8 +40,11 @@ const (
 	Latency = "latency"     // paced at half the uniform rate
 	Hot     = "hot"         // half the transfers credit one merchant
 	Dedup   = "dedup-table" // uniform on a pre-filled consume-log
-	Naive   = "naive"       // baseline: the same ledger, one message per transaction
-	TPCB    = "tpcb"        // baseline: TPC-B on the same server
+	// NoEvents is uniform with the events off (--no-events): what
+	// recording an event for every change costs.
+	NoEvents = "no-events"
+	Naive    = "naive" // baseline: the same ledger, one message per transaction
+	TPCB     = "tpcb"  // baseline: TPC-B on the same server
 	// Ceiling is a baseline: the apply transaction's own SQL, 256 transfers
 	// a transaction, from a loop that does no decoding, planning or NATS.
 	Ceiling = "ceiling"
@@ -65,7 +68,7 @@ const (
 )
 
 // Scenarios lists every scenario in running order.
-var Scenarios = []string{Uniform, Replay, Latency, Replicas, Hot, Dedup, Naive, Ceiling, TPCB, Cross, API, APIProcess, Holds, LedgerProcess, Reads}
+var Scenarios = []string{Uniform, Replay, Latency, Replicas, Hot, Dedup, NoEvents, Naive, Ceiling, TPCB, Cross, API, APIProcess, Holds, LedgerProcess, Reads}
 
 // Config sizes a bench run. Defaults fills in its zero fields.
 type Config struct {
@@ -446,6 +449,7 @@ func (e *env) runAll(ctx context.Context, res *Result) error {
 	}{
 		{Hot, cfg.BatchSize, true, 0, cfg.Limit},
 		{Dedup, cfg.BatchSize, false, cfg.DedupRows, cfg.Limit},
+		{NoEvents, cfg.BatchSize, false, 0, cfg.Limit},
 		{Naive, 1, false, 0, cfg.NaiveFor},
 	} {
 		if !cfg.has(s.name) {

@@ -65,6 +65,7 @@ func (e *env) openLedger(ctx context.Context, name string, batch, accounts int) 
 		Region: region, Regions: e.regions, Node: 1, PostgresURL: url, NATSURL: e.nats.url,
 		NATSUser: e.nats.user, NATSPassword: e.nats.password, StreamReplicas: e.nats.replicas,
 		Workers: e.cfg.Workers, BatchSize: batch, Shards: e.cfg.Shards, CacheSize: e.cfg.CacheSize,
+		NoEvents:      name == NoEvents,
 		WrapJetStream: func(js jetstream.JetStream) jetstream.JetStream { return jsfault.Wrap(js, nil, r.tracked) },
 		Observe: ledgerstream.Observer{Batch: func(_ context.Context, size int, took time.Duration) {
 			r.batches.Add(1)

@@ -71,6 +71,12 @@ func figures(r Result) []Figure {
 	}
 	share("hot account / uniform", Hot, TargetHotShare)
 	share("large consume-log / empty", Dedup, TargetDedupShare)
+	off, haveOff := r.RunOf(NoEvents)
+	cost = 0.0
+	if haveOff && off.Rate > 0 {
+		cost = u.Rate / off.Rate
+	}
+	add("events on / off (uniform / no-events)", "x", "(reported)", haveU && haveOff && off.Rate > 0, cost, true)
 	var rss float64
 	for _, x := range r.Runs {
 		rss = max(rss, x.PeakRSSMB)

@@ -96,6 +96,10 @@ type Config struct {
 	ClientCacheTTL time.Duration
 	ClaimKeys      bool
 	Now            func() time.Time
+	// NoEvents turns the events off in what the API applies itself and
+	// in the accounts it opens (postgres.Config.NoEvents), as the
+	// region's ledgers are set.
+	NoEvents bool
 	// SubmitAll makes the API submit every transfer request to the ledger
 	// stream. By default it applies its region's requests itself, in
 	// group commits of the ledger's transaction (api.Config.Apply), and
@@ -219,7 +223,7 @@ func (s *Server) open(ctx context.Context) error {
 	// an interface it declares, handed the ledger's Postgres adapter here:
 	// services/api does not import the adapter (see openApply).
 	s.accounts = &ledger.Stats{}
-	led := postgres.New(s.pool, postgres.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen, Stats: s.accounts})
+	led := postgres.New(s.pool, postgres.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen, Stats: s.accounts, NoEvents: cfg.NoEvents})
 	acfg := api.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen, Ledger: led, Store: store, Router: rt, NATS: s.nc,
 		Answers: answers, AnswerPoll: cfg.AnswerPoll, ClientCacheTTL: cfg.ClientCacheTTL, ClaimKeys: cfg.ClaimKeys, Wait: cfg.Wait, KeyTTL: cfg.KeyTTL, Now: cfg.Now,
 		WrapForwardReader: cfg.WrapForwardReader, Log: cfg.Log}
@@ -307,7 +311,7 @@ func (s *Server) openApply(ctx context.Context, gen *idgen.Generator, acfg *api.
 	if cfg.WrapConsumeLog != nil {
 		consumeLog = cfg.WrapConsumeLog(consumeLog)
 	}
-	acfg.Apply = postgres.New(s.applyPool, postgres.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen, Dedup: consumeLog,
+	acfg.Apply = postgres.New(s.applyPool, postgres.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen, Dedup: consumeLog, NoEvents: cfg.NoEvents,
 		Answers: apidb.LockingAnswers{}, Stats: acfg.ApplyStats})
 	return nil
 }

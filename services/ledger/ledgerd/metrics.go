@@ -60,6 +60,7 @@ func observeStats(m *telemetry.Metrics, region, stream, consumer string, st *led
 		simple("paymesh.apply.gave.up", "Transactions given up on a retryable error: the retry budget spent.", st.GaveUp.Load),
 		simple("paymesh.apply.commits.unanswered", "COMMITs the server never answered; the consume-log was read back to learn the outcome.", st.CommitsUnanswered.Load),
 		simple("paymesh.outbox.pruned", "Sent outbox rows deleted after their retention.", st.OutboxPruned.Load),
+		simple("paymesh.events.pruned", "Events deleted after their retention.", st.EventsPruned.Load),
 		simple("paymesh.transfers.awaiting.account", "Requests naming an account that does not exist: dead-lettered, unrecorded, applied by a replay once it exists.", st.AwaitingAccount.Load),
 		simple("paymesh.saga.parked", "Saga steps that arrived before the state they need.", st.Parked.Load),
 		simple("paymesh.state.illegal.transitions", "State machine steps refused as illegal.", st.IllegalTransitions.Load),

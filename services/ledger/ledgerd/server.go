@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -77,6 +78,12 @@ type Config struct {
 	// maintenance job deletes it (default postgres.DefaultOutboxRetention;
 	// negative keeps every row).
 	OutboxRetention time.Duration
+	// NoEvents turns the events off (postgres.Config.NoEvents); the API
+	// processes of the region must agree. EventRetention is how long an
+	// event is kept (default postgres.DefaultEventRetention; negative
+	// keeps every one).
+	NoEvents       bool
+	EventRetention time.Duration
 	// Stats, if set, receives the counters (kept across restarts by the
 	// caller); a new one is made otherwise.
 	Stats *ledger.Stats
@@ -180,6 +187,9 @@ func withDefaults(cfg Config) Config {
 	if cfg.Lease <= 0 {
 		cfg.Lease = 30 * time.Second
 	}
+	if cfg.EventRetention == 0 {
+		cfg.EventRetention = postgres.DefaultEventRetention
+	}
 	if cfg.OutboxRetention == 0 {
 		cfg.OutboxRetention = postgres.DefaultOutboxRetention
 	}
@@ -273,7 +283,7 @@ func (s *Server) newStore(gen *idgen.Generator) {
 		consumeLog = cfg.WrapConsumeLog(consumeLog)
 	}
 	s.Store = postgres.New(s.pool, postgres.Config{Region: cfg.Region, IDs: gen, Regions: cfg.Regions, Dedup: consumeLog, Stats: s.Stats,
-		Answers: cfg.Answers, MaxAttempts: cfg.MaxAttempts, Now: cfg.Now,
+		Answers: cfg.Answers, MaxAttempts: cfg.MaxAttempts, Now: cfg.Now, NoEvents: cfg.NoEvents,
 		OnRetry: func(op string, attempt int, err error) {
 			cfg.Log.Debug("transaction retried", "op", op, "attempt", attempt, "err", err)
 		}})
@@ -328,7 +338,14 @@ func (s *Server) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Go(func() { s.dedup.RunRetention(ctx, s.pool, time.Hour, s.cfg.Log) })
 	if s.cfg.OutboxRetention > 0 {
-		wg.Go(func() { s.runOutboxPrune(ctx, time.Hour) })
+		wg.Go(func() {
+			s.runPrune(ctx, time.Hour, "outbox", s.cfg.OutboxRetention, s.Store.PruneOutbox, &s.Stats.OutboxPruned)
+		})
+	}
+	if s.cfg.EventRetention > 0 {
+		wg.Go(func() {
+			s.runPrune(ctx, time.Hour, "events", s.cfg.EventRetention, s.Store.PruneEvents, &s.Stats.EventsPruned)
+		})
 	}
 	if s.census != nil {
 		wg.Go(func() { s.census.Run(ctx, censusEvery, s.cfg.Log) })
@@ -361,21 +378,22 @@ func (s *Server) Run(ctx context.Context) error {
 	return errors.Join(<-errs)
 }
 
-// runOutboxPrune deletes sent outbox rows older than the retention now and
-// then every interval until ctx ends, counting them in Stats.OutboxPruned
-// and logging each run that deleted any; a failed run is retried at the
-// next tick.
-func (s *Server) runOutboxPrune(ctx context.Context, every time.Duration) {
+// runPrune deletes what, the rows older than retention (sent outbox rows,
+// events), with prune now and then every interval until ctx ends,
+// counting them in pruned and logging each run that deleted any; a failed
+// run is retried at the next tick.
+func (s *Server) runPrune(ctx context.Context, every time.Duration, what string, retention time.Duration,
+	prune func(context.Context, time.Duration, int) (int64, error), pruned *atomic.Int64) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
-		n, err := s.Store.PruneOutbox(ctx, s.cfg.OutboxRetention, 0)
-		s.Stats.OutboxPruned.Add(n)
+		n, err := prune(ctx, retention, 0)
+		pruned.Add(n)
 		switch {
 		case err != nil && ctx.Err() == nil:
-			s.cfg.Log.Error("outbox prune failed", "err", err, "pruned", n)
+			s.cfg.Log.Error(what+" prune failed", "err", err, "pruned", n)
 		case n > 0:
-			s.cfg.Log.Info("outbox pruned", "rows", n, "retention", s.cfg.OutboxRetention)
+			s.cfg.Log.Info(what+" pruned", "rows", n, "retention", retention)
 		}
 		select {
 		case <-ctx.Done():

@@ -135,6 +135,11 @@ func (s *Store) createAccount(ctx context.Context, n ledger.NewAccount, ids [3]s
 		if err != nil {
 			return err
 		}
+		if tag.RowsAffected() == 1 {
+			if err := s.recordOpened(ctx, tx, ledger.Account{ID: id, ClientID: n.ClientID}); err != nil {
+				return err
+			}
+		}
 		if tag.RowsAffected() == 0 && n.Reference != "" {
 			if err := referenceFree(ctx, tx, n, id); err != nil {
 				return err

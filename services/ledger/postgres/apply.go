@@ -646,11 +646,16 @@ func queueLocked[T any](b *pgx.Batch, what, sql string, ids []string, scan pgx.R
 // queuePlan queues the writes of a planned batch as set-based statements,
 // sent in one round trip: new transfers, compare-and-set updates of settled
 // transfers, credits, the change-log, one compare-and-set balance update
-// per account, and the outbox rows of the next saga steps.
+// per account, the outbox rows of the next saga steps, and the events.
 func (s *Store) queuePlan(b *pgx.Batch, cmds []ledger.Command, p ledger.Plan) {
 	var w planWrites
 	for i, o := range p.Outcomes {
 		w.add(cmds[i], o)
+		if !s.cfg.NoEvents {
+			for _, e := range ledger.EventsOf(cmds[i], o) {
+				w.events.add(e)
+			}
+		}
 	}
 	w.transfers.queue(b)
 	w.actions.queue(b)
@@ -663,6 +668,7 @@ func (s *Store) queuePlan(b *pgx.Batch, cmds []ledger.Command, p ledger.Plan) {
 	queueBalances(b, p.Accounts)
 	w.outbox.queue(b)
 	queueCancelTimers(b, w.cancelTimers)
+	w.events.queue(b)
 }
 
 // planWrites collects, column by column, the rows a planned batch writes.
@@ -677,6 +683,7 @@ type planWrites struct {
 	credits        newCredits
 	postings       newPostings
 	outbox         newOutbox
+	events         newEvents
 	// cancelTimers holds the outbox keys of the expiry steps of holds
 	// captured or voided.
 	cancelTimers []string

@@ -118,6 +118,9 @@ type Config struct {
 	// Answers, if set, records the first answer to every client request
 	// in the transaction that applies it (see Answers).
 	Answers Answers
+	// NoEvents turns the events off: no change is recorded as an event,
+	// so the feed and the webhooks have nothing to tell.
+	NoEvents bool
 	// Now, if set, is the ledger's clock (default time.Now): a hold
 	// expires, and its expiry step is relayed, from its ExpiresAt by it.
 	Now func() time.Time

@@ -1,0 +1,206 @@
+package ledger
+
+import "time"
+
+// EventType names an event: a state change that clients read in the event
+// feed (GET /v1/events) and receive by webhook. The ledger emits the events
+// of a change in the transaction that makes it.
+type EventType string
+
+// The events of transfers, refunds and accounts. A transfer emits created
+// when it is recorded, then one event for each status it reaches (a
+// transfer debited into transit emits nothing more until the saga ends it);
+// a refund, which is a transfer of its own, emits the same under refund.
+const (
+	TransferCreated   EventType = "transfer.created"
+	TransferCompleted EventType = "transfer.completed"
+	TransferRejected  EventType = "transfer.rejected"
+	// TransferRefunded: the remote credit of a cross-region transfer was
+	// refused, and the debit given back.
+	TransferRefunded EventType = "transfer.refunded"
+	TransferHeld     EventType = "transfer.held"
+	// TransferCaptured: a hold was captured; completed follows (in the
+	// same transaction within a region, after the saga across regions).
+	TransferCaptured EventType = "transfer.captured"
+	TransferVoided   EventType = "transfer.voided"
+	TransferExpired  EventType = "transfer.expired"
+
+	RefundCreated   EventType = "refund.created"
+	RefundCompleted EventType = "refund.completed"
+	RefundRejected  EventType = "refund.rejected"
+	// RefundFailed: the payer's region refused the refund's credit, and
+	// the money went back to the payee.
+	RefundFailed EventType = "refund.failed"
+
+	AccountOpened   EventType = "account.opened"
+	AccountClosed   EventType = "account.closed"
+	AccountFrozen   EventType = "account.frozen"
+	AccountUnfrozen EventType = "account.unfrozen"
+)
+
+// EventTypes lists every event type, in the order of the constants.
+func EventTypes() []EventType {
+	return []EventType{TransferCreated, TransferCompleted, TransferRejected, TransferRefunded, TransferHeld, TransferCaptured,
+		TransferVoided, TransferExpired, RefundCreated, RefundCompleted, RefundRejected, RefundFailed,
+		AccountOpened, AccountClosed, AccountFrozen, AccountUnfrozen}
+}
+
+// Account states in an account event's snapshot (Emitted.Status).
+const (
+	AccountOpen     = "open"
+	AccountIsFrozen = "frozen"
+	AccountIsClosed = "closed"
+)
+
+// Emitted is one event as the ledger records it: what changed, for whom,
+// and the changed fields of the object as they were then; the rest of the
+// object (a transfer's accounts, amount, labels) never changes, and is read
+// with it.
+type Emitted struct {
+	Type EventType
+	// Account orders the event: its per-account sequence, assigned when
+	// the event is recorded, has no gaps. For a transfer it is the source
+	// (the account whose region holds the transfer), for a funding the
+	// account funded.
+	Account string
+	// Client made the change. The event is recorded in the feed of
+	// Account's owner, so that the owner sees every event of the account;
+	// Client is the feed of an event whose account the ledger does not
+	// hold (a refusal naming an unknown account).
+	Client string
+	// Object is the transfer's ID, or the account's for an account event.
+	Object string
+	// Status is the transfer's status after the change, or for an account
+	// event the account's state (AccountOpen, AccountIsFrozen,
+	// AccountIsClosed); Reason a rejection's code.
+	Status  string
+	Reason  Code
+	Version int64
+	// Captured is what a hold's capture moved.
+	Captured int64
+}
+
+// IsAccount reports whether the event's object is an account.
+func (t EventType) IsAccount() bool {
+	switch t {
+	case AccountOpened, AccountClosed, AccountFrozen, AccountUnfrozen:
+		return true
+	}
+	return false
+}
+
+// Valid reports whether t is an event type.
+func (t EventType) Valid() bool {
+	for _, x := range EventTypes() {
+		if x == t {
+			return true
+		}
+	}
+	return false
+}
+
+// statusEvents is the event of each status a transfer (or a refund) may
+// reach; DEBITED has none: created says it.
+var statusEvents = map[bool]map[Status]EventType{
+	false: {StatusCompleted: TransferCompleted, StatusRejected: TransferRejected, StatusRefunded: TransferRefunded,
+		StatusHeld: TransferHeld, StatusVoided: TransferVoided, StatusExpired: TransferExpired},
+	true: {StatusCompleted: RefundCompleted, StatusRejected: RefundRejected, StatusRefunded: RefundFailed},
+}
+
+// EventsOf returns the events of command c's outcome o, in the order they
+// happened: a recorded transfer's created and the status it reached, a
+// transfer's move to its next status (a capture's captured first), an
+// account action's change. A duplicate, a refusal that records nothing and
+// a credit step (the payee's region) emit none.
+func EventsOf(c Command, o Outcome) []Emitted {
+	switch {
+	case c.IsAccountAction():
+		if o.Result != Applied || o.Account == nil {
+			return nil
+		}
+		return []Emitted{accountEvent(o.Account, c.Type)}
+	case o.Credit != nil, c.IsStep() && o.Result != Applied, c.IsAction() && o.Result != Applied:
+		return nil
+	}
+	t := o.Transfer
+	refund := t.RefundOf != "" || c.Type == TypeRefund
+	e := Emitted{Account: t.From, Client: t.ClientID, Object: t.ID, Status: string(t.Status), Reason: t.Reason,
+		Version: t.Version, Captured: t.CapturedAmount}
+	if c.Type == TypeFund || t.From == "" {
+		e.Account = t.To
+	}
+	var out []Emitted
+	switch {
+	case o.FromStatus == "" && (o.Result == Applied || o.Result == Rejected):
+		e.Type = TransferCreated
+		if refund {
+			e.Type = RefundCreated
+		}
+		out = append(out, e)
+	case o.FromStatus == "" || o.Result != Applied:
+		return nil
+	case o.FromStatus == StatusHeld && (t.Status == StatusCompleted || t.Status == StatusDebited):
+		e.Type = TransferCaptured
+		out = append(out, e)
+	}
+	if typ, ok := statusEvents[refund][t.Status]; ok {
+		e.Type = typ
+		out = append(out, e)
+	}
+	return out
+}
+
+// accountEvent is the event of an account action applied to a.
+func accountEvent(a *Account, action string) Emitted {
+	e := Emitted{Account: a.ID, Client: a.ClientID, Object: a.ID, Status: AccountOpen}
+	switch {
+	case a.Closed:
+		e.Status = AccountIsClosed
+	case a.Frozen:
+		e.Status = AccountIsFrozen
+	}
+	switch action {
+	case TypeClose:
+		e.Type = AccountClosed
+	case TypeFreeze:
+		e.Type = AccountFrozen
+	default:
+		e.Type = AccountUnfrozen
+	}
+	return e
+}
+
+// OpenedEvent is the event of an account opened.
+func OpenedEvent(a Account) Emitted {
+	return Emitted{Type: AccountOpened, Account: a.ID, Client: a.ClientID, Object: a.ID, Status: AccountOpen}
+}
+
+// EventFilter selects a client's events, oldest first.
+type EventFilter struct {
+	Client string
+	// Types, when set, keeps only these types.
+	Types []EventType
+	// After is the position of the last event read here (nil: the
+	// oldest kept).
+	After *EventPosition
+}
+
+// EventPosition is a place in a region's feed: the writing transaction,
+// then the account and its sequence.
+type EventPosition struct {
+	Tx       uint64 `json:"tx"`
+	Account  string `json:"account"`
+	Sequence int64  `json:"seq"`
+}
+
+// RecordedEvent is one recorded event and its object as it was: a transfer's or
+// an account's row, with the event's snapshot of the fields that change.
+type RecordedEvent struct {
+	Emitted
+	Sequence  int64
+	Position  EventPosition
+	CreatedAt time.Time
+	// Transfer or Opened is the object (by Emitted.Type.IsAccount).
+	Transfer Transfer
+	Opened   Account
+}
