@@ -187,10 +187,20 @@ func TestTransfersCommands(t *testing.T) {
 	}
 	// The event feed: the captures of the client's holds, then a type
 	// that is none.
-	out, err = runCLI(t, append([]string{"events", "list", "--type", "transfer.captured,transfer.voided", "--limit", "50"}, flags...)...)
+	// The feed shows a commit once no older write transaction of the
+	// database is running: wait for it.
 	var el api.EventList
-	if err != nil || json.Unmarshal([]byte(out), &el) != nil || len(el.Events) == 0 || el.NextCursor == "" {
-		t.Fatalf("events list --type: %v %s, want the captures and a cursor", err, out)
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		out, err = runCLI(t, append([]string{"events", "list", "--type", "transfer.captured,transfer.voided", "--limit", "50"}, flags...)...)
+		if err != nil || json.Unmarshal([]byte(out), &el) != nil || el.NextCursor == "" {
+			t.Fatalf("events list --type: %v %s, want the captures and a cursor", err, out)
+		}
+		if len(el.Events) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("events list --type: %s after a minute, want the captures", out)
+		}
 	}
 	for _, x := range el.Events {
 		if x.Type != "transfer.captured" && x.Type != "transfer.voided" || x.Data.Transfer == nil {

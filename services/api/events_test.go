@@ -93,6 +93,16 @@ func TestEventFeed(t *testing.T) {
 	if recorded != 4+2*3+2*9 {
 		t.Fatalf("%d events recorded for the client, want 28", recorded)
 	}
+	// The feed shows a commit once no older write transaction of its
+	// database is running: wait for all of them.
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		if got, _ := e.feed(t, "eu", keyA, "", "", 100); len(got) == recorded {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the feed does not show the %d events recorded after a minute", recorded)
+		}
+	}
 	var cursor string
 	for _, region := range regions {
 		for _, limit := range []int{1, 5, 100} {
@@ -125,7 +135,10 @@ func TestEventFeed(t *testing.T) {
 	// Following the feed: only what came since the last cursor.
 	later := send("eu", src["eu"], dst, 1)
 	e.quiet(t)
-	got, _ := e.feed(t, "ap", keyA, "", cursor, 10)
+	var got []api.EventBody
+	for deadline := time.Now().Add(time.Minute); len(got) < 2 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		got, _ = e.feed(t, "ap", keyA, "", cursor, 10)
+	}
 	if len(got) != 2 || got[0].Type != "transfer.created" || got[1].Type != "transfer.completed" || got[1].Data.Transfer.ID != later {
 		t.Fatalf("the feed after its last cursor: %+v, want the new transfer's created and completed", got)
 	}

@@ -107,6 +107,13 @@ var statusEvents = map[bool]map[Status]EventType{
 	true: {StatusCompleted: RefundCompleted, StatusRejected: RefundRejected, StatusRefunded: RefundFailed},
 }
 
+// StatusEvent is the event of a transfer (or a refund) reaching status s,
+// if that status has one.
+func StatusEvent(refund bool, s Status) (EventType, bool) {
+	t, ok := statusEvents[refund][s]
+	return t, ok
+}
+
 // EventsOf returns the events of command c's outcome o, in the order they
 // happened: a recorded transfer's created and the status it reached, a
 // transfer's move to its next status (a capture's captured first), an

@@ -68,23 +68,36 @@ func (n *newEvents) queue(b *pgx.Batch) {
 }
 
 // eventsPageSQL reads a client's events after a position, up to the
-// horizon: the oldest transaction still running (pg_snapshot_xmin), below
-// which every transaction has ended, so no event can later appear before
-// the position a reader reached. Each event comes with its object's row.
+// horizon (feedHorizonSQL). Each event comes with its object's row.
 const eventsPageSQL = `
+	WITH h AS (` + feedHorizonSQL + `)
 	SELECT e.account_id, e.sequence, e.client_id, e.type, e.object_id, e.status, coalesce(e.reason, ''), e.version,
 	       e.captured_amount, e.tx::text::bigint, e.created_at,
 	       t.from_account, t.to_account, t.amount, t.currency, t.created_at, t.expires_at, coalesce(t.refund_of, ''),
 	       coalesce(t.reference, ''), t.metadata,
 	       a.currency, a.created_at, coalesce(a.reference, ''), a.metadata
-	FROM events e
+	FROM h, events e
 	LEFT JOIN transfers t ON t.id = e.object_id AND e.type NOT LIKE 'account.%'
 	LEFT JOIN accounts a ON a.id = e.object_id AND e.type LIKE 'account.%'
-	WHERE e.client_id = @client AND e.tx < pg_snapshot_xmin(pg_current_snapshot())
+	WHERE e.client_id = @client AND e.tx < h.horizon
 	  AND (e.tx, e.account_id COLLATE "C", e.sequence) > (@tx::text::xid8, @account::text COLLATE "C", @seq::bigint)
 	  AND (@types::text[] IS NULL OR e.type = ANY(@types::text[]))
 	ORDER BY e.tx, e.account_id COLLATE "C", e.sequence
 	LIMIT @limit`
+
+// feedHorizonSQL is the feed's horizon in the statement's snapshot: the
+// oldest transaction still running that may write to this database, below
+// which every one that did has ended, so no event can later appear before a
+// position a reader reached. The in-progress transactions of the snapshot
+// are the cluster's, so those that pg_stat_activity shows running in
+// another database are left out: they write no event here. One it cannot
+// place (ended since, or a prepared transaction) counts, which only holds
+// the feed back. Without any, the horizon is the snapshot's xmax.
+const feedHorizonSQL = `
+	SELECT coalesce(min(x), pg_snapshot_xmax(pg_current_snapshot())) AS horizon
+	FROM pg_snapshot_xip(pg_current_snapshot()) x
+	WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity a
+	                  WHERE a.backend_xid = xid(x) AND a.datname IS NOT NULL AND a.datname <> current_database())`
 
 // EventsPage returns up to limit of a client's events after f.After,
 // oldest first (by writing transaction, then account and sequence).

@@ -278,3 +278,44 @@ func TestPruneEvents(t *testing.T) {
 		t.Fatalf("account a's last sequence after the prune: %d, want 7", seq)
 	}
 }
+
+// TestVerifyEvents: verify passes on a ledger's events and names each kind
+// of damage: a transfer's event lost, one recorded twice, a gap in an
+// account's sequence.
+func TestVerifyEvents(t *testing.T) {
+	ctx := context.Background()
+	f := ledgertest.New(t)
+	a, b := f.Account(t, "EUR", 100), f.Account(t, "EUR", 0)
+	tr := f.Transfer(t, a, b, 10)
+	f.MustApply(t, tr)
+	f.MustVerify(t)
+	for _, c := range []struct {
+		name, damage, want string
+	}{
+		{"a lost event", `DELETE FROM events WHERE object_id = '` + tr.TransferID + `' AND type = 'transfer.completed'`, "transfer.completed events, want 1"},
+		{"an event twice", `INSERT INTO events (account_id, sequence, client_id, type, object_id, status)
+			SELECT account_id, sequence + 100, client_id, type, object_id, status FROM events WHERE object_id = '` + tr.TransferID + `' AND type = 'transfer.created'`, "2 transfer.created events"},
+		{"a gap", `UPDATE events SET sequence = sequence + 1 WHERE account_id = '` + b + `'`, "its counter is at 1"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tx, err := f.Pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(ctx)
+			if _, err := tx.Exec(ctx, c.damage); err != nil {
+				t.Fatal(err)
+			}
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			rep, err := f.Store.Verify(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.OK() || !strings.Contains(rep.String(), c.want) {
+				t.Fatalf("verify after %s:\n%s\nwant a failure naming %q", c.name, rep, c.want)
+			}
+		})
+	}
+}

@@ -79,6 +79,10 @@ func (r Report) String() string {
 //   - the refunds of a transfer never exceed what it moved, and the
 //     refunded amount kept with it (its row here, or its credit's) is the
 //     sum of its refunds here that moved money;
+//   - each account's events are numbered without a gap up to its
+//     counter, and each transfer with events has its created event and
+//     the event of its status once, and no event twice (with events off,
+//     only that none was recorded);
 //   - statements agree with the change-log: each row's balance_after is
 //     the running sum of its account's amounts in version order, and an
 //     account's rows carry times in the order of their versions (a balance
@@ -101,6 +105,8 @@ func (s *Store) Verify(ctx context.Context) (Report, error) {
 			{"no hold is both captured and voided or expired", `SELECT count(*) FROM transfers WHERE expires_at IS NOT NULL`, closedOnceSQL, nil},
 			{"refunds stay within what their transfer moved", `SELECT (SELECT count(*) FROM transfers WHERE type <> 'refund') + (SELECT count(*) FROM credits)`, refundedSQL, []any{s.cfg.Region}},
 			{"statements agree with the change-log", `SELECT count(*) FROM postings`, statementSQL, nil},
+			{"each account's events are numbered without a gap", `SELECT count(*) FROM event_sequences`, eventSequenceSQL, nil},
+			{"each transfer has its events once", `SELECT count(*) FROM transfers`, s.transferEventsSQL(), nil},
 		} {
 			chk := Check{Name: c.name}
 			if err := tx.QueryRow(ctx, c.count).Scan(&chk.Checked); err != nil {
@@ -314,3 +320,47 @@ const refundedSQL = `
 	WHERE t.type = 'refund' AND t.status IN ('COMPLETED', 'DEBITED')
 	  AND NOT EXISTS (SELECT 1 FROM transfers p WHERE p.id = t.refund_of AND p.type <> 'refund' AND p.status = 'COMPLETED')
 	  AND NOT EXISTS (SELECT 1 FROM credits c WHERE c.transfer_id = t.refund_of AND c.refund_of IS NULL AND c.status = 'CREDITED')`
+
+// eventSequenceSQL names each account whose events leave a gap, or whose
+// last event is not its counter's. Retention deletes an account's oldest
+// first (created_at follows the sequence), so the kept ones run unbroken.
+const eventSequenceSQL = `
+	SELECT format('account %s: events %s..%s are %s rows, its counter is at %s', coalesce(e.account_id, s.account_id), e.lo, e.hi, e.n, s.last)
+	FROM (SELECT account_id, min(sequence) AS lo, max(sequence) AS hi, count(*) AS n FROM events GROUP BY account_id) e
+	FULL JOIN event_sequences s USING (account_id)
+	WHERE e.hi - e.lo + 1 <> e.n OR e.hi IS DISTINCT FROM s.last AND e.n IS NOT NULL`
+
+// transferEventsSQL names each transfer with events that lacks its
+// created event or the event of its status, or has an event twice; with
+// events off, any event at all. A transfer with no event left (retention,
+// or recorded before events) is not checked: a lost event leaves a gap in
+// its account's sequence, or its counter above it, which
+// eventSequenceSQL names. The status events come from the domain's
+// StatusEvent.
+func (s *Store) transferEventsSQL() string {
+	if s.cfg.NoEvents {
+		return `SELECT format('event %s.%s (%s) recorded with events off', account_id, sequence, type) FROM events`
+	}
+	var cases strings.Builder
+	for _, refund := range []bool{false, true} {
+		for _, st := range ledger.Statuses() {
+			if t, ok := ledger.StatusEvent(refund, st); ok {
+				fmt.Fprintf(&cases, " WHEN '%t/%s' THEN '%s'", refund, st, t)
+			}
+		}
+	}
+	return `
+	WITH ev AS (
+	    SELECT object_id, type, count(*) AS n FROM events WHERE type NOT LIKE 'account.%' GROUP BY object_id, type),
+	want AS (
+	    SELECT t.id, t.status, w.type
+	    FROM transfers t,
+	         LATERAL (VALUES (CASE WHEN t.type = 'refund' THEN 'refund.created' ELSE 'transfer.created' END),
+	                         (CASE (t.type = 'refund')::text || '/' || t.status` + cases.String() + ` END)) w(type)
+	    WHERE w.type IS NOT NULL AND EXISTS (SELECT 1 FROM ev WHERE ev.object_id = t.id))
+	SELECT format('transfer %s (%s): %s %s events, want 1', w.id, w.status, coalesce(ev.n, 0), w.type)
+	FROM want w LEFT JOIN ev ON ev.object_id = w.id AND ev.type = w.type
+	WHERE coalesce(ev.n, 0) <> 1
+	UNION ALL
+	SELECT format('transfer %s: %s %s events', object_id, n, type) FROM ev WHERE n > 1`
+}

@@ -24,7 +24,10 @@ CREATE TABLE events (
     version         bigint      NOT NULL DEFAULT 0,
     captured_amount bigint      NOT NULL DEFAULT 0,
     tx              xid8        NOT NULL DEFAULT pg_current_xact_id(),
-    created_at      timestamptz NOT NULL DEFAULT statement_timestamp(),
+    -- The time the row is made, after the counter's lock is taken: an
+    -- account's events are in time order too, so retention, which
+    -- deletes by time, never leaves a gap inside an account's sequence.
+    created_at      timestamptz NOT NULL DEFAULT clock_timestamp(),
     PRIMARY KEY (account_id, sequence)
 );
 -- A client's feed, in the order it is read.
