@@ -12,7 +12,7 @@ import (
 type benchCmd struct {
 	PostgresURL    string        `name:"postgres-url" env:"PAYMESH_POSTGRES_URL" help:"Postgres server on which to create the bench databases (default: ${default_pg})."`
 	DBPrefix       string        `name:"database-prefix" help:"Name the bench databases <prefix><scenario> (default paymesh_bench_): two runs on one server need different prefixes, or they drop each other's databases."`
-	Scenarios      []string      `help:"Scenarios to run, comma-separated (default: all): uniform, replay, latency, replicas (topology start at R1 and R3, uniform again at R3), hot, dedup-table, naive, ceiling (the apply transaction's SQL alone), tpcb, cross-region, api, api-process (paymesh api, router and ledger as processes, the load from the bench), ledger-process, holds, reads (the API's reads on a region of --read-transfers). uniform always runs: the others are compared with it."`
+	Scenarios      []string      `help:"Scenarios to run, comma-separated (default: all): uniform, replay, latency, replicas (topology start at R1 and R3, uniform again at R3), hot, dedup-table, no-events (uniform with the events off), naive, ceiling (the apply transaction's SQL alone), tpcb, cross-region, api, api-process (paymesh api, router and ledger as processes, the load from the bench), ledger-process, holds, reads (the API's reads on a region of --read-transfers). uniform always runs: the others are compared with it."`
 	Accounts       int           `help:"Accounts to open and fund (default 10000; --quick 2000)."`
 	Transfers      int           `help:"Transfers per full-speed run (default 200000; --quick 30000)."`
 	BatchSize      int           `name:"batch-size" help:"Most messages per ledger transaction (default: the ledger's, ${default_batch})."`
