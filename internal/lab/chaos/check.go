@@ -62,7 +62,7 @@ var invariantWhat = map[string]string{
 	I2: "no balance is or was below its floor",
 	I3: "every ok op has exactly one effect, an unknown one zero or one, a failed or never sent one none",
 	I4: "consume-log rows and applied messages match 1:1",
-	I5: "every balance equals the fold of its change-log",
+	I5: "every balance equals the fold of its change-log, and every change has its events once, numbered per account without a gap",
 	I6: "replaying each ledger stream from the start adds no rows",
 	I7: "holds and refunds: held is the sum of open holds, captured <= held, refunded <= captured, a hold ends one way",
 }
@@ -146,7 +146,7 @@ func check(ctx context.Context, c *cluster.Cluster, h *History, quiescent bool) 
 	i4.merge(byName("consume-log rows match applied messages"))
 	i5 := newCheck(I5)
 	i5.merge(byName("balance equals the sum of its change-log", "transfers have the change-log rows their status implies",
-		"statements agree with the change-log"))
+		"statements agree with the change-log", "each account's events are numbered without a gap", "each transfer has its events once"))
 	i7 := newCheck(I7)
 	i7.merge(byName("held equals the sum of open holds, within the floor", "captures stay within their holds",
 		"no hold is both captured and voided or expired", "refunds stay within what their transfer moved"))
