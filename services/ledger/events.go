@@ -114,20 +114,21 @@ func StatusEvent(refund bool, s Status) (EventType, bool) {
 	return t, ok
 }
 
-// EventsOf returns the events of command c's outcome o, in the order they
-// happened: a recorded transfer's created and the status it reached, a
+// AppendEvents appends to dst the events of command c's outcome o, in the
+// order they happened, and returns the extended slice (the apply loop
+// reuses one buffer, so a batch allocates none per command): a recorded transfer's created and the status it reached, a
 // transfer's move to its next status (a capture's captured first), an
 // account action's change. A duplicate, a refusal that records nothing and
 // a credit step (the payee's region) emit none.
-func EventsOf(c Command, o Outcome) []Emitted {
+func AppendEvents(dst []Emitted, c Command, o Outcome) []Emitted {
 	switch {
 	case c.IsAccountAction():
 		if o.Result != Applied || o.Account == nil {
-			return nil
+			return dst
 		}
-		return []Emitted{accountEvent(o.Account, c.Type)}
+		return append(dst, accountEvent(o.Account, c.Type))
 	case o.Credit != nil, c.IsStep() && o.Result != Applied, c.IsAction() && o.Result != Applied:
-		return nil
+		return dst
 	}
 	t := o.Transfer
 	refund := t.RefundOf != "" || c.Type == TypeRefund
@@ -136,25 +137,24 @@ func EventsOf(c Command, o Outcome) []Emitted {
 	if c.Type == TypeFund || t.From == "" {
 		e.Account = t.To
 	}
-	var out []Emitted
 	switch {
 	case o.FromStatus == "" && (o.Result == Applied || o.Result == Rejected):
 		e.Type = TransferCreated
 		if refund {
 			e.Type = RefundCreated
 		}
-		out = append(out, e)
+		dst = append(dst, e)
 	case o.FromStatus == "" || o.Result != Applied:
-		return nil
+		return dst
 	case o.FromStatus == StatusHeld && (t.Status == StatusCompleted || t.Status == StatusDebited):
 		e.Type = TransferCaptured
-		out = append(out, e)
+		dst = append(dst, e)
 	}
 	if typ, ok := statusEvents[refund][t.Status]; ok {
 		e.Type = typ
-		out = append(out, e)
+		dst = append(dst, e)
 	}
-	return out
+	return dst
 }
 
 // accountEvent is the event of an account action applied to a.

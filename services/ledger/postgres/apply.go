@@ -649,10 +649,12 @@ func queueLocked[T any](b *pgx.Batch, what, sql string, ids []string, scan pgx.R
 // per account, the outbox rows of the next saga steps, and the events.
 func (s *Store) queuePlan(b *pgx.Batch, cmds []ledger.Command, p ledger.Plan) {
 	var w planWrites
+	var evs []ledger.Emitted
 	for i, o := range p.Outcomes {
 		w.add(cmds[i], o)
 		if !s.cfg.NoEvents {
-			for _, e := range ledger.EventsOf(cmds[i], o) {
+			evs = ledger.AppendEvents(evs[:0], cmds[i], o)
+			for _, e := range evs {
 				w.events.add(e)
 			}
 		}

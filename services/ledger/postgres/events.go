@@ -11,7 +11,7 @@ import (
 	"github.com/paymesh/paymesh/services/ledger"
 )
 
-// Events. Every change a client can see (ledger.EventsOf) is recorded as an
+// Events. Every change a client can see (ledger.AppendEvents) is recorded as an
 // event in the transaction that makes it: the apply's write stage queues
 // one set-based insert for the batch's events (newEvents.queue), and the
 // opening of an account one of its own. The events table is the events'
