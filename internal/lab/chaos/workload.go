@@ -375,13 +375,21 @@ func (e *env) request(ctx context.Context, i int) {
 			again.TransferID = e.id(home)
 		}
 		send(PurposeResubmit, other, body, again)
-	case extra < burstShare+resubmitShare+conflictShare:
+	case extra < burstShare+resubmitShare+e.conflictShare():
 		c := cmd
 		c.TransferID, c.Amount = e.id(home), conflicting.Amount
 		// Through the region of the first send: its route stream drops the
 		// same Nats-Msg-Id, and the API compares the body with the key's.
 		send(PurposeConflict, via, conflicting, c)
 	}
+}
+
+// conflictShare is the share of transfers sent again with another body.
+func (e *env) conflictShare() float64 {
+	if e.cfg.conflictShare > 0 {
+		return e.cfg.conflictShare
+	}
+	return conflictShare
 }
 
 func (e *env) body(cmd ledger.Command) Body {
