@@ -3,6 +3,7 @@ module github.com/paymesh/paymesh
 go 1.26.0
 
 require (
+	code.dny.dev/ssrf v0.3.0
 	github.com/alecthomas/kong v1.17.0
 	github.com/cenkalti/backoff/v5 v5.0.3
 	github.com/chromedp/chromedp v0.23.0

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -70,7 +69,9 @@ type EventAccountBody struct {
 }
 
 // EventID is the ID of an account's event number seq.
-func EventID(account string, seq int64) string { return account + "." + strconv.FormatInt(seq, 10) }
+func EventID(account string, seq int64) string {
+	return ledger.EventRef{Account: account, Sequence: seq}.ID()
+}
 
 func eventBody(e ledger.RecordedEvent) EventBody {
 	b := EventBody{ID: EventID(e.Account, e.Sequence), Type: string(e.Type), CreatedAt: e.CreatedAt.UTC(), Account: e.Account,
@@ -84,6 +85,31 @@ func eventBody(e ledger.RecordedEvent) EventBody {
 		b.Data.Transfer = &t
 	}
 	return b
+}
+
+// EventBodies renders a region's events as the feed and webhook
+// deliveries carry them (EventBody's JSON): the delivery worker's
+// services/webhooks/delivery.Bodies.
+type EventBodies struct {
+	Ledger Ledger
+}
+
+// Render returns the JSON body of each event refs name that the region
+// holds.
+func (b EventBodies) Render(ctx context.Context, refs []ledger.EventRef) (map[ledger.EventRef][]byte, error) {
+	evs, err := b.Ledger.EventsAt(ctx, refs)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[ledger.EventRef][]byte, len(evs))
+	for _, e := range evs {
+		body, err := json.Marshal(eventBody(e))
+		if err != nil {
+			return nil, fmt.Errorf("event %s.%d: %w", e.Account, e.Sequence, err)
+		}
+		out[ledger.EventRef{Account: e.Account, Sequence: e.Sequence}] = body
+	}
+	return out, nil
 }
 
 // regionEvents is one region's page of the feed, as the region answers a

@@ -33,6 +33,8 @@ type Ledger interface {
 	// EventsPage returns up to limit of a client's events in this region
 	// after f.After, in the region's feed order.
 	EventsPage(ctx context.Context, f ledger.EventFilter, limit int) ([]ledger.RecordedEvent, error)
+	// EventsAt returns the events refs name that this region holds.
+	EventsAt(ctx context.Context, refs []ledger.EventRef) ([]ledger.RecordedEvent, error)
 	// BalanceAt returns an account's balance, held amount and version at
 	// an instant (zero before any change).
 	BalanceAt(ctx context.Context, accountID string, at time.Time) (ledger.Balance, error)

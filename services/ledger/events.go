@@ -1,6 +1,10 @@
 package ledger
 
-import "time"
+import (
+	"strconv"
+	"strings"
+	"time"
+)
 
 // EventType names an event: a state change that clients read in the event
 // feed (GET /v1/events) and receive by webhook. The ledger emits the events
@@ -198,6 +202,31 @@ type EventPosition struct {
 	Tx       uint64 `json:"tx"`
 	Account  string `json:"account"`
 	Sequence int64  `json:"seq"`
+}
+
+// EventRef names one event: its account and its place in the account's
+// sequence. Its ID, in the feed and in webhook deliveries, is
+// "<account>.<sequence>".
+type EventRef struct {
+	Account  string
+	Sequence int64
+}
+
+// ID returns the event's ID.
+func (r EventRef) ID() string { return r.Account + "." + strconv.FormatInt(r.Sequence, 10) }
+
+// ParseEventID reads an event's ID; it checks the form alone (an
+// account's ID, a dot, a positive sequence), not that the event exists.
+func ParseEventID(id string) (EventRef, error) {
+	i := strings.LastIndexByte(id, '.')
+	if i <= 0 {
+		return EventRef{}, Errorf(CodeInvalidRequest, "%.80q is not an event ID (<account>.<sequence>)", id)
+	}
+	n, err := strconv.ParseInt(id[i+1:], 10, 64)
+	if err != nil || n < 1 || id[i+1] == '+' || id[i+1] == '0' {
+		return EventRef{}, Errorf(CodeInvalidRequest, "%.80q is not an event ID: its sequence is not a positive number", id)
+	}
+	return EventRef{Account: id[:i], Sequence: n}, nil
 }
 
 // RecordedEvent is one recorded event and its object as it was: a transfer's or

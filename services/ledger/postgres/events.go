@@ -67,33 +67,45 @@ func (n *newEvents) queue(b *pgx.Batch) {
 	b.Queue(insertEventsSQL, n.account, n.client, n.typ, n.object, n.status, n.reason, n.version, n.captured)
 }
 
-// eventsPageSQL reads a client's events after a position, up to the
-// horizon (feedHorizonSQL). Each event comes with its object's row.
-const eventsPageSQL = `
-	WITH h AS (` + feedHorizonSQL + `)
+// eventRowSQL selects an event (e) with its object's row (scanEvent).
+const eventRowSQL = `
 	SELECT e.account_id, e.sequence, e.client_id, e.type, e.object_id, e.status, coalesce(e.reason, ''), e.version,
 	       e.captured_amount, e.tx::text::bigint, e.created_at,
 	       t.from_account, t.to_account, t.amount, t.currency, t.created_at, t.expires_at, coalesce(t.refund_of, ''),
 	       coalesce(t.reference, ''), t.metadata,
-	       a.currency, a.created_at, coalesce(a.reference, ''), a.metadata
-	FROM h, events e
+	       a.currency, a.created_at, coalesce(a.reference, ''), a.metadata`
+
+// eventJoinsSQL joins an event's object: a transfer, or an account.
+const eventJoinsSQL = `
 	LEFT JOIN transfers t ON t.id = e.object_id AND e.type NOT LIKE 'account.%'
-	LEFT JOIN accounts a ON a.id = e.object_id AND e.type LIKE 'account.%'
+	LEFT JOIN accounts a ON a.id = e.object_id AND e.type LIKE 'account.%'`
+
+// eventsPageSQL reads a client's events after a position, up to the
+// horizon (FeedHorizonSQL). Each event comes with its object's row.
+const eventsPageSQL = `
+	WITH h AS (` + FeedHorizonSQL + `)` + eventRowSQL + `
+	FROM h, events e` + eventJoinsSQL + `
 	WHERE e.client_id = @client AND e.tx < h.horizon
 	  AND (e.tx, e.account_id COLLATE "C", e.sequence) > (@tx::text::xid8, @account::text COLLATE "C", @seq::bigint)
 	  AND (@types::text[] IS NULL OR e.type = ANY(@types::text[]))
 	ORDER BY e.tx, e.account_id COLLATE "C", e.sequence
 	LIMIT @limit`
 
-// feedHorizonSQL is the feed's horizon in the statement's snapshot: the
+// eventsAtSQL reads the events named by their accounts and sequences.
+const eventsAtSQL = eventRowSQL + `
+	FROM unnest($1::text[], $2::bigint[]) AS r(account_id, sequence)
+	JOIN events e ON e.account_id = r.account_id AND e.sequence = r.sequence` + eventJoinsSQL
+
+// FeedHorizonSQL is the feed's horizon (one row, horizon xid8) in the statement's snapshot: the
 // oldest transaction still running that may write to this database, below
 // which every one that did has ended, so no event can later appear before a
 // position a reader reached. The in-progress transactions of the snapshot
 // are the cluster's, so those that pg_stat_activity shows running in
 // another database are left out: they write no event here. One it cannot
 // place (ended since, or a prepared transaction) counts, which only holds
-// the feed back. Without any, the horizon is the snapshot's xmax.
-const feedHorizonSQL = `
+// the feed back. Without any, the horizon is the snapshot's xmax. Webhook
+// delivery (services/webhooks/webhookdb) queues events up to it too.
+const FeedHorizonSQL = `
 	SELECT coalesce(min(x), pg_snapshot_xmax(pg_current_snapshot())) AS horizon
 	FROM pg_snapshot_xip(pg_current_snapshot()) x
 	WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity a
@@ -118,6 +130,24 @@ func (s *Store) EventsPage(ctx context.Context, f ledger.EventFilter, limit int)
 	evs, err := pgx.CollectRows(rows, scanEvent)
 	if err != nil {
 		return nil, fmt.Errorf("list events: %w", err)
+	}
+	return evs, nil
+}
+
+// EventsAt returns the events refs name that this region holds (an event
+// pruned, or never recorded, is left out), in no particular order.
+func (s *Store) EventsAt(ctx context.Context, refs []ledger.EventRef) ([]ledger.RecordedEvent, error) {
+	accounts, seqs := make([]string, len(refs)), make([]int64, len(refs))
+	for i, r := range refs {
+		accounts[i], seqs[i] = r.Account, r.Sequence
+	}
+	rows, err := s.pool.Query(ctx, eventsAtSQL, accounts, seqs)
+	if err != nil {
+		return nil, fmt.Errorf("read events: %w", err)
+	}
+	evs, err := pgx.CollectRows(rows, scanEvent)
+	if err != nil {
+		return nil, fmt.Errorf("read events: %w", err)
 	}
 	return evs, nil
 }
