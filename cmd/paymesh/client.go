@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
@@ -279,4 +280,79 @@ func (c *eventsCmd) Run(ctx context.Context) error {
 	l := c.List
 	q := given(map[string]string{"limit": strconv.Itoa(l.Limit), "after": l.After, "type": strings.Join(l.Type, ",")})
 	return show(l.client().Get(ctx, "/v1/events?"+q.Encode()))
+}
+
+type webhooksCmd struct {
+	Create struct {
+		apiClient
+		URL  string   `arg:"" help:"Where to post the events (https; plain http only to a host the operator allowed)."`
+		Type []string `help:"Only events of these types (several: comma-separated; default every type)."`
+		Key  string   `help:"Idempotency-Key (default: a new random one, printed, reused on retries)."`
+	} `cmd:"" help:"Receive your events at a URL, signed; prints the signing secret, shown this once."`
+	List struct {
+		apiClient
+	} `cmd:"" help:"List your webhook endpoints, without their secrets."`
+	Show struct {
+		apiClient
+		ID string `arg:"" help:"Endpoint id."`
+	} `cmd:"" help:"Show a webhook endpoint."`
+	Attempts struct {
+		apiClient
+		ID     string `arg:"" help:"Endpoint id."`
+		Event  string `help:"Only the attempts of this event (its id)."`
+		Limit  int    `help:"Attempts per page (1 to 500)." default:"20"`
+		Cursor string `help:"The next_cursor of the page before."`
+	} `cmd:"" help:"Every delivery attempt to an endpoint, newest first: when, how long, what came back."`
+	Rotate struct {
+		apiClient
+		ID string `arg:"" help:"Endpoint id."`
+	} `cmd:"" help:"Give an endpoint a new signing secret; the old one keeps signing beside it for 24 hours."`
+	Delete struct {
+		apiClient
+		ID string `arg:"" help:"Endpoint id."`
+	} `cmd:"" help:"Delete a webhook endpoint."`
+	Redeliver struct {
+		apiClient
+		Event    string `arg:"" help:"Event id (<account>.<sequence>)."`
+		Endpoint string `help:"Only to this endpoint (default: every endpoint that takes the event)."`
+	} `cmd:"" help:"Send an event again."`
+}
+
+func (c *webhooksCmd) Run(ctx context.Context, k *kong.Context) error {
+	const base = "/v1/webhook_endpoints"
+	switch k.Command() {
+	case "webhooks create <url>":
+		cr := c.Create
+		return show(cr.client().CreateWebhookEndpoint(ctx, api.WebhookEndpointRequest{URL: cr.URL, Types: splitAll(cr.Type)}, idemKey(cr.Key)))
+	case "webhooks list":
+		return show(c.List.client().Get(ctx, base))
+	case "webhooks show <id>":
+		return show(c.Show.client().Get(ctx, base+"/"+url.PathEscape(c.Show.ID)))
+	case "webhooks attempts <id>":
+		a := c.Attempts
+		q := given(map[string]string{"limit": strconv.Itoa(a.Limit), "event": a.Event, "cursor": a.Cursor})
+		return show(a.client().Get(ctx, base+"/"+url.PathEscape(a.ID)+"/attempts?"+q.Encode()))
+	case "webhooks rotate <id>":
+		return show(c.Rotate.client().PostOnce(ctx, base+"/"+url.PathEscape(c.Rotate.ID)+"/rotate_secret", nil))
+	case "webhooks delete <id>":
+		return show(c.Delete.client().Delete(ctx, base+"/"+url.PathEscape(c.Delete.ID)))
+	case "webhooks redeliver <event>":
+		r := c.Redeliver
+		body, _ := json.Marshal(api.RedeliverRequest{Endpoint: r.Endpoint})
+		return show(r.client().PostOnce(ctx, "/v1/events/"+url.PathEscape(r.Event)+"/redeliver", body))
+	}
+	return fmt.Errorf("unknown command %q", k.Command())
+}
+
+// splitAll splits each of vs at its commas.
+func splitAll(vs []string) []string {
+	var out []string
+	for _, v := range vs {
+		for s := range strings.SplitSeq(v, ",") {
+			if s = strings.TrimSpace(s); s != "" {
+				out = append(out, s)
+			}
+		}
+	}
+	return out
 }

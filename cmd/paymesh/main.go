@@ -41,6 +41,7 @@ type cli struct {
 	Accounts  accountsCmd  `cmd:"" help:"Open and show accounts through the HTTP API."`
 	Transfers transfersCmd `cmd:"" help:"Send and show transfers through the HTTP API."`
 	Events    eventsCmd    `cmd:"" help:"Read your event feed through the HTTP API."`
+	Webhooks  webhooksCmd  `cmd:"" help:"Receive your events by webhook: create, list, rotate and delete endpoints, read their attempts, redeliver an event."`
 }
 
 // cliVars are the defaults the flags' help and default tags name.

@@ -398,7 +398,7 @@ func (c *migrateCmd) Run(ctx context.Context, t regions.Table) error {
 	}
 	defer pool.Close()
 	store := postgres.New(pool, postgres.Config{Region: reg.Name, Dedup: postgres.NewConsumeLog(dedup.New(dedup.Config{WindowDays: c.WindowDays}))})
-	if err := regiondb.Migrate(ctx, pool, regiondb.Schema{Ledger: store, API: new(apidb.Migrations()), DeadLetters: true}); err != nil {
+	if err := regiondb.Migrate(ctx, pool, regiondb.Schema{Ledger: store, API: new(apidb.Migrations()), DeadLetters: true, Webhooks: true}); err != nil {
 		return err
 	}
 	fmt.Printf("region %s: database migrated\n", reg.Name)

@@ -230,7 +230,9 @@ type apiCmd struct {
 	SubmitAll       bool          `name:"submit-all" env:"PAYMESH_SUBMIT_ALL" help:"Submit every transfer request to the region's ledger stream (by default the API applies them itself, in group commits of the ledger's own transaction, and submits only those it could not apply there)."`
 	Metrics         string        `name:"metrics-listen" env:"PAYMESH_API_METRICS_LISTEN" help:"Address of /metrics (default: 127.0.0.1:<the region's api_metrics_port>; 'off' for none)."`
 	noEvents
-	TLSUpstream bool `name:"tls-upstream" env:"PAYMESH_TLS_UPSTREAM" help:"TLS ends in front of --listen (a proxy or load balancer): plain HTTP on a public address is then no exposure."`
+	NoWebhooks        bool     `name:"no-webhooks" env:"PAYMESH_NO_WEBHOOKS" help:"Serve no webhook endpoints (503) and deliver no events."`
+	WebhookAllowHosts []string `name:"webhook-allow-hosts" env:"PAYMESH_WEBHOOK_ALLOW_HOSTS" help:"Hosts a webhook endpoint may name though they are not public addresses (loopback, private networks), comma-separated: your own receivers. Plain http is allowed to them alone."`
+	TLSUpstream       bool     `name:"tls-upstream" env:"PAYMESH_TLS_UPSTREAM" help:"TLS ends in front of --listen (a proxy or load balancer): plain HTTP on a public address is then no exposure."`
 	dependencyWait
 	security
 }
@@ -264,7 +266,7 @@ func (c *apiCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions, l
 	srv, err := apid.Open(ctx, apid.Config{StreamReplicas: replicas, StreamLimits: limits, Region: reg.Name, Regions: ids, Node: c.Node, PostgresURL: url,
 		NATSURL: c.NATSURL, NATSUser: c.NATSUser, NATSPassword: c.NATSPassword, NATSCA: c.NATSCA, OpsNATSUser: c.OpsNATSUser, OpsNATSPassword: c.OpsNATSPassword,
 		Shards: c.Shards, Wait: c.Wait, KeyTTL: c.KeyTTL, ClientCacheTTL: cmp.Or(c.ClientCacheTTL, -1), ClaimKeys: c.ClaimKeys, SubmitAll: c.SubmitAll, NoEvents: c.NoEvents,
-		Listen: listen, MetricsListen: metricsListen(c.Metrics, reg.APIMetricsPort), ConnectTimeout: c.ConnectTimeout,
+		NoWebhooks: c.NoWebhooks, WebhookAllowHosts: c.WebhookAllowHosts, Listen: listen, MetricsListen: metricsListen(c.Metrics, reg.APIMetricsPort), ConnectTimeout: c.ConnectTimeout,
 		Log: log.With("service", "api")})
 	if err != nil {
 		return err

@@ -61,6 +61,12 @@ func NewSecret() (string, error) {
 	return SecretPrefix + base64.StdEncoding.EncodeToString(b), nil
 }
 
+// CheckSecret refuses a string that is not a signing secret.
+func CheckSecret(secret string) error {
+	_, err := signer(secret)
+	return err
+}
+
 // signer returns the library's signer of a secret, refusing one that is not
 // SecretPrefix and base64 of a key.
 func signer(secret string) (*standardwebhooks.Webhook, error) {

@@ -35,6 +35,7 @@ import (
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
+	"github.com/paymesh/paymesh/services/webhooks"
 )
 
 // Submitter hands a command to the region's router.
@@ -57,6 +58,13 @@ type Config struct {
 	// the region's dead letters; without it they answer 503
 	// operator_api_disabled.
 	DeadLetters DeadLetters
+	// Webhooks, if set, serves the webhook endpoints
+	// (/v1/webhook_endpoints, POST /v1/events/{id}/redeliver) from the
+	// region's webhook store; without it they answer 503
+	// webhooks_disabled. WebhookGuard checks their URLs (default: no host
+	// allowed but public ones).
+	Webhooks     Webhooks
+	WebhookGuard *webhooks.Guard
 	// Wait is how long POST /v1/transfers waits for a final state before it
 	// answers 202 (default 2 s).
 	Wait time.Duration
@@ -154,6 +162,7 @@ type Handler struct {
 	direct  *directGroup // nil unless Config.Apply
 	sub     *nats.Subscription
 	told    *nats.Subscription // the ledger's answer notifications
+	hooks   *hooks
 }
 
 // New returns a region's API server. Call Listen to answer forwarded
@@ -181,6 +190,7 @@ func New(cfg Config) *Handler {
 	if c.ClaimKeys {
 		path = &claimedPath{cfg: c, answers: s.answers, seen: seen}
 	}
+	s.hooks = newHooks(c, s.fwd)
 	s.serve(newAccounts(c, s.fwd, seen), newTransfers(c, s.fwd, s.answers, path), newHolds(c, s.fwd, unclaimed), newAccountActions(c, s.fwd, unclaimed), newLists(c, s.fwd), &ops{cfg: c})
 	return s
 }
@@ -212,7 +222,16 @@ func withDefaults(cfg Config) Config {
 // other regions (forwarder.register).
 func (s *Handler) serve(a *accounts, t *transfers, h *holds, aa *accountActions, l *lists, o *ops) {
 	s.fwd.register(a.create, a.claim, a.read, a.entries, a.statement, t.create, t.read, h.capture, h.void, h.target, h.refund,
-		aa.close, aa.freeze, aa.unfreeze, l.transfers, l.accounts, l.events)
+		aa.close, aa.freeze, aa.unfreeze, l.transfers, l.accounts, l.events, s.hooks.create, s.hooks.read, s.hooks.list,
+		s.hooks.remove, s.hooks.rotate, s.hooks.put, s.hooks.disable, s.hooks.attempts, s.hooks.redeliver)
+	wh := s.hooks
+	s.route("POST /v1/webhook_endpoints", s.auth.authed(wh.on(wh.post)))
+	s.route("GET /v1/webhook_endpoints", s.auth.authed(wh.on(wh.getList)))
+	s.route("GET /v1/webhook_endpoints/{id}", s.auth.authed(wh.on(wh.byID(wh.read))))
+	s.route("DELETE /v1/webhook_endpoints/{id}", s.auth.authed(wh.on(wh.byID(wh.remove))))
+	s.route("POST /v1/webhook_endpoints/{id}/rotate_secret", s.auth.authed(wh.on(wh.byID(wh.rotate))))
+	s.route("GET /v1/webhook_endpoints/{id}/attempts", s.auth.authed(wh.on(wh.getAttempts)))
+	s.route("POST /v1/events/{id}/redeliver", s.auth.authed(wh.on(wh.postRedeliver)))
 	s.route("POST /v1/accounts", s.auth.authed(a.post))
 	s.route("GET /v1/accounts", s.auth.authed(l.getAccounts))
 	s.route("GET /v1/transfers", s.auth.authed(l.getTransfers))

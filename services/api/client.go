@@ -171,3 +171,25 @@ func (c *Client) CreateAccount(ctx context.Context, req AccountRequest, key stri
 func (c *Client) Get(ctx context.Context, path string) (Response, error) {
 	return c.do(ctx, http.MethodGet, path, "", nil)
 }
+
+// CreateWebhookEndpoint creates a webhook endpoint. With an idempotency
+// key it retries as SendTransfer does, and creates one endpoint whatever
+// happens; without one it sends the request once.
+func (c *Client) CreateWebhookEndpoint(ctx context.Context, req WebhookEndpointRequest, key string) (Response, error) {
+	body, _ := json.Marshal(req)
+	if key == "" {
+		return c.do(ctx, http.MethodPost, "/v1/webhook_endpoints", "", body)
+	}
+	return c.post(ctx, "/v1/webhook_endpoints", key, body)
+}
+
+// PostOnce sends a POST without an idempotency key, once: for the calls
+// that are safe to repeat by themselves (a redelivery, a rotation).
+func (c *Client) PostOnce(ctx context.Context, path string, body []byte) (Response, error) {
+	return c.do(ctx, http.MethodPost, path, "", body)
+}
+
+// Delete deletes what path names.
+func (c *Client) Delete(ctx context.Context, path string) (Response, error) {
+	return c.do(ctx, http.MethodDelete, path, "", nil)
+}

@@ -76,6 +76,7 @@ var statusOf = map[ledger.Code]int{
 	CodeDeadLetterNotFound:           http.StatusNotFound,
 	CodeDeadLetterNotCommand:         http.StatusUnprocessableEntity,
 	CodeReplayUnsettled:              http.StatusServiceUnavailable,
+	CodeWebhooksDisabled:             http.StatusServiceUnavailable,
 }
 
 // Codes lists every error code the API answers with.

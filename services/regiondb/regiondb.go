@@ -15,6 +15,7 @@ import (
 	"github.com/paymesh/paymesh/platform/pgdb"
 	"github.com/paymesh/paymesh/services/ledger/dlq"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
+	"github.com/paymesh/paymesh/services/webhooks/webhookdb"
 )
 
 // Schema names the parts of a region's schema that one process migrates.
@@ -44,6 +45,9 @@ type Schema struct {
 	API *pgdb.Migration
 	// DeadLetters applies the dead-letter audit's set (dlq.Migrations).
 	DeadLetters bool
+	// Webhooks applies the webhooks' set (webhookdb.Migrations), which
+	// reads the ledger's events: the API migrates it.
+	Webhooks bool
 }
 
 // Migrate applies the parts of s to the database of pool (the database
@@ -64,6 +68,11 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, s Schema) error {
 	if s.DeadLetters {
 		if err := pgdb.Migrate(ctx, pool, dlq.Migrations()); err != nil {
 			return fmt.Errorf("region schema: dead letters: %w", err)
+		}
+	}
+	if s.Webhooks {
+		if err := pgdb.Migrate(ctx, pool, webhookdb.Migrations()); err != nil {
+			return fmt.Errorf("region schema: webhooks: %w", err)
 		}
 	}
 	return nil

@@ -34,6 +34,7 @@ import (
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/platform/pgdb"
 	"github.com/paymesh/paymesh/services/api"
+	"github.com/paymesh/paymesh/services/api/apid"
 	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
@@ -283,6 +284,8 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 		Regions: table.Codes(), Topology: topo, PostgresURL: cfg.PostgresURL, DatabasePrefix: cfg.DatabasePrefix,
 		Shards: 8, BatchSize: 128, AckWait: 2 * time.Second, APIWait: 2 * time.Second, APIAddrs: addrs, MetricsAddrs: metricsAddrs,
 		Inject: coin(cfg.ProducerRetry),
+		// Webhook receivers on this machine: the walkthrough's.
+		API: func(_ string, a *apid.Config) { a.WebhookAllowHosts = []string{"127.0.0.1", "localhost"} },
 		DropAck: func() bool {
 			if dropAck() {
 				dropped.Add(1)

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -61,6 +62,7 @@ type forwardBed struct {
 	ids     *idgen.Regions
 	account string
 	log     *syncbuf.Buffer
+	pool    *pgxpool.Pool
 }
 
 func mustForwardBed(t *testing.T) *forwardBed {
@@ -74,14 +76,14 @@ func mustForwardBed(t *testing.T) *forwardBed {
 func mustForwardBedReading(t *testing.T, wrap func(api.ForwardReader) api.ForwardReader) *forwardBed {
 	t.Helper()
 	ns, nc := natsembed.MustStart(t)
-	_, url := pgtest.MustDatabase(t, postgres.Migrations()...)
+	pool, url := pgtest.MustDatabase(t, postgres.Migrations()...)
 	ids, err := idgen.NewRegions(map[string]uint8{"eu": 1, "us": 2})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	b := &forwardBed{nc: nc, ids: ids, log: &syncbuf.Buffer{}}
+	b := &forwardBed{nc: nc, ids: ids, log: &syncbuf.Buffer{}, pool: pool}
 	b.srv, err = apid.Open(ctx, apid.Config{Region: "eu", Regions: ids, Node: 3, PostgresURL: url, NATSURL: ns.ClientURL(), Shards: 2,
 		MetricsListen: "127.0.0.1:0", WrapStore: func(s api.Store) api.Store { return panicky{s} }, WrapForwardReader: wrap,
 		Log: slog.New(slog.NewTextHandler(b.log, nil))})
@@ -391,5 +393,61 @@ func TestForwardReaderDecorated(t *testing.T) {
 		if got != want {
 			t.Errorf("paymesh_forwarded_calls_refused_total{reason=%q}: got %d, want %d", why, got, want)
 		}
+	}
+}
+
+// TestWebhookCopiesChecked: a peer's push of an endpoint is checked as any
+// input before it is written: an endpoint homed here, a body whose client
+// is not the call's, a URL or types a create refuses, a secret that is
+// none, no version, an unknown field; a sound one is written, and an older
+// version after it changes nothing.
+func TestWebhookCopiesChecked(t *testing.T) {
+	b := mustForwardBed(t)
+	us, err := idgen.NewGenerator(b.ids, "us", 6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	usID, _ := us.NextString()
+	const secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+	put := func(id, client, fields string) string {
+		return fmt.Sprintf(`{"op":"put_webhook_endpoint","client":"acme","id":%q,"body":{"client":%q,"types":[],"status":"enabled",`+
+			`"created_at":"2026-12-01T00:00:00Z","updated_at":"2026-12-01T00:00:00Z",%s}}`, id, client, fields)
+	}
+	sound := `"url":"https://hooks.example.com/in","secret":"` + secret + `","version":2`
+	for _, c := range []struct{ name, call string }{
+		{"HomedHere", put(b.account, "acme", sound)},
+		{"AnotherClient", put(usID, "other", sound)},
+		{"PlainHTTP", put(usID, "acme", `"url":"http://hooks.example.com/in","secret":"`+secret+`","version":2`)},
+		{"NotASecret", put(usID, "acme", `"url":"https://hooks.example.com/in","secret":"hunter2","version":2`)},
+		{"NoVersion", put(usID, "acme", `"url":"https://hooks.example.com/in","secret":"`+secret+`"`)},
+		{"UnknownField", put(usID, "acme", sound+`,"feed_tx":1`)},
+		{"BadType", strings.Replace(put(usID, "acme", sound), `"types":[]`, `"types":["x.y"]`, 1)},
+		{"BadStatus", strings.Replace(put(usID, "acme", sound), `"enabled"`, `"paused"`, 1)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if r := b.forward(t, c.call); r.status != http.StatusBadRequest || r.problem.Detail == "" {
+				t.Errorf("got %d %s, want 400 with a detail", r.status, r.body)
+			}
+		})
+	}
+	if r := b.forward(t, put(usID, "acme", sound)); r.status != http.StatusOK {
+		t.Fatalf("a sound copy: %d %s", r.status, r.body)
+	}
+	older := put(usID, "acme", `"url":"https://old.example.com/in","secret":"`+secret+`","version":1`)
+	if r := b.forward(t, older); r.status != http.StatusOK {
+		t.Fatalf("an older copy: %d %s", r.status, r.body)
+	}
+	var (
+		url     string
+		version int64
+	)
+	if err := b.pool.QueryRow(t.Context(), `SELECT url, version FROM webhook_endpoints WHERE id = $1`, usID).Scan(&url, &version); err != nil {
+		t.Fatal(err)
+	}
+	if url != "https://hooks.example.com/in" || version != 2 {
+		t.Errorf("the copy after an older one: %s version %d, want the sound copy's", url, version)
+	}
+	if n := 0; b.pool.QueryRow(t.Context(), `SELECT count(*) FROM webhook_endpoints`).Scan(&n) == nil && n != 1 {
+		t.Errorf("%d endpoints written, want the sound copy alone", n)
 	}
 }

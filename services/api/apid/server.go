@@ -41,6 +41,9 @@ import (
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 	"github.com/paymesh/paymesh/services/regiondb"
 	"github.com/paymesh/paymesh/services/router"
+	"github.com/paymesh/paymesh/services/webhooks"
+	"github.com/paymesh/paymesh/services/webhooks/delivery"
+	"github.com/paymesh/paymesh/services/webhooks/webhookdb"
 )
 
 // Config is everything a region's API needs.
@@ -100,6 +103,21 @@ type Config struct {
 	// in the accounts it opens (postgres.Config.NoEvents), as the
 	// region's ledgers are set.
 	NoEvents bool
+	// NoWebhooks turns webhooks off: the endpoints answer 503
+	// webhooks_disabled, and no delivery runs. By default the API keeps
+	// the region's webhook endpoints and delivers its events
+	// (services/webhooks).
+	NoWebhooks bool
+	// WebhookAllowHosts are the hosts an endpoint may name though they
+	// are not public addresses (webhooks.Guard): loopback in the demo and
+	// the simulation, an operator's own receivers.
+	WebhookAllowHosts []string
+	// WebhookSchedule and WebhookTimeout configure delivery (zero:
+	// webhooks.DefaultSchedule, 10 s).
+	WebhookSchedule webhooks.Schedule
+	WebhookTimeout  time.Duration
+	// WebhookStats, if set, counts the deliveries (default: the server's).
+	WebhookStats *delivery.Stats
 	// SubmitAll makes the API submit every transfer request to the ledger
 	// stream. By default it applies its region's requests itself, in
 	// group commits of the ledger's transaction (api.Config.Apply), and
@@ -157,6 +175,10 @@ type Server struct {
 	ln       net.Listener
 	http     *http.Server
 	metrics  *telemetry.Served
+	// deliver is the region's webhook delivery worker (nil with
+	// NoWebhooks).
+	deliver    *delivery.Worker
+	deliverCfg delivery.Config
 }
 
 // Open connects to the region's database and NATS server, waiting for each
@@ -237,9 +259,20 @@ func (s *Server) open(ctx context.Context) error {
 			return err
 		}
 	}
+	if !cfg.NoWebhooks {
+		if err := s.openWebhooks(ctx, led, &acfg); err != nil {
+			return err
+		}
+	}
 	s.api = api.New(acfg)
 	if err := s.api.Listen(); err != nil {
 		return err
+	}
+	if !cfg.NoWebhooks {
+		s.deliverCfg.Disabled = s.api.EndpointDisabled
+		if s.deliver, err = delivery.New(s.deliverCfg); err != nil {
+			return err
+		}
 	}
 	if s.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return fmt.Errorf("listen: %w", err)
@@ -253,6 +286,33 @@ func (s *Server) open(ctx context.Context) error {
 		s.metrics, err = telemetry.ServeNew(cfg.MetricsListen, cfg.Log, func(m *telemetry.Metrics) error { return s.observe(m, acfg.ApplyStats) })
 	}
 	return err
+}
+
+// openWebhooks migrates the webhook tables and configures the endpoints'
+// store and the delivery worker, which open makes once the API that it
+// tells of disabled endpoints is, and Run runs.
+func (s *Server) openWebhooks(ctx context.Context, led *postgres.Store, acfg *api.Config) error {
+	if err := regiondb.Migrate(ctx, s.pool, regiondb.Schema{Webhooks: true}); err != nil {
+		return err
+	}
+	store := webhookdb.New(s.pool)
+	guard := webhooks.NewGuard(s.cfg.WebhookAllowHosts)
+	acfg.Webhooks, acfg.WebhookGuard = store, guard
+	if s.cfg.WebhookStats == nil {
+		s.cfg.WebhookStats = &delivery.Stats{}
+	}
+	s.deliverCfg = delivery.Config{Store: store, Bodies: api.EventBodies{Ledger: led}, Guard: guard, Schedule: s.cfg.WebhookSchedule,
+		Timeout: s.cfg.WebhookTimeout, Stats: s.cfg.WebhookStats, Log: s.cfg.Log}
+	return nil
+}
+
+// WebhookStats returns the region's delivery counters (nil with
+// NoWebhooks).
+func (s *Server) WebhookStats() *delivery.Stats {
+	if s.deliver == nil {
+		return nil
+	}
+	return s.cfg.WebhookStats
 }
 
 // openRouter connects to the region's servers as the API's user and
@@ -391,6 +451,10 @@ func (s *Server) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { s.api.RunCleanup(ctx, time.Hour) })
+	if s.deliver != nil {
+		wg.Go(func() { _ = s.deliver.Run(ctx) })
+		wg.Go(func() { s.api.SyncWebhooks(ctx, time.Second) })
+	}
 	wg.Go(func() {
 		<-ctx.Done()
 		shut, done := context.WithTimeout(context.Background(), s.cfg.Wait+5*time.Second)

@@ -1,0 +1,210 @@
+package api_test
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/paymesh/paymesh/internal/testbed/cluster"
+	"github.com/paymesh/paymesh/pkg/webhook"
+	"github.com/paymesh/paymesh/services/api"
+	"github.com/paymesh/paymesh/services/api/apid"
+	"github.com/paymesh/paymesh/services/webhooks"
+)
+
+// hookReceiver keeps the events it verifies with any of its secrets.
+type hookReceiver struct {
+	mu      sync.Mutex
+	secrets []string
+	got     map[string]int // event ID → deliveries
+	refused int
+}
+
+func (h *hookReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	id, err := webhook.Verify(r.Header, body, h.secrets...)
+	var ev api.EventBody
+	if err == nil {
+		err = json.Unmarshal(body, &ev)
+	}
+	if err != nil || ev.ID != id {
+		h.refused++
+		w.WriteHeader(http.StatusBadRequest)
+		return
+	}
+	h.got[id]++
+}
+
+func (h *hookReceiver) count(id string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.got[id]
+}
+
+func (h *hookReceiver) ids() map[string]int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := map[string]int{}
+	for k, v := range h.got {
+		out[k] = v
+	}
+	return out
+}
+
+// TestWebhookEndpoints: an endpoint created in one region, retried under
+// its key in another, receives the client's events of every region, each
+// signed, once; it is listed and read without its secret; its attempts are
+// recorded; an event is redelivered on request; a rotated secret signs;
+// a deleted endpoint is gone. Every bad request is refused with a 4xx.
+func TestWebhookEndpoints(t *testing.T) {
+	e := mustEnv(t, 24*time.Hour, func(c *cluster.Config) {
+		c.API = func(_ string, a *apid.Config) {
+			a.WebhookAllowHosts = []string{"127.0.0.1"}
+			a.WebhookSchedule = webhooks.Schedule{First: 50 * time.Millisecond, Longest: time.Second, MaxAge: time.Hour}
+		}
+	})
+	rc := &hookReceiver{got: map[string]int{}}
+	srv := httptest.NewServer(rc)
+	t.Cleanup(srv.Close)
+	body := `{"url":"` + srv.URL + `/in"}`
+	r := e.do(t, "eu", "POST", "/v1/webhook_endpoints", keyA, "wh-1", body)
+	var ep api.WebhookEndpointBody
+	r.json(t, &ep)
+	if r.status != http.StatusCreated || ep.Secret == "" || ep.Status != "enabled" {
+		t.Fatalf("create: %d %s", r.status, r.body)
+	}
+	rc.mu.Lock()
+	rc.secrets = []string{ep.Secret}
+	rc.mu.Unlock()
+	again := e.do(t, "ap", "POST", "/v1/webhook_endpoints", keyA, "wh-1", body)
+	var ep2 api.WebhookEndpointBody
+	again.json(t, &ep2)
+	if again.status != http.StatusCreated || ep2.ID != ep.ID || again.header.Get(api.HeaderReplayed) != "true" {
+		t.Errorf("the create retried in another region: %d %s, want the first endpoint, replayed", again.status, again.body)
+	}
+	for _, c := range []struct{ key, body, want string }{
+		{"wh-1", `{"url":"` + srv.URL + `/other"}`, "idempotency_key_reused"},
+		{"", `{"url":"https://10.0.0.7/in"}`, "invalid_request"},
+		{"", `{"url":"https://169.254.169.254/latest"}`, "invalid_request"},
+		{"", `{"url":"http://example.com/in"}`, "invalid_request"},
+		{"", `{"url":"` + srv.URL + `","types":["transfer.nope"]}`, "invalid_request"},
+		{"", `{"url":"` + srv.URL + `","secret":"mine"}`, "invalid_request"},
+	} {
+		r := e.do(t, "us", "POST", "/v1/webhook_endpoints", keyA, c.key, c.body)
+		if r.status/100 != 4 || string(r.code(t)) != c.want {
+			t.Errorf("POST %s: %d %s, want %s", c.body, r.status, r.body, c.want)
+		}
+	}
+	// Every region holds the endpoint before events are made, so none is
+	// missed for the test's count.
+	for _, region := range []string{"eu", "us", "ap"} {
+		waitTrue(t, "the endpoint's copy in "+region, func() bool {
+			var n int
+			_ = e.c.Region(region).Ledger.Store.Pool().QueryRow(t.Context(), `SELECT count(*) FROM webhook_endpoints WHERE id = $1`, ep.ID).Scan(&n)
+			return n == 1
+		})
+	}
+	src := map[string]string{}
+	for _, region := range []string{"eu", "us", "ap"} {
+		src[region] = e.account(t, region, keyA, 1000)
+	}
+	dst := e.account(t, "us", keyA, 0)
+	for i, region := range []string{"eu", "us", "ap"} {
+		e.sendTransfer(t, region, "wh-t-"+itoaInt(i), src[region], dst, 10)
+	}
+	e.quiet(t)
+	recorded := map[string]bool{}
+	for _, region := range []string{"eu", "us", "ap"} {
+		rows, err := e.c.Region(region).Ledger.Store.Pool().Query(t.Context(), `SELECT account_id || '.' || sequence FROM events WHERE client_id = 'a'`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var id string
+			_ = rows.Scan(&id)
+			recorded[id] = true
+		}
+		rows.Close()
+	}
+	waitTrue(t, "every event delivered", func() bool { return len(rc.ids()) == len(recorded) })
+	for id, n := range rc.ids() {
+		if !recorded[id] || n != 1 {
+			t.Errorf("event %s delivered %d times (recorded: %v)", id, n, recorded[id])
+		}
+	}
+	list := e.do(t, "us", "GET", "/v1/webhook_endpoints", keyA, "", "")
+	var l api.WebhookEndpointList
+	list.json(t, &l)
+	if list.status != http.StatusOK || len(l.Endpoints) != 1 || l.Endpoints[0].ID != ep.ID || l.Endpoints[0].Secret != "" {
+		t.Errorf("list: %d %s, want the one endpoint, without its secret", list.status, list.body)
+	}
+	if r := e.do(t, "ap", "GET", "/v1/webhook_endpoints/"+ep.ID, keyB, "", ""); r.status != http.StatusNotFound {
+		t.Errorf("another client's GET: %d %s, want 404", r.status, r.body)
+	}
+	var someEvent string
+	for id := range recorded {
+		someEvent = id
+		break
+	}
+	att := e.do(t, "eu", "GET", "/v1/webhook_endpoints/"+ep.ID+"/attempts?event="+someEvent, keyA, "", "")
+	var al api.AttemptList
+	att.json(t, &al)
+	if att.status != http.StatusOK || len(al.Attempts) != 1 || al.Attempts[0].StatusCode != 200 || al.Attempts[0].Event != someEvent {
+		t.Errorf("attempts of %s: %d %s, want one, answered 200", someEvent, att.status, att.body)
+	}
+	red := e.do(t, "ap", "POST", "/v1/events/"+someEvent+"/redeliver", keyA, "", `{}`)
+	if red.status != http.StatusAccepted || !strings.Contains(string(red.body), ep.ID) {
+		t.Fatalf("redeliver: %d %s", red.status, red.body)
+	}
+	waitTrue(t, "the redelivery", func() bool { return rc.count(someEvent) == 2 })
+	if r := e.do(t, "ap", "POST", "/v1/events/"+someEvent+"/redeliver", keyB, "", `{}`); r.status != http.StatusNotFound {
+		t.Errorf("another client's redeliver: %d %s, want 404", r.status, r.body)
+	}
+	for _, bad := range []string{"/v1/events/nope/redeliver", "/v1/events/" + someEvent + ".x/redeliver"} {
+		if r := e.do(t, "eu", "POST", bad, keyA, "", `{}`); r.status/100 != 4 {
+			t.Errorf("POST %s: %d %s, want a 4xx", bad, r.status, r.body)
+		}
+	}
+	rot := e.do(t, "us", "POST", "/v1/webhook_endpoints/"+ep.ID+"/rotate_secret", keyA, "", "")
+	var rotated api.WebhookEndpointBody
+	rot.json(t, &rotated)
+	if rot.status != http.StatusOK || rotated.Secret == "" || rotated.Secret == ep.Secret {
+		t.Fatalf("rotate: %d %s", rot.status, rot.body)
+	}
+	rc.mu.Lock()
+	rc.secrets = []string{rotated.Secret} // the receiver switched: the new secret alone
+	rc.mu.Unlock()
+	waitTrue(t, "the rotation's copies", func() bool {
+		var s string
+		_ = e.c.Region("ap").Ledger.Store.Pool().QueryRow(t.Context(), `SELECT secret FROM webhook_endpoints WHERE id = $1`, ep.ID).Scan(&s)
+		return s == rotated.Secret
+	})
+	e.do(t, "ap", "POST", "/v1/events/"+someEvent+"/redeliver", keyA, "", `{}`)
+	waitTrue(t, "a delivery signed with the new secret", func() bool { return rc.count(someEvent) == 3 })
+	if r := e.do(t, "eu", "DELETE", "/v1/webhook_endpoints/"+ep.ID, keyA, "", ""); r.status != http.StatusOK {
+		t.Fatalf("delete: %d %s", r.status, r.body)
+	}
+	if r := e.do(t, "us", "GET", "/v1/webhook_endpoints/"+ep.ID, keyA, "", ""); r.status != http.StatusNotFound {
+		t.Errorf("GET after delete: %d %s, want 404", r.status, r.body)
+	}
+	if rc.refused != 0 {
+		t.Errorf("%d deliveries did not verify", rc.refused)
+	}
+}
+
+// waitTrue waits for ok, failing past a generous bound.
+func waitTrue(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); !ok(); time.Sleep(25 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
