@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
+	"github.com/paymesh/paymesh/internal/testbed/scrape"
 	"github.com/paymesh/paymesh/pkg/webhook"
 	"github.com/paymesh/paymesh/services/api"
 	"github.com/paymesh/paymesh/services/api/apid"
@@ -138,6 +139,18 @@ func TestWebhookEndpoints(t *testing.T) {
 		if !recorded[id] || n != 1 {
 			t.Errorf("event %s delivered %d times (recorded: %v)", id, n, recorded[id])
 		}
+	}
+	// /metrics: every region's delivered attempts add up to the events,
+	// each with its latency; nothing failed.
+	var delivered, latencies, failed int64
+	for _, region := range []string{"eu", "us", "ap"} {
+		u := e.c.Region(region).APIMetricsURL
+		delivered += scrape.Sum(t, u, "paymesh_webhook_attempts_total", map[string]string{"endpoint": ep.ID, "outcome": "delivered"})
+		failed += scrape.Sum(t, u, "paymesh_webhook_attempts_total", map[string]string{"endpoint": ep.ID, "outcome": "failed"})
+		latencies += scrape.Sum(t, u, "paymesh_webhook_delivery_latency_seconds_count", map[string]string{"endpoint": ep.ID, "region": region})
+	}
+	if delivered != int64(len(recorded)) || latencies != delivered || failed != 0 {
+		t.Errorf("metrics: %d delivered, %d latencies, %d failed; want %d, %d, 0", delivered, latencies, failed, len(recorded), len(recorded))
 	}
 	list := e.do(t, "us", "GET", "/v1/webhook_endpoints", keyA, "", "")
 	var l api.WebhookEndpointList

@@ -387,6 +387,11 @@ func (s *Server) observe(m *telemetry.Metrics, applied *ledger.Stats) error {
 	if err := ObserveAccounts(m, s.cfg.Region, s.accounts); err != nil {
 		return err
 	}
+	if s.deliver != nil {
+		if err := ObserveWebhooks(m, s.cfg.Region, s.cfg.WebhookStats, s.deliverCfg.Store.Backlogs); err != nil {
+			return err
+		}
+	}
 	if applied == nil || s.cfg.LedgerStats != nil {
 		return nil // the region's ledger exports the shared counters
 	}

@@ -72,6 +72,42 @@ type Stats struct {
 	// Latency, if set, observes each delivered event's time from queued
 	// to its 2xx, by endpoint.
 	Latency func(endpoint string, d time.Duration)
+
+	mu         sync.Mutex
+	byEndpoint map[string]*EndpointCounts
+}
+
+// EndpointCounts counts one endpoint's attempts in this region.
+type EndpointCounts struct {
+	Attempts, Delivered, Failures, Retries, GaveUp atomic.Int64
+}
+
+// Endpoint returns the counts of an endpoint, made at its first use.
+func (s *Stats) Endpoint(id string) *EndpointCounts {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, ok := s.byEndpoint[id]
+	if !ok {
+		if s.byEndpoint == nil {
+			s.byEndpoint = map[string]*EndpointCounts{}
+		}
+		c = &EndpointCounts{}
+		s.byEndpoint[id] = c
+	}
+	return c
+}
+
+// Endpoints calls f with each endpoint's counts.
+func (s *Stats) Endpoints(f func(id string, c *EndpointCounts)) {
+	s.mu.Lock()
+	ids := make(map[string]*EndpointCounts, len(s.byEndpoint))
+	for id, c := range s.byEndpoint {
+		ids[id] = c
+	}
+	s.mu.Unlock()
+	for id, c := range ids {
+		f(id, c)
+	}
 }
 
 // Worker is a region's delivery worker.
@@ -251,31 +287,38 @@ func (l *lane) batch(ctx context.Context) (int, error) {
 // send posts one delivery and says what came of it.
 func (l *lane) send(ctx context.Context, e webhooks.Endpoint, c webhookdb.Claim, body []byte) webhookdb.Result {
 	cfg := &l.w.cfg
+	st, ep := cfg.Stats, cfg.Stats.Endpoint(e.ID)
 	r := webhookdb.Result{Claim: c, At: time.Now()}
-	cfg.Stats.Attempts.Add(1)
+	st.Attempts.Add(1)
+	ep.Attempts.Add(1)
 	if c.Attempt > 1 {
-		cfg.Stats.Retries.Add(1)
+		st.Retries.Add(1)
+		ep.Retries.Add(1)
 	}
 	if body == nil {
 		r.Err = "the event is no longer kept" // pruned: no retry brings it back
-		cfg.Stats.GaveUp.Add(1)
+		st.GaveUp.Add(1)
+		ep.GaveUp.Add(1)
 		return r
 	}
 	r.StatusCode, r.Err = l.post(ctx, e, c.Event.ID(), r.At, body)
 	r.Duration = time.Since(r.At)
 	if r.Err == "" {
-		cfg.Stats.Delivered.Add(1)
-		if cfg.Stats.Latency != nil {
-			cfg.Stats.Latency(e.ID, time.Since(c.Queued))
+		st.Delivered.Add(1)
+		ep.Delivered.Add(1)
+		if st.Latency != nil {
+			st.Latency(e.ID, time.Since(c.Queued))
 		}
 		return r
 	}
-	cfg.Stats.Failures.Add(1)
+	st.Failures.Add(1)
+	ep.Failures.Add(1)
 	next, ok := cfg.Schedule.Next(c.Queued, time.Now(), c.Attempt, rand.Float64()*2-1)
 	if ok {
 		r.Next = next
 	} else {
-		cfg.Stats.GaveUp.Add(1)
+		st.GaveUp.Add(1)
+		ep.GaveUp.Add(1)
 	}
 	return r
 }

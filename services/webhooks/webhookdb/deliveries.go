@@ -290,3 +290,30 @@ func (s *Store) Deliveries(ctx context.Context, endpoint string) ([]Delivery, er
 	}
 	return out, nil
 }
+
+// Backlog is one endpoint's pending deliveries in this region: how many,
+// and how long the oldest has waited.
+type Backlog struct {
+	Endpoint string
+	Pending  int64
+	Oldest   time.Duration
+}
+
+// Backlogs returns the backlog of each endpoint with pending deliveries.
+func (s *Store) Backlogs(ctx context.Context) ([]Backlog, error) {
+	rows, _ := s.pool.Query(ctx, `SELECT endpoint_id, count(*), extract(epoch FROM now() - min(created_at))::float8
+		FROM webhook_deliveries WHERE status = 'pending' GROUP BY endpoint_id`)
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Backlog, error) {
+		var (
+			b   Backlog
+			age float64
+		)
+		err := row.Scan(&b.Endpoint, &b.Pending, &age)
+		b.Oldest = time.Duration(age * float64(time.Second))
+		return b, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("webhook backlogs: %w", err)
+	}
+	return out, nil
+}
