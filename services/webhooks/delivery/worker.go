@@ -53,6 +53,9 @@ type Config struct {
 	// Poll is how often new events are queued and the endpoints re-read
 	// (default 200 ms).
 	Poll time.Duration
+	// Retention is how long ended deliveries and attempts are kept
+	// (default 30 days, as the events they name); pruned every hour.
+	Retention time.Duration
 	// Disabled, if set, is told of each endpoint disabled here, to record
 	// it at the endpoint's home region.
 	Disabled func(ctx context.Context, e webhooks.Endpoint, reason string)
@@ -130,6 +133,7 @@ func New(cfg Config) (*Worker, error) {
 		return nil, fmt.Errorf("delivery: a store, the event bodies and a guard are required")
 	}
 	cfg.Timeout = cmpOr(cfg.Timeout, 10*time.Second)
+	cfg.Retention = cmpOr(cfg.Retention, 30*24*time.Hour)
 	cfg.Poll = cmpOr(cfg.Poll, 200*time.Millisecond)
 	cfg.Batch, cfg.Concurrency = cmpOr(cfg.Batch, 32), cmpOr(cfg.Concurrency, 8)
 	if cfg.Stats == nil {
@@ -154,6 +158,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer wg.Wait()
 	tick := time.NewTicker(w.cfg.Poll)
 	defer tick.Stop()
+	prune := time.NewTicker(time.Hour)
+	defer prune.Stop()
 	for {
 		if err := w.round(ctx, &wg); err != nil && ctx.Err() == nil {
 			w.cfg.Log.Warn("webhook delivery round failed", "err", err)
@@ -161,6 +167,10 @@ func (w *Worker) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-prune.C:
+			if _, err := w.cfg.Store.Prune(ctx, time.Now().Add(-w.cfg.Retention), 1000); err != nil && ctx.Err() == nil {
+				w.cfg.Log.Warn("webhook prune failed", "err", err)
+			}
 		case <-tick.C:
 		}
 	}

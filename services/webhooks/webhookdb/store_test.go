@@ -157,3 +157,35 @@ func TestALeaseThatRanOutIsClaimedAgain(t *testing.T) {
 		t.Errorf("redeliver of an event that is not: %v %v, want none", ids, err)
 	}
 }
+
+// TestPruneKeepsWhatIsPending: ended deliveries and attempts older than
+// the bound are deleted; pending deliveries, however old, are kept.
+func TestPruneKeepsWhatIsPending(t *testing.T) {
+	f, s := newStore(t)
+	ctx := context.Background()
+	a, b := f.Account(t, "EUR", 100), f.Account(t, "EUR", 0)
+	e, _, err := s.Create(ctx, endpoint(f, t), "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.MustApply(t, f.Transfer(t, a, b, 1))
+	if _, _, err := s.Enqueue(ctx, 100); err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.Claim(ctx, e.ID, 10, time.Minute)
+	if err != nil || len(c) != 1 {
+		t.Fatalf("claim: %+v %v", c, err)
+	}
+	old := time.Now().Add(-48 * time.Hour)
+	if err := s.Finish(ctx, e.ID, []webhookdb.Result{{Claim: c[0], At: old, StatusCode: 200}}); err != nil {
+		t.Fatal(err)
+	}
+	n, err := s.Prune(ctx, time.Now().Add(-24*time.Hour), 1)
+	if err != nil || n != 2 {
+		t.Errorf("pruned %d rows (%v), want the delivered delivery and its attempt", n, err)
+	}
+	ds, err := s.Deliveries(ctx, e.ID)
+	if err != nil || len(ds) != 1 || ds[0].Status != "pending" {
+		t.Errorf("after the prune: %+v %v, want the pending one alone", ds, err)
+	}
+}
