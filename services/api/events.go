@@ -8,7 +8,6 @@ import (
 	"maps"
 	"net/http"
 	"net/url"
-	"slices"
 	"strings"
 	"time"
 
@@ -255,15 +254,11 @@ func (l *lists) readEventQuery(raw string) (map[string]ledger.EventPosition, []s
 
 // checkEventTypes refuses a type that is no event's, or one given twice.
 func checkEventTypes(types []string) error {
+	ts := make([]ledger.EventType, len(types))
 	for i, t := range types {
-		if !ledger.EventType(t).Valid() {
-			return ledger.Errorf(ledger.CodeInvalidRequest, "type=%.40q is no event type (%v)", t, ledger.EventTypes())
-		}
-		if slices.Contains(types[:i], t) {
-			return ledger.Errorf(ledger.CodeInvalidRequest, "type %.40q is given twice", t)
-		}
+		ts[i] = ledger.EventType(t)
 	}
-	return nil
+	return ledger.CheckEventTypes(ts)
 }
 
 // checkEventPosition refuses a position no feed gives: an account that is

@@ -85,8 +85,9 @@ func endpointBody(e webhooks.Endpoint, secret bool) WebhookEndpointBody {
 
 // hooks serves the webhook endpoints.
 type hooks struct {
-	cfg *Config
-	fwd *forwarder
+	cfg   *Config
+	fwd   *forwarder
+	guard *webhooks.Guard // Config.WebhookGuard, or one that allows no host
 	// The operations: run in the endpoint's home region (create, read,
 	// remove, rotate), in every region (list, put: a home's push, disable:
 	// a region's word to the home), in the event's (redeliver), in each
@@ -95,7 +96,10 @@ type hooks struct {
 }
 
 func newHooks(cfg *Config, fwd *forwarder) *hooks {
-	h := &hooks{cfg: cfg, fwd: fwd}
+	h := &hooks{cfg: cfg, fwd: fwd, guard: cfg.WebhookGuard}
+	if h.guard == nil {
+		h.guard = webhooks.NewGuard(nil)
+	}
 	h.create = operation{name: "create_webhook_endpoint", run: h.createHere, takes: shape{key: optionalKey, body: requiredBody}}
 	h.read = operation{name: "get_webhook_endpoint", run: h.readHere, takes: shape{id: idHere}}
 	h.list = operation{name: "list_webhook_endpoints", run: h.listHere}
@@ -145,29 +149,17 @@ func (h *hooks) decode(ctx context.Context, body []byte, resolve bool) (WebhookE
 	if err := decodeStrict(body, &req, "url", "types"); err != nil {
 		return req, err
 	}
-	guard := h.guard()
-	u, err := webhooks.CheckURL(req.URL, guard.Allowed)
+	u, err := webhooks.CheckURL(req.URL, h.guard.Allowed)
 	if err != nil {
 		return req, err
 	}
-	types := make([]ledger.EventType, len(req.Types))
-	for i, t := range req.Types {
-		types[i] = ledger.EventType(t)
-	}
-	if err := webhooks.CheckTypes(types); err != nil {
+	if err := checkEventTypes(req.Types); err != nil {
 		return req, err
 	}
 	if resolve {
-		return req, guard.Check(ctx, u)
+		return req, h.guard.Check(ctx, u)
 	}
 	return req, nil
-}
-
-func (h *hooks) guard() *webhooks.Guard {
-	if h.cfg.WebhookGuard != nil {
-		return h.cfg.WebhookGuard
-	}
-	return webhooks.NewGuard(nil)
 }
 
 func (h *hooks) createHere(ctx context.Context, c Call) reply {
@@ -313,10 +305,10 @@ func (h *hooks) checkCopy(c Call, e webhooks.Endpoint) error {
 	if e.Client != c.Client {
 		return bad("the body's client is not the call's")
 	}
-	if _, err := webhooks.CheckURL(e.URL, h.guard().Allowed); err != nil {
+	if _, err := webhooks.CheckURL(e.URL, h.guard.Allowed); err != nil {
 		return err
 	}
-	if err := webhooks.CheckTypes(e.Types); err != nil {
+	if err := ledger.CheckEventTypes(e.Types); err != nil {
 		return err
 	}
 	for _, s := range []string{e.Secret, e.PreviousSecret} {

@@ -103,6 +103,22 @@ func (t EventType) Valid() bool {
 	return false
 }
 
+// CheckEventTypes refuses a type that is no event's, or one given twice
+// (a feed's filter, a webhook endpoint's types).
+func CheckEventTypes(types []EventType) error {
+	for i, t := range types {
+		if !t.Valid() {
+			return Errorf(CodeInvalidRequest, "type %.40q is no event type (%v)", t, EventTypes())
+		}
+		for _, u := range types[:i] {
+			if u == t {
+				return Errorf(CodeInvalidRequest, "type %.40q is given twice", t)
+			}
+		}
+	}
+	return nil
+}
+
 // statusEvents is the event of each status a transfer (or a refund) may
 // reach; DEBITED has none: created says it.
 var statusEvents = map[bool]map[Status]EventType{

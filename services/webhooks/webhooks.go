@@ -99,19 +99,6 @@ func CheckURL(raw string, allowed func(host string) bool) (*url.URL, error) {
 	return u, nil
 }
 
-// CheckTypes refuses a type that is no event's, or one given twice.
-func CheckTypes(types []ledger.EventType) error {
-	for i, t := range types {
-		if !t.Valid() {
-			return ledger.Errorf(ledger.CodeInvalidRequest, "%.40q is no event type (%v)", t, ledger.EventTypes())
-		}
-		if slices.Contains(types[:i], t) {
-			return ledger.Errorf(ledger.CodeInvalidRequest, "event type %.40q is given twice", t)
-		}
-	}
-	return nil
-}
-
 // Schedule says when a failed delivery is tried again: after First, then
 // twice as long each time up to Longest, with a tenth of jitter either way,
 // until MaxAge after the event was queued, when the delivery fails for good

@@ -306,15 +306,6 @@ func (s *Server) openWebhooks(ctx context.Context, led *postgres.Store, acfg *ap
 	return nil
 }
 
-// WebhookStats returns the region's delivery counters (nil with
-// NoWebhooks).
-func (s *Server) WebhookStats() *delivery.Stats {
-	if s.deliver == nil {
-		return nil
-	}
-	return s.cfg.WebhookStats
-}
-
 // openRouter connects to the region's servers as the API's user and
 // returns the router the API submits through, on its route stream, and
 // the subject on which the ledger answers this process.

@@ -65,13 +65,11 @@ type Config struct {
 
 // Stats counts what a worker did. The zero value is ready.
 type Stats struct {
-	Queued    atomic.Int64 // deliveries queued
 	Attempts  atomic.Int64 // attempts sent
 	Delivered atomic.Int64 // deliveries answered 2xx
 	Failures  atomic.Int64 // attempts that failed (no answer, or not 2xx)
 	Retries   atomic.Int64 // attempts after a delivery's first
 	GaveUp    atomic.Int64 // deliveries that failed for good
-	Disabled  atomic.Int64 // endpoints disabled
 	// Latency, if set, observes each delivered event's time from queued
 	// to its 2xx, by endpoint.
 	Latency func(endpoint string, d time.Duration)
@@ -180,11 +178,10 @@ func (w *Worker) Run(ctx context.Context) error {
 // endpoint and stops those of the others, and wakes the lanes.
 func (w *Worker) round(ctx context.Context, wg *sync.WaitGroup) error {
 	for {
-		queued, read, err := w.cfg.Store.Enqueue(ctx, webhookdb.DefaultEnqueueBatch)
+		_, read, err := w.cfg.Store.Enqueue(ctx, webhookdb.DefaultEnqueueBatch)
 		if err != nil {
 			return err
 		}
-		w.cfg.Stats.Queued.Add(queued)
 		if read < webhookdb.DefaultEnqueueBatch {
 			break
 		}
@@ -202,11 +199,12 @@ func (w *Worker) round(ctx context.Context, wg *sync.WaitGroup) error {
 		if !ok {
 			lctx, cancel := context.WithCancel(ctx)
 			l = &lane{w: w, wake: make(chan struct{}, 1), stop: cancel}
-			w.lanes[e.ID] = l
 			l.endpoint.Store(&e)
+			w.lanes[e.ID] = l
 			wg.Go(func() { l.run(lctx) })
+		} else {
+			l.endpoint.Store(&e)
 		}
-		l.endpoint.Store(&e)
 		select {
 		case l.wake <- struct{}{}:
 		default:
@@ -375,7 +373,6 @@ func (l *lane) disable(ctx context.Context, e webhooks.Endpoint, reason string) 
 	if !changed {
 		return
 	}
-	cfg.Stats.Disabled.Add(1)
 	cfg.Log.Warn("webhook endpoint disabled", "endpoint", e.ID, "reason", reason)
 	l.stop()
 	if cfg.Disabled != nil {
