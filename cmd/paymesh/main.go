@@ -42,6 +42,7 @@ type cli struct {
 	Transfers transfersCmd `cmd:"" help:"Send and show transfers through the HTTP API."`
 	Events    eventsCmd    `cmd:"" help:"Read your event feed through the HTTP API."`
 	Webhooks  webhooksCmd  `cmd:"" help:"Receive your events by webhook: create, list, rotate and delete endpoints, read their attempts, redeliver an event."`
+	Receiver  receiverCmd  `cmd:"" help:"Run the reference webhook receiver: verify each delivery, apply each event once (in its own Postgres, in order per account), count duplicates by cause."`
 }
 
 // cliVars are the defaults the flags' help and default tags name.

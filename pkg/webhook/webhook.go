@@ -32,6 +32,16 @@ const (
 	HeaderSignature = standardwebhooks.HeaderWebhookSignature
 )
 
+// Headers paymesh adds to a delivery, outside the signature: hints that let
+// a receiver name why an event came again (its attempt number, from 1, and
+// how many times the event was redelivered on request). They are not
+// signed, so a receiver uses them for counting only, never to decide an
+// effect.
+const (
+	HeaderAttempt    = "Paymesh-Attempt"
+	HeaderRedelivery = "Paymesh-Redelivery"
+)
+
 // Tolerance is how far a delivery's timestamp may be from the receiver's
 // clock, either way: the reference library's fixed window.
 const Tolerance = 5 * time.Minute

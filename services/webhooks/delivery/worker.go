@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -309,7 +310,7 @@ func (l *lane) send(ctx context.Context, e webhooks.Endpoint, c webhookdb.Claim,
 		ep.GaveUp.Add(1)
 		return r
 	}
-	r.StatusCode, r.Err = l.post(ctx, e, c.Event.ID(), r.At, body)
+	r.StatusCode, r.Err = l.post(ctx, e, c, r.At, body)
 	r.Duration = time.Since(r.At)
 	if r.Err == "" {
 		st.Delivered.Add(1)
@@ -333,15 +334,19 @@ func (l *lane) send(ctx context.Context, e webhooks.Endpoint, c webhookdb.Claim,
 
 // post sends one signed delivery and returns the status and, unless it is
 // a 2xx, why it failed.
-func (l *lane) post(ctx context.Context, e webhooks.Endpoint, id string, at time.Time, body []byte) (int, string) {
+func (l *lane) post(ctx context.Context, e webhooks.Endpoint, c webhookdb.Claim, at time.Time, body []byte) (int, string) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.URL, bytes.NewReader(body))
 	if err != nil {
 		return 0, err.Error()
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "paymesh-webhooks/1")
-	if err := webhook.Sign(req.Header, id, at, body, e.Secrets(at)...); err != nil {
+	if err := webhook.Sign(req.Header, c.Event.ID(), at, body, e.Secrets(at)...); err != nil {
 		return 0, err.Error()
+	}
+	req.Header.Set(webhook.HeaderAttempt, strconv.Itoa(c.Attempt))
+	if c.Redeliveries > 0 {
+		req.Header.Set(webhook.HeaderRedelivery, strconv.Itoa(c.Redeliveries))
 	}
 	resp, err := l.w.client.Do(req)
 	if err != nil {

@@ -70,11 +70,13 @@ func (s *Store) Enabled(ctx context.Context) ([]webhooks.Endpoint, error) {
 }
 
 // Claim is one delivery leased to a sender: its event, the attempt's
-// number, and when the delivery was queued.
+// number, how many times the delivery was asked for again (Redeliver), and
+// when the delivery was queued.
 type Claim struct {
-	Event   ledger.EventRef
-	Attempt int
-	Queued  time.Time
+	Event        ledger.EventRef
+	Attempt      int
+	Redeliveries int
+	Queued       time.Time
 }
 
 // claimSQL leases, of one endpoint's pending deliveries, the head (lowest
@@ -95,7 +97,7 @@ const claimSQL = `
 	FROM due
 	WHERE d.endpoint_id = $1 AND d.account_id = due.account_id AND d.sequence = due.sequence
 	  AND d.status = 'pending' AND (d.leased_until IS NULL OR d.leased_until <= now())
-	RETURNING d.account_id, d.sequence, d.attempts, d.created_at`
+	RETURNING d.account_id, d.sequence, d.attempts, d.redeliveries, d.created_at`
 
 // Claim leases up to n of an endpoint's due deliveries, one per account,
 // for lease.
@@ -103,7 +105,7 @@ func (s *Store) Claim(ctx context.Context, endpoint string, n int, lease time.Du
 	rows, _ := s.pool.Query(ctx, claimSQL, endpoint, n, lease.Microseconds())
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Claim, error) {
 		var c Claim
-		err := row.Scan(&c.Event.Account, &c.Event.Sequence, &c.Attempt, &c.Queued)
+		err := row.Scan(&c.Event.Account, &c.Event.Sequence, &c.Attempt, &c.Redeliveries, &c.Queued)
 		return c, err
 	})
 	if err != nil {
@@ -234,7 +236,7 @@ func (s *Store) Redeliver(ctx context.Context, event ledger.EventRef, endpoints 
 		INSERT INTO webhook_deliveries AS d (endpoint_id, account_id, sequence)
 		SELECT endpoint_id, account_id, sequence FROM ev
 		ON CONFLICT (endpoint_id, account_id, sequence) DO UPDATE
-		SET status = 'pending', next_at = now(), ended_at = NULL, leased_until = NULL
+		SET status = 'pending', next_at = now(), ended_at = NULL, leased_until = NULL, redeliveries = d.redeliveries + 1
 		WHERE d.status <> 'pending'
 		RETURNING endpoint_id`, event.Account, event.Sequence, endpoints)
 	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
