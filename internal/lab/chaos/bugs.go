@@ -34,6 +34,12 @@ type bugs struct {
 	ExpiryClockBehind    bool // scenario 10
 	UncheckedForwards    bool // scenario 16
 	IgnoreRevocation     bool // scenario 17
+	// The webhook receiver's (hooks.go), installed by the scenarios
+	// themselves: they build the receiver.
+	HookEffectOutsideTx bool // scenario 18
+	HookCommitLater     bool // scenario 19
+	HookSwallowErrors   bool // scenario 20
+	HookEndlessLease    bool // scenario 21
 }
 
 // install puts the bugs that are on into the cluster's services.

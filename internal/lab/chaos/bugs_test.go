@@ -189,6 +189,34 @@ var bugCases = []struct {
 		fails: []failure{{"revoked", []string{"not refused 401"}}, {"applied", []string{"made transfer"}},
 			{I3, []string{"answers only refused requests"}}},
 	},
+	{
+		scenario: "18",
+		why: "the receiver applies each effect in a transaction of its own and records the event's ID after it: a crash " +
+			"between the two leaves the effect without its record, and the retry applies it again",
+		cfg:   Config{bugs: bugs{HookEffectOutsideTx: true}},
+		fails: []failure{{"hooks-once", []string{"DOUBLED"}}},
+	},
+	{
+		scenario: "19",
+		why: "the receiver answers 2xx before its COMMIT, to stay within the sender's timeout, and commits after with the " +
+			"request's context: the commit fails once the request has ended, and paymesh counts the event delivered",
+		cfg:   Config{bugs: bugs{HookCommitLater: true}},
+		fails: []failure{{"hooks-lost", []string{"never applied at the receiver"}}},
+	},
+	{
+		scenario: "20",
+		why: "the receiver answers 2xx when its effect failed (the error logged and dropped): the event's ID is recorded " +
+			"without its effect, and paymesh never sends it again",
+		cfg:   Config{bugs: bugs{HookSwallowErrors: true}},
+		fails: []failure{{"hooks-once", []string{"LOST effect"}}},
+	},
+	{
+		scenario: "21",
+		why: "a claim's lease never runs out: the deliveries a killed worker had claimed are never claimed again, and stay " +
+			"pending for ever",
+		cfg:   Config{bugs: bugs{HookEndlessLease: true}},
+		fails: []failure{{"hooks-lost", []string{"its delivery is \"pending\""}}},
+	},
 }
 
 // bugTries is how many runs a bug case gets to show its bug. Each fault

@@ -50,6 +50,9 @@ type scenario struct {
 	// configure changes the cluster's configuration before it starts: the
 	// scenario installs its own hooks through the services' seams.
 	configure func(e *env, c *cluster.Config)
+	// beforeAccounts runs once the cluster is up and the API client
+	// registered, before the workload's accounts are opened.
+	beforeAccounts func(ctx context.Context, e *env) error
 	// beforeCommit and dropAck are the ledger's faults (see
 	// cluster.Config), consulted only while the workload runs.
 	beforeCommit func(ctx context.Context, e *env) error

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -74,6 +75,9 @@ type env struct {
 	// later runs the flows' second halves (flows.go), so that a worker
 	// goes on sending while a flow waits for its first request to apply.
 	later sync.WaitGroup
+	// cleanups stop what a scenario started of its own (a webhook
+	// receiver), before the cluster stops.
+	cleanups []func()
 
 	rngMu sync.Mutex
 	rng   *mrand.Rand
@@ -97,6 +101,11 @@ type tally struct{ m sync.Map } // name -> *atomic.Int64
 func (t *tally) add(name string) {
 	v, _ := t.m.LoadOrStore(name, new(atomic.Int64))
 	v.(*atomic.Int64).Add(1)
+}
+
+func (t *tally) addN(name string, n int64) {
+	v, _ := t.m.LoadOrStore(name, new(atomic.Int64))
+	v.(*atomic.Int64).Add(n)
 }
 
 func (t *tally) get(name string) int64 {
@@ -189,6 +198,9 @@ func start(ctx context.Context, cfg Config, sc *scenario, seed uint64) (_ *env, 
 // stop stops and removes what the env started; it skips what it never
 // started.
 func (e *env) stop() {
+	for _, f := range slices.Backward(e.cleanups) {
+		f()
+	}
 	if e.c != nil {
 		e.c.Stop()
 		if !e.cfg.Keep {
@@ -250,6 +262,13 @@ func (e *env) open(ctx context.Context) error {
 		if err := e.c.Region(n).APIStore.PutClient(ctx, api.RegisteredClient{ID: clientID, Name: "chaos", RatePerSec: 1_000_000}, e.apiKey); err != nil {
 			return err
 		}
+	}
+	if e.sc.beforeAccounts != nil {
+		if err := e.sc.beforeAccounts(ctx, e); err != nil {
+			return err
+		}
+	}
+	for _, n := range e.names {
 		for range accountsPer {
 			id, err := e.fundedAccount(ctx, n, clientID)
 			if err != nil {
