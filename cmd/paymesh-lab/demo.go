@@ -26,6 +26,7 @@ type demoCmd struct {
 	ClientRetry   float64 `name:"client-retry" default:"0.05" help:"Rate of client retries with the same key, in any region."`
 	ProducerRetry float64 `name:"producer-retry" default:"0.05" help:"Rate of router re-publishes with the same Nats-Msg-Id."`
 	DropAck       float64 `name:"drop-ack" default:"0.03" help:"Rate of the acks of committed ledger messages that are dropped (forced redelivery)."`
+	HookLoss      float64 `name:"hook-loss" default:"0.02" help:"Rate of the webhook receiver's 2xx answers lost on the way back (paymesh sends the event again)."`
 	Poison        float64 `default:"0.002" help:"Rate of malformed messages."`
 	Faults        string  `default:"cut-us,restart-eu-ledger,restart-ap-nats" help:"Faults to fire during the run, comma-separated (empty for none): cut-us (3 s), restart-eu-ledger, restart-ap-nats."`
 	Report        string  `help:"Also write the report as JSON to this file."`
@@ -47,7 +48,7 @@ func (c *demoCmd) Run(ctx context.Context) error {
 	if c.Rate < 0 {
 		return fmt.Errorf("--rate %v must not be negative", c.Rate)
 	}
-	for name, r := range map[string]float64{"http-share": c.HTTPShare, "cross-share": c.CrossShare, "client-retry": c.ClientRetry, "producer-retry": c.ProducerRetry, "drop-ack": c.DropAck, "poison": c.Poison} {
+	for name, r := range map[string]float64{"http-share": c.HTTPShare, "cross-share": c.CrossShare, "client-retry": c.ClientRetry, "producer-retry": c.ProducerRetry, "drop-ack": c.DropAck, "hook-loss": c.HookLoss, "poison": c.Poison} {
 		if r < 0 || r > 1 {
 			return fmt.Errorf("--%s %v: a rate must be between 0 and 1", name, r)
 		}
@@ -71,7 +72,7 @@ func (c *demoCmd) Run(ctx context.Context) error {
 	rep, err := demo.Run(ctx, demo.Config{
 		PostgresURL: c.PostgresURL, Accounts: c.Accounts, Transfers: c.Transfers, Seed: c.Seed, HTTPShare: c.HTTPShare, Holds: c.Holds, Refunds: c.Refunds,
 		CrossShare: max(c.CrossShare, 1e-9), Rate: c.Rate,
-		ClientRetry: c.ClientRetry, ProducerRetry: c.ProducerRetry, DropAck: c.DropAck, Poison: c.Poison,
+		ClientRetry: c.ClientRetry, ProducerRetry: c.ProducerRetry, DropAck: c.DropAck, HookLoss: c.HookLoss, Poison: c.Poison,
 		FixedPorts: true, Nodes: c.Nodes, WAN: c.WAN, Stay: c.Stay, Keep: c.Keep, Live: isTerminal(os.Stdout), Faults: faults, ThrowawayPostgres: c.Throwaway,
 		Dashboard: dashboardAddr(c.Dashboard), Traces: c.traces, Prometheus: c.Prometheus,
 	}, os.Stdout)

@@ -23,8 +23,8 @@ const (
 	Duplicate Outcome = "duplicate"
 )
 
-// Cause is why a duplicate came, read from the attempt hints of the first
-// delivery and of this one (a closed set, as paymesh's own dedup layers
+// Cause is why a duplicate came, read from the attempt hints of this
+// delivery and the latest before it (a closed set, as paymesh's own dedup layers
 // name theirs).
 type Cause string
 
@@ -65,7 +65,8 @@ type record struct {
 	attempt, redelivery int
 }
 
-// causeOf names why a delivery of an event recorded as first came again.
+// causeOf names why a delivery of an event came again, from the latest
+// hints recorded for it (first's).
 func causeOf(first record, d Delivery) Cause {
 	switch {
 	case first.state == string(Parked):
@@ -138,9 +139,14 @@ func (r *Receiver) classify(ctx context.Context, tx pgx.Tx, d Delivery, next int
 	return Result{Outcome: Applied, Applied: n}, nil
 }
 
-// duplicate records a duplicate and its cause; nothing is applied.
+// duplicate records a duplicate and its cause, and keeps the latest hints
+// on the event's record (so that a retry of a redelivery is a retry);
+// nothing is applied.
 func duplicate(ctx context.Context, tx pgx.Tx, d Delivery, cause Cause) (Result, error) {
-	_, err := tx.Exec(ctx, `INSERT INTO receiver_duplicates (event_id, cause, attempt) VALUES ($1, $2, $3)`, d.Event.ID, cause, d.Attempt)
+	_, err := tx.Exec(ctx, `
+		WITH dup AS (INSERT INTO receiver_duplicates (event_id, cause, attempt) VALUES ($1, $2, $3))
+		UPDATE receiver_events SET attempt = greatest(attempt, $3), redelivery = greatest(redelivery, $4) WHERE event_id = $1`,
+		d.Event.ID, cause, d.Attempt, d.Redelivery)
 	if err != nil {
 		return Result{}, fmt.Errorf("record duplicate %s: %w", d.Event.ID, err)
 	}

@@ -317,6 +317,9 @@ func TestDuplicateCauses(t *testing.T) {
 	redelivered := first
 	redelivered.attempt, redelivered.redelivery = 4, 1
 	b.mustPost(t, redelivered, receiver.Duplicate)
+	retried := redelivered // the redelivery's answer was lost: its retry is a retry
+	retried.attempt = 5
+	b.mustPost(t, retried, receiver.Duplicate)
 	unsaid := first
 	unsaid.attempt = 0
 	b.mustPost(t, unsaid, receiver.Duplicate)
@@ -327,7 +330,7 @@ func TestDuplicateCauses(t *testing.T) {
 
 	st := b.recv.Stats()
 	tot := b.totals(t)
-	for c, want := range map[receiver.Cause]int64{receiver.CauseRetry: 1, receiver.CauseRedelivery: 1, receiver.CauseUnknown: 1, receiver.CauseParked: 1, receiver.CauseStale: 0} {
+	for c, want := range map[receiver.Cause]int64{receiver.CauseRetry: 2, receiver.CauseRedelivery: 1, receiver.CauseUnknown: 1, receiver.CauseParked: 1, receiver.CauseStale: 0} {
 		if st.Duplicates(c) != want || tot.Duplicates[c] != want {
 			t.Errorf("cause %s: %d counted, %d recorded, want %d", c, st.Duplicates(c), tot.Duplicates[c], want)
 		}

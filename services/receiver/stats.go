@@ -63,6 +63,23 @@ func (s *Stats) Duplicates(c Cause) int64 {
 	return s.duplicates[c]
 }
 
+// Received returns the deliveries taken: each applied, parked or a
+// duplicate (refusals apart).
+func (s *Stats) Received() int64 {
+	return s.Applied.Load() - s.Released.Load() + s.Parked.Load() + s.AllDuplicates()
+}
+
+// AllDuplicates returns the duplicates received, all causes.
+func (s *Stats) AllDuplicates() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var n int64
+	for _, v := range s.duplicates {
+		n += v
+	}
+	return n
+}
+
 // Refused returns the deliveries refused for r.
 func (s *Stats) Refused(r Refusal) int64 {
 	s.mu.Lock()

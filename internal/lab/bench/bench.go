@@ -43,6 +43,10 @@ const (
 	// NoEvents is uniform with the events off (--no-events): what
 	// recording an event for every change costs.
 	NoEvents = "no-events"
+	// Webhooks is uniform with a webhook endpoint taking every event, and
+	// the delivery worker sending them to a loopback sink as the ledger
+	// commits: what the events' delivery costs the ledger.
+	Webhooks = "webhooks"
 	Naive    = "naive" // baseline: the same ledger, one message per transaction
 	TPCB     = "tpcb"  // baseline: TPC-B on the same server
 	// Ceiling is a baseline: the apply transaction's own SQL, 256 transfers
@@ -68,7 +72,7 @@ const (
 )
 
 // Scenarios lists every scenario in running order.
-var Scenarios = []string{Uniform, Replay, Latency, Replicas, Hot, Dedup, NoEvents, Naive, Ceiling, TPCB, Cross, API, APIProcess, Holds, LedgerProcess, Reads}
+var Scenarios = []string{Uniform, Replay, Latency, Replicas, Hot, Dedup, NoEvents, Webhooks, Naive, Ceiling, TPCB, Cross, API, APIProcess, Holds, LedgerProcess, Reads}
 
 // Config sizes a bench run. Defaults fills in its zero fields.
 type Config struct {
@@ -233,6 +237,8 @@ type LedgerRun struct {
 	// Layers counts the duplicates each dedup layer caught (replay).
 	Layers    map[string]int64 `json:"layers,omitempty"`
 	DedupRows int64            `json:"dedup_rows,omitempty"`
+	// Webhooks is the webhooks scenario's delivery.
+	Webhooks *HookRun `json:"webhooks,omitempty"`
 	// Verified: every invariant held afterwards and every transfer was
 	// recorded exactly once; otherwise VerifyReport says what failed.
 	Verified     bool   `json:"verified"`
@@ -450,6 +456,7 @@ func (e *env) runAll(ctx context.Context, res *Result) error {
 		{Hot, cfg.BatchSize, true, 0, cfg.Limit},
 		{Dedup, cfg.BatchSize, false, cfg.DedupRows, cfg.Limit},
 		{NoEvents, cfg.BatchSize, false, 0, cfg.Limit},
+		{Webhooks, cfg.BatchSize, false, 0, cfg.Limit},
 		{Naive, 1, false, 0, cfg.NaiveFor},
 	} {
 		if !cfg.has(s.name) {
@@ -647,6 +654,9 @@ func (r LedgerRun) line() string {
 	fmt.Fprintf(&b, "  peak RSS %.0f MB", r.PeakRSSMB)
 	if r.PacedRate > 0 {
 		fmt.Fprintf(&b, "  paced at %.0f/s", r.PacedRate)
+	}
+	if h := r.Webhooks; h != nil {
+		fmt.Fprintf(&b, "  webhooks: %d of %d events delivered, %.0f/s, the last %.1fs after the last commit", h.Delivered, h.Events, h.Rate, h.DrainSeconds)
 	}
 	if r.Capped {
 		b.WriteString("  (publishing stopped at the time limit)")

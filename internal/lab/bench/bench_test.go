@@ -35,7 +35,7 @@ func TestBenchSmall(t *testing.T) {
 	if err != nil {
 		t.Fatalf("bench: %v\n%s", err, out)
 	}
-	for _, s := range []string{bench.Uniform, bench.Replay, bench.Latency, bench.Hot, bench.Dedup, bench.Naive} {
+	for _, s := range []string{bench.Uniform, bench.Replay, bench.Latency, bench.Hot, bench.Dedup, bench.Webhooks, bench.Naive} {
 		r, ok := res.RunOf(s)
 		switch {
 		case !ok:
@@ -53,6 +53,9 @@ func TestBenchSmall(t *testing.T) {
 	}
 	if r, _ := res.RunOf(bench.Replay); r.Layers["recent_cache"]+r.Layers["dedup_table"] != 300 {
 		t.Errorf("replay: duplicates caught by layer %v, want 300 in all", r.Layers)
+	}
+	if h, _ := res.RunOf(bench.Webhooks); h.Webhooks == nil || h.Webhooks.Events < 600 || h.Webhooks.Delivered != h.Webhooks.Events || h.Webhooks.Rate <= 0 {
+		t.Errorf("webhooks: %+v, want every event of the run (2 per transfer, and the accounts') delivered", h.Webhooks)
 	}
 	if d, _ := res.RunOf(bench.Dedup); d.DedupRows != 2000 {
 		t.Errorf("dedup-table: %d rows filled, want 2000", d.DedupRows)

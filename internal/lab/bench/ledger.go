@@ -48,6 +48,8 @@ type ledgerRig struct {
 	batches, batchMsgs, batchNanos atomic.Int64
 	stop                           context.CancelFunc
 	done                           chan error
+	// hooks is the webhooks scenario's delivery worker (nil otherwise).
+	hooks *hookRig
 }
 
 // openLedger creates database e.prefix+name, starts a ledger on it with the
@@ -76,7 +78,16 @@ func (e *env) openLedger(ctx context.Context, name string, batch, accounts int) 
 	if err != nil {
 		return nil, err
 	}
+	if name == Webhooks {
+		if r.hooks, err = openHooks(ctx, r.srv.Store); err != nil {
+			r.srv.Close()
+			return nil, err
+		}
+	}
 	if r.accounts, err = openAccounts(ctx, e, r.srv.Store, region, accounts); err != nil {
+		if r.hooks != nil {
+			r.hooks.close()
+		}
 		r.srv.Close()
 		return nil, err
 	}
@@ -104,6 +115,9 @@ func (m committedAck) Ack() error {
 
 // close stops the ledger and drops its database unless --keep.
 func (r *ledgerRig) close(ctx context.Context) {
+	if r.hooks != nil {
+		r.hooks.close()
+	}
 	r.stop()
 	<-r.done
 	r.srv.Close()
@@ -459,11 +473,19 @@ func (e *env) uniformRun(ctx context.Context, name string, batch int, hot bool, 
 		}
 	}
 	e.checkpoint(ctx)
+	began := time.Now()
 	run, err := rig.drive(ctx, phase{scenario: name, w: w, limit: limit, profile: profile})
 	if err != nil {
 		return fail(err)
 	}
 	run.BatchSize, run.DedupRows = batch, fill
+	if rig.hooks != nil {
+		hr, err := rig.hooks.drain(ctx, rig.srv.Store, run, began, e.cfg.Limit)
+		if err != nil {
+			return fail(err)
+		}
+		run.Webhooks = &hr
+	}
 	if fill > 0 {
 		if err := e.unfillDedup(ctx, rig); err != nil {
 			return fail(err)

@@ -77,6 +77,17 @@ func figures(r Result) []Figure {
 		cost = u.Rate / off.Rate
 	}
 	add("events on / off (uniform / no-events)", "x", "(reported)", haveU && haveOff && off.Rate > 0, cost, true)
+	hk, haveHk := r.RunOf(Webhooks)
+	cost = 0.0
+	if haveHk && hk.Rate > 0 {
+		cost = u.Rate / hk.Rate
+	}
+	add("events and webhooks on / events off (no-events / webhooks)", "x", "(reported)", haveOff && haveHk && hk.Rate > 0, off.Rate/max(hk.Rate, 1e-9), true)
+	add("webhooks on / off (uniform / webhooks)", "x", "(reported)", haveU && haveHk && hk.Rate > 0, cost, true)
+	if haveHk && hk.Webhooks != nil {
+		add("webhooks: deliveries per second (first publish to last 2xx)", "events/s", "(reported)", true, hk.Webhooks.Rate, true)
+		add("webhooks: events delivered by the end of the drain", "%", "(reported)", hk.Webhooks.Events > 0, 100*float64(hk.Webhooks.Delivered)/float64(max(hk.Webhooks.Events, 1)), true)
+	}
 	var rss float64
 	for _, x := range r.Runs {
 		rss = max(rss, x.PeakRSSMB)

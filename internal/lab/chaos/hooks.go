@@ -123,7 +123,7 @@ func (h *hookRun) start(ctx context.Context, e *env) error {
 		return err
 	}
 	h.recv.Store(rc)
-	return h.waitCopies(ctx)
+	return h.target().WaitCopies(ctx, time.Minute)
 }
 
 // db is the receiver's database with the run's fault, and its bug.
@@ -148,26 +148,6 @@ func (h *hookRun) effects() receiver.Effects {
 		fx = outsideTx{inner: fx, db: h.db()}
 	}
 	return fx
-}
-
-// waitCopies waits until every region holds the endpoint, so that no
-// region's events are left out.
-func (h *hookRun) waitCopies(ctx context.Context) error {
-	deadline := time.Now().Add(time.Minute)
-	for _, n := range h.e.names {
-		for {
-			var k int
-			err := h.e.c.Region(n).Ledger.Store.Pool().QueryRow(ctx, `SELECT count(*) FROM webhook_endpoints WHERE id = $1`, h.endpoint).Scan(&k)
-			if err == nil && k == 1 {
-				break
-			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("the endpoint %s never reached %s (%v)", h.endpoint, n, err)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
-	return nil
 }
 
 // faultyDB is the receiver's database with the crash, slow and kill

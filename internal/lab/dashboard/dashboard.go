@@ -62,6 +62,22 @@ type Config struct {
 	// Alerts is the history /api/alerts serves (nil: alerts off, the
 	// page says so). Its owner runs it.
 	Alerts *AlertHistory
+	// Webhooks, if set, reads the webhook receiver's counts (nil: the
+	// page shows no webhooks).
+	Webhooks func() WebhookSample
+}
+
+// WebhookSample is the webhook receiver's cumulative counts: deliveries
+// received (applied, parked or duplicates) and duplicates among them.
+type WebhookSample struct {
+	Received   int64 `json:"received"`
+	Duplicates int64 `json:"duplicates"`
+}
+
+// WebhookRates are the receiver's rates between two samples.
+type WebhookRates struct {
+	Received   float64 `json:"received_per_s"`
+	Duplicates float64 `json:"duplicates_per_s"`
 }
 
 // Point is one sample: per region, rates per second since the previous
@@ -70,6 +86,8 @@ type Point struct {
 	At      time.Time              `json:"at"`
 	Regions map[string]RegionRates `json:"regions"`
 	Layers  map[string]float64     `json:"duplicates_per_s"` // all regions, by layer
+	// Webhooks is the receiver's rates (with Config.Webhooks).
+	Webhooks *WebhookRates `json:"webhooks,omitempty"`
 }
 
 // RegionRates are a region's rates between two samples.
@@ -105,19 +123,21 @@ type Stats struct {
 	Points     []Point                 `json:"points"`
 	Totals     map[string]RegionSample `json:"totals"`
 	Progress   *Progress               `json:"progress,omitempty"`
+	Webhooks   *WebhookSample          `json:"webhooks,omitempty"`
 	Invariants *Invariants             `json:"invariants,omitempty"`
 	Final      *Invariants             `json:"final,omitempty"`
 }
 
 // Dashboard samples a Source and serves the page.
 type Dashboard struct {
-	cfg    Config
-	mu     sync.Mutex
-	points []Point
-	last   map[string]RegionSample
-	lastAt time.Time
-	inv    *Invariants
-	final  *Invariants
+	cfg      Config
+	mu       sync.Mutex
+	points   []Point
+	last     map[string]RegionSample
+	lastHook *WebhookSample
+	lastAt   time.Time
+	inv      *Invariants
+	final    *Invariants
 }
 
 // New returns a dashboard; Run starts its sampling.
@@ -165,6 +185,11 @@ func (d *Dashboard) sample(ctx context.Context) {
 	if err != nil {
 		return // a region restarting: the next sample catches up
 	}
+	var hook *WebhookSample
+	if d.cfg.Webhooks != nil {
+		h := d.cfg.Webhooks()
+		hook = &h
+	}
 	now := time.Now()
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -183,12 +208,15 @@ func (d *Dashboard) sample(ctx context.Context) {
 				p.Layers[layer] += rate(n, prev.Duplicates[layer], dt)
 			}
 		}
+		if hook != nil && d.lastHook != nil {
+			p.Webhooks = &WebhookRates{Received: rate(hook.Received, d.lastHook.Received, dt), Duplicates: rate(hook.Duplicates, d.lastHook.Duplicates, dt)}
+		}
 		d.points = append(d.points, p)
 		if len(d.points) > d.cfg.Keep {
 			d.points = d.points[len(d.points)-d.cfg.Keep:]
 		}
 	}
-	d.last, d.lastAt = cur, now
+	d.last, d.lastHook, d.lastAt = cur, hook, now
 }
 
 // rate is the counter's increase per second; a counter that went back (a
@@ -239,7 +267,8 @@ func (d *Dashboard) SetFinal(rep postgres.Report, err error) {
 func (d *Dashboard) Stats() Stats {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	st := Stats{Regions: d.cfg.Source.Regions(), Points: append([]Point(nil), d.points...), Totals: d.last, Invariants: d.inv, Final: d.final}
+	st := Stats{Regions: d.cfg.Source.Regions(), Points: append([]Point(nil), d.points...), Totals: d.last, Webhooks: d.lastHook,
+		Invariants: d.inv, Final: d.final}
 	seen := map[string]bool{}
 	for _, s := range d.last {
 		for l := range s.Duplicates {

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -218,5 +219,35 @@ func TestSamplesAreRates(t *testing.T) {
 	}
 	if strings.Join(st.Layers, ",") != "msg_id" || st.Totals["eu"].Applied < 300 {
 		t.Fatalf("stats: layers %v totals %+v", st.Layers, st.Totals)
+	}
+}
+
+// TestWebhookRates: with a receiver's counts, each point has its delivery
+// and duplicate rates and the totals are served; without, none.
+func TestWebhookRates(t *testing.T) {
+	var n atomic.Int64
+	d := dashboard.New(dashboard.Config{Source: &source{}, Interval: 20 * time.Millisecond, Verify: time.Hour,
+		Webhooks: func() dashboard.WebhookSample {
+			v := n.Add(10)
+			return dashboard.WebhookSample{Received: v, Duplicates: v / 10}
+		}})
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	d.Run(ctx)
+	st := d.Stats()
+	if len(st.Points) < 3 || st.Webhooks == nil || st.Webhooks.Received < 30 || st.Webhooks.Duplicates != st.Webhooks.Received/10 {
+		t.Fatalf("stats: points %d, webhooks %+v", len(st.Points), st.Webhooks)
+	}
+	for _, p := range st.Points {
+		if p.Webhooks == nil || p.Webhooks.Received <= 0 || p.Webhooks.Duplicates <= 0 {
+			t.Fatalf("point %+v: want the receiver's rates", p)
+		}
+	}
+	plain := dashboard.New(dashboard.Config{Source: &source{}, Interval: 20 * time.Millisecond, Verify: time.Hour})
+	pctx, pcancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer pcancel()
+	plain.Run(pctx)
+	if st := plain.Stats(); st.Webhooks != nil || len(st.Points) == 0 || st.Points[0].Webhooks != nil {
+		t.Fatalf("without a receiver: %+v", st)
 	}
 }

@@ -85,7 +85,7 @@ func TestLivePageInBrowser(t *testing.T) {
 		rep, runErr = demo.Run(runCtx, demo.Config{
 			PostgresURL: pgtest.AdminURL(), DatabasePrefix: fmt.Sprintf("pmtest_demo_web_%d_", os.Getpid()),
 			Accounts: 5, Transfers: 1500, Rate: 250, Seed: 11, HTTPShare: 0.1,
-			ClientRetry: 0.05, ProducerRetry: 0.1, DropAck: 0.3, Poison: 0.01, Stay: true, Prometheus: prometheusMode(),
+			ClientRetry: 0.05, ProducerRetry: 0.1, DropAck: 0.3, Poison: 0.01, HookLoss: 0.05, Stay: true, Prometheus: prometheusMode(),
 			// The page's own checks: the holds phase would fill the recent traces
 			// with its own, past the redeliveries the test looks for.
 			Holds: -1, Refunds: -1,
@@ -133,6 +133,11 @@ func TestLivePageInBrowser(t *testing.T) {
 	// and has been above zero, and some layer has caught duplicates.
 	wait("throughput chart gets data", `[...document.querySelectorAll('#chart-throughput polyline.series')].filter(p => +p.dataset.n >= 3 && +p.dataset.max > 0).length === 3`, 2*time.Minute)
 	wait("duplicates chart gets data", `[...document.querySelectorAll('#chart-duplicates polyline.series')].some(p => +p.dataset.max > 0)`, 2*time.Minute)
+	// The webhook receiver's chart: deliveries, and duplicates among them
+	// (the answers the demo's relay loses), with their rate.
+	wait("the webhook chart shows deliveries, duplicates and their rate", `!document.getElementById('webhooks-card').hidden && `+
+		`[...document.querySelectorAll('#chart-webhooks polyline.series')].filter(p => +p.dataset.max > 0).length === 2 && `+
+		`+document.getElementById('webhook-rate').textContent > 0`, 2*time.Minute)
 	// The dropped acks (30 % of the batches) redeliver messages from the
 	// start of the run: wait until the recorder keeps such a trace among
 	// the newest it lists, then for the page to list it.

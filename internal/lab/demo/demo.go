@@ -38,6 +38,7 @@ import (
 	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
+	"github.com/paymesh/paymesh/services/webhooks"
 )
 
 // Config sets the demo's size and its duplicate injection rates (0..1).
@@ -54,6 +55,9 @@ type Config struct {
 	ProducerRetry     float64 // a router publishes a message twice with the same Nats-Msg-Id
 	DropAck           float64 // a committed ledger message's ack is dropped (forced redelivery)
 	Poison            float64 // malformed messages (dead-lettered)
+	// HookLoss is the share of the webhook receiver's 2xx answers lost on
+	// the way back (paymesh sends those events again).
+	HookLoss float64
 	// HTTPShare is the share of transfers sent through the HTTP API (the
 	// rest go straight to the routers).
 	HTTPShare float64
@@ -145,6 +149,8 @@ type Report struct {
 	Alerts                  AlertsReport
 	// Flows is the holds and refunds phase.
 	Flows Flows
+	// Hooks is the webhooks to the reference receiver.
+	Hooks HooksReport
 }
 
 // injectedRedelivery names the duplicates the demo makes by dropping the
@@ -201,7 +207,7 @@ func (r Report) duplicatesExplained() bool { return r.Missed() <= 0 && -r.Missed
 // OK reports whether every check passed.
 func (r Report) OK() bool {
 	return !r.Interrupted && r.Verify.OK() && r.duplicatesOK() && r.Recorded == r.Commands && r.DeadLettered == r.Poison && r.Unfinished == 0 &&
-		r.Flows.OK()
+		r.Flows.OK() && r.Hooks.OK()
 }
 
 // Run runs the demo, writing progress to out. It returns an error when the
@@ -284,8 +290,12 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 		Regions: table.Codes(), Topology: topo, PostgresURL: cfg.PostgresURL, DatabasePrefix: cfg.DatabasePrefix,
 		Shards: 8, BatchSize: 128, AckWait: 2 * time.Second, APIWait: 2 * time.Second, APIAddrs: addrs, MetricsAddrs: metricsAddrs,
 		Inject: coin(cfg.ProducerRetry),
-		// Webhook receivers on this machine: the walkthrough's.
-		API: func(_ string, a *apid.Config) { a.WebhookAllowHosts = []string{"127.0.0.1", "localhost"} },
+		// Webhook receivers on this machine (the demo's, the walkthrough's),
+		// and retries at the demo's pace: from 250 ms, doubling up to 2 s.
+		API: func(_ string, a *apid.Config) {
+			a.WebhookAllowHosts = []string{"127.0.0.1", "localhost"}
+			a.WebhookSchedule = webhooks.Schedule{First: 250 * time.Millisecond, Longest: 2 * time.Second, MaxAge: webhooks.DefaultSchedule.MaxAge}
+		},
 		DropAck: func() bool {
 			if dropAck() {
 				dropped.Add(1)
@@ -309,6 +319,11 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
+	hk, err := startHooks(ctx, c, cfg, apiKey, coin(cfg.HookLoss), names)
+	if err != nil {
+		return Report{}, err
+	}
+	defer hk.stop()
 	nodes := topo.Nodes(names[0])
 	fmt.Fprintf(out, "paymesh-lab demo: regions %s on one embedded NATS topology (hub + leafnodes), databases %s<region>\n",
 		strings.Join(names, ", "), cfg.DatabasePrefix)
@@ -326,6 +341,8 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 	}
 	defer prom.stop()
 	fmt.Fprintf(out, "  API key of client %q: %s\n", demoClient, apiKey)
+	fmt.Fprintf(out, "  webhook receiver (paymesh receiver, in-process): %s, endpoint %s takes every event of %q; %.0f%% of its answers are lost on the way back\n",
+		hk.srv.URL(), hk.endpoint, demoClient, 100*cfg.HookLoss)
 
 	d := &driver{cfg: cfg, c: c, topo: topo, rng: rng, rngMu: &rngMu, names: names, apiKey: apiKey, injected: map[string]int64{}, out: out,
 		caught: map[string]int64{}, gens: map[string]*idgen.Generator{}}
@@ -337,7 +354,11 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 	d.faults = cfg.Faults
 	var dash *dashboard.Dashboard
 	if cfg.Dashboard != "" {
-		dash = dashboard.New(dashboard.Config{Source: dashboard.ClusterSource{C: c}, Recorder: cfg.Traces, Progress: d.status, Alerts: prom.history})
+		rs := hk.srv.Receiver().Stats()
+		dash = dashboard.New(dashboard.Config{Source: dashboard.ClusterSource{C: c}, Recorder: cfg.Traces, Progress: d.status, Alerts: prom.history,
+			Webhooks: func() dashboard.WebhookSample {
+				return dashboard.WebhookSample{Received: rs.Received(), Duplicates: rs.AllDuplicates()}
+			}})
 		dctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 		defer stop()
 		url, err := dash.Serve(dctx, cfg.Dashboard)
@@ -367,6 +388,11 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 	if err != nil && !interrupted {
 		return Report{}, err
 	}
+	var hooks HooksReport
+	if !interrupted {
+		d.setPhase("webhooks")
+		hooks = d.hooks(ctx, hk)
+	}
 	// Interrupted (Ctrl-C): report what ran, on a context of its own, and
 	// check the invariants without requiring quiescence.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
@@ -374,7 +400,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 	// Each dropped ack makes JetStream deliver that message again.
 	d.injected[injectedRedelivery] = dropped.Load()
 	rep := d.report(rctx, time.Since(start))
-	rep.Flows = flows
+	rep.Flows, rep.Hooks = flows, hooks
 	rep.Faults, rep.Postgres, rep.Interrupted = d.fired, pgWhere, interrupted
 	rep.Nodes, rep.NATSStart, rep.RegionsStart = nodes, natsStart, regionsStart
 	rep.Alerts = prom.report(rctx)
@@ -914,6 +940,9 @@ func (r Report) Print(w io.Writer) {
 		for _, p := range f.Problems {
 			fmt.Fprintf(w, "        %s\n", p)
 		}
+	}
+	if !r.Interrupted {
+		r.Hooks.print(w, line)
 	}
 	fmt.Fprint(w, r.Verify.String())
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/paymesh/paymesh/internal/testbed/promcheck"
 	"github.com/paymesh/paymesh/internal/testbed/promcheck/promchecktest"
 	"github.com/paymesh/paymesh/services/ledger"
+	"github.com/paymesh/paymesh/services/receiver"
 )
 
 // TestDemoWithoutFaultsCountsExactly also runs with Prometheus on auto
@@ -31,7 +32,7 @@ func TestDemoWithoutFaultsCountsExactly(t *testing.T) {
 	var out strings.Builder
 	rep, err := demo.Run(context.Background(), demo.Config{
 		PostgresURL: pgtest.AdminURL(), DatabasePrefix: fmt.Sprintf("pmtest_demo_nf_%d_", os.Getpid()),
-		Accounts: 5, Transfers: 400, Seed: 9, HTTPShare: 0.2, ClientRetry: 0.1, ProducerRetry: 0.1, DropAck: 0.3,
+		Accounts: 5, Transfers: 400, Seed: 9, HTTPShare: 0.2, ClientRetry: 0.1, ProducerRetry: 0.1, DropAck: 0.3, HookLoss: 0.1,
 		Prometheus: demo.PrometheusAuto, Holds: 12, Refunds: 6,
 	}, &out)
 	if err != nil {
@@ -41,6 +42,12 @@ func TestDemoWithoutFaultsCountsExactly(t *testing.T) {
 	rep.Print(&out)
 	if !rep.OK() {
 		t.Fatalf("demo without faults: injected minus caught %d, repeats nobody injected %d:\n%s", rep.Missed(), rep.Unprompted(), out.String())
+	}
+	// The webhooks: every event applied once, and every duplicate the
+	// receiver got is a lost answer's retry or a redelivery asked for.
+	if h := rep.Hooks; h.Events == 0 || h.Applied != h.Events || h.Effects != h.Applied || h.AnswersLost == 0 || h.Redelivered == 0 ||
+		h.Duplicates[receiver.CauseRetry] == 0 || !h.Explained() {
+		t.Errorf("webhooks: %+v, want every event applied once, and each duplicate a lost answer's retry or a redelivery:\n%s", h, out.String())
 	}
 	const off = "alerts: off (prometheus not installed; make prometheus)\n"
 	if strings.Count(started, off) != 1 || !strings.Contains(strings.TrimPrefix(out.String(), started), off) || rep.Alerts.On {

@@ -94,6 +94,8 @@ function drawStats(st) {
     name: l, color: LAYER_COLORS[l] || "#687083", values: st.points.map((p) => p.duplicates_per_s[l] || 0),
   })));
 
+  drawWebhooks(st, times);
+
   let deliveries = 0, redeliveries = 0, dead = 0;
   const caught = {};
   for (const t of Object.values(st.totals || {})) {
@@ -130,6 +132,20 @@ function drawStats(st) {
     const age = Math.max(0, Math.round((Date.now() - Date.parse(inv.checked_at)) / 1000));
     badge.textContent = `invariants: ${inv.ok ? "PASS" : "FAIL"} (${inv.checks ? inv.checks.length : 0} checks${st.final ? ", final" : ", " + age + " s ago"})`;
   }
+}
+
+// drawWebhooks charts the receiver's deliveries and duplicates, and the
+// duplicate rate over the run, when the run has a receiver.
+function drawWebhooks(st, times) {
+  const w = st.webhooks;
+  document.getElementById("webhooks-card").hidden = !w;
+  if (!w) return;
+  const series = (field) => st.points.map((p) => (p.webhooks ? p.webhooks[field] : 0));
+  lineChart("chart-webhooks", times, [
+    { name: "deliveries", color: "#2f6fdf", values: series("received_per_s") },
+    { name: "duplicates", color: "#d9480f", values: series("duplicates_per_s") },
+  ]);
+  document.getElementById("webhook-rate").textContent = w.received ? ((100 * w.duplicates) / w.received).toFixed(2) : "–";
 }
 
 function drawChecks(id, inv) {
