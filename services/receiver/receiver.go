@@ -119,7 +119,11 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, r.cfg.MaxBody))
 	if err != nil {
-		r.refuse(w, RefusedBody, http.StatusRequestEntityTooLarge, fmt.Errorf("the body: %w", err))
+		status := http.StatusBadRequest
+		if tooLarge := (*http.MaxBytesError)(nil); errors.As(err, &tooLarge) {
+			status = http.StatusRequestEntityTooLarge
+		}
+		r.refuse(w, RefusedBody, status, fmt.Errorf("the body: %w", err))
 		return
 	}
 	id, err := webhook.Verify(req.Header, body, r.cfg.Secrets...)

@@ -203,6 +203,18 @@ func TestBadBodies(t *testing.T) {
 			}
 		})
 	}
+	big := delivery{body: bytes.Repeat([]byte(" "), 1<<20+1), id: ev.ID, at: time.Now(), secret: secret}
+	if code, _ := b.post(t, big); code != http.StatusRequestEntityTooLarge {
+		t.Errorf("a body past 1 MiB: %d, want 413", code)
+	}
+	resp, err := http.Get(b.srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("Allow") != http.MethodPost {
+		t.Errorf("GET: %d (Allow %q), want 405 with Allow: POST", resp.StatusCode, resp.Header.Get("Allow"))
+	}
 	if tot := b.totals(t); tot.Applied+tot.Parked+tot.Effects != 0 {
 		t.Errorf("bad bodies left %+v", tot)
 	}

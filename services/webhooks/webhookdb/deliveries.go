@@ -79,6 +79,15 @@ type Claim struct {
 	Queued       time.Time
 }
 
+// pendingRow: the UPDATEs of claimSQL and finishSQL name a pending row as
+// "not delivered and not failed" (the same rows: the status's CHECK has
+// three values), not "status = 'pending'". The latter matches the partial
+// index webhook_deliveries_pending, whose row estimate is stale after a
+// burst of deliveries (a few hundred rows for tens of thousands): the
+// planner then hashes every pending delivery to update 32 of them
+// (200 ms at 40,000 pending, measured), where the primary key finds each
+// in a probe (1.4 ms).
+//
 // claimSQL leases, of one endpoint's pending deliveries, the head (lowest
 // sequence) of each account that is due and not leased, up to $2 of them,
 // oldest due first, until now + $3. A claim that lost the row to another
@@ -96,7 +105,7 @@ const claimSQL = `
 	UPDATE webhook_deliveries d SET attempts = d.attempts + 1, leased_until = now() + $3::bigint * interval '1 microsecond'
 	FROM due
 	WHERE d.endpoint_id = $1 AND d.account_id = due.account_id AND d.sequence = due.sequence
-	  AND d.status = 'pending' AND (d.leased_until IS NULL OR d.leased_until <= now())
+	  AND d.status NOT IN ('delivered', 'failed') AND (d.leased_until IS NULL OR d.leased_until <= now())
 	RETURNING d.account_id, d.sequence, d.attempts, d.redeliveries, d.created_at`
 
 // Claim leases up to n of an endpoint's due deliveries, one per account,
@@ -146,7 +155,7 @@ const finishSQL = `
 	    last_error = nullif(r.error, '')
 	FROM r
 	WHERE d.endpoint_id = $1 AND d.account_id = r.account_id AND d.sequence = r.sequence
-	  AND d.attempts = r.attempt AND d.status = 'pending'`
+	  AND d.attempts = r.attempt AND d.status NOT IN ('delivered', 'failed')`
 
 // Finish records the attempts of a batch to one endpoint, in one statement.
 func (s *Store) Finish(ctx context.Context, endpoint string, rs []Result) error {
