@@ -21,14 +21,14 @@ func (h *hookRun) target() hookaudit.Target {
 	return t
 }
 
-// checkHooks drains the deliveries (until none changes for 15 s, at most 2
+// checkHooks drains the deliveries (until none changes for 8 s, at most 2
 // minutes) and audits the receiver: no event lost (applied, or failed at
 // paymesh with its attempts), and every effect applied once (each order's
 // and account's effects and refunded total are those of the events
 // recorded as applied).
 func (h *hookRun) checkHooks(ctx context.Context, e *env) ([]Check, error) {
 	t := h.target()
-	if err := t.Drain(ctx, 15*time.Second, 2*time.Minute); err != nil {
+	if err := t.Drain(ctx, 8*time.Second, 2*time.Minute); err != nil {
 		return nil, err
 	}
 	a, err := t.Run(ctx)

@@ -46,7 +46,7 @@ const hookTimeout = 300 * time.Millisecond
 
 // hookKillSlow is how long the receiver takes per COMMIT in scenario 21:
 // below the timeout, longer than a region takes to stop.
-const hookKillSlow = 150 * time.Millisecond
+const hookKillSlow = 60 * time.Millisecond
 
 // hookShare is the share of deliveries the crash and slow faults hit.
 const hookShare = 0.3
