@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/paymesh/paymesh/pkg/webhook"
 	"github.com/paymesh/paymesh/platform/pgdb"
 	"github.com/paymesh/paymesh/services/api"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
@@ -54,7 +55,11 @@ func openHooks(ctx context.Context, store *postgres.Store) (*hookRig, error) {
 		h.last.Store(time.Now().UnixNano())
 	}))
 	hooks := webhookdb.New(pool)
-	secret := "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+	secret, err := webhook.NewSecret()
+	if err != nil {
+		h.sink.Close()
+		return nil, err
+	}
 	now := time.Now()
 	id := fmt.Sprintf("%s-bench-hook", region)
 	if _, _, err := hooks.Create(ctx, webhooks.Endpoint{ID: id, Client: Client, URL: h.sink.URL, Secret: secret, CreatedAt: now, UpdatedAt: now}, "", nil); err != nil {

@@ -2,12 +2,9 @@ package chaos
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
 	"time"
 
 	"github.com/paymesh/paymesh/internal/lab/hookaudit"
-	"github.com/paymesh/paymesh/services/api"
 	"github.com/paymesh/paymesh/services/receiver"
 )
 
@@ -47,12 +44,4 @@ func (h *hookRun) checkHooks(ctx context.Context, e *env) ([]Check, error) {
 		e.events.addN("hook_duplicates_"+string(c), a.Duplicates[c])
 	}
 	return []Check{lost, once}, nil
-}
-
-// decodeBody reads a 2xx answer's JSON body into v.
-func decodeBody(r api.Response, v any) error {
-	if r.Status/100 != 2 {
-		return fmt.Errorf("answered %d: %s", r.Status, r.Body)
-	}
-	return json.Unmarshal(r.Body, v)
 }

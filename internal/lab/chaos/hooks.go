@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/paymesh/paymesh/internal/lab/hookaudit"
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
 	"github.com/paymesh/paymesh/platform/pgdb"
 	"github.com/paymesh/paymesh/services/api"
@@ -109,13 +110,9 @@ func (h *hookRun) start(ctx context.Context, e *env) error {
 		}
 	}
 	cl := &api.Client{BaseURL: e.c.Region(e.names[0]).APIURL, APIKey: e.apiKey}
-	r, err := cl.CreateWebhookEndpoint(ctx, api.WebhookEndpointRequest{URL: h.srv.URL + "/webhooks"}, "chaos-hook")
+	ep, err := hookaudit.CreateEndpoint(ctx, cl, h.srv.URL+"/webhooks", "chaos-hook")
 	if err != nil {
-		return fmt.Errorf("create the endpoint: %w", err)
-	}
-	var ep api.WebhookEndpointBody
-	if err := decodeBody(r, &ep); err != nil {
-		return fmt.Errorf("create the endpoint: %w", err)
+		return err
 	}
 	h.endpoint = ep.ID
 	rc, err := receiver.New(receiver.Config{DB: h.db(), Secrets: []string{ep.Secret}, Effects: h.effects()})

@@ -3,7 +3,6 @@ package demo
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -84,16 +83,10 @@ func startHooks(ctx context.Context, c *cluster.Cluster, cfg Config, apiKey stri
 	}
 	h.relay = httptest.NewServer(http.HandlerFunc(h.forward))
 	cl := &api.Client{BaseURL: c.Region(names[0]).APIURL, APIKey: apiKey}
-	r, err := cl.CreateWebhookEndpoint(ctx, api.WebhookEndpointRequest{URL: h.relay.URL + receiverd.Path}, "demo-receiver")
-	var ep api.WebhookEndpointBody
-	if err == nil && r.Status/100 == 2 {
-		err = json.Unmarshal(r.Body, &ep)
-	} else if err == nil {
-		err = fmt.Errorf("answered %d: %s", r.Status, r.Body)
-	}
+	ep, err := hookaudit.CreateEndpoint(ctx, cl, h.relay.URL+receiverd.Path, "demo-receiver")
 	if err != nil {
 		h.relay.Close()
-		return nil, fmt.Errorf("the demo's webhook endpoint: %w", err)
+		return nil, err
 	}
 	h.endpoint = ep.ID
 	h.srv, err = receiverd.Open(ctx, receiverd.Config{PostgresURL: url, Secrets: []string{ep.Secret}, MetricsListen: "127.0.0.1:0",

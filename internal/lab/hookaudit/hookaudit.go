@@ -8,12 +8,14 @@ package hookaudit
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/paymesh/paymesh/services/api"
 	"github.com/paymesh/paymesh/services/receiver"
 )
 
@@ -282,4 +284,22 @@ func (t Target) WaitCopies(ctx context.Context, bound time.Duration) error {
 		}
 	}
 	return nil
+}
+
+// CreateEndpoint creates, through cl, an endpoint at url for every event
+// type under the Idempotency-Key key, and returns it with its secret; an
+// answer that is not 2xx is an error that quotes it.
+func CreateEndpoint(ctx context.Context, cl *api.Client, url, key string) (api.WebhookEndpointBody, error) {
+	var ep api.WebhookEndpointBody
+	r, err := cl.CreateWebhookEndpoint(ctx, api.WebhookEndpointRequest{URL: url}, key)
+	switch {
+	case err != nil:
+		return ep, fmt.Errorf("create the webhook endpoint: %w", err)
+	case r.Status/100 != 2:
+		return ep, fmt.Errorf("create the webhook endpoint: answered %d: %s", r.Status, r.Body)
+	}
+	if err := json.Unmarshal(r.Body, &ep); err != nil {
+		return ep, fmt.Errorf("create the webhook endpoint: %w", err)
+	}
+	return ep, nil
 }
