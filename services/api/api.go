@@ -301,6 +301,16 @@ func (s *Handler) answered(m *nats.Msg) {
 	s.answers.keys.answered(keys)
 }
 
+// Applying returns how many requests wait for, or are in, a transaction
+// of this process's own (direct.go): effects it may still commit. Zero
+// when it applies nothing itself (Config.Apply unset).
+func (s *Handler) Applying() int64 {
+	if s.direct == nil {
+		return 0
+	}
+	return s.direct.queued()
+}
+
 // Close stops answering forwarded operations and taking notifications,
 // and applying here once the transactions already queued have run.
 func (s *Handler) Close() {

@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -35,7 +36,12 @@ import (
 //   - when the wait runs out first, the request is submitted too before it
 //     is answered 202, since the group's transaction may still roll back;
 //     whichever of the two transactions commits first wins, and the other
-//     is a duplicate at the consume-log.
+//     is a duplicate at the consume-log;
+//   - a request whose context has ended (its client gone, or its handler
+//     returned) before its group's transaction began is left out of it:
+//     it was answered from the ledger stream, or not at all, and applying
+//     it here later would only make an effect appear after its client
+//     stopped waiting (a retry under its key applies it once).
 
 // The direct path's bounds.
 const (
@@ -51,7 +57,9 @@ type applied struct {
 
 // directReq is a command waiting for its group.
 type directReq struct {
-	ctx context.Context // the request's, for its trace only: a group outlives a request
+	// ctx is the request's: its trace, and whether it still waits when
+	// its group begins (a group outlives a request).
+	ctx context.Context
 	cmd ledger.Command
 	out chan applied // buffered: the group never waits for the request
 }
@@ -73,6 +81,8 @@ type directGroup struct {
 	in    chan directReq
 	stop  chan struct{}
 	wg    sync.WaitGroup
+	// pending counts the commands queued or in the running transaction.
+	pending atomic.Int64
 	// mu orders submit against close: once close holds it, nothing more
 	// is queued, so the worker's drain sees every queued request.
 	mu     sync.RWMutex
@@ -105,13 +115,19 @@ func (g *directGroup) submit(ctx context.Context, cmd ledger.Command) (<-chan ap
 	if g.closed {
 		return nil, false
 	}
+	g.pending.Add(1)
 	select {
 	case g.in <- r:
 		return r.out, true
 	default:
+		g.pending.Add(-1)
 		return nil, false
 	}
 }
+
+// queued returns how many commands are queued or in the running
+// transaction: work this process may still commit.
+func (g *directGroup) queued() int64 { return g.pending.Load() }
 
 func (g *directGroup) run() {
 	for {
@@ -132,13 +148,22 @@ func (g *directGroup) run() {
 	}
 }
 
-// gather takes what is queued behind first, up to directBatch.
+// gather takes what is queued behind first, up to directBatch, leaving
+// out (and answering) the requests no longer waiting.
 func (g *directGroup) gather(first directReq) []directReq {
-	batch := []directReq{first}
+	batch := make([]directReq, 0, 1)
+	take := func(r directReq) {
+		if err := r.ctx.Err(); err != nil {
+			g.done(r, applied{err: err})
+			return
+		}
+		batch = append(batch, r)
+	}
+	take(first)
 	for len(batch) < directBatch {
 		select {
 		case r := <-g.in:
-			batch = append(batch, r)
+			take(r)
 		default:
 			return batch
 		}
@@ -146,9 +171,18 @@ func (g *directGroup) gather(first directReq) []directReq {
 	return batch
 }
 
+// done hands r its outcome; r is no longer pending.
+func (g *directGroup) done(r directReq, a applied) {
+	r.out <- a
+	g.pending.Add(-1)
+}
+
 // applyGroup runs one transaction for batch, in a span linked to each
 // request's, and hands each request its result.
 func (g *directGroup) applyGroup(batch []directReq) {
+	if len(batch) == 0 {
+		return
+	}
 	cmds := make([]ledger.Command, len(batch))
 	links := make([]trace.Link, len(batch))
 	for i, r := range batch {
@@ -168,13 +202,13 @@ func (g *directGroup) applyGroup(batch []directReq) {
 	}
 	for i, r := range batch {
 		if err != nil {
-			r.out <- applied{err: err}
+			g.done(r, applied{err: err})
 			continue
 		}
 		if k := results[i].Kind; k == ledger.Applied || k == ledger.Rejected {
 			g.stats.Delivered(cmds[i].Topic())
 			g.stats.Record(cmds[i].Topic(), results[i])
 		}
-		r.out <- applied{res: results[i]}
+		g.done(r, applied{res: results[i]})
 	}
 }

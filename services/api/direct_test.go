@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -165,5 +166,69 @@ func TestDisconnectWhileApplying(t *testing.T) {
 	}
 	if got := e.balance(t, "eu", keyA, to); got != 9 {
 		t.Fatalf("destination: got %d, want 9 (once)", got)
+	}
+}
+
+// TestAbandonedBeforeItsTransaction: a request whose client goes away while
+// it still waits for a transaction here (another group's transaction is
+// running) is left out of the next one: it makes no transfer when its
+// client has stopped waiting, and its retry applies it once. While it
+// waits, the cluster's backlog counts it as work still moving.
+func TestAbandonedBeforeItsTransaction(t *testing.T) {
+	e := mustEnv(t, 24*time.Hour, func(c *cluster.Config) { c.APIWait = 45 * time.Second })
+	from := e.account(t, "eu", keyA, 1000)
+	to := e.account(t, "eu", keyA, 0)
+	reg := e.c.Region("eu")
+	h := reg.API
+	gate := &rowGate{t: t, pool: reg.Ledger.Store.Pool(), account: from}
+	t.Cleanup(gate.release)
+
+	gate.close()
+	first := make(chan response, 1)
+	go func() { first <- e.do(t, "eu", "POST", "/v1/transfers", keyA, "running", transferJSON(from, to, 10)) }()
+	gate.held(t) // the first request's transaction waits for the row
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "POST", reg.APIURL+"/v1/transfers", strings.NewReader(transferJSON(from, to, 5)))
+	req.Header.Set("Authorization", "Bearer "+keyA)
+	req.Header.Set("Idempotency-Key", "abandoned")
+	req.Header.Set("Content-Type", "application/json")
+	gone := make(chan error, 1)
+	go func() {
+		res, err := http.DefaultClient.Do(req)
+		if err == nil {
+			res.Body.Close()
+			err = fmt.Errorf("answered %d", res.StatusCode)
+		}
+		gone <- err
+	}()
+	waitFor(t, "both requests in this process's group", func() bool { return h.Applying() == 2 })
+	if n, err := e.c.Backlog(context.Background()); err != nil || n < 2 {
+		gate.release()
+		t.Fatalf("backlog with two requests waiting here: %d (%v), want them counted", n, err)
+	}
+	handed := h.Stats.Handed.Load()
+	cancel()
+	if err := <-gone; !errors.Is(err, context.Canceled) {
+		gate.release()
+		t.Fatalf("the abandoned request: %v, want its client's cancel", err)
+	}
+	waitFor(t, "the abandoned request's handler to stop waiting", func() bool { return h.Stats.Handed.Load() > handed })
+	gate.release()
+	if r := <-first; r.status != http.StatusCreated {
+		t.Fatalf("the running request: %d %s, want 201", r.status, r.body)
+	}
+	waitFor(t, "the group to be empty", func() bool { return h.Applying() == 0 })
+	e.quiet(t)
+	if got := e.balance(t, "eu", keyA, to); got != 10 {
+		t.Fatalf("destination: got %d, want 10 (the abandoned request applied nothing)", got)
+	}
+	if r := e.do(t, "eu", "POST", "/v1/transfers", keyA, "abandoned", transferJSON(from, to, 5)); r.status != http.StatusCreated ||
+		r.header.Get(api.HeaderReplayed) == "true" {
+		t.Fatalf("retry of the abandoned request: %d %s, want a first 201", r.status, r.body)
+	}
+	if got := e.balance(t, "eu", keyA, to); got != 15 {
+		t.Fatalf("destination: got %d, want 15 (the retry once)", got)
 	}
 }

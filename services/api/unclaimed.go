@@ -218,7 +218,7 @@ func (p *unclaimedPath) applyHere(ctx context.Context, cmd ledger.Command, deadl
 			p.stats.Direct.Add(1)
 			return r.res.Answer, nil
 		}
-		if r.err != nil {
+		if r.err != nil && ctx.Err() == nil { // not a request left out for its ended context
 			p.cfg.Log.Warn("applying here failed; submitting to the ledger stream", "transfer", cmd.TransferID, "err", r.err)
 		}
 		p.stats.Handed.Add(1)

@@ -472,8 +472,9 @@ func (c *Cluster) APIStores() []*apidb.Store {
 }
 
 // Backlog counts the work still moving anywhere: route streams not yet
-// forwarded, ledger streams not yet applied, outbox rows not yet relayed
-// and transfers still DEBITED. Zero means the cluster is quiet.
+// forwarded, ledger streams not yet applied, requests an API may still
+// apply itself, outbox rows not yet relayed and transfers still DEBITED.
+// Zero means the cluster is quiet.
 func (c *Cluster) Backlog(ctx context.Context) (int64, error) {
 	var n int64
 	for _, name := range c.Names() {
@@ -492,6 +493,9 @@ func (c *Cluster) Backlog(ctx context.Context) (int64, error) {
 			return 0, err
 		}
 		n += int64(info.State.Msgs) // a work queue: what is left is not forwarded yet
+		if a := r.API; a != nil {
+			n += a.Applying()
+		}
 		unsent, _, err := r.Ledger.Store.OutboxLag(ctx)
 		if err != nil {
 			return 0, err

@@ -1,6 +1,7 @@
 package pgserver
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -130,14 +131,7 @@ func StartThrowawayWith(ctx context.Context, o ThrowawayOptions) (*Throwaway, er
 		}
 		t.asUser = "postgres"
 	}
-	port := o.Port
-	if port == 0 {
-		if port, err = freePort(); err != nil {
-			os.RemoveAll(dir)
-			return nil, err
-		}
-	}
-	if err := t.initAndStart(ctx, o, port); err != nil {
+	if err := t.initAndStart(ctx, o); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
@@ -145,8 +139,8 @@ func StartThrowawayWith(ctx context.Context, o ThrowawayOptions) (*Throwaway, er
 }
 
 // initAndStart makes the cluster in t.Dir/data with o's authentication
-// and TLS, starts it on port, and sets t.URL.
-func (t *Throwaway) initAndStart(ctx context.Context, o ThrowawayOptions, port int) error {
+// and TLS, starts it on o.Port (or a free port), and sets t.URL.
+func (t *Throwaway) initAndStart(ctx context.Context, o ThrowawayOptions) error {
 	data := filepath.Join(t.Dir, "data")
 	initArgs := []string{"-D", data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"}
 	if o.Password != "" {
@@ -187,13 +181,9 @@ func (t *Throwaway) initAndStart(ctx context.Context, o ThrowawayOptions, port i
 		settings = append(settings, "ssl=on")
 	}
 	settings = append(settings, o.Settings...)
-	t.opts = fmt.Sprintf("-p %d -k %s", port, t.Dir)
-	for _, kv := range settings {
-		t.opts += " -c " + kv
-	}
-	if out, err := t.run(ctx, "pg_ctl", "-D", data, "-o", t.opts, "-l", filepath.Join(t.Dir, "log"), "-w", "-t", "60", "start"); err != nil {
-		log, _ := os.ReadFile(filepath.Join(t.Dir, "log"))
-		return fmt.Errorf("pg_ctl start: %v: %s%s", err, out, log)
+	port, err := t.start(ctx, o.Port, settings)
+	if err != nil {
+		return err
 	}
 	u := url.URL{Scheme: "postgres", User: url.User("postgres"), Host: fmt.Sprintf("127.0.0.1:%d", port), Path: "/postgres"}
 	if o.Password != "" {
@@ -209,6 +199,37 @@ func (t *Throwaway) initAndStart(ctx context.Context, o ThrowawayOptions, port i
 	u.RawQuery = q.Encode()
 	t.URL = u.String()
 	return nil
+}
+
+// start starts the cluster in t.Dir/data on port, or on a free port when
+// port is 0, and returns the port. A free port can be taken between the
+// probe and the server's bind (a client's connection gets it as its own
+// port on a busy machine): the server then fails with "Address already in
+// use", and start tries another port, up to five.
+func (t *Throwaway) start(ctx context.Context, port int, settings []string) (int, error) {
+	for attempt := 1; ; attempt++ {
+		p := port
+		if p == 0 {
+			var err error
+			if p, err = freePort(); err != nil {
+				return 0, err
+			}
+		}
+		t.opts = fmt.Sprintf("-p %d -k %s", p, t.Dir)
+		for _, kv := range settings {
+			t.opts += " -c " + kv
+		}
+		logFile := filepath.Join(t.Dir, "log")
+		out, err := t.run(ctx, "pg_ctl", "-D", filepath.Join(t.Dir, "data"), "-o", t.opts, "-l", logFile, "-w", "-t", "60", "start")
+		if err == nil {
+			return p, nil
+		}
+		log, _ := os.ReadFile(logFile)
+		if port != 0 || attempt == 5 || !bytes.Contains(log, []byte("Address already in use")) {
+			return 0, fmt.Errorf("pg_ctl start: %v: %s%s", err, out, log)
+		}
+		_ = os.Remove(logFile)
+	}
 }
 
 // writeOwned writes a file in the cluster's folder that the server's user
