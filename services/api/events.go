@@ -49,10 +49,19 @@ type EventBody struct {
 }
 
 // EventData is the event's object as it was after the change: a transfer
-// (or a refund) or an account.
+// (or a refund), an account, or a webhook endpoint.
 type EventData struct {
-	Transfer *TransferBody     `json:"transfer,omitempty"`
-	Account  *EventAccountBody `json:"account,omitempty"`
+	Transfer        *TransferBody      `json:"transfer,omitempty"`
+	Account         *EventAccountBody  `json:"account,omitempty"`
+	WebhookEndpoint *EventEndpointBody `json:"webhook_endpoint,omitempty"`
+}
+
+// EventEndpointBody is a webhook endpoint in an event: its state and why
+// (the rest: GET /v1/webhook_endpoints/{id}).
+type EventEndpointBody struct {
+	ID             string `json:"id"`
+	Status         string `json:"status"`
+	DisabledReason string `json:"disabled_reason,omitempty"`
 }
 
 // EventAccountBody is an account in an event: what the event changed, and
@@ -75,11 +84,14 @@ func EventID(account string, seq int64) string {
 func eventBody(e ledger.RecordedEvent) EventBody {
 	b := EventBody{ID: EventID(e.Account, e.Sequence), Type: string(e.Type), CreatedAt: e.CreatedAt.UTC(), Account: e.Account,
 		Sequence: e.Sequence, position: e.Position}
-	if e.Type.IsAccount() {
+	switch {
+	case e.Type.IsEndpoint():
+		b.Data.WebhookEndpoint = &EventEndpointBody{ID: e.Object, Status: e.Status, DisabledReason: string(e.Reason)}
+	case e.Type.IsAccount():
 		a := e.Opened
 		b.Data.Account = &EventAccountBody{ID: a.ID, Currency: a.Currency, Closed: a.Closed, Frozen: a.Frozen, CreatedAt: a.CreatedAt.UTC(),
 			Reference: a.Reference, Metadata: a.Metadata}
-	} else {
+	default:
 		t := transferBody(e.Transfer)
 		b.Data.Transfer = &t
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/paymesh/paymesh/pkg/webhook"
 	"github.com/paymesh/paymesh/services/api"
 	"github.com/paymesh/paymesh/services/api/apid"
+	"github.com/paymesh/paymesh/services/ledger/postgres"
 	"github.com/paymesh/paymesh/services/webhooks"
 )
 
@@ -219,5 +220,91 @@ func waitTrue(t *testing.T, what string, ok func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
+	}
+}
+
+// TestFailingEndpointDisabled: an endpoint whose deliveries fail past the
+// schedule's age is disabled by every region that gave up on it, and its
+// home records one webhook_endpoint.disabled event, with the reason: in
+// the client's feed, and delivered to the client's other endpoint, which
+// takes that type alone.
+func TestFailingEndpointDisabled(t *testing.T) {
+	e := mustEnv(t, 24*time.Hour, func(c *cluster.Config) {
+		c.API = func(_ string, a *apid.Config) {
+			a.WebhookAllowHosts = []string{"127.0.0.1"}
+			a.WebhookSchedule = webhooks.Schedule{First: 20 * time.Millisecond, Longest: 100 * time.Millisecond, MaxAge: 500 * time.Millisecond}
+		}
+	})
+	down := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusServiceUnavailable) }))
+	t.Cleanup(down.Close)
+	rc := &hookReceiver{got: map[string]int{}}
+	up := httptest.NewServer(rc)
+	t.Cleanup(up.Close)
+	var failing, watcher api.WebhookEndpointBody
+	e.do(t, "eu", "POST", "/v1/webhook_endpoints", keyA, "wh-down", `{"url":"`+down.URL+`/in"}`).json(t, &failing)
+	e.do(t, "us", "POST", "/v1/webhook_endpoints", keyA, "wh-up", `{"url":"`+up.URL+`/in","types":["webhook_endpoint.disabled"]}`).json(t, &watcher)
+	if failing.ID == "" || watcher.Secret == "" {
+		t.Fatalf("endpoints: %+v %+v", failing, watcher)
+	}
+	rc.mu.Lock()
+	rc.secrets = []string{watcher.Secret}
+	rc.mu.Unlock()
+	for _, region := range []string{"eu", "us", "ap"} {
+		waitTrue(t, "both endpoints' copies in "+region, func() bool {
+			var n int
+			_ = e.c.Region(region).Ledger.Store.Pool().QueryRow(t.Context(), `SELECT count(*) FROM webhook_endpoints WHERE id IN ($1, $2)`,
+				failing.ID, watcher.ID).Scan(&n)
+			return n == 2
+		})
+	}
+	// Events in eu, its home, and in us: both regions' workers give up.
+	for _, region := range []string{"eu", "us"} {
+		from, to := e.account(t, region, keyA, 100), e.account(t, region, keyA, 0)
+		e.sendTransfer(t, region, "wh-down-"+region, from, to, 10)
+	}
+	for _, region := range []string{"eu", "us"} {
+		waitTrue(t, "the endpoint disabled by "+region+"'s worker", func() bool {
+			var st string
+			_ = e.c.Region(region).Ledger.Store.Pool().QueryRow(t.Context(), `SELECT status FROM webhook_endpoints WHERE id = $1`, failing.ID).Scan(&st)
+			return st == "disabled"
+		})
+	}
+	var feed api.EventList
+	waitTrue(t, "the disabled event in the feed", func() bool {
+		feed = api.EventList{}
+		e.do(t, "ap", "GET", "/v1/events?type=webhook_endpoint.disabled", keyA, "", "").json(t, &feed)
+		return len(feed.Events) > 0
+	})
+	ev := feed.Events[0]
+	w := ev.Data.WebhookEndpoint
+	if len(feed.Events) != 1 || ev.ID != failing.ID+".1" || ev.Account != failing.ID || ev.Type != "webhook_endpoint.disabled" || w == nil ||
+		w.ID != failing.ID || w.Status != "disabled" || !strings.Contains(w.DisabledReason, "answered 503") ||
+		ev.Data.Transfer != nil || ev.Data.Account != nil {
+		t.Fatalf("the feed's disabled events: %+v (endpoint %+v)", feed.Events, w)
+	}
+	waitTrue(t, "the disabled event delivered to the other endpoint", func() bool { return rc.count(ev.ID) == 1 })
+	var got api.WebhookEndpointBody
+	e.do(t, "us", "GET", "/v1/webhook_endpoints/"+failing.ID, keyA, "", "").json(t, &got)
+	if got.Status != "disabled" {
+		t.Errorf("the failing endpoint: %+v, want disabled", got)
+	}
+	// A later change of the disabled endpoint is no second disabling.
+	if r := e.do(t, "ap", "POST", "/v1/webhook_endpoints/"+failing.ID+"/rotate_secret", keyA, "", ""); r.status != http.StatusOK {
+		t.Fatalf("rotate the disabled endpoint's secret: %d %s", r.status, r.body)
+	}
+	e.quiet(t)
+	var events int
+	for _, region := range []string{"eu", "us", "ap"} {
+		var n int
+		if err := e.c.Region(region).Ledger.Store.Pool().QueryRow(t.Context(), `SELECT count(*) FROM events WHERE account_id = $1`, failing.ID).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		events += n
+	}
+	if ids := rc.ids(); events != 1 || len(ids) != 1 {
+		t.Errorf("%d events of the endpoint in all regions, %d delivered to the other (%v); want 1 and 1", events, len(ids), ids)
+	}
+	if rep, err := postgres.VerifyGlobal(t.Context(), e.c.Stores(), true); err != nil || !rep.OK() {
+		t.Errorf("verify: %v %+v", err, rep)
 	}
 }

@@ -40,13 +40,18 @@ const (
 	AccountClosed   EventType = "account.closed"
 	AccountFrozen   EventType = "account.frozen"
 	AccountUnfrozen EventType = "account.unfrozen"
+
+	// WebhookEndpointDisabled: a webhook endpoint's deliveries kept
+	// failing until one failed for good, and the endpoint was disabled
+	// (services/webhooks). Its events are ordered by the endpoint's ID.
+	WebhookEndpointDisabled EventType = "webhook_endpoint.disabled"
 )
 
 // EventTypes lists every event type, in the order of the constants.
 func EventTypes() []EventType {
 	return []EventType{TransferCreated, TransferCompleted, TransferRejected, TransferRefunded, TransferHeld, TransferCaptured,
 		TransferVoided, TransferExpired, RefundCreated, RefundCompleted, RefundRejected, RefundFailed,
-		AccountOpened, AccountClosed, AccountFrozen, AccountUnfrozen}
+		AccountOpened, AccountClosed, AccountFrozen, AccountUnfrozen, WebhookEndpointDisabled}
 }
 
 // Account states in an account event's snapshot (Emitted.Status).
@@ -72,11 +77,13 @@ type Emitted struct {
 	// Client is the feed of an event whose account the ledger does not
 	// hold (a refusal naming an unknown account).
 	Client string
-	// Object is the transfer's ID, or the account's for an account event.
+	// Object is the transfer's ID, or the account's (the endpoint's) for
+	// an account (endpoint) event.
 	Object string
 	// Status is the transfer's status after the change, or for an account
 	// event the account's state (AccountOpen, AccountIsFrozen,
-	// AccountIsClosed); Reason a rejection's code.
+	// AccountIsClosed); Reason a rejection's code, or why an endpoint was
+	// disabled.
 	Status  string
 	Reason  Code
 	Version int64
@@ -92,6 +99,13 @@ func (t EventType) IsAccount() bool {
 	}
 	return false
 }
+
+// IsEndpoint reports whether the event's object is a webhook endpoint.
+func (t EventType) IsEndpoint() bool { return t == WebhookEndpointDisabled }
+
+// IsTransfer reports whether the event's object is a transfer (or a
+// refund).
+func (t EventType) IsTransfer() bool { return t.Valid() && !t.IsAccount() && !t.IsEndpoint() }
 
 // Valid reports whether t is an event type.
 func (t EventType) Valid() bool {
@@ -202,6 +216,13 @@ func OpenedEvent(a Account) Emitted {
 	return Emitted{Type: AccountOpened, Account: a.ID, Client: a.ClientID, Object: a.ID, Status: AccountOpen}
 }
 
+// EndpointDisabledEvent is the event of webhook endpoint id of client
+// disabled for reason (Emitted.Reason holds the reason's text; the status
+// is "disabled").
+func EndpointDisabledEvent(id, client, reason string) Emitted {
+	return Emitted{Type: WebhookEndpointDisabled, Account: id, Client: client, Object: id, Status: "disabled", Reason: Code(reason)}
+}
+
 // EventFilter selects a client's events, oldest first.
 type EventFilter struct {
 	Client string
@@ -252,7 +273,8 @@ type RecordedEvent struct {
 	Sequence  int64
 	Position  EventPosition
 	CreatedAt time.Time
-	// Transfer or Opened is the object (by Emitted.Type.IsAccount).
+	// Transfer or Opened is the object (by Emitted.Type.IsAccount); an
+	// endpoint's event has its snapshot alone (Emitted.Status, Reason).
 	Transfer Transfer
 	Opened   Account
 }

@@ -58,15 +58,21 @@ func check(id string, e Event) error {
 	case e.CreatedAt.IsZero():
 		return errors.New("the event has no created_at")
 	}
-	t, a := e.Data.Transfer, e.Data.Account
-	if ledger.EventType(e.Type).IsAccount() {
-		if a == nil || t != nil || a.ID != e.Account {
+	t, a, w := e.Data.Transfer, e.Data.Account, e.Data.WebhookEndpoint
+	switch typ := ledger.EventType(e.Type); {
+	case typ.IsEndpoint():
+		if w == nil || t != nil || a != nil || w.ID != e.Account {
+			return fmt.Errorf("a %s event carries its webhook endpoint (%.40q) and nothing else", e.Type, e.Account)
+		}
+		return nil
+	case typ.IsAccount():
+		if a == nil || t != nil || w != nil || a.ID != e.Account {
 			return fmt.Errorf("a %s event carries its account (%.40q) and nothing else", e.Type, e.Account)
 		}
 		return nil
 	}
 	switch {
-	case t == nil || a != nil || t.ID == "":
+	case t == nil || a != nil || w != nil || t.ID == "":
 		return fmt.Errorf("a %s event carries a transfer and nothing else", e.Type)
 	case t.Amount < 0:
 		return fmt.Errorf("transfer %.40q has a negative amount", t.ID)

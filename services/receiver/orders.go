@@ -33,6 +33,9 @@ var orderStatus = map[ledger.EventType]string{
 // Apply applies one event in tx.
 func (Orders) Apply(ctx context.Context, tx pgx.Tx, e Event) error {
 	t := ledger.EventType(e.Type)
+	if t.IsEndpoint() {
+		return nil // the shop's own endpoint: news for its operators, not an order's
+	}
 	if t.IsAccount() {
 		_, err := tx.Exec(ctx, `
 			INSERT INTO customer_accounts AS c (account, status, events) VALUES ($1, $2, 1)

@@ -193,8 +193,14 @@ func TestBadBodies(t *testing.T) {
 		"no transfer":       edit(func(e *receiver.Event) { e.Data.Transfer = nil }),
 		"transfer and acct": edit(func(e *receiver.Event) { e.Data.Account = &api.EventAccountBody{ID: "eu-acct-1"} }),
 		"account event":     edit(func(e *receiver.Event) { e.Type = string(ledger.AccountOpened) }),
-		"negative amount":   edit(func(e *receiver.Event) { e.Data.Transfer.Amount = -5 }),
-		"refund of nothing": edit(func(e *receiver.Event) { e.Type = string(ledger.RefundCompleted) }),
+		"endpoint event":    edit(func(e *receiver.Event) { e.Type = string(ledger.WebhookEndpointDisabled) }),
+		"endpoint not its": edit(func(e *receiver.Event) {
+			e.Type, e.Data.Transfer = string(ledger.WebhookEndpointDisabled), nil
+			e.Data.WebhookEndpoint = &api.EventEndpointBody{ID: "eu-other", Status: "disabled"}
+		}),
+		"transfer and endpoint": edit(func(e *receiver.Event) { e.Data.WebhookEndpoint = &api.EventEndpointBody{ID: "eu-acct-1"} }),
+		"negative amount":       edit(func(e *receiver.Event) { e.Data.Transfer.Amount = -5 }),
+		"refund of nothing":     edit(func(e *receiver.Event) { e.Type = string(ledger.RefundCompleted) }),
 	} {
 		t.Run(name, func(t *testing.T) {
 			d := delivery{body: body, id: ev.ID, at: time.Now(), secret: secret}
@@ -217,6 +223,23 @@ func TestBadBodies(t *testing.T) {
 	}
 	if tot := b.totals(t); tot.Applied+tot.Parked+tot.Effects != 0 {
 		t.Errorf("bad bodies left %+v", tot)
+	}
+}
+
+// TestEndpointEvent: a webhook endpoint's disabled event is recorded once
+// and changes no order: the shop's effects are the orders' and accounts'.
+func TestEndpointEvent(t *testing.T) {
+	b := newBed(t)
+	ep := &account{id: "eu-endpoint-1"}
+	d := signed(ep.event(ledger.WebhookEndpointDisabled, api.EventData{WebhookEndpoint: &api.EventEndpointBody{ID: ep.id, Status: "disabled",
+		DisabledReason: "event eu-acct-1.3 failed for 72h0m0s: answered 503"}}))
+	for i := range 2 {
+		if code, out := b.post(t, d); code != http.StatusOK {
+			t.Fatalf("delivery %d: %d %s, want 200", i+1, code, out)
+		}
+	}
+	if tot := b.totals(t); tot.Applied != 1 || tot.Effects != 0 || tot.Parked != 0 {
+		t.Errorf("after an endpoint's event twice: %+v, want it applied once, with no effect", tot)
 	}
 }
 

@@ -295,7 +295,7 @@ func (s *Server) openWebhooks(ctx context.Context, led *postgres.Store, acfg *ap
 	if err := regiondb.Migrate(ctx, s.pool, regiondb.Schema{Webhooks: true}); err != nil {
 		return err
 	}
-	store := webhookdb.New(s.pool)
+	store := webhookdb.New(s.pool).RecordingEvents(led)
 	guard := webhooks.NewGuard(s.cfg.WebhookAllowHosts)
 	acfg.Webhooks, acfg.WebhookGuard = store, guard
 	if s.cfg.WebhookStats == nil {

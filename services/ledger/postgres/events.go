@@ -75,9 +75,10 @@ const eventRowSQL = `
 	       coalesce(t.reference, ''), t.metadata,
 	       a.currency, a.created_at, coalesce(a.reference, ''), a.metadata`
 
-// eventJoinsSQL joins an event's object: a transfer, or an account.
+// eventJoinsSQL joins an event's object: a transfer, or an account (an
+// endpoint's event carries its snapshot alone).
 const eventJoinsSQL = `
-	LEFT JOIN transfers t ON t.id = e.object_id AND e.type NOT LIKE 'account.%'
+	LEFT JOIN transfers t ON t.id = e.object_id AND (e.type LIKE 'transfer.%' OR e.type LIKE 'refund.%')
 	LEFT JOIN accounts a ON a.id = e.object_id AND e.type LIKE 'account.%'`
 
 // eventsPageSQL reads a client's events after a position, up to the
@@ -171,10 +172,11 @@ func scanEvent(row pgx.CollectableRow) (ledger.RecordedEvent, error) {
 	e.Type = ledger.EventType(typ)
 	e.Position.Account, e.Position.Sequence = e.Account, e.Sequence
 	switch {
+	case e.Type.IsEndpoint():
 	case e.Type.IsAccount() && acur != nil:
 		e.Opened = ledger.Account{ID: e.Object, ClientID: e.Client, Kind: ledger.KindCustomer, Currency: *acur, CreatedAt: *aCreated,
 			Closed: e.Status == ledger.AccountIsClosed, Frozen: e.Status == ledger.AccountIsFrozen, Reference: aRef, Metadata: aMeta}
-	case !e.Type.IsAccount() && from != nil:
+	case e.Type.IsTransfer() && from != nil:
 		e.Transfer = ledger.Transfer{ID: e.Object, ClientID: e.Client, From: *from, To: *to, Amount: *amount, Currency: *cur,
 			Status: ledger.Status(e.Status), Reason: e.Reason, Version: e.Version, CreatedAt: *tCreated, CapturedAmount: e.Captured,
 			RefundOf: refundOf, Reference: tRef, Metadata: tMeta}
@@ -190,13 +192,43 @@ func scanEvent(row pgx.CollectableRow) (ledger.RecordedEvent, error) {
 // recordOpened records, in an account's opening transaction, its
 // account.opened event, unless events are off.
 func (s *Store) recordOpened(ctx context.Context, tx pgx.Tx, a ledger.Account) error {
+	return s.RecordEvents(ctx, tx, ledger.OpenedEvent(a))
+}
+
+// RecordEndpointDisabled records in tx, the transaction that writes
+// webhook endpoint id disabled at its home region, the endpoint's
+// webhook_endpoint.disabled event, unless it has one (an endpoint is
+// disabled once; its events' counter, never pruned, is the record) or
+// events are off. The endpoint's row lock, held by tx, orders two writes
+// of one endpoint.
+func (s *Store) RecordEndpointDisabled(ctx context.Context, tx pgx.Tx, id, client, reason string) error {
 	if s.cfg.NoEvents {
 		return nil
 	}
+	var recorded bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM event_sequences WHERE account_id = $1)`, id).Scan(&recorded); err != nil {
+		return fmt.Errorf("record endpoint %s disabled: %w", id, err)
+	}
+	if recorded {
+		return nil
+	}
+	return s.RecordEvents(ctx, tx, ledger.EndpointDisabledEvent(id, client, reason))
+}
+
+// RecordEvents records evs in tx, the transaction of the change they tell
+// (as the apply's write stage records a batch's), unless events are off.
+func (s *Store) RecordEvents(ctx context.Context, tx pgx.Tx, evs ...ledger.Emitted) error {
+	if s.cfg.NoEvents || len(evs) == 0 {
+		return nil
+	}
 	var n newEvents
-	n.add(ledger.OpenedEvent(a))
-	_, err := tx.Exec(ctx, insertEventsSQL, n.account, n.client, n.typ, n.object, n.status, n.reason, n.version, n.captured)
-	return err
+	for _, e := range evs {
+		n.add(e)
+	}
+	if _, err := tx.Exec(ctx, insertEventsSQL, n.account, n.client, n.typ, n.object, n.status, n.reason, n.version, n.captured); err != nil {
+		return fmt.Errorf("record events: %w", err)
+	}
+	return nil
 }
 
 // pruneEventsSQL deletes up to $2 events recorded before $1.

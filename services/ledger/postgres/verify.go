@@ -351,7 +351,7 @@ func (s *Store) transferEventsSQL() string {
 	}
 	return `
 	WITH ev AS (
-	    SELECT object_id, type, count(*) AS n FROM events WHERE type NOT LIKE 'account.%' GROUP BY object_id, type),
+	    SELECT object_id, type, count(*) AS n FROM events WHERE type LIKE 'transfer.%' OR type LIKE 'refund.%' GROUP BY object_id, type),
 	want AS (
 	    SELECT t.id, t.status, w.type
 	    FROM transfers t,

@@ -42,11 +42,21 @@ func Migrations() pgdb.Migration {
 
 // Store is a region's webhook state.
 type Store struct {
-	pool *pgxpool.Pool
+	pool   *pgxpool.Pool
+	events *postgres.Store // records an endpoint's disabling (nil: not recorded)
 }
 
 // New returns the store over a region's database.
 func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
+
+// RecordingEvents has the store record, through the region's ledger, the
+// webhook_endpoint.disabled event of an endpoint that its home region
+// writes disabled (Change), in the transaction that writes it; it returns
+// the store.
+func (s *Store) RecordingEvents(l *postgres.Store) *Store {
+	s.events = l
+	return s
+}
 
 const endpointColumns = `id, client_id, url, types, secret, coalesce(previous_secret, ''), previous_until, status,
 	coalesce(disabled_reason, ''), version, created_at, updated_at`
@@ -244,6 +254,13 @@ func (s *Store) Change(ctx context.Context, id, client string, change func(*webh
 		}
 		if e.Status == webhooks.Deleted {
 			if err := endPending(ctx, tx, e.ID, "the endpoint was deleted"); err != nil {
+				return err
+			}
+		}
+		// Disabled here by this region's worker (Disable) or by another
+		// region's word: the home records the event once, either way.
+		if e.Status == webhooks.Disabled && s.events != nil {
+			if err := s.events.RecordEndpointDisabled(ctx, tx, e.ID, e.Client, e.DisabledReason); err != nil {
 				return err
 			}
 		}
