@@ -94,9 +94,9 @@ compose-up:
 compose-down:
 	docker compose --profile load down -v
 
-## compose-load: register the load client and drive transfers through the three APIs
+## compose-load: register the load client, drive transfers through the three APIs, receive its webhooks
 compose-load:
-	docker compose --profile load up setup loadgen
+	docker compose --profile load up setup loadgen receiver
 
 clean:
 	rm -rf bin

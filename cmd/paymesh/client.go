@@ -288,6 +288,9 @@ type webhooksCmd struct {
 		URL  string   `arg:"" help:"Where to post the events (https; plain http only to a host the operator allowed)."`
 		Type []string `help:"Only events of these types (several: comma-separated; default every type)."`
 		Key  string   `help:"Idempotency-Key (default: a new random one, printed, reused on retries)."`
+		// SecretFile hands the secret to a receiver that reads it
+		// (paymesh receiver --secret-file), as docker-compose does.
+		SecretFile string `name:"secret-file" type:"path" help:"Also write the signing secret to this file (mode 0600), for a receiver started with --secret-file."`
 	} `cmd:"" help:"Receive your events at a URL, signed; prints the signing secret, shown this once."`
 	List struct {
 		apiClient
@@ -318,12 +321,29 @@ type webhooksCmd struct {
 	} `cmd:"" help:"Send an event again."`
 }
 
+// writeSecret writes the signing secret of a created endpoint (body, the
+// API's answer) to path, readable by its owner alone.
+func writeSecret(path string, body []byte) error {
+	var e api.WebhookEndpointBody
+	if err := json.Unmarshal(body, &e); err != nil || e.Secret == "" {
+		return fmt.Errorf("the endpoint's answer holds no secret to write to %s", path)
+	}
+	if err := os.WriteFile(path, []byte(e.Secret+"\n"), 0o600); err != nil {
+		return fmt.Errorf("write the secret: %w", err)
+	}
+	return nil
+}
+
 func (c *webhooksCmd) Run(ctx context.Context, k *kong.Context) error {
 	const base = "/v1/webhook_endpoints"
 	switch k.Command() {
 	case "webhooks create <url>":
 		cr := c.Create
-		return show(cr.client().CreateWebhookEndpoint(ctx, api.WebhookEndpointRequest{URL: cr.URL, Types: splitAll(cr.Type)}, idemKey(cr.Key)))
+		r, err := cr.client().CreateWebhookEndpoint(ctx, api.WebhookEndpointRequest{URL: cr.URL, Types: splitAll(cr.Type)}, idemKey(cr.Key))
+		if err == nil && cr.SecretFile != "" {
+			err = writeSecret(cr.SecretFile, r.Body)
+		}
+		return show(r, err)
 	case "webhooks list":
 		return show(c.List.client().Get(ctx, base))
 	case "webhooks show <id>":

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -48,10 +49,17 @@ func TestWebhooksCommands(t *testing.T) {
 	if !errors.Is(err, errFailed) || !strings.Contains(out, string(ledger.CodeInvalidRequest)) {
 		t.Fatalf("webhooks create of a private address: %v %s, want the API's 400", err, out)
 	}
-	out, err = run("webhooks", "create", srv.URL+"/in", "--type", "account.opened", "--key", "cli-hook")
+	secretFile := filepath.Join(t.TempDir(), "secret")
+	out, err = run("webhooks", "create", srv.URL+"/in", "--type", "account.opened", "--key", "cli-hook", "--secret-file", secretFile)
 	var ep api.WebhookEndpointBody
 	if err != nil || json.Unmarshal([]byte(out), &ep) != nil || ep.Secret == "" || len(ep.Types) != 1 {
 		t.Fatalf("webhooks create: %v %s", err, out)
+	}
+	if b, err := os.ReadFile(secretFile); err != nil || string(b) != ep.Secret+"\n" {
+		t.Fatalf("the secret file: %q %v, want the secret shown", b, err)
+	}
+	if fi, err := os.Stat(secretFile); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("the secret file's mode: %v %v, want 0600", fi.Mode(), err)
 	}
 	out, err = run("webhooks", "list")
 	if err != nil || !strings.Contains(out, ep.ID) || strings.Contains(out, ep.Secret) {

@@ -87,7 +87,7 @@ func natsURLs(r regions.Region) string {
 
 // The services outside the regions besides the hub and the observability
 // stack (observability_test.go): the load profile's.
-var loadServices = []string{"setup", "loadgen"}
+var loadServices = []string{"setup", "loadgen", "receiver-setup", "receiver"}
 
 // natsCommand is the command of the nats service that runs config name
 // (a region or "hub").
@@ -606,7 +606,7 @@ var images = map[string]struct {
 	pkg, binary string
 	commands    []string
 }{
-	"paymesh": {"./cmd/paymesh", "/paymesh", []string{"ledger", "router", "api", "migrate", "verify", "client", "dlq"}},
+	"paymesh": {"./cmd/paymesh", "/paymesh", []string{"ledger", "router", "api", "migrate", "verify", "client", "dlq", "receiver", "webhooks"}},
 	"lab":     {"./cmd/paymesh-lab", "/paymesh-lab", []string{"wan", "load", "certs"}},
 }
 

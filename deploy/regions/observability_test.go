@@ -116,7 +116,8 @@ func tracedServices(tab regions.Table) map[string]string {
 // TestPrometheusScrapesEveryMetricsEndpoint: Prometheus runs from
 // deploy/prometheus/prometheus.yml with exemplar storage, and its scrape
 // targets are exactly the /metrics endpoints the paymesh services listen on:
-// every region's ledger, router and API, by service name and the port of
+// every region's ledger, router and API and the load profile's receiver, by
+// service name and the port of
 // the service's listen variable.
 func TestPrometheusScrapesEveryMetricsEndpoint(t *testing.T) {
 	p := loadCompose(t)
@@ -154,6 +155,8 @@ func TestPrometheusScrapesEveryMetricsEndpoint(t *testing.T) {
 			want = append(want, fmt.Sprintf("%s:%d", e.Service, port(listen)))
 		}
 	}
+	// The load profile's reference receiver serves its own.
+	want = append(want, fmt.Sprintf("receiver:%d", port(service(t, p, "receiver").Environment["PAYMESH_RECEIVER_METRICS_LISTEN"])))
 	slices.Sort(got)
 	slices.Sort(want)
 	if !slices.Equal(got, want) {

@@ -12,6 +12,7 @@ import (
 	"regexp"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -55,6 +56,18 @@ func Create(ctx context.Context, adminURL, name string, drop bool) (string, erro
 		return "", fmt.Errorf("pgdb: create %s: %w", name, err)
 	}
 	return WithDatabase(adminURL, name)
+}
+
+// Ensure creates database name on the server at adminURL unless it exists
+// (two starting at once: one creates it, the other finds it), and returns
+// its URL.
+func Ensure(ctx context.Context, adminURL, name string) (string, error) {
+	u, err := Create(ctx, adminURL, name, false)
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "42P04" { // duplicate_database
+		return WithDatabase(adminURL, name)
+	}
+	return u, err
 }
 
 // Drop drops database name, disconnecting its sessions.

@@ -2,10 +2,14 @@ package pgdb_test
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"sync"
 	"testing"
 	"testing/fstest"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/paymesh/paymesh/internal/testbed/pgtest"
 	"github.com/paymesh/paymesh/platform/pgdb"
@@ -40,5 +44,27 @@ func TestMigrateConcurrently(t *testing.T) {
 	}
 	if n != 2 {
 		t.Fatalf("got %d versions recorded, want 2", n)
+	}
+}
+
+// TestEnsure: Ensure creates a missing database and finds an existing one
+// (as a second start does); a name that is no identifier is refused.
+func TestEnsure(t *testing.T) {
+	ctx := context.Background()
+	name := fmt.Sprintf("pmtest_ensure_%d", os.Getpid())
+	t.Cleanup(func() { _ = pgdb.Drop(context.Background(), pgtest.AdminURL(), name) })
+	for i := range 2 {
+		u, err := pgdb.Ensure(ctx, pgtest.AdminURL(), name)
+		if err != nil {
+			t.Fatalf("ensure %d: %v", i+1, err)
+		}
+		conn, err := pgx.Connect(ctx, u)
+		if err != nil {
+			t.Fatalf("ensure %d: its URL: %v", i+1, err)
+		}
+		_ = conn.Close(ctx)
+	}
+	if _, err := pgdb.Ensure(ctx, pgtest.AdminURL(), "no; drop"); err == nil {
+		t.Error("a name that is no identifier: no error")
 	}
 }

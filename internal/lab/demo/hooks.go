@@ -154,37 +154,6 @@ func (h *hooks) forward(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(answer)
 }
 
-// redeliver asks paymesh to send one event in a hundred again (at least
-// three), as a client would after losing its own record.
-func (h *hooks) redeliver(ctx context.Context, c *cluster.Cluster, apiKey string, names []string) (int64, error) {
-	cl := &api.Client{BaseURL: c.Region(names[0]).APIURL, APIKey: apiKey}
-	var ids []string
-	for _, n := range names {
-		rows, err := c.Region(n).Ledger.Store.Pool().Query(ctx, `SELECT account_id || '.' || sequence FROM events
-			WHERE client_id = $1 AND (hashtext(account_id) + sequence) % 100 = 0`, demoClient)
-		if err != nil {
-			return 0, err
-		}
-		for rows.Next() {
-			var id string
-			if err := rows.Scan(&id); err != nil {
-				return 0, err
-			}
-			ids = append(ids, id)
-		}
-		rows.Close()
-	}
-	var n int64
-	for _, id := range ids {
-		r, err := cl.PostOnce(ctx, "/v1/events/"+id+"/redeliver", nil)
-		if err != nil || r.Status != http.StatusAccepted {
-			return n, fmt.Errorf("redeliver %s: %v %d %s", id, err, r.Status, r.Body)
-		}
-		n++
-	}
-	return n, nil
-}
-
 // report drains the deliveries, then audits them.
 func (h *hooks) report(ctx context.Context, redelivered int64) HooksReport {
 	rep := HooksReport{AnswersLost: h.lost.Load(), Redelivered: redelivered, Endpoint: h.endpoint, URL: h.srv.URL()}
@@ -228,7 +197,8 @@ func (r HooksReport) print(w io.Writer, line func(ok bool, format string, args .
 // hooks redelivers a share of the events, drains the deliveries and
 // audits them.
 func (d *driver) hooks(ctx context.Context, h *hooks) HooksReport {
-	n, err := h.redeliver(ctx, d.c, d.apiKey, d.names)
+	cl := &api.Client{BaseURL: d.c.Region(d.names[0]).APIURL, APIKey: d.apiKey}
+	n, err := h.audit().Redeliver(ctx, cl, 100)
 	if err != nil {
 		return HooksReport{Err: err.Error()}
 	}

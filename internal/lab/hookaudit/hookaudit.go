@@ -10,6 +10,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -69,6 +71,16 @@ func (a Audit) Duplicated() int64 {
 	return n
 }
 
+// ByCause describes the duplicates by cause, in receiver.Causes' order:
+// "retry 3, redelivery 1, parked 0, stale 0, unknown 0".
+func (a Audit) ByCause() string {
+	var out []string
+	for _, c := range receiver.Causes() {
+		out = append(out, fmt.Sprintf("%s %d", c, a.Duplicates[c]))
+	}
+	return strings.Join(out, ", ")
+}
+
 // list appends a failure to l, up to MaxListed.
 func list(l *[]string, format string, args ...any) {
 	if len(*l) < MaxListed {
@@ -81,7 +93,8 @@ func list(l *[]string, format string, args ...any) {
 type event struct {
 	id, typ string
 	// target is the row its effect changes at the receiver: the order (a
-	// transfer's ID; for a refund, the transfer it refunds) or the account.
+	// transfer's ID; for a refund, the transfer it refunds) or the account;
+	// none for an endpoint's event.
 	target string
 	// refund is a completed refund's amount.
 	refund int64
@@ -94,11 +107,12 @@ type event struct {
 // endpoint.
 const eventsSQL = `
 	SELECT e.account_id || '.' || e.sequence, e.type,
-	       CASE WHEN e.type LIKE 'account.%' THEN e.account_id ELSE coalesce(t.refund_of, e.object_id) END,
+	       CASE WHEN e.type LIKE 'account.%' THEN e.account_id WHEN e.type LIKE 'webhook_endpoint.%' THEN ''
+	            ELSE coalesce(t.refund_of, e.object_id) END,
 	       CASE WHEN e.type = 'refund.completed' THEN coalesce(t.amount, 0) ELSE 0 END,
 	       coalesce(d.status, ''), coalesce(d.attempts, 0)
 	FROM events e
-	LEFT JOIN transfers t ON t.id = e.object_id AND e.type NOT LIKE 'account.%'
+	LEFT JOIN transfers t ON t.id = e.object_id AND (e.type LIKE 'transfer.%' OR e.type LIKE 'refund.%')
 	LEFT JOIN webhook_deliveries d ON d.endpoint_id = $2 AND d.account_id = e.account_id AND d.sequence = e.sequence
 	WHERE e.client_id = $1`
 
@@ -206,6 +220,7 @@ func (t Target) Run(ctx context.Context) (Audit, error) {
 			a.Waiting++
 		}
 		switch st := rs.state[ev.id]; {
+		case st == "applied" && ev.target == "": // an endpoint's event: no order's or account's
 		case st == "applied":
 			wantFx[ev.target]++
 			wantRefund[ev.target] += ev.refund
@@ -302,4 +317,31 @@ func CreateEndpoint(ctx context.Context, cl *api.Client, url, key string) (api.W
 		return ep, fmt.Errorf("create the webhook endpoint: %w", err)
 	}
 	return ep, nil
+}
+
+// Redeliver asks paymesh, through cl (an API of the client's), to send
+// again one in oneIn of the client's events in every region, as a client
+// would after losing its own record, and returns how many it asked for:
+// each must come to the receiver as a duplicate (cause redelivery), and
+// none be applied again.
+func (t Target) Redeliver(ctx context.Context, cl *api.Client, oneIn int) (int64, error) {
+	var ids []string
+	for _, r := range t.Regions {
+		rows, _ := r.Pool.Query(ctx, `SELECT account_id || '.' || sequence FROM events
+			WHERE client_id = $1 AND (hashtext(account_id) + sequence) % $2 = 0`, t.Client, oneIn)
+		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return 0, fmt.Errorf("events of %s: %w", r.Name, err)
+		}
+		ids = append(ids, got...)
+	}
+	var n int64
+	for _, id := range ids {
+		r, err := cl.PostOnce(ctx, "/v1/events/"+id+"/redeliver", nil)
+		if err != nil || r.Status != http.StatusAccepted {
+			return n, fmt.Errorf("redeliver %s: %v %d %s", id, err, r.Status, r.Body)
+		}
+		n++
+	}
+	return n, nil
 }

@@ -21,6 +21,10 @@ const (
 	FaultKillRouter = "kill-router-ap"
 	FaultKillAPI    = "kill-api-us"
 	FaultKillNATS   = "kill-nats-ap" // one node of ap's cluster, nats-ap-1
+	// FaultKillReceiver kills the reference webhook receiver: a delivery
+	// it committed and had not answered comes again, a duplicate it must
+	// recognise.
+	FaultKillReceiver = "kill-receiver"
 	// FaultKillLeader kills the node leading eu's ledger stream
 	// (leaderKillFault).
 	FaultKillLeader = "kill-nats-leader-eu"
@@ -35,7 +39,7 @@ const (
 const NoFaults = "none"
 
 // FaultNames are the faults of the schedule, in the order they fire.
-var FaultNames = []string{FaultKillLedger, FaultKillRouter, FaultKillAPI, FaultKillNATS, FaultCut, FaultKillLeader, FaultDegrade}
+var FaultNames = []string{FaultKillLedger, FaultKillRouter, FaultKillAPI, FaultKillNATS, FaultCut, FaultKillReceiver, FaultKillLeader, FaultDegrade}
 
 // degradeLatency is added to the degraded link's latency: long enough that
 // the resets (at the rate of paymesh-lab load's degrade) catch PubAcks in
@@ -65,6 +69,7 @@ func (s *sim) schedule(d time.Duration) []fault {
 		s.killFault(FaultKillAPI, "api-us", at(0.12)),
 		s.killFault(FaultKillNATS, "nats-ap-1", at(0.16)),
 		s.cutFault(at(0.22), cutFor),
+		s.killFault(FaultKillReceiver, "receiver", at(0.30)),
 		s.leaderKillFault("eu", max(at(0.22)+cutFor+time.Second, at(0.34))),
 		s.degradeFault(at(0.42), at(0.36)),
 	}

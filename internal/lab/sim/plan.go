@@ -25,7 +25,7 @@ const (
 	kindNATS       kind = iota + 1 // a nats-server process built from go.mod's version
 	kindPostgres                   // a throwaway cluster from the local binaries
 	kindPrometheus                 // Debian's prometheus, through internal/testbed/promcheck
-	kindService                    // a long-running paymesh process (ledger, router, api, wan)
+	kindService                    // a long-running paymesh process (ledger, router, api, wan, receiver)
 	kindSetup                      // a paymesh command run to completion before the load
 	kindLoad                       // paymesh-lab load, with the fault schedule around it
 	kindTool                       // a paymesh command run once the load has drained (verify, dlq list)
@@ -38,8 +38,8 @@ func (k kind) String() string {
 
 // paymeshCommands maps the paymesh commands compose runs to their kind.
 var paymeshCommands = map[string]kind{
-	"ledger": kindService, "router": kindService, "api": kindService, "wan": kindService,
-	"client": kindSetup, "migrate": kindSetup, "certs": kindSetup,
+	"ledger": kindService, "router": kindService, "api": kindService, "wan": kindService, "receiver": kindService,
+	"client": kindSetup, "migrate": kindSetup, "certs": kindSetup, "webhooks": kindSetup,
 	"load":   kindLoad,
 	"verify": kindTool, "dlq": kindTool,
 }

@@ -42,6 +42,11 @@ type Report struct {
 	// that were undone: which node led the stream, and which led it while
 	// that one was down.
 	LeaderKills []LeaderKill
+	// Hooks is the audit of compose's reference receiver (nil: compose
+	// runs none): the load's client's events, their deliveries, the
+	// redeliveries asked for, the duplicates the receiver recorded by
+	// cause, and what it applied.
+	Hooks *HooksAudit `json:",omitempty"`
 	// Verify is the global invariant report (postgres.VerifyGlobal on each
 	// region's database, nothing in transit required); Tools says
 	// whether each verify-<region> process passed.
@@ -148,6 +153,11 @@ func (r *Report) judge() {
 	add(r.Unfinished == 0, fmt.Sprintf("every recorded transfer reached a final state (%d unfinished)", r.Unfinished),
 		strings.Join(append(slices.Clone(r.Stuck), r.RouterLogs...), "\n"))
 	add(r.Verify.OK() && len(r.Verify.Checks) > 0, "global invariants (verify --all --quiescent, in process)", "")
+	if h := r.Hooks; h != nil {
+		add(h.OK() && h.Events > 0 && h.Applied > 0, fmt.Sprintf("every event of the load's client applied once at the reference receiver, or failed with its attempts; "+
+			"every redelivery a duplicate (%d events, %d lost, %d doubled; %d redelivered, %d duplicates)", h.Events, h.Lost, h.Doubled, h.Redelivered, h.Duplicated()),
+			strings.Join(append(slices.Clone(h.Unapplied), h.Mismatch...), "\n"))
+	}
 	tp := r.Transport.problems()
 	if r.TransportError != "" {
 		tp = append([]string{r.TransportError}, tp...)
@@ -205,6 +215,11 @@ func (r *Report) Print(w io.Writer) {
 		r.SameP50, r.SameP99, r.CrossP50, r.CrossP99)
 	printByRegion(w, "duplicates caught, by region and layer (Prometheus, increase over the run):", "%.0f", r.Duplicates)
 	printByRegion(w, "duplicate rate (duplicates per delivery), by region:", "%.4f", r.DuplicateRate)
+	if h := r.Hooks; h != nil {
+		fmt.Fprintf(w, "webhooks to the reference receiver: %d events, %d delivered, %d failed, %d waiting, %d attempts, %d redelivered on request; "+
+			"received %d duplicates (%s); applied %d, parked %d, effects %d\n",
+			h.Events, h.Delivered, h.Failed, h.Waiting, h.Attempts, h.Redelivered, h.Duplicated(), h.ByCause(), h.Applied, h.Parked, h.Effects)
+	}
 	fired := strings.Join(r.Fired, ", ")
 	if fired == "" {
 		fired = "none"

@@ -5,7 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/paymesh/paymesh/internal/lab/hookaudit"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
+	"github.com/paymesh/paymesh/services/receiver"
 )
 
 // passing is a report every check of which passes.
@@ -19,7 +21,9 @@ func passing() *Report {
 		Alerts: []AlertSeen{{Name: duplicateAlert, Labels: map[string]string{"region": "us", "topic": "relay"}, Fired: true,
 			FiredAt: t0.Add(25 * time.Second), Cleared: true, ClearedAt: t0.Add(50 * time.Second)}},
 		PanelsChecked: 3,
-		LeaderKills:   []LeaderKill{{Stream: "LEDGER_EU", Killed: "nats-eu-2", LeaderWhileDown: "nats-eu-3"}},
+		Hooks: &HooksAudit{Audit: hookaudit.Audit{Events: 10, Delivered: 10, Attempts: 13, Applied: 10, Effects: 10,
+			Duplicates: map[receiver.Cause]int64{receiver.CauseRedelivery: 2, receiver.CauseRetry: 1}}, Redelivered: 2},
+		LeaderKills: []LeaderKill{{Stream: "LEDGER_EU", Killed: "nats-eu-2", LeaderWhileDown: "nats-eu-3"}},
 		Transport: Transport{
 			NATS: []NATSTransport{
 				{Server: "nats-hub", ClientTLS: true, Leafnodes: true, LeafTLS: true},
@@ -58,6 +62,12 @@ func TestJudge(t *testing.T) {
 		{"AlertStillFiring", func(r *Report) { r.Alerts[0].Cleared = false }, "cleared"},
 		{"EmptyPanel", func(r *Report) { r.PanelsEmpty = []string{`panel "Lag": no data`} }, `panel "Lag"`},
 		{"NothingAcknowledged", func(r *Report) { r.Acknowledged = 0 }, "acknowledged"},
+		{"HookLost", func(r *Report) {
+			r.Hooks.Lost, r.Hooks.Unapplied = 1, []string{"LOST eu-x.3 (transfer.completed): delivered, never applied"}
+		}, "LOST eu-x.3"},
+		{"HookDoubled", func(r *Report) { r.Hooks.Doubled, r.Hooks.Mismatch = 1, []string{"order eu-t: 2 effects, 1 event"} }, "order eu-t"},
+		{"HookRedeliveryUnseen", func(r *Report) { r.Hooks.Redelivered = 4 }, "4 redelivered, 3 duplicates"},
+		{"HookNothingApplied", func(r *Report) { r.Hooks.Applied = 0 }, "reference receiver"},
 		{"LoadFailed", func(r *Report) { r.LoadError = "exit status 1" }, "exit status 1"},
 		{"LeaderNotMoved", func(r *Report) {
 			r.LeaderKills = []LeaderKill{{Stream: "LEDGER_EU", Killed: "nats-eu-2", LeaderWhileDown: "nats-eu-2"}}

@@ -277,7 +277,43 @@ func (s *sim) env(name string) (map[string]string, error) {
 		env[k] = mapPaths(m, v)
 	}
 	delete(env, otelEndpointEnv)
+	if hosts, ok := env[allowHostsEnv]; ok {
+		env[allowHostsEnv] = s.mapHosts(hosts)
+	}
 	return env, nil
+}
+
+// allowHostsEnv names the hosts an API delivers webhooks to though they
+// are not public: compose's service names, loopback here.
+const allowHostsEnv = "PAYMESH_WEBHOOK_ALLOW_HOSTS"
+
+// mapHosts maps a comma-separated list of hosts: a compose service's name
+// is reached on loopback.
+func (s *sim) mapHosts(list string) string {
+	hosts := strings.Split(list, ",")
+	for i, h := range hosts {
+		if _, ok := s.plan.project.Services[strings.TrimSpace(h)]; ok {
+			hosts[i] = "127.0.0.1"
+		}
+	}
+	return strings.Join(slices.Compact(hosts), ",")
+}
+
+// args returns a service's compose command with its mounts' paths mapped
+// to the run folder and every service address to loopback (a receiver's
+// URL in a webhooks create, say).
+func (s *sim) args(name string) ([]string, error) {
+	m, err := s.mounts(name)
+	if err != nil {
+		return nil, err
+	}
+	args := mappedPaths(m, s.plan.project.Services[name].Command)
+	for i, a := range args {
+		if args[i], err = s.mapper.Text(a); err != nil {
+			return nil, fmt.Errorf("sim: %s: %w", name, err)
+		}
+	}
+	return args, nil
 }
 
 func (s *sim) setPhase(p string) {
@@ -370,6 +406,13 @@ func (s *sim) run(ctx context.Context) (*Report, error) {
 	}
 	if rep.Unfinished > 0 {
 		rep.RouterLogs = s.routerLogs()
+	}
+	client, err := s.setupClient()
+	if err != nil {
+		return nil, err
+	}
+	if rep.Hooks, err = s.auditHooks(ctx, client); err != nil {
+		return nil, err
 	}
 	if rep.Transport, err = s.transport(ctx); err != nil {
 		rep.TransportError = err.Error()
@@ -568,12 +611,12 @@ func (s *sim) startService(ctx context.Context, name string) error {
 	if s.cfg.NoWANLatency && strings.HasPrefix(name, wanServicePrefix) {
 		env["PAYMESH_WAN_LATENCY"] = "0"
 	}
-	m, err := s.mounts(name)
+	args, err := s.args(name)
 	if err != nil {
 		return err
 	}
 	svc := s.plan.project.Services[name]
-	return s.startProc(ctx, procSpec{Name: name, Path: s.binary(name), Args: mappedPaths(m, svc.Command), Env: env,
+	return s.startProc(ctx, procSpec{Name: name, Path: s.binary(name), Args: args, Env: env,
 		Restart: slices.Contains([]string{"always", "unless-stopped", "on-failure"}, svc.Restart)})
 }
 
@@ -679,12 +722,11 @@ func (s *sim) startCommand(name string, extra []string) (*proc, error) {
 	if err != nil {
 		return nil, err
 	}
-	m, err := s.mounts(name)
+	args, err := s.args(name)
 	if err != nil {
 		return nil, err
 	}
-	args := append(mappedPaths(m, s.plan.project.Services[name].Command), extra...)
-	return s.procs.start(procSpec{Name: name, Path: s.binary(name), Args: args, Env: env})
+	return s.procs.start(procSpec{Name: name, Path: s.binary(name), Args: append(args, extra...), Env: env})
 }
 
 // binary returns the binary a compose service runs: the lab's for the
