@@ -103,11 +103,13 @@ func findPrometheusConfig() (string, error) {
 }
 
 // startPrometheus runs Prometheus on file with its scrape targets mapped
-// to the cluster's /metrics, and starts polling its alerts until ctx ends.
+// to the cluster's /metrics (compose's receiver to receiver, the demo's
+// receiver's /metrics URL; dropped when ""), and starts polling its alerts
+// until ctx ends.
 // With file "" it returns a history that is off, saying why. It returns an
 // error when Prometheus does not start or a target is none of the
 // cluster's services.
-func startPrometheus(ctx context.Context, c *cluster.Cluster, file, off string, out io.Writer) (*prometheus, error) {
+func startPrometheus(ctx context.Context, c *cluster.Cluster, receiver, file, off string, out io.Writer) (*prometheus, error) {
 	if file == "" {
 		fmt.Fprintf(out, "alerts: off (%s)\n", off)
 		return &prometheus{history: dashboard.AlertsOff(off)}, nil
@@ -115,6 +117,13 @@ func startPrometheus(ctx context.Context, c *cluster.Cluster, file, off string, 
 	var mapErr error
 	srv, err := promcheck.Start(ctx, promcheck.Options{ConfigFile: file, ScrapeInterval: promInterval, EvaluationInterval: promInterval,
 		Map: func(target string) string {
+			if host, _, _ := strings.Cut(target, ":"); host == receiverTarget {
+				u, _ := url.Parse(receiver)
+				if u == nil {
+					return ""
+				}
+				return u.Host
+			}
 			to, err := metricsTarget(c, target)
 			if err != nil {
 				mapErr = errors.Join(mapErr, err)
@@ -134,6 +143,10 @@ func startPrometheus(ctx context.Context, c *cluster.Cluster, file, off string, 
 	go p.history.Run(ctx, alertPoll)
 	return p, nil
 }
+
+// receiverTarget is the scrape target's host of compose's reference
+// receiver.
+const receiverTarget = "receiver"
 
 // metricsTarget maps a scrape target of the compose config
 // ("ledger-eu:9101": a service and its region) to the host:port of that

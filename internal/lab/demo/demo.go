@@ -335,7 +335,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 		fmt.Fprintf(out, "  %s: API %s\n", n, r.APIURL)
 		fmt.Fprintf(out, "  %s: /metrics ledger %s router %s api %s\n", n, r.LedgerMetricsURL, r.RouterMetricsURL, r.APIMetricsURL)
 	}
-	prom, err := startPrometheus(ctx, c, promFile, promOff, out)
+	prom, err := startPrometheus(ctx, c, hk.srv.MetricsURL(), promFile, promOff, out)
 	if err != nil {
 		return Report{}, err
 	}
