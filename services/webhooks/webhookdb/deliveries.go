@@ -34,7 +34,9 @@ const enqueueSQL = `
 		INSERT INTO webhook_deliveries (endpoint_id, account_id, sequence)
 		SELECT endpoint_id, account_id, sequence FROM scan WHERE cardinality(types) = 0 OR type = ANY(types)
 		ON CONFLICT DO NOTHING
-		RETURNING 1
+		RETURNING endpoint_id, account_id
+	), pairs AS (
+		SELECT DISTINCT endpoint_id, account_id FROM queued
 	), last AS (
 		SELECT DISTINCT ON (endpoint_id) endpoint_id, tx, account_id, sequence FROM scan
 		ORDER BY endpoint_id, tx DESC, account_id COLLATE "C" DESC, sequence DESC
@@ -43,7 +45,49 @@ const enqueueSQL = `
 		FROM last WHERE w.id = last.endpoint_id
 		RETURNING 1
 	)
-	SELECT (SELECT count(*) FROM queued), (SELECT count(*) FROM scan), (SELECT count(*) FROM moved)`
+	SELECT (SELECT count(*) FROM queued), (SELECT count(*) FROM scan), (SELECT count(*) FROM moved),
+	       (SELECT coalesce(array_agg(endpoint_id), '{}') FROM pairs), (SELECT coalesce(array_agg(account_id), '{}') FROM pairs)`
+
+// refreshHeadsSQL marks, for each (endpoint $1[i], account $2[i]), its
+// pending delivery of the lowest sequence as the head and no other. Each
+// writer of pending deliveries runs it in its transaction after its
+// writes, with the endpoint's row locked (FOR UPDATE) by an earlier
+// statement: its snapshot then holds every write of the others, which the
+// lock orders, so no pending delivery is left without a head. A
+// redelivery may put an account's head behind one already in flight: that
+// one finishes, as before the marks.
+const refreshHeadsSQL = `
+	WITH p AS (
+		SELECT DISTINCT endpoint_id, account_id FROM unnest($1::text[], $2::text[]) AS u(endpoint_id, account_id)
+	), m AS (
+		SELECT p.endpoint_id, p.account_id, (SELECT min(d.sequence) FROM webhook_deliveries d
+		    WHERE d.endpoint_id = p.endpoint_id AND d.account_id = p.account_id AND d.status = 'pending') AS sequence
+		FROM p
+	), cleared AS (
+		UPDATE webhook_deliveries d SET head = false
+		FROM m WHERE d.endpoint_id = m.endpoint_id AND d.account_id = m.account_id
+		  AND d.status = 'pending' AND d.head AND d.sequence IS DISTINCT FROM m.sequence
+		RETURNING 1
+	), marked AS (
+		UPDATE webhook_deliveries d SET head = true
+		FROM m WHERE d.endpoint_id = m.endpoint_id AND d.account_id = m.account_id AND d.sequence = m.sequence
+		  AND NOT d.head
+		RETURNING 1
+	)
+	SELECT (SELECT count(*) FROM cleared) + (SELECT count(*) FROM marked)`
+
+// lockEndpointsSQL takes the row locks that order the writers of one
+// endpoint's pending deliveries.
+const lockEndpointsSQL = `SELECT id FROM webhook_endpoints WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE`
+
+// refreshHeads runs refreshHeadsSQL in tx for the pairs given.
+func refreshHeads(ctx context.Context, tx pgx.Tx, endpoints, accounts []string) error {
+	if len(endpoints) == 0 {
+		return nil
+	}
+	_, err := tx.Exec(ctx, refreshHeadsSQL, endpoints, accounts)
+	return err
+}
 
 // DefaultEnqueueBatch is how many events Enqueue reads per endpoint.
 const DefaultEnqueueBatch = 1000
@@ -51,9 +95,21 @@ const DefaultEnqueueBatch = 1000
 // Enqueue queues the new events of every enabled endpoint, up to batch per
 // endpoint, and returns how many deliveries it queued and how many events
 // it read (read = batch × endpoints: call again).
+//
+// The endpoints it queues for stay locked to its COMMIT (enqueueSQL's FOR
+// UPDATE), and the heads of the accounts it queued for are marked by a
+// second statement, whose snapshot holds what any other writer committed
+// before the lock.
 func (s *Store) Enqueue(ctx context.Context, batch int) (queued, read int64, err error) {
-	var moved int64
-	if err := s.pool.QueryRow(ctx, enqueueSQL, batch).Scan(&queued, &read, &moved); err != nil {
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var moved int64
+		var endpoints, accounts []string
+		if err := tx.QueryRow(ctx, enqueueSQL, batch).Scan(&queued, &read, &moved, &endpoints, &accounts); err != nil {
+			return err
+		}
+		return refreshHeads(ctx, tx, endpoints, accounts)
+	})
+	if err != nil {
 		return 0, 0, fmt.Errorf("enqueue webhook deliveries: %w", err)
 	}
 	return queued, read, nil
@@ -93,13 +149,10 @@ type Claim struct {
 // oldest due first, until now + $3. A claim that lost the row to another
 // sender meanwhile (the lease re-read after the row lock) takes nothing.
 const claimSQL = `
-	WITH heads AS (
-		SELECT DISTINCT ON (account_id) account_id, sequence, next_at, leased_until
-		FROM webhook_deliveries WHERE endpoint_id = $1 AND status = 'pending'
-		ORDER BY account_id, sequence
-	), due AS (
-		SELECT account_id, sequence FROM heads
-		WHERE next_at <= now() AND (leased_until IS NULL OR leased_until <= now())
+	WITH due AS (
+		SELECT account_id, sequence FROM webhook_deliveries
+		WHERE endpoint_id = $1 AND status = 'pending' AND head
+		  AND next_at <= now() AND (leased_until IS NULL OR leased_until <= now())
 		ORDER BY next_at LIMIT $2
 	)
 	UPDATE webhook_deliveries d SET attempts = d.attempts + 1, leased_until = now() + $3::bigint * interval '1 microsecond'
@@ -174,7 +227,20 @@ func (s *Store) Finish(ctx context.Context, endpoint string, rs []Result) error 
 			next[i] = &rs[i].Next
 		}
 	}
-	if _, err := s.pool.Exec(ctx, finishSQL, endpoint, acct, seq, att, at, dur, code, errs, next); err != nil {
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, lockEndpointsSQL, []string{endpoint}); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, finishSQL, endpoint, acct, seq, att, at, dur, code, errs, next); err != nil {
+			return err
+		}
+		eps := make([]string, n)
+		for i := range eps {
+			eps[i] = endpoint
+		}
+		return refreshHeads(ctx, tx, eps, acct)
+	})
+	if err != nil {
 		return fmt.Errorf("record webhook attempts of %s: %w", endpoint, err)
 	}
 	return nil
@@ -235,7 +301,31 @@ func (s *Store) Attempts(ctx context.Context, endpoint string, event *ledger.Eve
 // (the endpoint was made later, or the type filter changed) is queued. It
 // returns the endpoints it queued the event for.
 func (s *Store) Redeliver(ctx context.Context, event ledger.EventRef, endpoints []string) ([]string, error) {
-	rows, _ := s.pool.Query(ctx, `
+	var out []string
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, lockEndpointsSQL, endpoints); err != nil {
+			return err
+		}
+		rows, _ := tx.Query(ctx, redeliverSQL, event.Account, event.Sequence, endpoints)
+		var err error
+		if out, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+			return err
+		}
+		accounts := make([]string, len(out))
+		for i := range accounts {
+			accounts[i] = event.Account
+		}
+		return refreshHeads(ctx, tx, out, accounts)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("redeliver event %s.%d: %w", event.Account, event.Sequence, err)
+	}
+	return out, nil
+}
+
+// redeliverSQL queues event ($1, $2) again for the endpoints $3 that take
+// it (Redeliver).
+const redeliverSQL = `
 		WITH ev AS (
 			SELECT e.account_id, e.sequence, w.id AS endpoint_id FROM events e
 			JOIN webhook_endpoints w ON w.client_id = e.client_id AND w.status = 'enabled'
@@ -247,13 +337,7 @@ func (s *Store) Redeliver(ctx context.Context, event ledger.EventRef, endpoints 
 		ON CONFLICT (endpoint_id, account_id, sequence) DO UPDATE
 		SET status = 'pending', next_at = now(), ended_at = NULL, leased_until = NULL, redeliveries = d.redeliveries + 1
 		WHERE d.status <> 'pending'
-		RETURNING endpoint_id`, event.Account, event.Sequence, endpoints)
-	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("redeliver event %s.%d: %w", event.Account, event.Sequence, err)
-	}
-	return out, nil
-}
+		RETURNING endpoint_id`
 
 // Prune deletes the deliveries that ended, and the attempts recorded,
 // before before, batch rows per statement, and returns how many rows.

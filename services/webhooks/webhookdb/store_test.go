@@ -189,3 +189,121 @@ func TestPruneKeepsWhatIsPending(t *testing.T) {
 		t.Errorf("after the prune: %+v %v, want the pending one alone", ds, err)
 	}
 }
+
+// TestHeadsOnly: a claim takes only each account's head (its pending
+// delivery of the lowest sequence), marked as deliveries are queued,
+// finished and asked for again: the next head once one ends, the older
+// one again when it is redelivered, and every account's head however many
+// events queue behind them (a claim reads the heads' index, not the
+// backlog).
+func TestHeadsOnly(t *testing.T) {
+	f, s := newStore(t)
+	ctx := context.Background()
+	e, _, err := s.Create(ctx, endpoint(f, t), "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const accounts = 5
+	var from []string
+	for range accounts {
+		from = append(from, f.Account(t, "EUR", 100))
+	}
+	to := f.Account(t, "EUR", 0)
+	for range 3 {
+		for _, a := range from {
+			f.MustApply(t, f.Transfer(t, a, to, 1))
+		}
+	}
+	if _, _, err := s.Enqueue(ctx, 1000); err != nil {
+		t.Fatal(err)
+	}
+	heads := func() map[string]int64 {
+		t.Helper()
+		got := map[string]int64{}
+		rows, err := f.Pool.Query(ctx, `SELECT account_id, sequence FROM webhook_deliveries WHERE endpoint_id = $1 AND status = 'pending' AND head`, e.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var a string
+			var n int64
+			_ = rows.Scan(&a, &n)
+			if _, twice := got[a]; twice {
+				t.Errorf("account %s has two heads", a)
+			}
+			got[a] = n
+		}
+		return got
+	}
+	// Every account with pending deliveries has exactly its lowest as head.
+	check := func(when string) {
+		t.Helper()
+		rows, err := f.Pool.Query(ctx, `SELECT account_id, min(sequence) FROM webhook_deliveries WHERE endpoint_id = $1 AND status = 'pending' GROUP BY 1`, e.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]int64{}
+		for rows.Next() {
+			var a string
+			var n int64
+			_ = rows.Scan(&a, &n)
+			want[a] = n
+		}
+		rows.Close()
+		if got := heads(); len(got) != len(want) {
+			t.Errorf("%s: heads %v, want %v", when, got, want)
+		} else {
+			for a, n := range want {
+				if got[a] != n {
+					t.Errorf("%s: account %s's head %d, want %d", when, a, got[a], n)
+				}
+			}
+		}
+	}
+	check("queued")
+	// The payers' accounts have their opening, funding and transfers'
+	// events (a transfer's are its source's); the payee its opening alone.
+	c, err := s.Claim(ctx, e.ID, 100, time.Minute)
+	if err != nil || len(c) != accounts+1 {
+		t.Fatalf("claim: %d claims %v, want one per account (%d)", len(c), err, accounts+1)
+	}
+	var rs []webhookdb.Result
+	for _, cl := range c {
+		rs = append(rs, webhookdb.Result{Claim: cl, At: time.Now(), StatusCode: 200})
+	}
+	if err := s.Finish(ctx, e.ID, rs); err != nil {
+		t.Fatal(err)
+	}
+	check("finished")
+	next, err := s.Claim(ctx, e.ID, 100, time.Minute)
+	if err != nil || len(next) != accounts {
+		t.Fatalf("claim after the first heads ended: %d %v, want the payers' seconds", len(next), err)
+	}
+	for _, n := range next {
+		if n.Event.Sequence != 2 {
+			t.Errorf("claim after the first heads ended: %v, want each account's second", n.Event)
+		}
+	}
+	// An ended first event asked for again is its account's head again,
+	// behind the second one in flight, which finishes as before.
+	if _, err := s.Redeliver(ctx, c[0].Event, []string{e.ID}); err != nil {
+		t.Fatal(err)
+	}
+	check("redelivered")
+	again, err := s.Claim(ctx, e.ID, 100, time.Minute)
+	if err != nil || len(again) != 1 || again[0].Event != c[0].Event {
+		t.Fatalf("claim after the redelivery: %+v %v, want the redelivered event alone", again, err)
+	}
+	var rest []webhookdb.Result
+	for _, cl := range append(next, again...) {
+		rest = append(rest, webhookdb.Result{Claim: cl, At: time.Now(), StatusCode: 200})
+	}
+	if err := s.Finish(ctx, e.ID, rest); err != nil {
+		t.Fatal(err)
+	}
+	check("both finished")
+	if got := heads(); got[c[0].Event.Account] != 3 {
+		t.Errorf("heads after both: %v, want %s at its third", got, c[0].Event.Account)
+	}
+}
