@@ -402,7 +402,15 @@ var builtin = []*scenario{
 			r := e.names[e.intn(len(e.names))]
 			e.topo.Cut(r)
 			e.fired.Add(1)
+			// Cut for 40 % of the run, and on until the cut has met
+			// commands crossing into or out of r, whatever the machine's
+			// load (a slow set-up can leave the planned window without
+			// any), for at most 10 s more.
+			crossed := e.crossed.get(r)
 			at(ctx, start, d, 0.6)
+			for end := time.Now().Add(10 * time.Second); ctx.Err() == nil && time.Now().Before(end) && e.crossed.get(r)-crossed < 3; {
+				time.Sleep(20 * time.Millisecond)
+			}
 			e.topo.Heal(r)
 			return nil
 		},

@@ -68,6 +68,9 @@ type env struct {
 	fired  atomic.Int64
 	sent   tally // requests sent, by purpose
 	events tally // a scenario's own counters, by name
+	// crossed counts, by region, the submits whose command crosses into
+	// or out of it: what a partition's cut must meet (scenario 8).
+	crossed tally
 	// lastSlow is when scenario 3 last held a transaction (Unix ms).
 	lastSlow atomic.Int64
 	// holdsDue is the latest expiry of the run's holds (Unix ms).
@@ -419,6 +422,24 @@ func (e *env) body(cmd ledger.Command) Body {
 	return b
 }
 
+// countCrossing counts cmd, submitted in via, in crossed for each region it
+// enters or leaves: its submitting region and its accounts' home regions,
+// when they are not all one.
+func (e *env) countCrossing(via string, cmd ledger.Command) {
+	regions := []string{via}
+	for _, acct := range []string{cmd.From, cmd.To} {
+		if r, err := e.c.IDs().HomeRegion(acct); err == nil && acct != "" && !slices.Contains(regions, r) {
+			regions = append(regions, r)
+		}
+	}
+	if len(regions) < 2 {
+		return
+	}
+	for _, r := range regions {
+		e.crossed.add(r)
+	}
+}
+
 // submitUntilKnown submits cmd through a router and, while the outcome is
 // unknown, again (as a client would) up to maxRetries times, through any
 // region.
@@ -449,6 +470,7 @@ func (e *env) submit(ctx context.Context, purpose, via string, cmd ledger.Comman
 		return Unknown
 	}
 	dup, err := rt.Submit(sub, cmd)
+	e.countCrossing(via, cmd)
 	switch {
 	case err != nil:
 		e.hist.Complete(i, Unknown, err.Error(), "")
