@@ -46,7 +46,7 @@ func TestRouterAndAPIServeMetrics(t *testing.T) {
 				security: security{InsecureDev: true}}
 			return c.Run(ctx, tab, ids, log)
 		}},
-		"api": {apiAddr, `paymesh_idempotency_keys_total{layer="idempotency_key",outcome="replay",region="eu",topic="transfer"}`, func(ctx context.Context) error {
+		"api": {apiAddr, `paymesh_idempotency_keys_total{cause="client_retry",layer="idempotency_key",outcome="replay",region="eu",topic="transfer"}`, func(ctx context.Context) error {
 			c := &apiCmd{regionDB: db, regionNATS: regionNATS{NATSURL: srv.ClientURL(), StreamReplicas: 1}, Listen: "127.0.0.1:0", Node: 7, Shards: 4, Wait: time.Second,
 				KeyTTL: time.Hour, Metrics: apiAddr, security: security{InsecureDev: true}}
 			return c.Run(ctx, tab, ids, log)

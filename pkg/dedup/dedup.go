@@ -91,6 +91,11 @@ type Claim struct {
 	Outcome Outcome
 	// Layer says which layer answered a Duplicate or Conflict.
 	Layer Layer
+	// First is, for a Duplicate, when the key's first claim was made: the
+	// row's claim time, the recent cache's entry's, or this claim's own
+	// for a repeat within the batch. The duplicate's age is measured from
+	// it.
+	First time.Time
 
 	day time.Time
 	at  time.Time // claimed_at, which with the holder names this claim
@@ -141,6 +146,14 @@ func New(cfg Config) *Log {
 		cfg.Holder = "anonymous"
 	}
 	return &Log{cfg: cfg}
+}
+
+// Window returns how long after its origin a key is surely still known:
+// the window's days but today's, which a key may have begun at its end
+// (a day's partition is dropped whole). A duplicate later than that may
+// find its key's partition gone.
+func (l *Log) Window() time.Duration {
+	return time.Duration(l.cfg.WindowDays-1) * 24 * time.Hour
 }
 
 // ClaimForTx claims keys for a consumer in the caller's transaction, whose
@@ -215,7 +228,7 @@ func (l *Log) SettledWithoutTable(consumer string, keys []Key) (claims []Claim, 
 	// The first key is never a repeat: unless the cache knows it, the batch
 	// needs the table, and the full pass is not worth making (a batch of
 	// first deliveries, the common case, stops here).
-	if fp, ok := l.cfg.Cache.get(consumer, keys[0].ID); !ok || !sameFingerprint(fp, keys[0].Fingerprint) {
+	if e, ok := l.cfg.Cache.get(consumer, keys[0].ID); !ok || !sameFingerprint(e.fp, keys[0].Fingerprint) {
 		return nil, false
 	}
 	p, err := l.prepare(consumer, keys)
@@ -254,15 +267,15 @@ func (l *Log) prepare(consumer string, keys []Key) (*PendingClaim, error) {
 		}
 		p.claims[i] = Claim{Key: k, day: l.dayFor(k.Origin, now), at: now}
 		if j, seen := p.firstIdx[k.ID]; seen {
-			p.claims[i].Outcome, p.claims[i].Layer = Duplicate, LayerTable
+			p.claims[i].Outcome, p.claims[i].Layer, p.claims[i].First = Duplicate, LayerTable, now
 			if !sameFingerprint(keys[j].Fingerprint, k.Fingerprint) {
 				p.claims[i].Outcome = Conflict
 			}
 			continue
 		}
 		if l.cfg.Cache != nil {
-			if fp, ok := l.cfg.Cache.get(consumer, k.ID); ok && sameFingerprint(fp, k.Fingerprint) {
-				p.claims[i].Outcome, p.claims[i].Layer = Duplicate, LayerCache
+			if e, ok := l.cfg.Cache.get(consumer, k.ID); ok && sameFingerprint(e.fp, k.Fingerprint) {
+				p.claims[i].Outcome, p.claims[i].Layer, p.claims[i].First = Duplicate, LayerCache, e.at
 				p.firstIdx[k.ID] = i
 				continue
 			}
@@ -334,7 +347,7 @@ func resolveExisting(ctx context.Context, tx Querier, consumer string, claims []
 		}
 	}
 	rows, err := tx.Query(ctx, `
-		SELECT d.msg_key, d.status, d.fingerprint
+		SELECT d.msg_key, d.status, d.fingerprint, d.claimed_at
 		FROM dedup_log d
 		JOIN unnest($2::text[], $3::date[]) AS k(id, day) ON d.msg_key = k.id AND d.origin_day = k.day
 		WHERE d.consumer = $1`, consumer, ids, days)
@@ -344,11 +357,12 @@ func resolveExisting(ctx context.Context, tx Querier, consumer string, claims []
 	type existing struct {
 		status string
 		fp     []byte
+		at     time.Time
 	}
 	found := map[string]existing{}
 	var id string
 	var e existing
-	if _, err := pgx.ForEachRow(rows, []any{&id, &e.status, &e.fp}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&id, &e.status, &e.fp, &e.at}, func() error {
 		found[id] = e
 		return nil
 	}); err != nil {
@@ -368,7 +382,7 @@ func resolveExisting(ctx context.Context, tx Querier, consumer string, claims []
 		case !sameFingerprint(e.fp, claims[i].Key.Fingerprint):
 			claims[i].Outcome, claims[i].Layer = Conflict, LayerTable
 		default:
-			claims[i].Outcome, claims[i].Layer = Duplicate, LayerTable
+			claims[i].Outcome, claims[i].Layer, claims[i].First = Duplicate, LayerTable, e.at
 		}
 	}
 	return nil
@@ -383,7 +397,7 @@ func (l *Log) settleRepeats(claims []Claim, firstIdx map[string]int) {
 			continue
 		}
 		if claims[j].Outcome == Duplicate {
-			claims[i].Layer = claims[j].Layer
+			claims[i].Layer, claims[i].First = claims[j].Layer, claims[j].First
 		}
 	}
 }
@@ -415,7 +429,7 @@ func (l *Log) Committed(consumer string, claims []Claim) {
 	}
 	for _, c := range claims {
 		if c.Outcome == First {
-			l.cfg.Cache.put(consumer, c.Key.ID, c.Key.Fingerprint)
+			l.cfg.Cache.put(consumer, c.Key.ID, c.Key.Fingerprint, c.at)
 		}
 	}
 }

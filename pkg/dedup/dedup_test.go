@@ -378,3 +378,29 @@ func TestRelease(t *testing.T) {
 		t.Fatalf("after release: got %v, want first", c.Outcome)
 	}
 }
+
+// TestDuplicateFirst: a duplicate says when its key was first claimed,
+// whichever layer answers it: the table (the row's claim time), the recent
+// cache (the committed claim's time) and a repeat inside a batch (its
+// first's).
+func TestDuplicateFirst(t *testing.T) {
+	cache := dedup.NewCache(8)
+	l, pool, clk := mustLog(t, dedup.Config{Cache: cache})
+	origin := clk.Now()
+	table, cached := dedup.Key{ID: "t", Origin: origin}, dedup.Key{ID: "k", Origin: origin}
+	first := clk.Now().Truncate(time.Microsecond)
+	claimTx(t, l, pool, table)
+	l.Committed("c", claimTx(t, l, pool, cached))
+	clk.Step(90 * time.Minute)
+	later := clk.Now().Truncate(time.Microsecond)
+	cs := claimTx(t, l, pool, table, cached, dedup.Key{ID: "n", Origin: origin}, dedup.Key{ID: "n", Origin: origin})
+	want := []struct {
+		layer dedup.Layer
+		first time.Time
+	}{{dedup.LayerTable, first}, {dedup.LayerCache, first}, {"", time.Time{}}, {dedup.LayerTable, later}}
+	for i, w := range want {
+		if cs[i].Layer != w.layer || !cs[i].First.Equal(w.first) {
+			t.Errorf("claim %d (%s): %s first %v, want %s first %v", i, cs[i].Key.ID, cs[i].Layer, cs[i].First, w.layer, w.first)
+		}
+	}
+}

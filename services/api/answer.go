@@ -8,7 +8,10 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/paymesh/paymesh/services/ledger"
+	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 )
 
 // HeaderReplayed marks a response replayed from an idempotency key.
@@ -104,7 +107,7 @@ func (a *answerer) settle(ctx context.Context, w waiting, k IdempotencyKey, ok b
 		case outcome == KeyMismatch:
 			return a.mismatch(), true
 		case outcome == KeyReplay:
-			return a.replay(ctx, k2), true
+			return a.replay(ctx, k2, w.cmd.Topic()), true
 		}
 		k, ok = k2, outcome != KeyNew // in flight again (taken over): wait on
 	}
@@ -168,7 +171,7 @@ func (a *answerer) accepted(ctx context.Context, w waiting) reply {
 		if !bytes.Equal(k.Fingerprint, w.claim.Fingerprint) {
 			return a.mismatch()
 		}
-		return a.replay(ctx, k)
+		return a.replay(ctx, k, w.cmd.Topic())
 	}
 	return stored(k, false)
 }
@@ -186,23 +189,24 @@ func (a *answerer) provisional(ctx context.Context, cmd ledger.Command) (int, []
 
 // lookup answers a request from its key as found without claiming it
 // (LookupKey): false for a key the request may go on with.
-func (a *answerer) lookup(ctx context.Context, claim KeyClaim) (reply, bool) {
+func (a *answerer) lookup(ctx context.Context, claim KeyClaim, t ledger.Topic) (reply, bool) {
 	k, outcome, err := a.cfg.Store.LookupKey(ctx, claim)
 	if err != nil {
 		return errReply(err), true
 	}
-	return a.fromKey(ctx, k, outcome)
+	return a.fromKey(ctx, k, outcome, t)
 }
 
 // fromKey answers a request from its key as found (LookupKey, ResolveKey):
 // 422 for another request's fingerprint, the stored answer replayed, or 409
-// while in flight; false for a key the request may go on with.
-func (a *answerer) fromKey(ctx context.Context, k IdempotencyKey, outcome KeyOutcome) (reply, bool) {
+// while in flight; false for a key the request may go on with. t is the
+// request's topic.
+func (a *answerer) fromKey(ctx context.Context, k IdempotencyKey, outcome KeyOutcome, t ledger.Topic) (reply, bool) {
 	switch outcome {
 	case KeyMismatch:
 		return a.mismatch(), true
 	case KeyReplay:
-		return a.replay(ctx, k), true
+		return a.replay(ctx, k, t), true
 	case KeyInFlight:
 		return a.inFlightReply(), true
 	}
@@ -238,9 +242,20 @@ func (a *answerer) inFlightReply() reply {
 	return rep
 }
 
-// replay answers a repeat with the key's stored answer.
-func (a *answerer) replay(ctx context.Context, k IdempotencyKey) reply {
+// replay answers a repeat of a request of topic t with the key's stored
+// answer. The repeat is a duplicate the Idempotency-Key layer caught: a
+// client's retry (the same key, a new request), as old as the key.
+func (a *answerer) replay(ctx context.Context, k IdempotencyKey, t ledger.Topic) reply {
 	a.stats.Replays.Add(1)
+	a.stats.replayed(t)
+	c := ledger.Caught{Topic: t, Layer: ledger.LayerIdempotencyKey, Cause: ledger.CauseClientRetry,
+		Age: ledger.AgeOf(ledger.Command{CreatedAt: k.CreatedAt}, ledger.Result{}, a.cfg.Now())}
+	span := trace.SpanFromContext(ctx)
+	ledgerstream.RecordOutcome(span, a.cfg.Region, ledger.Result{Kind: ledger.Duplicate, Layer: ledger.LayerIdempotencyKey})
+	ledgerstream.RecordCaught(span, c)
+	if a.cfg.Duplicate != nil {
+		a.cfg.Duplicate(ctx, c)
+	}
 	return a.frozen(ctx, k.ClientID, k.Key, k, true)
 }
 

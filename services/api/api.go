@@ -27,6 +27,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -114,12 +115,16 @@ type Config struct {
 	// forward to this one are read and checked (ForwardReader): an audit
 	// or metrics of what peers send and what is refused, say.
 	WrapForwardReader func(ForwardReader) ForwardReader
-	Log               *slog.Logger
+	// Duplicate, if set, is told each duplicate the Idempotency-Key layer
+	// caught (a replay: its topic, cause and age), with the request's
+	// context and span.
+	Duplicate func(ctx context.Context, c ledger.Caught)
+	Log       *slog.Logger
 }
 
 // Stats counts the API's idempotency outcomes. The zero value is ready.
 type Stats struct {
-	Replays    atomic.Int64 // repeats answered with the stored response
+	Replays    atomic.Int64 // repeats answered with the stored response (of every topic)
 	Mismatches atomic.Int64 // keys reused with another body (422)
 	InFlight   atomic.Int64 // repeats while the first was in flight (409)
 	Unclaimed  atomic.Int64 // requests submitted without claiming their key first
@@ -130,6 +135,49 @@ type Stats struct {
 	// by why (forwarder.check).
 	panics  [numPanicSites]atomic.Int64
 	refused [numRefusals]atomic.Int64
+	// byTopic counts the requests that carried an Idempotency-Key into
+	// the key's checks, and the replays among them, by topic: the
+	// Idempotency-Key layer's duplicate rate is one over the other.
+	mu      sync.Mutex
+	byTopic map[ledger.Topic]*topicKeys
+}
+
+// topicKeys are one topic's keyed requests and replays.
+type topicKeys struct{ keyed, replayed int64 }
+
+func (s *Stats) topic(t ledger.Topic) *topicKeys {
+	if s.byTopic == nil {
+		s.byTopic = map[ledger.Topic]*topicKeys{}
+	}
+	k := s.byTopic[t]
+	if k == nil {
+		k = &topicKeys{}
+		s.byTopic[t] = k
+	}
+	return k
+}
+
+func (s *Stats) keyed(t ledger.Topic) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.topic(t).keyed++
+}
+
+func (s *Stats) replayed(t ledger.Topic) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.topic(t).replayed++
+}
+
+// Keyed returns how many requests of topic t carried an Idempotency-Key
+// into the key's checks, and how many of them were replays.
+func (s *Stats) Keyed(t ledger.Topic) (keyed, replayed int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if k := s.byTopic[t]; k != nil {
+		return k.keyed, k.replayed
+	}
+	return 0, 0
 }
 
 // Panics returns how many panics were recovered at site, each answered
@@ -165,6 +213,10 @@ type Handler struct {
 	hooks   *hooks
 }
 
+// KeyTTL returns how long the API keeps an idempotency key: the
+// Idempotency-Key layer's window.
+func (s *Handler) KeyTTL() time.Duration { return s.cfg.KeyTTL }
+
 // New returns a region's API server. Call Listen to answer forwarded
 // requests from other regions.
 func New(cfg Config) *Handler {
@@ -182,7 +234,7 @@ func New(cfg Config) *Handler {
 		if c.ApplyStats == nil {
 			c.ApplyStats = &ledger.Stats{}
 		}
-		s.direct = newDirectGroup(c.Apply, c.ApplyStats)
+		s.direct = newDirectGroup(c.Apply, c.ApplyStats, c.Region)
 	}
 	seen := &accountCache{}
 	unclaimed := &unclaimedPath{cfg: c, stats: &s.Stats, answers: s.answers, seen: seen, direct: s.direct}

@@ -26,6 +26,7 @@ type claimedPath struct {
 // a key that exists from it, answers a request whose business key already
 // made a transfer with that transfer, and submits the rest.
 func (p *claimedPath) transfer(ctx context.Context, x newTransfer) reply {
+	p.answers.stats.keyed(ledger.TopicTransfer)
 	st, err := p.claim(ctx, x)
 	if err != nil {
 		return errReply(err)
@@ -74,7 +75,7 @@ func (p *claimedPath) resolve(ctx context.Context, x newTransfer, st *KeyStart) 
 	if err != nil {
 		return errReply(err), true
 	}
-	if rep, ok := p.answers.fromKey(ctx, k, outcome); ok {
+	if rep, ok := p.answers.fromKey(ctx, k, outcome, ledger.TopicTransfer); ok {
 		return rep, true
 	}
 	prior, _, err := p.cfg.Store.TransferByKey(ctx, x.claim.Client, x.claim.Key)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
@@ -76,11 +77,12 @@ type directReq struct {
 // every other command is handed to the ledger stream, and the ledger
 // counts it when it gets it.
 type directGroup struct {
-	apply ledgerstream.Applier // the region's ledger store, as the ledger's consumer applies with
-	stats *ledger.Stats
-	in    chan directReq
-	stop  chan struct{}
-	wg    sync.WaitGroup
+	apply  ledgerstream.Applier // the region's ledger store, as the ledger's consumer applies with
+	stats  *ledger.Stats
+	region string
+	in     chan directReq
+	stop   chan struct{}
+	wg     sync.WaitGroup
 	// pending counts the commands queued or in the running transaction.
 	pending atomic.Int64
 	// mu orders submit against close: once close holds it, nothing more
@@ -89,8 +91,8 @@ type directGroup struct {
 	closed bool
 }
 
-func newDirectGroup(a ledgerstream.Applier, stats *ledger.Stats) *directGroup {
-	g := &directGroup{apply: a, stats: stats, in: make(chan directReq, directQueue), stop: make(chan struct{})}
+func newDirectGroup(a ledgerstream.Applier, stats *ledger.Stats, region string) *directGroup {
+	g := &directGroup{apply: a, stats: stats, region: region, in: make(chan directReq, directQueue), stop: make(chan struct{})}
 	g.wg.Go(g.run)
 	return g
 }
@@ -178,7 +180,9 @@ func (g *directGroup) done(r directReq, a applied) {
 }
 
 // applyGroup runs one transaction for batch, in a span linked to each
-// request's, and hands each request its result.
+// request's, and hands each request its result. Each request's own span
+// (the HTTP server's) records, as a ledger delivery's does, the region and
+// the dedup outcome: the layer that caught a duplicate.
 func (g *directGroup) applyGroup(batch []directReq) {
 	if len(batch) == 0 {
 		return
@@ -187,13 +191,16 @@ func (g *directGroup) applyGroup(batch []directReq) {
 	links := make([]trace.Link, len(batch))
 	for i, r := range batch {
 		cmds[i] = r.cmd
-		links[i] = trace.Link{SpanContext: trace.SpanContextFromContext(r.ctx)}
+		// A member of the group, not an earlier attempt of the same work.
+		links[i] = trace.Link{SpanContext: trace.SpanContextFromContext(r.ctx),
+			Attributes: []attribute.KeyValue{attribute.String("paymesh.link", "batch_member")}}
 	}
 	// Not the request's context: the group's transaction is every
 	// request's, and one client going away must not roll it back.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	ctx, span := otel.Tracer("paymesh/api").Start(ctx, "apply batch here", trace.WithLinks(links...))
+	ctx, span := otel.Tracer("paymesh/api").Start(ctx, "apply batch here", trace.WithLinks(links...),
+		trace.WithAttributes(attribute.Int("paymesh.batch.size", len(cmds)), attribute.String("paymesh.region", g.region)))
 	defer span.End()
 	results, err := g.apply.Apply(ctx, cmds)
 	if err != nil {
@@ -209,6 +216,7 @@ func (g *directGroup) applyGroup(batch []directReq) {
 			g.stats.Delivered(cmds[i].Topic())
 			g.stats.Record(cmds[i].Topic(), results[i])
 		}
+		ledgerstream.RecordOutcome(trace.SpanFromContext(r.ctx), g.region, results[i])
 		g.done(r, applied{res: results[i]})
 	}
 }

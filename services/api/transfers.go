@@ -193,7 +193,7 @@ func (t *transfers) refuse(ctx context.Context, x newTransfer, err error) reply 
 		// valid as new, but its key holds the first answer.
 		k, ok, kerr := t.cfg.Store.Key(ctx, x.claim.Client, x.claim.Key)
 		if kerr == nil && ok && !k.InFlight && bytes.Equal(k.Fingerprint, x.claim.Fingerprint) {
-			return t.answers.replay(ctx, k)
+			return t.answers.replay(ctx, k, ledger.TopicTransfer)
 		}
 	}
 	return errReply(err)

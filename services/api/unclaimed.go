@@ -75,6 +75,7 @@ func (p *unclaimedPath) resolveAccounts(ctx context.Context, x newTransfer) erro
 // its key's row written with its first answer by the transaction that
 // applies it.
 func (p *unclaimedPath) submit(ctx context.Context, cmd ledger.Command, claim KeyClaim) reply {
+	p.stats.keyed(cmd.Topic())
 	ck := clientKey{claim.Client, claim.Key}
 	if fp, ok := p.inflight.start(ck, claim.Fingerprint); !ok {
 		if !bytes.Equal(fp, claim.Fingerprint) {
@@ -85,7 +86,7 @@ func (p *unclaimedPath) submit(ctx context.Context, cmd ledger.Command, claim Ke
 	release := func() { p.inflight.end(ck) }
 	defer func() { release() }()
 	if p.answers.lately.has(ck) {
-		if rep, ok := p.answers.lookup(ctx, claim); ok {
+		if rep, ok := p.answers.lookup(ctx, claim, cmd.Topic()); ok {
 			return rep
 		}
 	}
@@ -237,7 +238,7 @@ func (p *unclaimedPath) applyHere(ctx context.Context, cmd ledger.Command, deadl
 // outlives it) is the answer, as on the claimed path; without either, the
 // first submission is still being applied: 409.
 func (p *unclaimedPath) submittedBefore(ctx context.Context, claim KeyClaim, cmd ledger.Command) reply {
-	if rep, ok := p.answers.lookup(ctx, claim); ok {
+	if rep, ok := p.answers.lookup(ctx, claim, cmd.Topic()); ok {
 		return rep
 	}
 	st, b, found, err := p.firstAnswer(ctx, claim, cmd)

@@ -119,13 +119,15 @@ type Stats struct {
 	delivered [numTopics]atomic.Int64
 
 	mu   sync.Mutex
-	dups map[LayerTopic]int64
+	dups map[DuplicateKey]int64
 }
 
-// LayerTopic is a dedup layer and a topic: what duplicates are counted by.
-type LayerTopic struct {
+// DuplicateKey is what duplicates are counted by: the layer that caught
+// them, the topic they arrived on and why they were sent.
+type DuplicateKey struct {
 	Layer Layer
 	Topic Topic
+	Cause Cause
 }
 
 // Delivered counts one delivery of a message of topic t.
@@ -146,14 +148,14 @@ func (s *Stats) DeliveriesByTopic() map[Topic]int64 {
 	return out
 }
 
-// Duplicate counts one duplicate of topic t caught by layer.
-func (s *Stats) Duplicate(layer Layer, t Topic) {
+// Caught counts one duplicate caught.
+func (s *Stats) Caught(c Caught) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.dups == nil {
-		s.dups = map[LayerTopic]int64{}
+		s.dups = map[DuplicateKey]int64{}
 	}
-	s.dups[LayerTopic{layer, t}]++
+	s.dups[DuplicateKey{c.Layer, c.Topic, c.Cause}]++
 }
 
 // Duplicates returns the duplicates caught so far, by layer.
@@ -167,15 +169,28 @@ func (s *Stats) Duplicates() map[string]int64 {
 	return out
 }
 
-// DuplicatesByTopic returns the duplicates caught so far, by layer and
-// topic.
-func (s *Stats) DuplicatesByTopic() map[LayerTopic]int64 {
+// DuplicatesByKey returns the duplicates caught so far, by layer, topic
+// and cause.
+func (s *Stats) DuplicatesByKey() map[DuplicateKey]int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return maps.Clone(s.dups)
 }
 
-// Record counts one result of a command of topic t.
+// DuplicatesByCause returns the duplicates caught so far, by cause.
+func (s *Stats) DuplicatesByCause() map[Cause]int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[Cause]int64{}
+	for k, n := range s.dups {
+		out[k.Cause] += n
+	}
+	return out
+}
+
+// Record counts one result of a command of topic t. A duplicate is counted
+// with its cause unknown: a receiver that knows how its message came
+// counts it with Caught instead.
 func (s *Stats) Record(t Topic, r Result) {
 	switch r.Kind {
 	case Applied:
@@ -183,7 +198,7 @@ func (s *Stats) Record(t Topic, r Result) {
 	case Rejected:
 		s.Rejected.Add(1)
 	case Duplicate:
-		s.Duplicate(r.Layer, t)
+		s.Caught(Caught{Topic: t, Layer: r.Layer, Cause: CauseUnknown})
 	case Conflict:
 		s.Conflicts.Add(1)
 	case Invalid:

@@ -2,6 +2,7 @@ package ledger_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/paymesh/paymesh/services/ledger"
 )
@@ -41,7 +42,7 @@ func TestStatsByTopic(t *testing.T) {
 	st.Delivered(ledger.Topic(99)) // out of range: unknown
 	st.Record(ledger.TopicTransfer, ledger.Result{Kind: ledger.Duplicate, Layer: "dedup_table"})
 	st.Record(ledger.TopicCredit, ledger.Result{Kind: ledger.Duplicate, Layer: "dedup_table"})
-	st.Record(ledger.TopicCredit, ledger.Result{Kind: ledger.Duplicate, Layer: "state_cas"})
+	st.Caught(ledger.Caught{Topic: ledger.TopicCredit, Layer: "state_cas", Cause: ledger.CauseSagaResend})
 	st.Record(ledger.TopicTransfer, ledger.Result{Kind: ledger.Applied})
 
 	if got := st.Deliveries.Load(); got != 5 {
@@ -54,13 +55,63 @@ func TestStatsByTopic(t *testing.T) {
 	if got := st.Duplicates(); got["dedup_table"] != 2 || got["state_cas"] != 1 || len(got) != 2 {
 		t.Errorf("duplicates by layer: got %v, want dedup_table 2, state_cas 1", got)
 	}
-	dups := st.DuplicatesByTopic()
-	if dups[ledger.LayerTopic{Layer: "dedup_table", Topic: ledger.TopicCredit}] != 1 ||
-		dups[ledger.LayerTopic{Layer: "state_cas", Topic: ledger.TopicCredit}] != 1 ||
-		dups[ledger.LayerTopic{Layer: "dedup_table", Topic: ledger.TopicTransfer}] != 1 {
-		t.Errorf("duplicates by layer and topic: got %v", dups)
+	dups := st.DuplicatesByKey()
+	if dups[ledger.DuplicateKey{Layer: "dedup_table", Topic: ledger.TopicCredit, Cause: ledger.CauseUnknown}] != 1 ||
+		dups[ledger.DuplicateKey{Layer: "state_cas", Topic: ledger.TopicCredit, Cause: ledger.CauseSagaResend}] != 1 ||
+		dups[ledger.DuplicateKey{Layer: "dedup_table", Topic: ledger.TopicTransfer, Cause: ledger.CauseUnknown}] != 1 {
+		t.Errorf("duplicates by layer, topic and cause: got %v", dups)
+	}
+	if got := st.DuplicatesByCause(); got[ledger.CauseUnknown] != 2 || got[ledger.CauseSagaResend] != 1 || len(got) != 2 {
+		t.Errorf("duplicates by cause: got %v, want unknown 2 (Record does not know), saga_resend 1", got)
 	}
 	if got := st.Applied.Load(); got != 1 {
 		t.Errorf("applied: got %d, want 1", got)
+	}
+}
+
+// TestCause: each arrival's duplicate is attributed to one cause, in the
+// order the rules are written: a replay, a redelivery, a publisher that
+// did not say its attempt, a saga step, a publish retried, else the client.
+func TestCause(t *testing.T) {
+	for _, tc := range []struct {
+		a    ledger.Arrival
+		want ledger.Cause
+	}{
+		{ledger.Arrival{Deliveries: 1, Attempt: 1}, ledger.CauseClientRetry},
+		{ledger.Arrival{Deliveries: 1, Attempt: 2}, ledger.CauseRepublish},
+		{ledger.Arrival{Deliveries: 2, Attempt: 1}, ledger.CauseRedelivery},
+		{ledger.Arrival{Deliveries: 3, Attempt: 2, Step: true}, ledger.CauseRedelivery},
+		{ledger.Arrival{Deliveries: 1, Attempt: 1, Step: true}, ledger.CauseSagaResend},
+		{ledger.Arrival{Deliveries: 1, Attempt: 4, Step: true}, ledger.CauseSagaResend},
+		{ledger.Arrival{Deliveries: 2, Attempt: 1, Replay: true}, ledger.CauseDLQReplay},
+		{ledger.Arrival{Deliveries: 1}, ledger.CauseUnknown},
+		{ledger.Arrival{Deliveries: 1, Step: true}, ledger.CauseUnknown},
+	} {
+		if got := tc.a.Cause(); got != tc.want {
+			t.Errorf("%+v: got %s, want %s", tc.a, got, tc.want)
+		}
+	}
+}
+
+// TestAgeOf: a duplicate's age runs from its key's first effect when the
+// layer recorded it, else from the request's creation, and is never
+// negative.
+func TestAgeOf(t *testing.T) {
+	now := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
+	cmd := ledger.Command{CreatedAt: now.Add(-time.Hour)}
+	for _, tc := range []struct {
+		name string
+		cmd  ledger.Command
+		r    ledger.Result
+		want time.Duration
+	}{
+		{"FirstEffect", cmd, ledger.Result{FirstAt: now.Add(-time.Minute)}, time.Minute},
+		{"RequestCreated", cmd, ledger.Result{}, time.Hour},
+		{"Future", ledger.Command{CreatedAt: now.Add(time.Second)}, ledger.Result{}, 0},
+		{"NoTime", ledger.Command{}, ledger.Result{}, 0},
+	} {
+		if got := ledger.AgeOf(tc.cmd, tc.r, now); got != tc.want {
+			t.Errorf("%s: got %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }

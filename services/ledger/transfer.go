@@ -278,6 +278,11 @@ type Result struct {
 	Credit   *Credit  // for an applied credit step
 	Err      *Error   // the reason for Rejected, Conflict, Invalid and AwaitingAccount
 	Layer    Layer    // the dedup layer that caught a Duplicate or Conflict
+	// FirstAt is, for a Duplicate, when the first effect of its key was
+	// recorded, as the layer that caught it keeps it (a consume-log row's
+	// claim, the business key's transfer); zero when that layer keeps no
+	// time (AgeOf then measures from the request's creation).
+	FirstAt time.Time
 	// DeadLetter is set when the command goes to the dead-letter stream:
 	// it can never apply as sent.
 	DeadLetter bool

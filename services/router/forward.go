@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
@@ -101,15 +102,16 @@ func (r *Router) forwardFrom(ctx context.Context, cons jetstream.Consumer, log *
 // forwardSubject returns the home ledger subject a route-stream message
 // goes to, or an error unless it is a client command (the route stream
 // carries nothing else) addressed by a route subject.
-func forwardSubject(m jetstream.Msg) (string, error) {
+func forwardSubject(m jetstream.Msg) (string, ledger.Command, error) {
 	cmd, err := ledger.DecodeCommand(m.Data())
 	if err != nil {
-		return "", err
+		return "", cmd, err
 	}
 	if class := ledgerstream.ClassOf(cmd); class != subjects.ClassCommand {
-		return "", fmt.Errorf("a %s is no client command (it travels on the %s class)", cmd.Type, class)
+		return "", cmd, fmt.Errorf("a %s is no client command (it travels on the %s class)", cmd.Type, class)
 	}
-	return subjects.LedgerOfRoute(m.Subject())
+	subject, err := subjects.LedgerOfRoute(m.Subject())
+	return subject, cmd, err
 }
 
 // forward publishes a batch to the home ledger streams asynchronously and
@@ -118,9 +120,11 @@ func forwardSubject(m jetstream.Msg) (string, error) {
 func (r *Router) forward(ctx context.Context, msgs []jetstream.Msg, log *slog.Logger) {
 	futures := make([][]jetstream.PubAckFuture, len(msgs))
 	spans := make([]trace.Span, len(msgs))
+	cmds := make([]ledger.Command, len(msgs))
 	unroutable := make([]bool, len(msgs))
 	for i, m := range msgs {
-		subject, err := forwardSubject(m)
+		subject, cmd, err := forwardSubject(m)
+		cmds[i] = cmd
 		if err != nil {
 			// Not a client command, or not routable: forwarding it would
 			// hand the home ledger what only its own class's publishers
@@ -142,6 +146,11 @@ func (r *Router) forward(ctx context.Context, msgs []jetstream.Msg, log *slog.Lo
 		parent := natstrace.Extract(ctx, m.Headers())
 		opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(messaging(r.cfg.Region, subject, msgID, "send")...)}
 		md, mdErr := m.Metadata()
+		// The forward's attempt: the route stream's delivery of it.
+		out.Header.Set(ledgerstream.HeaderAttempt, "1")
+		if mdErr == nil {
+			out.Header.Set(ledgerstream.HeaderAttempt, strconv.FormatUint(md.NumDelivered, 10))
+		}
 		if tid := trace.SpanContextFromContext(parent).TraceID(); mdErr == nil && tid.IsValid() {
 			// As for deliveries: a retried forward links to its first attempt.
 			parent = natstrace.WithSpanID(parent, natstrace.AttemptSpanID(tid, md.Stream, md.Sequence.Stream, md.NumDelivered))
@@ -165,12 +174,14 @@ func (r *Router) forward(ctx context.Context, msgs []jetstream.Msg, log *slog.Lo
 		if unroutable[i] {
 			continue
 		}
-		ok, dup := wait(wctx, futures[i])
-		endPublish(spans[i], ok, dup)
+		ok, dups := wait(wctx, futures[i])
+		for _, d := range dups {
+			r.caught(trace.ContextWithSpan(ctx, spans[i]), StageForward, d, cmds[i])
+		}
+		endPublish(spans[i], ok, len(dups))
 		switch {
 		case ok:
 			r.cfg.Stats.Forwarded.Add(1)
-			r.cfg.Stats.ForwardDuplicates.Add(dup)
 			_ = m.Ack()
 		case ctx.Err() != nil:
 			return // shutting down: redelivered after AckWait
@@ -186,7 +197,7 @@ func (r *Router) forward(ctx context.Context, msgs []jetstream.Msg, log *slog.Lo
 }
 
 // endPublish records a publish's outcome on its span and ends it.
-func endPublish(span trace.Span, ok bool, duplicates int64) {
+func endPublish(span trace.Span, ok bool, duplicates int) {
 	if span == nil {
 		return
 	}
@@ -209,31 +220,31 @@ func (r *Router) publish(m *nats.Msg) []jetstream.PubAckFuture {
 	return []jetstream.PubAckFuture{f}
 }
 
-// wait reports whether every copy was acked before ctx ended, and how many
-// copies the stream recognised as duplicates. An answer that has already
+// wait reports whether every copy was acked before ctx ended, and returns
+// the copies the stream recognised as duplicates. An answer that has already
 // arrived counts even when ctx has ended meanwhile, so one slow destination
 // cannot make the others of its batch look failed.
-func wait(ctx context.Context, fs []jetstream.PubAckFuture) (ok bool, duplicates int64) {
+func wait(ctx context.Context, fs []jetstream.PubAckFuture) (ok bool, duplicates []*nats.Msg) {
 	if len(fs) == 0 {
-		return false, 0
+		return false, nil
 	}
 	for _, f := range fs {
 		var ack *jetstream.PubAck
 		select {
 		case ack = <-f.Ok():
 		case <-f.Err():
-			return false, 0
+			return false, nil
 		default:
 			select {
 			case ack = <-f.Ok():
 			case <-f.Err():
-				return false, 0
+				return false, nil
 			case <-ctx.Done():
-				return false, 0
+				return false, nil
 			}
 		}
 		if ack.Duplicate {
-			duplicates++
+			duplicates = append(duplicates, f.Msg())
 		}
 	}
 	return true, duplicates

@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -12,6 +13,8 @@ import (
 
 	"github.com/paymesh/paymesh/pkg/natstrace"
 	"github.com/paymesh/paymesh/platform/subjects"
+	"github.com/paymesh/paymesh/services/ledger"
+	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 )
 
 // Step is a saga step waiting in the region's outbox to be relayed to the
@@ -97,15 +100,20 @@ func (r *Router) relay(ctx context.Context, steps []Step) (sent, failed []int64,
 	defer cancel()
 	failedRegions = map[string]int{}
 	for i, st := range steps {
-		ok, dup := wait(wctx, futures[i])
-		endPublish(spans[i], ok, dup)
+		ok, dups := wait(wctx, futures[i])
+		if len(dups) > 0 {
+			cmd, _ := ledger.DecodeCommand(st.Payload) // its topic and age; the outbox wrote it
+			for _, d := range dups {
+				r.caught(trace.ContextWithSpan(ctx, spans[i]), StageRelay, d, cmd)
+			}
+		}
+		endPublish(spans[i], ok, len(dups))
 		if !ok {
 			failed = append(failed, st.ID)
 			failedRegions[st.Region]++
 			continue
 		}
 		sent = append(sent, st.ID)
-		r.cfg.Stats.RelayDuplicates.Add(dup)
 	}
 	return sent, failed, failedRegions
 }
@@ -117,6 +125,7 @@ func (r *Router) publishStep(ctx context.Context, st Step) ([]jetstream.PubAckFu
 	m := nats.NewMsg(r.topo(st.Region).Subject(st.Account, subjects.ClassStep, r.cfg.Region))
 	m.Data = st.Payload
 	m.Header.Set(jetstream.MsgIDHeader, st.MsgID)
+	m.Header.Set(ledgerstream.HeaderAttempt, strconv.Itoa(st.Attempts+1))
 	sctx, span := tracer.Start(natstrace.WithTraceParent(ctx, st.TraceParent), "relay "+m.Subject,
 		trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(messaging(r.cfg.Region, m.Subject, st.MsgID, "send")...))
 	if st.Attempts > 0 {

@@ -25,6 +25,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -103,6 +104,9 @@ type Config struct {
 	// with each client request (ledgerstream.HeaderAnswerTo), and the ledger tells
 	// that subject when the request is answered.
 	AnswerTo string
+	// Observe, if set, is told each duplicate JetStream's Nats-Msg-Id
+	// window caught (its stage, cause and age), with the publish's span.
+	Observe func(ctx context.Context, stage Stage, c ledger.Caught)
 }
 
 // Router submits commands into the local route stream.
@@ -186,6 +190,7 @@ func (r *Router) submit(ctx context.Context, cmd ledger.Command, subject, stream
 	m := nats.NewMsg(subject)
 	m.Data = cmd.Encode()
 	m.Header.Set(jetstream.MsgIDHeader, cmd.MsgKey())
+	m.Header.Set(ledgerstream.HeaderAttempt, "1") // a client that submits again is a new request
 	if r.cfg.AnswerTo != "" && !cmd.IsStep() {
 		m.Header.Set(ledgerstream.HeaderAnswerTo, r.cfg.AnswerTo)
 	}
@@ -198,14 +203,28 @@ func (r *Router) submit(ctx context.Context, cmd ledger.Command, subject, stream
 		span.SetStatus(codes.Error, err.Error())
 		return false, fmt.Errorf("submit %s: %w", cmd.MsgKey(), err)
 	}
-	if ack.Duplicate {
-		span.SetAttributes(attribute.String("paymesh.dedup.outcome", "duplicate"), attribute.String("paymesh.dedup.layer", "msg_id"))
-	}
 	r.cfg.Stats.Submitted.Add(1)
 	if ack.Duplicate {
-		r.cfg.Stats.DuplicateSubmits.Add(1)
+		span.SetAttributes(attribute.String("paymesh.dedup.outcome", "duplicate"), attribute.String("paymesh.dedup.layer", "msg_id"))
+		r.caught(ctx, StageSubmit, m, cmd)
 	}
 	return ack.Duplicate, nil
+}
+
+// caught counts a duplicate that JetStream's Nats-Msg-Id window caught at
+// stage: m is the copy it caught, whose attempt header tells the
+// publisher's retry from a new request, cmd its command. Its age runs from
+// the request's creation (the window keeps no time of the first copy).
+// ctx holds the publish's span, which records the cause and age.
+func (r *Router) caught(ctx context.Context, stage Stage, m *nats.Msg, cmd ledger.Command) {
+	attempt, _ := strconv.Atoi(m.Header.Get(ledgerstream.HeaderAttempt))
+	c := ledger.Caught{Topic: cmd.Topic(), Layer: ledger.LayerMsgID, Age: ledger.AgeOf(cmd, ledger.Result{}, time.Now()),
+		Cause: ledger.Arrival{Deliveries: 1, Attempt: attempt, Step: cmd.IsStep()}.Cause()}
+	r.cfg.Stats.caught(stage, c.Cause)
+	ledgerstream.RecordCaught(trace.SpanFromContext(ctx), c)
+	if r.cfg.Observe != nil {
+		r.cfg.Observe(ctx, stage, c)
+	}
 }
 
 var tracer = otel.Tracer("github.com/paymesh/paymesh/services/router")

@@ -124,15 +124,8 @@ func TestAlertsOff(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			srv := httptest.NewServer(dashboard.New(cfg).Handler())
 			defer srv.Close()
-			res, err := http.Get(srv.URL + "/api/alerts")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer res.Body.Close()
 			var raw map[string]any
-			if err := json.NewDecoder(res.Body).Decode(&raw); err != nil {
-				t.Fatal(err)
-			}
+			getJSON(t, srv.URL+"/api/alerts", &raw)
 			active, aok := raw["active"].([]any)
 			cleared, cok := raw["cleared"].([]any)
 			if raw["enabled"] != false || raw["note"] == "" || !aok || !cok || len(active)+len(cleared) != 0 {

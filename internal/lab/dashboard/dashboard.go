@@ -116,7 +116,7 @@ type Check struct {
 	Failures []string `json:"failures,omitempty"`
 }
 
-// Stats is what /api/stats returns.
+// Stats is what /api/stats returns. Its lists are never null in JSON.
 type Stats struct {
 	Regions    []string                `json:"regions"`
 	Layers     []string                `json:"layers"`
@@ -267,8 +267,10 @@ func (d *Dashboard) SetFinal(rep postgres.Report, err error) {
 func (d *Dashboard) Stats() Stats {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	st := Stats{Regions: d.cfg.Source.Regions(), Points: append([]Point(nil), d.points...), Totals: d.last, Webhooks: d.lastHook,
-		Invariants: d.inv, Final: d.final}
+	// The lists are [] before the first sample, never null: the page maps
+	// over them.
+	st := Stats{Regions: append([]string{}, d.cfg.Source.Regions()...), Layers: []string{}, Points: append([]Point{}, d.points...),
+		Totals: d.last, Webhooks: d.lastHook, Invariants: d.inv, Final: d.final}
 	seen := map[string]bool{}
 	for _, s := range d.last {
 		for l := range s.Duplicates {

@@ -117,15 +117,8 @@ func TestTraceListsAreArrays(t *testing.T) {
 	send.End()
 	srv := httptest.NewServer(dashboard.New(dashboard.Config{Source: &source{}, Recorder: rec}).Handler())
 	defer srv.Close()
-	res, err := http.Get(srv.URL + "/api/traces")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
 	var list []map[string]any
-	if err := json.NewDecoder(res.Body).Decode(&list); err != nil {
-		t.Fatal(err)
-	}
+	getJSON(t, srv.URL+"/api/traces", &list)
 	if len(list) != 1 {
 		t.Fatalf("traces: %v, want the retried one", list)
 	}
@@ -249,5 +242,63 @@ func TestWebhookRates(t *testing.T) {
 	plain.Run(pctx)
 	if st := plain.Stats(); st.Webhooks != nil || len(st.Points) == 0 || st.Points[0].Webhooks != nil {
 		t.Fatalf("without a receiver: %+v", st)
+	}
+}
+
+// TestAPIGroupTraces: the API's group transaction is a span of its own,
+// linked to each request in it. The group is not a retry (it is left out),
+// and a request the group found to be a duplicate is kept, naming its
+// region and the layer, as a ledger delivery is.
+func TestAPIGroupTraces(t *testing.T) {
+	rec := dashboard.NewRecorder()
+	tr := spans(rec)
+	_, first := tr.Start(context.Background(), "paymesh api", trace.WithAttributes(attribute.String("paymesh.region", "eu"),
+		attribute.String("paymesh.dedup.outcome", "first")))
+	_, again := tr.Start(context.Background(), "paymesh api", trace.WithAttributes(attribute.String("paymesh.region", "eu"),
+		attribute.String("paymesh.dedup.outcome", "duplicate"), attribute.String("paymesh.dedup.layer", "business_key")))
+	member := []attribute.KeyValue{attribute.String("paymesh.link", "batch_member")}
+	_, group := tr.Start(context.Background(), "apply batch here", trace.WithLinks(
+		trace.Link{SpanContext: first.SpanContext(), Attributes: member}, trace.Link{SpanContext: again.SpanContext(), Attributes: member}))
+	group.End()
+	first.End()
+	again.End()
+
+	list := rec.Traces()
+	if len(list) != 1 || list[0].TraceID != again.SpanContext().TraceID().String() {
+		t.Fatalf("kept traces: %+v, want only the duplicate request's", list)
+	}
+	if got := list[0]; strings.Join(got.Regions, ",") != "eu" || strings.Join(got.Layers, ",") != "business_key" ||
+		strings.Join(got.Reasons, ",") != "duplicate" {
+		t.Fatalf("summary: %+v, want region eu, layer business_key, reason duplicate", got)
+	}
+	if _, ok := rec.Trace(group.SpanContext().TraceID()); ok {
+		t.Fatal("the group's own span is recorded: it would list every group as a retry")
+	}
+}
+
+// TestStatsListsBeforeAnySample: /api/stats before the first sample has
+// [] for its lists, which the page maps over, not null.
+func TestStatsListsBeforeAnySample(t *testing.T) {
+	srv := httptest.NewServer(dashboard.New(dashboard.Config{Source: &source{}}).Handler())
+	defer srv.Close()
+	var st map[string]any
+	getJSON(t, srv.URL+"/api/stats", &st)
+	for _, field := range []string{"regions", "layers", "points"} {
+		if _, ok := st[field].([]any); !ok {
+			t.Errorf("%s: %#v, want an array", field, st[field])
+		}
+	}
+}
+
+// getJSON decodes the JSON answer to GET url into v.
+func getJSON(t *testing.T, url string, v any) {
+	t.Helper()
+	res, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	if err := json.NewDecoder(res.Body).Decode(v); err != nil {
+		t.Fatalf("GET %s: %v", url, err)
 	}
 }

@@ -128,10 +128,12 @@ func (*Recorder) Shutdown(context.Context) error { return nil }
 func (*Recorder) ForceFlush(context.Context) error { return nil }
 
 // skipped reports whether s is one of the spans the page leaves out: the
-// database's, and the batch transactions (traces of their own).
+// database's, and the batch transactions, the ledger's and the API's
+// (traces of their own, linked to each member: each member's own span
+// tells its outcome).
 func skipped(s sdktrace.ReadOnlySpan) bool {
 	scope := s.InstrumentationScope().Name
-	return scope == "github.com/paymesh/paymesh/services/ledger/postgres" || s.Name() == "apply batch"
+	return scope == "github.com/paymesh/paymesh/services/ledger/postgres" || s.Name() == "apply batch" || s.Name() == "apply batch here"
 }
 
 // OnEnd records an ended span.
@@ -194,8 +196,8 @@ func why(s Span) (reasons []string, layer string) {
 	if n, err := strconv.Atoi(s.Attrs["messaging.nats.delivery_count"]); err == nil && n > 1 {
 		reasons = append(reasons, "redelivery")
 	}
-	if len(s.Links) > 0 && len(reasons) == 0 {
-		reasons = append(reasons, "retry")
+	if len(reasons) == 0 && slices.ContainsFunc(s.Links, func(l Link) bool { return l.Kind != "batch_member" }) {
+		reasons = append(reasons, "retry") // a link to an earlier attempt, not to a batch's member
 	}
 	for _, e := range s.Events {
 		if e.Name == "retry" && !slices.Contains(reasons, "retry") {

@@ -7,10 +7,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 	"go.opentelemetry.io/otel"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -56,12 +58,54 @@ func chromium(t *testing.T) string {
 	return ""
 }
 
+// watchPageErrors collects the exceptions the page's script throws and the
+// errors it logs, from now on.
+func watchPageErrors(t *testing.T, browser context.Context) func() []string {
+	t.Helper()
+	var mu sync.Mutex
+	var errs []string
+	err := chromedp.Listen(browser, func(ev any) {
+		var msg string
+		switch ev := ev.(type) {
+		case *runtime.EventExceptionThrown:
+			d := ev.ExceptionDetails
+			msg = fmt.Sprintf("exception at %s:%d: %s", d.URL, d.LineNumber+1, d.Text)
+			if d.Exception != nil {
+				msg += " " + d.Exception.Description
+			}
+		case *runtime.EventConsoleAPICalled:
+			if ev.Type != runtime.ConsoleAPICalledTypeError {
+				return
+			}
+			msg = "console.error:"
+			for _, a := range ev.Args {
+				msg += " " + string(a.Value)
+			}
+		default:
+			return
+		}
+		mu.Lock()
+		errs = append(errs, msg)
+		mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(errs)
+	}
+}
+
 // TestLivePageInBrowser runs a short demo with its live page, opens the page
-// in headless Chromium while transfers flow, and checks that the charts
+// in headless Chromium while transfers flow (through the routers and the
+// HTTP APIs, then the holds and refunds), and checks that the charts
 // get data, that a trace with a redelivery opens as a span tree naming the
 // dedup layer that caught it, that the final invariants show PASS, and
 // that the Alerts panel shows the dead-letter alert the poison messages
-// fire (or, without Prometheus, that alerts are off). It saves a
+// fire (or, without Prometheus, that alerts are off), and that no part of
+// the page ever failed to update or threw. It saves a
 // screenshot (go test -artifacts keeps it).
 func TestLivePageInBrowser(t *testing.T) {
 	if testing.Short() {
@@ -86,9 +130,10 @@ func TestLivePageInBrowser(t *testing.T) {
 			PostgresURL: pgtest.AdminURL(), DatabasePrefix: fmt.Sprintf("pmtest_demo_web_%d_", os.Getpid()),
 			Accounts: 5, Transfers: 1500, Rate: 250, Seed: 11, HTTPShare: 0.1,
 			ClientRetry: 0.05, ProducerRetry: 0.1, DropAck: 0.3, Poison: 0.01, HookLoss: 0.05, Stay: true, Prometheus: prometheusMode(),
-			// The page's own checks: the holds phase would fill the recent traces
-			// with its own, past the redeliveries the test looks for.
-			Holds: -1, Refunds: -1,
+			// Every kind of traffic: a tenth of the transfers through the HTTP
+			// API (applied by the API itself where they are homed) and the
+			// holds-and-refunds phase, all through the APIs.
+			Holds: 30, Refunds: 15,
 			Dashboard: "127.0.0.1:0", Traces: rec, OnDashboard: func(u string) { urls <- u },
 		}, out)
 		if runErr != nil {
@@ -119,6 +164,7 @@ func TestLivePageInBrowser(t *testing.T) {
 	defer cancelAlloc()
 	browser, cancelBrowser := chromedp.NewContext(alloc)
 	defer cancelBrowser()
+	pageErrs := watchPageErrors(t, browser)
 
 	wait := func(what, js string, timeout time.Duration) {
 		t.Helper()
@@ -178,6 +224,13 @@ func TestLivePageInBrowser(t *testing.T) {
 		wait("the note names Prometheus", `document.getElementById('alerts-note').textContent.startsWith('alerts: Prometheus http://')`, 10*time.Second)
 	} else {
 		wait("the note says alerts are off", `document.getElementById('alerts-note').textContent === 'alerts: off (prometheus not installed; make prometheus)'`, 10*time.Second)
+	}
+
+	// No part of the page failed to update at any time, and the script
+	// threw nothing.
+	wait("the page drew every update", `document.body.dataset.errors === undefined && document.getElementById('page-error').hidden`, 10*time.Second)
+	if errs := pageErrs(); len(errs) > 0 {
+		t.Fatalf("the page's script failed:\n%s", strings.Join(errs, "\n"))
 	}
 
 	png, err := chromedp.Run(browser, chromedp.FullScreenshot(100))

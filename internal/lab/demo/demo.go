@@ -135,6 +135,9 @@ type Report struct {
 	Completed, Refunded, RejectedFinal, Unfinished               int64
 	Injected                                                     map[string]int64
 	Caught                                                       map[string]int64
+	// Attributed is the duplicates caught, by the cause paymesh gave
+	// each (causes.go checks them against Injected).
+	Attributed map[ledger.Cause]int64
 	// Repeats counts, by source, the repeats nobody injected that the
 	// routers, the APIs and the demo's clients made (repeats.go); the
 	// ledgers' are the redeliveries beyond the dropped acks (Unprompted).
@@ -199,7 +202,7 @@ func (r Report) unpromptedRedeliveries() int64 {
 // lost to the fault hides a duplicate the broker dropped. Then the count is
 // reported, and the invariants decide.
 func (r Report) duplicatesOK() bool {
-	return len(r.Faults) > 0 || r.Interrupted || r.duplicatesExplained()
+	return len(r.Faults) > 0 || r.Interrupted || (r.duplicatesExplained() && r.attributionOK())
 }
 
 func (r Report) duplicatesExplained() bool { return r.Missed() <= 0 && -r.Missed() <= r.Unprompted() }
@@ -673,7 +676,7 @@ func (d *driver) send(ctx context.Context, cmd ledger.Command) error {
 	}
 	if d.float() < d.cfg.ClientRetry {
 		d.mu.Lock()
-		d.injected["client retry (same key, any region)"]++
+		d.injected[injectedClientRetry]++
 		d.mu.Unlock()
 		if err := d.submit(ctx, d.names[d.intn(len(d.names))], cmd); err != nil {
 			return err
@@ -737,7 +740,7 @@ func (d *driver) sendHTTP(ctx context.Context, via string, cmd ledger.Command) e
 			return err
 		}
 		d.mu.Lock()
-		d.injected["HTTP retry (same Idempotency-Key, any region)"]++
+		d.injected[injectedHTTPRetry]++
 		if again.Replayed {
 			d.caught[string(ledger.LayerIdempotencyKey)]++
 		}
@@ -819,7 +822,8 @@ func (d *driver) progress(final bool) {
 }
 
 func (d *driver) report(ctx context.Context, elapsed time.Duration) Report {
-	rep := Report{Commands: d.commands, Poison: d.poison, Injected: d.injected, Caught: map[string]int64{}, Elapsed: elapsed}
+	rep := Report{Commands: d.commands, Poison: d.poison, Injected: d.injected, Caught: map[string]int64{},
+		Attributed: map[ledger.Cause]int64{}, Elapsed: elapsed}
 	for k, v := range d.caught {
 		rep.Caught[k] += v
 	}
@@ -842,7 +846,15 @@ func (d *driver) report(ctx context.Context, elapsed time.Duration) Report {
 		}
 		rs := r.Router.Stats()
 		rep.Caught[string(ledger.LayerMsgID)] += rs.DuplicateSubmits.Load() + rs.ForwardDuplicates.Load() + rs.RelayDuplicates.Load()
-		rep.Injected["router re-publish (same Nats-Msg-Id)"] += r.Injected()
+		rep.Injected[injectedRepublish] += r.Injected() - r.InjectedSteps()
+		rep.Injected[injectedStepResend] += r.InjectedSteps()
+		for c, n := range st.DuplicatesByCause() {
+			rep.Attributed[c] += n
+		}
+		for k, n := range rs.DuplicatesByCause() {
+			rep.Attributed[k.Cause] += n
+		}
+		rep.Attributed[ledger.CauseClientRetry] += r.API.Stats.Replays.Load() // every replay of a key is a client's retry
 		var recorded int64
 		_ = r.Ledger.Store.Pool().QueryRow(ctx, `SELECT count(*) FROM transfers`).Scan(&recorded)
 		rep.Recorded += recorded
@@ -923,6 +935,7 @@ func (r Report) Print(w io.Writer) {
 		}
 		fmt.Fprintf(w, "%s  "+format+"\n", append([]any{verdict}, args...)...)
 	}
+	r.printAttribution(w, line)
 	if len(r.Faults) == 0 && !r.Interrupted {
 		line(r.duplicatesExplained(), "every injected duplicate was caught exactly once (injected minus caught: %d; repeats nobody injected, "+
 			"each caught at most once: %d)", r.Missed(), r.Unprompted())

@@ -117,13 +117,14 @@ type Region struct {
 	routerSrv                                         *routerd.Server
 	apiSrv                                            *apid.Server
 	// The addresses and counters, kept across restarts.
-	apiAddr     string
-	metrics     MetricsAddrs
-	ledgerStats *ledger.Stats
-	routerStats *router.Stats
-	injected    *atomic.Int64
-	stop        context.CancelFunc
-	done        sync.WaitGroup
+	apiAddr       string
+	metrics       MetricsAddrs
+	ledgerStats   *ledger.Stats
+	routerStats   *router.Stats
+	injected      *atomic.Int64
+	injectedSteps *atomic.Int64 // of injected, the copies of saga steps (relays)
+	stop          context.CancelFunc
+	done          sync.WaitGroup
 }
 
 // Cluster is a set of running regions.
@@ -165,7 +166,7 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 			c.Stop()
 			return nil, fmt.Errorf("region %s: %w", name, err)
 		}
-		r := &Region{Name: name, URL: url, apiAddr: cfg.APIAddrs[name], metrics: cfg.MetricsAddrs[name], injected: new(atomic.Int64)}
+		r := &Region{Name: name, URL: url, apiAddr: cfg.APIAddrs[name], metrics: cfg.MetricsAddrs[name], injected: new(atomic.Int64), injectedSteps: new(atomic.Int64)}
 		c.regions[name] = r
 		if err := c.startRegion(ctx, r); err != nil {
 			c.Stop()
@@ -201,6 +202,10 @@ func (c *Cluster) Names() []string {
 // whose first copy was new (see jsfault.JetStream.Injected).
 func (r *Region) Injected() int64 { return r.injected.Load() }
 
+// InjectedSteps returns how many of Injected's copies were of saga steps
+// (a relay's publishes; the others are forwards and submits).
+func (r *Region) InjectedSteps() int64 { return r.injectedSteps.Load() }
+
 // publisherJetStream decorates a router's JetStream handle with inject's
 // second copies, counted in the region's Injected; nil for no decorator.
 func (r *Region) publisherJetStream(inject func() bool) func(jetstream.JetStream) jetstream.JetStream {
@@ -208,7 +213,12 @@ func (r *Region) publisherJetStream(inject func() bool) func(jetstream.JetStream
 		return nil
 	}
 	return func(js jetstream.JetStream) jetstream.JetStream {
-		return &jsfault.JetStream{JetStream: js, Twice: inject, Injected: func() { r.injected.Add(1) }}
+		return &jsfault.JetStream{JetStream: js, Twice: inject, Injected: func(c *nats.Msg) {
+			r.injected.Add(1)
+			if cmd, err := ledger.DecodeCommand(c.Data); err == nil && cmd.IsStep() {
+				r.injectedSteps.Add(1)
+			}
+		}}
 	}
 }
 
@@ -360,7 +370,7 @@ func (c *Cluster) RestartRegion(ctx context.Context, name string) error {
 	old := c.Region(name)
 	old.close()
 	r := &Region{Name: name, URL: old.URL, apiAddr: old.apiAddr, metrics: old.metrics,
-		ledgerStats: old.Ledger.Stats, routerStats: old.Router.Stats(), injected: old.injected}
+		ledgerStats: old.Ledger.Stats, routerStats: old.Router.Stats(), injected: old.injected, injectedSteps: old.injectedSteps}
 	if err := c.startRegion(ctx, r); err != nil {
 		return err
 	}

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/internal/testbed/pgtest"
@@ -125,7 +127,7 @@ func TestMetricsPerService(t *testing.T) {
 		for url, want := range map[string]string{
 			r.LedgerMetricsURL: `paymesh_transfers_applied_total{consumer="ledger",region="eu",stream="LEDGER_EU"}`,
 			r.RouterMetricsURL: submitted,
-			r.APIMetricsURL:    `paymesh_idempotency_keys_total{layer="idempotency_key",outcome="replay",region="eu",topic="transfer"}`,
+			r.APIMetricsURL:    `paymesh_idempotency_keys_total{cause="client_retry",layer="idempotency_key",outcome="replay",region="eu",topic="transfer"}`,
 		} {
 			if body := openMetrics(t, url); !strings.Contains(body, want) {
 				t.Errorf("%s: no %s in\n%s", url, want, body)
@@ -156,6 +158,7 @@ func TestMetricsPerService(t *testing.T) {
 // a topic of the closed set, and each (region, topic) with duplicates has
 // deliveries to divide them by.
 func TestMetricsCountInjectedDuplicates(t *testing.T) {
+	rec := recorder() // spans are sampled, so the duplicates' ages keep exemplars
 	topo := natsembed.MustStartTopology(t, "eu", "us", "ap")
 	ctx := context.Background()
 	var dropped, calls atomic.Int64
@@ -234,6 +237,69 @@ func TestMetricsCountInjectedDuplicates(t *testing.T) {
 		t.Errorf("deliveries in /metrics: %d", deliveries)
 	}
 	checkTopics(t, c, names)
+	checkCauses(t, c, names, rec)
+}
+
+// checkCauses checks the causes and ages of the duplicates that
+// TestMetricsCountInjectedDuplicates injected: the ledger's are
+// redeliveries (its acks dropped), the routers' re-publishes of forwards
+// and re-sends of saga steps (a second copy, its attempt one higher);
+// each counted duplicate has its age recorded, with its trace as an
+// exemplar.
+func checkCauses(t *testing.T, c *cluster.Cluster, names []string, rec interface {
+	Ended() []sdktrace.ReadOnlySpan
+}) {
+	t.Helper()
+	traces := map[string]bool{}
+	for _, s := range rec.Ended() {
+		traces[s.SpanContext().TraceID().String()] = true
+	}
+	var steps, forwards int64
+	byCause := map[string]float64{}
+	for _, r := range names {
+		reg := c.Region(r)
+		steps += reg.InjectedSteps()
+		forwards += reg.Injected() - reg.InjectedSteps()
+		counted := map[string]float64{}
+		for service, url := range map[string]string{"ledger": reg.LedgerMetricsURL, "router": reg.RouterMetricsURL} {
+			name := "paymesh_duplicates_total"
+			if service == "router" {
+				name = "paymesh_router_duplicates_total"
+			}
+			for _, s := range scrape.Samples(t, url, name) {
+				byCause[service+" "+s.Labels["cause"]] += s.Value
+				counted[service] += s.Value
+			}
+			aged := float64(scrape.Sum(t, url, "paymesh_duplicate_age_seconds_count", map[string]string{"region": r, "service": service}))
+			if aged != counted[service] {
+				t.Errorf("%s %s: %v duplicates have an age recorded, want all %v counted", r, service, aged, counted[service])
+			}
+			if counted[service] == 0 {
+				continue
+			}
+			ids := exemplarTraces(openMetrics(t, url), "paymesh_duplicate_age_seconds_bucket", r)
+			if len(ids) == 0 {
+				t.Errorf("%s %s: no trace exemplar on paymesh_duplicate_age_seconds", r, service)
+			}
+			for _, id := range ids {
+				if !traces[id] {
+					t.Errorf("%s %s: an exemplar names trace %s, which no recorded span has", r, service, id)
+				}
+			}
+		}
+	}
+	want := map[string]float64{"router republish": float64(forwards), "router saga_resend": float64(steps)}
+	for k, n := range byCause {
+		if strings.HasPrefix(k, "ledger ") && k != "ledger redelivery" && n > 0 {
+			t.Errorf("ledger duplicates of cause %s: %v, want only redeliveries (acks dropped)", strings.TrimPrefix(k, "ledger "), n)
+		}
+		if strings.HasPrefix(k, "router ") && n != want[k] {
+			t.Errorf("%s duplicates: %v, want %v", k, n, want[k])
+		}
+	}
+	if byCause["ledger redelivery"] == 0 || forwards == 0 || steps == 0 {
+		t.Errorf("causes %v: want redeliveries, and re-published forwards (%d) and saga steps (%d)", byCause, forwards, steps)
+	}
 }
 
 // checkTopics checks the topic labels of the duplicate and delivery

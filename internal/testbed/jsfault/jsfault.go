@@ -9,10 +9,14 @@ package jsfault
 import (
 	"context"
 	"errors"
+	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 )
 
 // JetStream is a decorated JetStream handle. Its zero hooks change nothing.
@@ -20,20 +24,21 @@ type JetStream struct {
 	jetstream.JetStream
 	// Twice, if set, is asked before every asynchronous publish; when it
 	// answers true the message is published a second time under the same
-	// Nats-Msg-Id, as a producer that retries. The future returned answers
+	// Nats-Msg-Id, as a producer that retries: the copy's attempt header
+	// (ledgerstream.HeaderAttempt) is one more than the first's. The future returned answers
 	// once both copies are answered: an error if either failed (the
 	// publisher sends again, as it would), else the second copy's PubAck,
 	// which says Duplicate when the stream caught it, so the publisher
 	// counts what its stream's window caught. When the second copy cannot
 	// be queued the first one's future is returned.
 	Twice func() bool
-	// Injected, if set, is told of every second copy answered after the
+	// Injected, if set, is told of (handed) every second copy answered after the
 	// stream stored its first copy as new: a duplicate the stream's
 	// Nats-Msg-Id window must catch, and the publisher count. (A first copy
 	// that was itself a duplicate, a message published again, makes the
 	// second one no extra catch: the publisher counts one duplicate per
 	// future.)
-	Injected func()
+	Injected func(copy *nats.Msg)
 	// Deliver, if set, is handed every message a consumer created or
 	// looked up through this handle delivers to Consume's handler, before
 	// the handler; the handler gets the message it returns, or nothing when
@@ -54,11 +59,33 @@ func (j *JetStream) PublishMsgAsync(m *nats.Msg, opts ...jetstream.PublishOpt) (
 	if err != nil || j.Twice == nil || !j.Twice() {
 		return f, err
 	}
-	again, err := j.JetStream.PublishMsgAsync(m, opts...)
+	c := retried(m)
+	again, err := j.JetStream.PublishMsgAsync(c, opts...)
 	if err != nil {
 		return f, nil
 	}
-	return both(f, again, j.Injected), nil
+	var injected func()
+	if j.Injected != nil {
+		injected = func() { j.Injected(c) }
+	}
+	return both(f, again, injected), nil
+}
+
+// retried returns a copy of m as its publisher's next attempt: the same
+// subject, data and headers, and an attempt header one higher (2 when m
+// carries none).
+func retried(m *nats.Msg) *nats.Msg {
+	c := nats.NewMsg(m.Subject)
+	c.Data = m.Data
+	for k, vs := range m.Header {
+		c.Header[k] = append([]string(nil), vs...)
+	}
+	n, err := strconv.Atoi(m.Header.Get(ledgerstream.HeaderAttempt))
+	if err != nil || n < 1 {
+		n = 1
+	}
+	c.Header.Set(ledgerstream.HeaderAttempt, strconv.Itoa(n+1))
+	return c
 }
 
 // pubAckWait bounds how long both waits for a copy's answer (nats.go
@@ -88,6 +115,11 @@ func both(first, second jetstream.PubAckFuture, injected func()) jetstream.PubAc
 		if !acks[0].Duplicate && injected != nil {
 			injected()
 		}
+		if acks[0].Duplicate {
+			// The first copy was the repeat the stream caught (a message
+			// published again): it is the one the publisher counts.
+			p.msg.Store(first.Msg())
+		}
 		p.ok <- acks[1]
 	}()
 	return p
@@ -95,13 +127,25 @@ func both(first, second jetstream.PubAckFuture, injected func()) jetstream.PubAc
 
 // pair is the future of a message published twice.
 type pair struct {
-	jetstream.PubAckFuture // the second copy's, for Msg
+	jetstream.PubAckFuture // the second copy's
 	ok                     chan *jetstream.PubAck
 	err                    chan error
+	// msg is the first copy when it was itself a duplicate; set before ok
+	// is answered.
+	msg atomic.Pointer[nats.Msg]
 }
 
 func (p *pair) Ok() <-chan *jetstream.PubAck { return p.ok }
 func (p *pair) Err() <-chan error            { return p.err }
+
+// Msg returns the copy whose duplicate the publisher counts: the second,
+// unless the first was a duplicate already.
+func (p *pair) Msg() *nats.Msg {
+	if m := p.msg.Load(); m != nil {
+		return m
+	}
+	return p.PubAckFuture.Msg()
+}
 
 // CreateOrUpdateConsumer returns the consumer, its deliveries decorated.
 func (j *JetStream) CreateOrUpdateConsumer(ctx context.Context, stream string, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {

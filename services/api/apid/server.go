@@ -17,6 +17,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/paymesh/paymesh/pkg/dedup"
@@ -26,6 +27,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/platform/natsconn"
@@ -161,6 +164,10 @@ const defaultWait = 2 * time.Second
 type Server struct {
 	cfg  Config
 	pool *pgxpool.Pool
+	// ages records the duplicates the API's Idempotency-Key layer caught
+	// (nil without metrics: nothing); set once the metrics are made, which
+	// is after the API answers forwarded calls.
+	ages atomic.Pointer[telemetry.DuplicateAges]
 	// applyPool is the connection of the transactions the API runs
 	// itself (api.Config.Apply), nil with SubmitAll.
 	applyPool *pgxpool.Pool
@@ -248,7 +255,7 @@ func (s *Server) open(ctx context.Context) error {
 	led := postgres.New(s.pool, postgres.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen, Stats: s.accounts, NoEvents: cfg.NoEvents})
 	acfg := api.Config{Region: cfg.Region, Regions: cfg.Regions, IDs: gen, Ledger: led, Store: store, Router: rt, NATS: s.nc,
 		Answers: answers, AnswerPoll: cfg.AnswerPoll, ClientCacheTTL: cfg.ClientCacheTTL, ClaimKeys: cfg.ClaimKeys, Wait: cfg.Wait, KeyTTL: cfg.KeyTTL, Now: cfg.Now,
-		WrapForwardReader: cfg.WrapForwardReader, Log: cfg.Log}
+		WrapForwardReader: cfg.WrapForwardReader, Log: cfg.Log, Duplicate: s.recordDuplicate}
 	if !cfg.SubmitAll {
 		if err := s.openApply(ctx, gen, &acfg); err != nil {
 			return err
@@ -280,7 +287,8 @@ func (s *Server) open(ctx context.Context) error {
 	// A transfer may wait cfg.Wait for its final state before it is
 	// answered, and a replay OpsWait for the ledger's outcome: the write
 	// timeout leaves room for the longer and the write.
-	s.http = &http.Server{Handler: otelhttp.NewHandler(s.api, "paymesh api"), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+	s.http = &http.Server{Handler: otelhttp.NewHandler(s.api, "paymesh api",
+		otelhttp.WithSpanOptions(trace.WithAttributes(attribute.String("paymesh.region", cfg.Region)))), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
 		WriteTimeout: max(cfg.Wait, cfg.OpsWait, defaultOpsWait) + 15*time.Second, IdleTimeout: time.Minute}
 	if cfg.MetricsListen != "" {
 		s.metrics, err = telemetry.ServeNew(cfg.MetricsListen, cfg.Log, func(m *telemetry.Metrics) error { return s.observe(m, acfg.ApplyStats) })
@@ -375,6 +383,14 @@ func (s *Server) observe(m *telemetry.Metrics, applied *ledger.Stats) error {
 	if err := ObserveAPI(m, s.cfg.Region, &s.api.Stats); err != nil {
 		return err
 	}
+	ages, err := telemetry.NewDuplicateAges(m, s.cfg.Region, "api")
+	if err != nil {
+		return err
+	}
+	s.ages.Store(ages)
+	if err := m.ObserveWindows(s.cfg.Region, map[string]time.Duration{string(ledger.LayerIdempotencyKey): s.api.KeyTTL()}); err != nil {
+		return err
+	}
 	if err := ObserveAccounts(m, s.cfg.Region, s.accounts); err != nil {
 		return err
 	}
@@ -387,6 +403,12 @@ func (s *Server) observe(m *telemetry.Metrics, applied *ledger.Stats) error {
 		return nil // the region's ledger exports the shared counters
 	}
 	return ledgerd.ObserveApplied(m, s.cfg.Region, applied)
+}
+
+// recordDuplicate records the age of a duplicate the Idempotency-Key layer
+// caught, once the metrics are made (nothing before, or without them).
+func (s *Server) recordDuplicate(ctx context.Context, c ledger.Caught) {
+	s.ages.Load().Record(ctx, c.Topic.String(), string(c.Layer), string(c.Cause), c.Age)
 }
 
 // defaultOpsWait is how long a replay through the API waits for the

@@ -60,7 +60,7 @@ func TestAPIServes(t *testing.T) {
 	if err != nil || resp.Status != http.StatusCreated || !strings.Contains(string(resp.Body), `"currency":"EUR"`) {
 		t.Fatalf("POST /v1/accounts at %s: got %d %s %v, want 201 with the account", srv.URL(), resp.Status, resp.Body, err)
 	}
-	if body := scrape.Text(t, srv.MetricsURL()); !strings.Contains(body, `paymesh_idempotency_keys_total{layer="idempotency_key",outcome="replay",region="eu",topic="transfer"}`) {
+	if body := scrape.Text(t, srv.MetricsURL()); !strings.Contains(body, `paymesh_idempotency_keys_total{cause="client_retry",layer="idempotency_key",outcome="replay",region="eu",topic="transfer"}`) {
 		t.Fatalf("metrics at %s: no paymesh_idempotency_keys_total in\n%s", srv.MetricsURL(), body)
 	}
 	stop()

@@ -235,9 +235,16 @@ func TestRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	replayed := ledger.DuplicateKey{Layer: ledger.LayerConsumeLog, Topic: ledger.TopicTransfer, Cause: ledger.CauseDLQReplay}
+	before := f.Stats.DuplicatesByKey()[replayed]
 	out, err = ops.Replay(ctx, ack.Sequence, "alice")
 	if err != nil || out.Kind != dlq.Duplicate || out.Layer != ledger.LayerConsumeLog {
 		t.Fatalf("replay of an applied command: got %v %v, want duplicate by dedup_table", out, err)
+	}
+	// The ledger counts it as a replay's duplicate (its Paymesh-Replay-Of
+	// header), once.
+	if got := f.Stats.DuplicatesByKey()[replayed] - before; got != 1 {
+		t.Fatalf("duplicates by dedup_table of cause dlq_replay: got %d more, want 1 (all: %v)", got, f.Stats.DuplicatesByKey())
 	}
 	if got := f.Balance(t, b); got != 11 {
 		t.Fatalf("destination: got %d, want 11", got)

@@ -19,8 +19,9 @@ import (
 )
 
 // HeaderReplayOf marks a replayed command with the dead-letter sequence it
-// was replayed from.
-const HeaderReplayOf = "Paymesh-Replay-Of"
+// was replayed from (the ledger's consumer reads it: a replay's duplicate
+// is a ledger.CauseDLQReplay).
+const HeaderReplayOf = ledgerstream.HeaderReplayOf
 
 // Kind is what came of an operation on a dead letter.
 type Kind string

@@ -65,16 +65,18 @@ func observeStats(m *telemetry.Metrics, region, stream, consumer string, st *led
 		simple("paymesh.saga.parked", "Saga steps that arrived before the state they need.", st.Parked.Load),
 		simple("paymesh.state.illegal.transitions", "State machine steps refused as illegal.", st.IllegalTransitions.Load),
 		simple("paymesh.state.stale.versions", "Compare-and-set refused on a stale version.", st.StaleVersions.Load),
-		telemetry.Counter{Name: "paymesh.duplicates", Help: "Duplicates caught, by the layer that caught them and the topic they arrived on.",
+		telemetry.Counter{Name: "paymesh.duplicates", Help: "Duplicates caught, by the layer that caught them, the topic they arrived on and why they were sent (cause).",
 			Read: func(o metric.Observer, c metric.Int64ObservableCounter) {
-				dups := st.DuplicatesByTopic()
+				dups := st.DuplicatesByKey()
 				for _, l := range ledger.Layers {
 					for _, t := range ledger.Topics {
 						if t == ledger.TopicUnknown {
 							continue // a message that does not decode is dead-lettered, never a duplicate
 						}
-						o.ObserveInt64(c, dups[ledger.LayerTopic{Layer: l, Topic: t}],
-							with(attribute.String("layer", string(l)), attribute.String("topic", t.String())))
+						for _, cause := range ledger.Causes {
+							o.ObserveInt64(c, dups[ledger.DuplicateKey{Layer: l, Topic: t, Cause: cause}],
+								with(attribute.String("layer", string(l)), attribute.String("topic", t.String()), attribute.String("cause", string(cause))))
+						}
 					}
 				}
 			}},
@@ -82,8 +84,8 @@ func observeStats(m *telemetry.Metrics, region, stream, consumer string, st *led
 }
 
 // NewObserver returns the hooks that record a region ledger's applied
-// batches (size, transaction time) and saga stages (time since the
-// transfer's creation). Each records with the context the consumer passes,
+// batches (size, transaction time), saga stages (time since the
+// transfer's creation) and duplicates (their age, telemetry.DuplicateAges). Each records with the context the consumer passes,
 // so a sampled span there becomes the measurement's trace exemplar.
 func NewObserver(m *telemetry.Metrics, region, stream string) (ledgerstream.Observer, error) {
 	meter := m.Meter("paymesh/ledger")
@@ -103,8 +105,15 @@ func NewObserver(m *telemetry.Metrics, region, stream string) (ledgerstream.Obse
 	if err != nil {
 		return ledgerstream.Observer{}, fmt.Errorf("ledger metrics: %w", err)
 	}
+	ages, err := telemetry.NewDuplicateAges(m, region, "ledger")
+	if err != nil {
+		return ledgerstream.Observer{}, fmt.Errorf("ledger metrics: %w", err)
+	}
 	set := metric.WithAttributes(attribute.String("region", region), attribute.String("stream", stream))
 	return ledgerstream.Observer{
+		Duplicate: func(ctx context.Context, c ledger.Caught) {
+			ages.Record(ctx, c.Topic.String(), string(c.Layer), string(c.Cause), c.Age)
+		},
 		Batch: func(ctx context.Context, n int, took time.Duration) {
 			size.Record(ctx, int64(n), set)
 			latency.Record(ctx, took.Seconds(), set)

@@ -292,7 +292,7 @@ func (s *Server) newStore(gen *idgen.Generator) {
 // observe registers the ledger's counters, its store's gauges and, unless
 // the caller gave an Observer, its batch and saga histograms with m.
 func (s *Server) observe(m *telemetry.Metrics) error {
-	if s.cfg.Observe.Batch == nil && s.cfg.Observe.Stage == nil {
+	if s.cfg.Observe.Batch == nil && s.cfg.Observe.Stage == nil && s.cfg.Observe.Duplicate == nil {
 		o, err := NewObserver(m, s.cfg.Region, s.Topo.Stream())
 		if err != nil {
 			return err
@@ -309,6 +309,13 @@ func (s *Server) observe(m *telemetry.Metrics) error {
 		if err := m.ObserveFill(s.cfg.Region, stream, ledgerstream.FillOf(s.js, stream)); err != nil {
 			return err
 		}
+	}
+	// The windows the ledger's layers catch duplicates within: the
+	// consume-log's retention, the ledger stream's Msg-Id window.
+	if err := m.ObserveWindows(s.cfg.Region, map[string]time.Duration{
+		string(ledger.LayerConsumeLog): s.dedup.Window(), string(ledger.LayerMsgID): s.Topo.Window(),
+	}); err != nil {
+		return err
 	}
 	s.census = dlq.NewCensus(s.js, s.cfg.Region)
 	if err := ObserveDeadLetters(m, s.cfg.Region, s.census); err != nil {

@@ -45,6 +45,30 @@ const (
 	HeaderDLQStored = "Paymesh-Dlq-Stored"
 )
 
+// The headers a duplicate's cause is decided from (ledger.Arrival).
+const (
+	// HeaderAttempt is the publisher's attempt at sending the message: 1
+	// the first time. Every paymesh publisher of the ledger stream (a
+	// router's submit, forward and relay) sets it.
+	HeaderAttempt = "Paymesh-Attempt"
+	// HeaderReplayOf marks a command replayed from the dead-letter stream,
+	// with the dead letter's sequence (paymesh dlq replay).
+	HeaderReplayOf = "Paymesh-Replay-Of"
+)
+
+// ArrivalOf returns what m, carrying cmd, says of how it came: md's
+// delivery count (nil: the first), the publisher's attempt, a replay.
+func ArrivalOf(m jetstream.Msg, md *jetstream.MsgMetadata, cmd ledger.Command) ledger.Arrival {
+	a := ledger.Arrival{Deliveries: 1, Step: cmd.IsStep()}
+	if md != nil {
+		a.Deliveries = md.NumDelivered
+	}
+	h := m.Headers()
+	a.Attempt, _ = strconv.Atoi(h.Get(HeaderAttempt)) // 0 when absent or not a number: unknown
+	a.Replay = h.Get(HeaderReplayOf) != ""
+	return a
+}
+
 // The dead-letter reasons of messages that used up their deliveries.
 const (
 	// ReasonMaxDeliveries: a client request whose apply failed on
@@ -104,6 +128,9 @@ type Observer struct {
 	// the span of the step's delivery, which is part of the transfer's
 	// trace.
 	Stage func(ctx context.Context, stage string, sinceCreated time.Duration)
+	// Duplicate is told each duplicate caught (its layer, cause and age),
+	// with the span of its delivery.
+	Duplicate func(ctx context.Context, c ledger.Caught)
 }
 
 // Defaults for ConsumerConfig's zero fields.
@@ -243,9 +270,10 @@ func (c *Consumer) prefetch() int {
 // valid ones.
 func (c *Consumer) process(ctx context.Context, msgs []jetstream.Msg) {
 	var (
-		cmds  []ledger.Command
-		valid []jetstream.Msg
-		spans []trace.Span
+		cmds     []ledger.Command
+		valid    []jetstream.Msg
+		spans    []trace.Span
+		arrivals []ledger.Arrival
 	)
 	for _, m := range msgs {
 		md, err := m.Metadata()
@@ -275,9 +303,10 @@ func (c *Consumer) process(ctx context.Context, msgs []jetstream.Msg) {
 		// The saga steps this command causes continue its trace.
 		cmd.Trace = natstrace.TraceParent(trace.ContextWithSpan(ctx, span))
 		cmds, valid, spans = append(cmds, cmd), append(valid, m), append(spans, span)
+		arrivals = append(arrivals, ArrivalOf(m, md, cmd))
 	}
 	if len(cmds) > 0 {
-		c.apply(ctx, cmds, valid, spans)
+		c.apply(ctx, cmds, valid, spans, arrivals)
 	}
 }
 
@@ -318,9 +347,20 @@ func (c *Consumer) startSpan(ctx context.Context, m jetstream.Msg, md *jetstream
 	return span
 }
 
-// endSpan records a delivery's outcome: the dedup outcome and the layer
-// that caught a duplicate.
+// endSpan records a delivery's outcome on its span and ends it.
 func endSpan(span trace.Span, r ledger.Result) {
+	RecordOutcome(span, "", r)
+	span.End()
+}
+
+// RecordOutcome records on span the outcome of applying one command: the
+// dedup outcome ("first" or "duplicate") and the layer that caught a
+// duplicate, or the result, and the region when it is not "" (a span the
+// ledger's consumer did not start, such as the API's request).
+func RecordOutcome(span trace.Span, region string, r ledger.Result) {
+	if region != "" {
+		span.SetAttributes(attribute.String("paymesh.region", region))
+	}
 	switch r.Kind {
 	case ledger.Duplicate:
 		span.SetAttributes(attribute.String("paymesh.dedup.outcome", "duplicate"), attribute.String("paymesh.dedup.layer", string(r.Layer)))
@@ -329,12 +369,11 @@ func endSpan(span trace.Span, r ledger.Result) {
 	default:
 		span.SetAttributes(attribute.String("paymesh.result", r.Kind.String()))
 	}
-	span.End()
 }
 
 // apply applies valid commands in one transaction and acks them after the
 // commit.
-func (c *Consumer) apply(ctx context.Context, cmds []ledger.Command, valid []jetstream.Msg, spans []trace.Span) {
+func (c *Consumer) apply(ctx context.Context, cmds []ledger.Command, valid []jetstream.Msg, spans []trace.Span, arrivals []ledger.Arrival) {
 	links := make([]trace.Link, len(spans))
 	for i, sp := range spans {
 		links[i] = trace.Link{SpanContext: sp.SpanContext()}
@@ -354,7 +393,7 @@ func (c *Consumer) apply(ctx context.Context, cmds []ledger.Command, valid []jet
 		// single bad command cannot hold up or use the deliveries of others.
 		c.cfg.Log.Warn("apply batch failed; applying its commands one by one", "size", len(cmds), "err", err)
 		for i := range cmds {
-			c.apply(ctx, cmds[i:i+1], valid[i:i+1], spans[i:i+1])
+			c.apply(ctx, cmds[i:i+1], valid[i:i+1], spans[i:i+1], arrivals[i:i+1])
 		}
 		return
 	}
@@ -371,14 +410,7 @@ func (c *Consumer) apply(ctx context.Context, cmds []ledger.Command, valid []jet
 		c.retryLater(ctx, valid[0], err, c.giveUp(cmds[0].IsStep(), false))
 		return
 	}
-	now := time.Now()
-	for i, r := range results {
-		c.cfg.Stats.Record(cmds[i].Topic(), r)
-		if stage := ledger.SagaStage(cmds[i], r); stage != "" && c.cfg.Observe.Stage != nil {
-			c.cfg.Observe.Stage(trace.ContextWithSpan(ctx, spans[i]), stage, now.Sub(cmds[i].CreatedAt))
-		}
-		endSpan(spans[i], r)
-	}
+	c.record(ctx, cmds, spans, arrivals, results)
 	c.notifyAnswered(valid, cmds, results)
 	var ack []jetstream.Msg
 	for i, r := range results {
@@ -393,6 +425,37 @@ func (c *Consumer) apply(ctx context.Context, cmds []ledger.Command, valid []jet
 		}
 	}
 	c.ackAll(ctx, ack)
+}
+
+// record counts each committed command's result and ends its delivery's
+// span: a duplicate with its layer, cause (from its arrival) and age, a
+// saga stage with its time since the transfer's creation.
+func (c *Consumer) record(ctx context.Context, cmds []ledger.Command, spans []trace.Span, arrivals []ledger.Arrival, results []ledger.Result) {
+	now := time.Now()
+	for i, r := range results {
+		sctx := trace.ContextWithSpan(ctx, spans[i])
+		if r.Kind == ledger.Duplicate {
+			d := ledger.Caught{Topic: cmds[i].Topic(), Layer: r.Layer, Cause: arrivals[i].Cause(), Age: ledger.AgeOf(cmds[i], r, now)}
+			c.cfg.Stats.Caught(d)
+			RecordCaught(spans[i], d)
+			if c.cfg.Observe.Duplicate != nil {
+				c.cfg.Observe.Duplicate(sctx, d)
+			}
+		} else {
+			c.cfg.Stats.Record(cmds[i].Topic(), r)
+		}
+		if stage := ledger.SagaStage(cmds[i], r); stage != "" && c.cfg.Observe.Stage != nil {
+			c.cfg.Observe.Stage(sctx, stage, now.Sub(cmds[i].CreatedAt))
+		}
+		endSpan(spans[i], r)
+	}
+}
+
+// RecordCaught records on span why a duplicate was sent and its age
+// (paymesh.dedup.cause, paymesh.dedup.age_ms): what a trace search for a
+// region's duplicates reads.
+func RecordCaught(span trace.Span, d ledger.Caught) {
+	span.SetAttributes(attribute.String("paymesh.dedup.cause", string(d.Cause)), attribute.Int64("paymesh.dedup.age_ms", d.Age.Milliseconds()))
 }
 
 // limit is the delivery on which a message that did not apply is

@@ -67,6 +67,7 @@ func (p *Publisher) PublishAsync(m *nats.Msg) (jetstream.PubAckFuture, error) {
 
 func (p *Publisher) count(ack *jetstream.PubAck, t ledger.Topic) {
 	if ack != nil && ack.Duplicate && p.stats != nil {
-		p.stats.Duplicate(ledger.LayerMsgID, t)
+		// Whoever calls Publish again knows why; the publisher does not.
+		p.stats.Caught(ledger.Caught{Topic: t, Layer: ledger.LayerMsgID, Cause: ledger.CauseUnknown})
 	}
 }

@@ -64,6 +64,10 @@ func CheckReplicas(n int) error {
 	return nil
 }
 
+// Window returns the ledger stream's Nats-Msg-Id window in force (its
+// default when unset).
+func (t Topology) Window() time.Duration { return t.withDefaults().DuplicateWindow }
+
 func (t Topology) withDefaults() Topology {
 	if t.Shards <= 0 {
 		t.Shards = DefaultShards

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"bytes"
+	"time"
 
 	"github.com/paymesh/paymesh/pkg/dedup"
 	"github.com/paymesh/paymesh/services/ledger"
@@ -27,6 +28,9 @@ type fate struct {
 	kind fateKind
 	// layer is the layer that caught a duplicate or a conflict.
 	layer ledger.Layer
+	// first is when a duplicate's key first took effect, as that layer
+	// records it; zero when it records no time.
+	first time.Time
 	// transfer is the transfer a duplicate request made, when it is known:
 	// the replay answers with the first outcome.
 	transfer ledger.Transfer
@@ -67,7 +71,7 @@ func classify(cmds []ledger.Command, claims []dedup.Claim, known knownTransfers,
 		cl := claims[i]
 		switch cl.Outcome {
 		case dedup.Duplicate:
-			f := fate{kind: fateDuplicate, layer: ledger.Layer(cl.Layer)}
+			f := fate{kind: fateDuplicate, layer: ledger.Layer(cl.Layer), first: cl.First}
 			if cl.Layer == dedup.LayerTable && !c.IsStep() {
 				f.transfer = known.byKey[cl.Key.ID] // the stored outcome, for the replay
 				if a, ok := known.actions[cl.Key.ID]; ok && c.IsKeyedAction() {
@@ -89,7 +93,7 @@ func classify(cmds []ledger.Command, claims []dedup.Claim, known knownTransfers,
 			a, ok := known.actions[cl.Key.ID]
 			switch {
 			case ok && bytes.Equal(a.Fingerprint, c.Fingerprint()):
-				fates[i] = fate{kind: fateDuplicate, layer: ledger.LayerBusinessKey, action: &a, release: true}
+				fates[i] = fate{kind: fateDuplicate, layer: ledger.LayerBusinessKey, action: &a, first: a.CreatedAt, release: true}
 			case ok:
 				fates[i] = fate{kind: fateConflict, layer: ledger.LayerBusinessKey, release: true}
 			case known.promised[cl.Key.ID]:
@@ -104,7 +108,7 @@ func classify(cmds []ledger.Command, claims []dedup.Claim, known knownTransfers,
 			t, ok := known.byKey[cl.Key.ID]
 			switch {
 			case ok && bytes.Equal(t.Fingerprint, c.Fingerprint()):
-				fates[i] = fate{kind: fateDuplicate, layer: ledger.LayerBusinessKey, transfer: t, release: true}
+				fates[i] = fate{kind: fateDuplicate, layer: ledger.LayerBusinessKey, transfer: t, first: t.CreatedAt, release: true}
 			case ok:
 				fates[i] = fate{kind: fateConflict, layer: ledger.LayerBusinessKey, release: true}
 			case known.promised[cl.Key.ID]:
@@ -135,7 +139,7 @@ func resultsOf(cmds []ledger.Command, fates []fate) []ledger.Result {
 func (f fate) result(c ledger.Command) ledger.Result {
 	switch f.kind {
 	case fateDuplicate:
-		r := ledger.Result{Kind: ledger.Duplicate, Layer: f.layer, Transfer: f.transfer, Action: f.action}
+		r := ledger.Result{Kind: ledger.Duplicate, Layer: f.layer, FirstAt: f.first, Transfer: f.transfer, Action: f.action}
 		if f.layer == ledger.LayerConsumeLog && deadLetterReason(f.transfer.Reason) {
 			// A refusal that must be dead-lettered is dead-lettered on every
 			// delivery, in case an earlier dead-letter publish failed (the

@@ -23,8 +23,20 @@ const (
 	TopicRelay   = "relay"
 )
 
+// StageTopic returns the topic of a router's stage: the hop its publishes
+// travel on.
+func StageTopic(s router.Stage) string {
+	switch s {
+	case router.StageSubmit:
+		return TopicRoute
+	case router.StageForward:
+		return TopicForward
+	}
+	return TopicRelay
+}
+
 // ObserveRouter exports a region router's counters; its duplicates are the
-// ones JetStream's Nats-Msg-Id window caught, by stage and topic. The
+// ones JetStream's Nats-Msg-Id window caught, by stage, topic and cause. The
 // duplicate rate of a router topic is paymesh_router_duplicates_total over
 // the topic's publishes acked (paymesh_router_submitted_total,
 // _forwarded_total, _relayed_total, each labelled with its topic).
@@ -49,11 +61,15 @@ func ObserveRouter(m *telemetry.Metrics, region string, st *router.Stats) error 
 		telemetry.Single("paymesh.router.relayed", "Saga steps acked by the region that applies them.", st.Relayed.Load, topic(TopicRelay)),
 		telemetry.Single("paymesh.router.refused", "Route-stream messages not forwarded: no client command (a fund or saga step someone put there), or no route subject.",
 			st.Refused.Load, topic(TopicForward)),
-		telemetry.Counter{Name: "paymesh.router.duplicates", Help: "Duplicates JetStream's Nats-Msg-Id window caught, by stage and topic.",
+		telemetry.Counter{Name: "paymesh.router.duplicates", Help: "Duplicates JetStream's Nats-Msg-Id window caught, by stage, topic and why they were sent (cause).",
 			Read: func(o metric.Observer, c metric.Int64ObservableCounter) {
-				o.ObserveInt64(c, st.DuplicateSubmits.Load(), at("submit", TopicRoute, msgID))
-				o.ObserveInt64(c, st.ForwardDuplicates.Load(), at("forward", TopicForward, msgID))
-				o.ObserveInt64(c, st.RelayDuplicates.Load(), at("relay", TopicRelay, msgID))
+				dups := st.DuplicatesByCause()
+				for _, stage := range router.Stages {
+					for _, cause := range ledger.Causes {
+						o.ObserveInt64(c, dups[router.StageCause{Stage: stage, Cause: cause}],
+							at(string(stage), StageTopic(stage), msgID, attribute.String("cause", string(cause))))
+					}
+				}
 			}},
 	)
 }

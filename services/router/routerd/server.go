@@ -20,6 +20,7 @@ import (
 	"github.com/paymesh/paymesh/platform/natsconn"
 	"github.com/paymesh/paymesh/platform/pgdb"
 	"github.com/paymesh/paymesh/platform/telemetry"
+	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 	"github.com/paymesh/paymesh/services/router"
@@ -123,12 +124,18 @@ func (s *Server) open(ctx context.Context) error {
 	if err := router.EnsureStream(ctx, s.js, cfg.Region, cfg.DuplicateWindow, cfg.StreamReplicas, cfg.StreamLimits); err != nil {
 		return err
 	}
-	s.rt = router.New(s.js, router.Config{Region: cfg.Region, Regions: cfg.Regions, Shards: cfg.Shards, AckWait: cfg.AckWait,
-		Stats: cfg.Stats})
-	s.store = postgres.New(s.pool, postgres.Config{Region: cfg.Region, Regions: cfg.Regions})
+	stats := cfg.Stats
+	if stats == nil {
+		stats = &router.Stats{}
+	}
+	// The metrics first: the router records each duplicate's age in them.
+	var ages *telemetry.DuplicateAges
 	if cfg.MetricsListen != "" {
 		s.metrics, err = telemetry.ServeNew(cfg.MetricsListen, cfg.Log, func(m *telemetry.Metrics) error {
-			if err := ObserveRouter(m, cfg.Region, s.rt.Stats()); err != nil {
+			if err := ObserveRouter(m, cfg.Region, stats); err != nil {
+				return err
+			}
+			if ages, err = telemetry.NewDuplicateAges(m, cfg.Region, "router"); err != nil {
 				return err
 			}
 			if err := m.ObserveBacklog(cfg.Region, router.Stream(cfg.Region), Pending(s.js, cfg.Region)); err != nil {
@@ -137,6 +144,11 @@ func (s *Server) open(ctx context.Context) error {
 			return m.ObserveFill(cfg.Region, router.Stream(cfg.Region), ledgerstream.FillOf(s.js, router.Stream(cfg.Region)))
 		})
 	}
+	s.rt = router.New(s.js, router.Config{Region: cfg.Region, Regions: cfg.Regions, Shards: cfg.Shards, AckWait: cfg.AckWait,
+		Stats: stats, Observe: func(ctx context.Context, stage router.Stage, c ledger.Caught) {
+			ages.Record(ctx, StageTopic(stage), string(c.Layer), string(c.Cause), c.Age)
+		}})
+	s.store = postgres.New(s.pool, postgres.Config{Region: cfg.Region, Regions: cfg.Regions})
 	return err
 }
 

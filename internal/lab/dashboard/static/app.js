@@ -266,18 +266,32 @@ function highlight(spanID) {
   if (target) target.scrollIntoView({ block: "nearest" });
 }
 
+// poll fetches the demo's state and draws each part on its own: a part
+// that fails to draw (or a fetch that fails) is named in the error line,
+// the other parts are drawn, and the next poll tries again.
 async function poll() {
-  try {
-    const [st, traces, alerts] = await Promise.all([fetch("api/stats").then((r) => r.json()), fetch("api/traces").then((r) => r.json()),
-      fetch("api/alerts").then((r) => r.json())]);
-    drawStats(st);
-    drawAlerts(alerts);
-    drawTraces(traces);
-    document.body.dataset.updated = String(Date.now());
-  } catch (e) {
-    document.getElementById("progress-text").textContent = "the demo is not answering (" + e.message + ")";
+  const errors = [];
+  const get = (path) => fetch(path).then((r) => r.json()).catch((e) => { errors.push(path + ": " + e.message); return null; });
+  const [st, traces, alerts] = await Promise.all([get("api/stats"), get("api/traces"), get("api/alerts")]);
+  const draw = (name, f, data) => {
+    if (data === null) return;
+    try { f(data); } catch (e) { errors.push(name + ": " + e.message); }
+  };
+  draw("stats", drawStats, st);
+  draw("alerts", drawAlerts, alerts);
+  draw("traces", drawTraces, traces);
+  const line = document.getElementById("page-error");
+  line.hidden = errors.length === 0;
+  line.textContent = errors.length ? "not updated: " + errors.join("; ") : "";
+  if (errors.length) {
+    pageErrors += errors.length;
+    document.body.dataset.errors = String(pageErrors);
   }
+  if (st !== null && traces !== null && alerts !== null) document.body.dataset.updated = String(Date.now());
 }
+
+// pageErrors counts the parts that failed to update since the page opened.
+let pageErrors = 0;
 
 poll();
 setInterval(poll, 1000);
