@@ -38,6 +38,7 @@ type cli struct {
 	Verify    verifyCmd    `cmd:"" help:"Check a region's ledger invariants and print PASS/FAIL for each."`
 	Client    clientCmds   `cmd:"" help:"Register an API client (or an operator) and print its key; rotate, revoke and list its keys."`
 	DLQ       dlqCmd       `cmd:"" name:"dlq" help:"List, show, replay and discard a region's dead letters."`
+	Dup       dupCmd       `cmd:"" help:"Explain a region's duplicates from its metrics and traces."`
 	Accounts  accountsCmd  `cmd:"" help:"Open and show accounts through the HTTP API."`
 	Transfers transfersCmd `cmd:"" help:"Send and show transfers through the HTTP API."`
 	Events    eventsCmd    `cmd:"" help:"Read your event feed through the HTTP API."`

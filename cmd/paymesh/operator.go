@@ -20,6 +20,7 @@ import (
 	"github.com/paymesh/paymesh/platform/startup"
 	"github.com/paymesh/paymesh/services/api"
 	"github.com/paymesh/paymesh/services/api/apidb"
+	"github.com/paymesh/paymesh/services/dupexplain"
 	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 	"github.com/paymesh/paymesh/services/regiondb"
@@ -402,5 +403,26 @@ func (c *migrateCmd) Run(ctx context.Context, t regions.Table) error {
 		return err
 	}
 	fmt.Printf("region %s: database migrated\n", reg.Name)
+	return nil
+}
+
+type dupCmd struct {
+	Explain dupExplainCmd `cmd:"" help:"Explain a region's recent duplicates: their causes, layers and ages, and a few traces to open, from its Prometheus and Jaeger (no database)."`
+}
+
+type dupExplainCmd struct {
+	Region     string        `required:"" help:"The region whose duplicates to explain."`
+	Since      time.Duration `default:"10m" help:"How far back to look."`
+	Prometheus string        `env:"PAYMESH_PROMETHEUS_URL" default:"http://127.0.0.1:9090" help:"Prometheus that scrapes the region's services."`
+	Jaeger     string        `env:"PAYMESH_JAEGER_URL" help:"Jaeger's query service (its UI's URL): traces are searched there when Prometheus holds no exemplars, and linked."`
+	Traces     int           `default:"5" help:"How many traces to list at most."`
+}
+
+func (c *dupExplainCmd) Run(ctx context.Context) error {
+	rep, err := dupexplain.Explain(ctx, dupexplain.Config{Prometheus: c.Prometheus, Jaeger: c.Jaeger, Region: c.Region, Since: c.Since, Traces: c.Traces})
+	if err != nil {
+		return err
+	}
+	rep.Print(os.Stdout, c.Jaeger)
 	return nil
 }

@@ -256,8 +256,10 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 		return fail(fmt.Errorf("promcheck: %w", err))
 	}
 	s.url = "http://" + listen
+	// Exemplars kept, as compose's Prometheus keeps them: a duplicate's
+	// trace is opened from them.
 	s.cmd = exec.Command(bin, "--config.file="+cfgPath, "--storage.tsdb.path="+filepath.Join(s.dir, "data"),
-		"--web.listen-address="+listen)
+		"--web.listen-address="+listen, "--enable-feature=exemplar-storage")
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
 	if err := s.cmd.Start(); err != nil {
 		return fail(fmt.Errorf("promcheck: start prometheus: %w", err))
