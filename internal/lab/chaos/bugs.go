@@ -34,6 +34,7 @@ type bugs struct {
 	ExpiryClockBehind    bool // scenario 10
 	UncheckedForwards    bool // scenario 16
 	IgnoreRevocation     bool // scenario 17
+	AttemptBlind         bool // scenario 1
 	// The webhook receiver's (hooks.go), installed by the scenarios
 	// themselves: they build the receiver.
 	HookEffectOutsideTx bool // scenario 18
@@ -71,6 +72,11 @@ func (b bugs) install(c *cluster.Config) {
 	// Scenario 5.
 	if b.AssumeCommitted {
 		wrapConsumeLog(c, func(l postgres.ConsumeLog) postgres.ConsumeLog { return assumeCommitted{l} })
+	}
+
+	// Scenario 1, the causes check.
+	if b.AttemptBlind {
+		wrapRouterJetStream(c, func(js jetstream.JetStream) jetstream.JetStream { return attemptBlind{js} })
 	}
 
 	// Scenario 7.

@@ -40,6 +40,13 @@ var bugCases = []struct {
 		lost:  true,
 	},
 	{
+		scenario: "1",
+		why: "the routers do not say their attempt (no Paymesh-Attempt header): a duplicate's copy cannot tell a " +
+			"client's new request from a router's retry, and its cause is unknown",
+		cfg:   Config{bugs: bugs{AttemptBlind: true}},
+		fails: []failure{{"causes", []string{"of cause unknown"}}},
+	},
+	{
 		scenario: "2",
 		why: "the consumer acks each batch before its transaction commits: a worker killed before COMMIT loses " +
 			"acknowledged transfers",

@@ -1,6 +1,8 @@
 package chaos
 
 import (
+	"context"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/paymesh/paymesh/pkg/idgen"
@@ -97,6 +99,23 @@ func wrapRouterJetStream(c *cluster.Config, wrap func(jetstream.JetStream) jetst
 		}
 		rc.WrapJetStream = wrapped(rc.WrapJetStream, wrap)
 	}
+}
+
+// attemptBlind is a router that does not say its attempt: every publish
+// leaves without the Paymesh-Attempt header, so a duplicate's copy cannot
+// tell a retry from a new request.
+type attemptBlind struct{ jetstream.JetStream }
+
+// PublishMsg publishes m without its attempt header.
+func (j attemptBlind) PublishMsg(ctx context.Context, m *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	m.Header.Del(ledgerstream.HeaderAttempt)
+	return j.JetStream.PublishMsg(ctx, m, opts...)
+}
+
+// PublishMsgAsync publishes m without its attempt header.
+func (j attemptBlind) PublishMsgAsync(m *nats.Msg, opts ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
+	m.Header.Del(ledgerstream.HeaderAttempt)
+	return j.JetStream.PublishMsgAsync(m, opts...)
 }
 
 // wrapped returns a JetStream decorator that applies inner (if any), then

@@ -218,7 +218,7 @@ func runScenario(ctx context.Context, cfg Config, s *scenario, seed uint64) Resu
 	if err != nil {
 		return fail(fmt.Errorf("replay: %w", err))
 	}
-	r.Checks = append(v.checks, i6, quiet)
+	r.Checks = append(v.checks, i6, quiet, e.causes())
 	if s.extra != nil {
 		extra, err := s.extra(cctx, e)
 		if err != nil {

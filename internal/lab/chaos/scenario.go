@@ -57,6 +57,10 @@ type scenario struct {
 	// cluster.Config), consulted only while the workload runs.
 	beforeCommit func(ctx context.Context, e *env) error
 	dropAck      func(e *env) bool
+	// causes are the causes the scenario's duplicates must show (its
+	// fault's); the causes check also fails on any duplicate whose cause
+	// is unknown.
+	causes []ledger.Cause
 	// fault runs alongside the workload, for d; it must leave the cluster
 	// whole (healed, restarted) when it returns.
 	fault func(ctx context.Context, e *env, d time.Duration) error
@@ -190,6 +194,7 @@ var builtin = []*scenario{
 		what: "no faults: 10% of requests sent again with the same key and body (half of the router ones as a new command, " +
 			"with a new transfer ID), 2% again with the same key and another body, 2% as bursts of 4 concurrent sends of one key",
 		counts: "resubmits, conflicting bodies and burst sends made",
+		causes: []ledger.Cause{ledger.CauseClientRetry},
 		fired: func(e *env) int64 {
 			return e.sent.get(PurposeResubmit) + e.sent.get(PurposeConflict) + e.sent.get(PurposeBurst)
 		},
@@ -209,7 +214,8 @@ var builtin = []*scenario{
 		},
 	},
 	{
-		name: "2-kill",
+		name:   "2-kill",
+		causes: []ledger.Cause{ledger.CauseRedelivery},
 		what: "ledger workers killed: 5% of the acks of committed messages are lost (a crash after COMMIT, before the " +
 			"ack: a decorator of the ledger's JetStream handle), 3% of apply transactions fail just before COMMIT (a crash " +
 			"mid-transaction: a decorator of the consume-log), and two " +
@@ -248,7 +254,8 @@ var builtin = []*scenario{
 		},
 	},
 	{
-		name: "3-slow-ack",
+		name:   "3-slow-ack",
+		causes: []ledger.Cause{ledger.CauseRedelivery},
 		what: "AckWait of 1 s while some transactions take 1.5 s (a delay before COMMIT, at most one every 400 ms in the " +
 			"cluster), and the first, fourth, ... of those then fail (a slow worker that dies): JetStream redelivers their " +
 			"messages while the first attempt still runs, and a redelivery must wait for that attempt's outcome, not take " +

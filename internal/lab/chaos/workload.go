@@ -422,6 +422,37 @@ func (e *env) body(cmd ledger.Command) Body {
 	return b
 }
 
+// causes checks why the run's duplicates came: none of a cause unknown
+// (every paymesh publisher says its attempt), and some of each cause the
+// scenario's fault makes. It counts every layer's: the ledgers', the
+// routers' and the APIs' replays (each a client's retry).
+func (e *env) causes() Check {
+	n := map[ledger.Cause]int64{}
+	for _, r := range e.names {
+		reg := e.c.Region(r)
+		for c, v := range reg.Ledger.Stats.DuplicatesByCause() {
+			n[c] += v
+		}
+		for k, v := range reg.Router.Stats().DuplicatesByCause() {
+			n[k.Cause] += v
+		}
+		n[ledger.CauseClientRetry] += reg.API.Stats.Replays.Load()
+	}
+	chk := Check{Name: "causes", What: "every duplicate has a known cause, and the fault's causes show", OK: true}
+	for _, v := range n {
+		chk.Checked += v
+	}
+	if u := n[ledger.CauseUnknown]; u > 0 {
+		chk.fail("%d duplicates of cause unknown: a publish that did not say its attempt (by cause: %v)", u, n)
+	}
+	for _, c := range e.sc.causes {
+		if n[c] == 0 {
+			chk.fail("no duplicate of cause %s, which the fault makes (by cause: %v)", c, n)
+		}
+	}
+	return chk
+}
+
 // countCrossing counts cmd, submitted in via, in crossed for each region it
 // enters or leaves: its submitting region and its accounts' home regions,
 // when they are not all one.

@@ -44,6 +44,7 @@ func (p *Publisher) Msg(cmd ledger.Command) *nats.Msg {
 	m := nats.NewMsg(p.topo.CommandSubject(cmd, from))
 	m.Data = cmd.Encode()
 	m.Header.Set(jetstream.MsgIDHeader, cmd.MsgKey())
+	m.Header.Set(HeaderAttempt, "1") // a caller that publishes it again is a new request of the key
 	return m
 }
 
