@@ -298,6 +298,7 @@ func (s *sim) observe(ctx context.Context, rep *Report, since time.Time) error {
 	if rep.DuplicateRate, err = s.rates(ctx, since, degraded); err != nil {
 		return fmt.Errorf("sim: %w", err)
 	}
+	s.explainDuplicates(ctx, rep, since)
 	s.alerts.mu.Lock()
 	for _, a := range s.alerts.seen {
 		rep.Alerts = append(rep.Alerts, *a)

@@ -89,6 +89,8 @@ type Report struct {
 	// DegradedFrom and DegradedTo are when the degraded link began and
 	// ended.
 	DegradedFrom, DegradedTo time.Time
+	// Explained is why the duplicates came (dups.go; nil: not read).
+	Explained *Explained `json:",omitempty"`
 	Checks                   []Check
 	// Pass is OK() when the report was judged.
 	Pass bool
@@ -192,6 +194,9 @@ func (r *Report) judge() {
 		}
 		check(fired, fmt.Sprintf("%s fired for us once its link was degraded (topics %s)", r.WantAlert, strings.Join(topics, ", ")), "")
 		check(fired && cleared, r.WantAlert+" for us cleared after the link was restored", "")
+		if e := r.Explained; e != nil {
+			check(e.check())
+		}
 	}
 	for _, p := range r.PanelsUnchecked {
 		r.Checks = append(r.Checks, Check{Name: "INFO panel not checked: " + p, OK: true, Info: true})
@@ -215,6 +220,9 @@ func (r *Report) Print(w io.Writer) {
 		r.SameP50, r.SameP99, r.CrossP50, r.CrossP99)
 	printByRegion(w, "duplicates caught, by region and layer (Prometheus, increase over the run):", "%.0f", r.Duplicates)
 	printByRegion(w, "duplicate rate (duplicates per delivery), by region:", "%.4f", r.DuplicateRate)
+	if r.Explained != nil {
+		r.Explained.print(w)
+	}
 	if h := r.Hooks; h != nil {
 		fmt.Fprintf(w, "webhooks to the reference receiver: %d events, %d delivered, %d failed, %d waiting, %d attempts, %d redelivered on request; "+
 			"received %d duplicates (%s); applied %d, parked %d, effects %d\n",

@@ -7,6 +7,7 @@ import (
 
 	"github.com/paymesh/paymesh/internal/lab/hookaudit"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
+	"github.com/paymesh/paymesh/services/dupexplain"
 	"github.com/paymesh/paymesh/services/receiver"
 )
 
@@ -24,6 +25,13 @@ func passing() *Report {
 		Hooks: &HooksAudit{Audit: hookaudit.Audit{Events: 10, Delivered: 10, Attempts: 13, Applied: 10, Effects: 10,
 			Duplicates: map[receiver.Cause]int64{receiver.CauseRedelivery: 2, receiver.CauseRetry: 1}}, Redelivered: 2},
 		LeaderKills: []LeaderKill{{Stream: "LEDGER_EU", Killed: "nats-eu-2", LeaderWhileDown: "nats-eu-3"}},
+		Explained: &Explained{Traced: true,
+			Regions: map[string]dupexplain.Report{"us": {Region: "us", Duplicates: 12, Causes: []dupexplain.Cause{
+				{Cause: "republish", Count: 9, AgeP50: 0.2, AgeP99: 1.5, Layers: map[string]float64{"msg_id": 9}},
+				{Cause: "redelivery", Count: 3, AgeP50: 2, AgeP99: 9, Layers: map[string]float64{"dedup_table": 3}}}}},
+			Windows: map[string]map[string]float64{"us": {"dedup_table": 6 * 86400, "msg_id": 120}},
+			Degraded: &dupexplain.Report{Region: "us", Duplicates: 10, Causes: []dupexplain.Cause{{Cause: "republish", Count: 8, AgeP99: 1.5}},
+				Traces: []dupexplain.Trace{{ID: "4bf92f3577b34da6a3ce929d0e0e4736", Cause: "republish", Layer: "msg_id", Service: "router"}}}},
 		Transport: Transport{
 			NATS: []NATSTransport{
 				{Server: "nats-hub", ClientTLS: true, Leafnodes: true, LeafTLS: true},
@@ -82,6 +90,11 @@ func TestJudge(t *testing.T) {
 		{"PostgresNoSCRAM", func(r *Report) { r.Transport.Postgres[0].SCRAM = false }, "no scram-sha-256 verifier"},
 		{"PostgresNone", func(r *Report) { r.Transport.Postgres = nil }, "no Postgres network connection"},
 		{"TransportUnread", func(r *Report) { r.TransportError = "sim: transport: nats-eu-1: refused" }, "nats-eu-1: refused"},
+		{"DegradedUnexplained", func(r *Report) { r.Explained.Degraded.Causes = nil }, "us had none since its link was degraded"},
+		{"DegradedUntraced", func(r *Report) {
+			r.Explained.Degraded.Traces, r.Explained.Degraded.TraceSource = nil, "none: Prometheus kept no exemplar"
+		}, "none: Prometheus kept no exemplar"},
+		{"DuplicatesUnread", func(r *Report) { r.Explained.Error = "sim: prometheus: refused" }, "sim: prometheus: refused"},
 		{"NoLeaderWhileDown", func(r *Report) {
 			r.LeaderKills = []LeaderKill{{Stream: "LEDGER_EU", Killed: "nats-eu-2", LeaderWhileDown: "none (no leader)"}}
 		}, "none (no leader)"},
@@ -122,5 +135,23 @@ func TestJudgeQuickAlert(t *testing.T) {
 	r.Print(&b)
 	if !strings.Contains(b.String(), "fired for us once its link was degraded (topics ) (not seen; required of full runs only)") {
 		t.Fatalf("the report does not say the alert was not seen:\n%s", b.String())
+	}
+}
+
+// TestPrintExplained: the report names each region's causes with their
+// ages against the windows, the degraded link's dominant cause and its
+// trace.
+func TestPrintExplained(t *testing.T) {
+	r := passing()
+	r.judge()
+	var b strings.Builder
+	r.Print(&b)
+	for _, want := range []string{"why duplicates came, by region and cause", "us: 12 duplicates; windows dedup_table 144h0m0s, msg_id 2m0s",
+		"republish          9      200ms /      1.5s  msg_id 9", "us since its link was degraded: 10 duplicates, 80 % of them republish",
+		"trace 4bf92f3577b34da6a3ce929d0e0e4736: a republish duplicate caught by msg_id in router",
+		"PASS  why the degraded link's duplicates came: 10 duplicates, 80 % of them republish (age p99 1.5s); trace 4bf92f3577b34da6a3ce929d0e0e4736"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("the report lacks %q:\n%s", want, b.String())
+		}
 	}
 }
