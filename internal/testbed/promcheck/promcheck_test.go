@@ -21,6 +21,7 @@ const (
 	configFile    = "../../../deploy/prometheus/prometheus.yml"
 	rulesFile     = "../../../deploy/prometheus/alerts.yml"
 	rulesTest     = "../../../deploy/prometheus/alerts_test.yml"
+	budgetTest    = "../../../deploy/prometheus/alerts_budget_test.yml"
 	dashboardFile = "../../../deploy/grafana/paymesh.json"
 )
 
@@ -34,7 +35,7 @@ func TestAlertRules(t *testing.T) {
 	if err := promcheck.CheckRules(ctx, rulesFile); err != nil {
 		t.Error(err)
 	}
-	if err := promcheck.TestRules(ctx, rulesTest); err != nil {
+	if err := promcheck.TestRules(ctx, rulesTest, budgetTest); err != nil {
 		t.Error(err)
 	}
 	if err := promcheck.CheckConfig(ctx, configFile); err != nil {
@@ -49,8 +50,9 @@ func TestAlertRules(t *testing.T) {
 	}
 }
 
-// copyRules copies the alert rules and their tests into a directory, with
-// the rules edited by edit, and returns the copies' paths.
+// copyRules copies the alert rules and their tests (alerts_test.yml and
+// alerts_budget_test.yml) into a directory, with the rules edited by edit,
+// and returns the paths of the rules and of alerts_test.yml.
 func copyRules(t *testing.T, edit func(string) string) (rules, tests string) {
 	t.Helper()
 	dir := t.TempDir()
@@ -70,6 +72,12 @@ func copyRules(t *testing.T, edit func(string) string) (rules, tests string) {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(tests, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if b, err = os.ReadFile(budgetTest); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, filepath.Base(budgetTest)), b, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return rules, tests
@@ -109,6 +117,34 @@ func TestBrokenRulesFail(t *testing.T) {
 	})
 	if err := promcheck.CheckRules(ctx, rules); err == nil || !strings.Contains(err.Error(), "parse error") {
 		t.Errorf("rule that does not parse: promtool check rules: got %v, want a parse error", err)
+	}
+}
+
+// TestBrokenBudgetRulesFail: alerts_budget_test.yml catches broken
+// duplicate budget and dedup window rules. Without its floor the page
+// fires on a quiet region's single duplicate; with the 1h/5m page at burn
+// 3 instead of 14.4 a slow rise pages; a window alert that leaves out the
+// business keys' duplicates misses the late ones.
+func TestBrokenBudgetRulesFail(t *testing.T) {
+	promchecktest.Require(t)
+	for _, tc := range []struct {
+		name  string
+		edit  *strings.Replacer
+		alert string
+	}{
+		{"NoFloor", strings.NewReplacer("            and paymesh:duplicates:rate1h * 3600 >= 10\n", "",
+			"            and paymesh:duplicates:rate6h * 21600 >= 10\n", ""), "PaymeshDuplicateBudgetBurnFast"},
+		{"PageAtBurn3", strings.NewReplacer("paymesh:duplicate_ratio:rate1h / 0.01 > 14.4\n            and paymesh:duplicate_ratio:rate5m / 0.01 > 14.4",
+			"paymesh:duplicate_ratio:rate1h / 0.01 > 3\n            and paymesh:duplicate_ratio:rate5m / 0.01 > 3"), "PaymeshDuplicateBudgetBurnFast"},
+		{"WindowWithoutBusinessKeys", strings.NewReplacer(`layer=~"dedup_table|business_key"`, `layer="dedup_table"`), "PaymeshDedupWindowNear"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rules, _ := copyRules(t, tc.edit.Replace)
+			err := promcheck.TestRules(context.Background(), filepath.Join(filepath.Dir(rules), filepath.Base(budgetTest)))
+			if err == nil || !strings.Contains(err.Error(), tc.alert) {
+				t.Errorf("promtool test rules: got %v, want a failure naming %s", err, tc.alert)
+			}
+		})
 	}
 }
 
