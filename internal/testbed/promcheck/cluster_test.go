@@ -2,14 +2,19 @@ package promcheck_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"go.opentelemetry.io/otel"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
@@ -168,12 +173,16 @@ func (l *load) run(ctx context.Context, t *testing.T, rate, max int) {
 // clean, then with injected duplicates (dropped acks and router
 // re-publishes), scraped by a real Prometheus running the compose config
 // and the alert rules. Every query of every dashboard panel returns data,
-// and the duplicate-rate alert fires for a region and topic.
+// the duplicate-age panels' queries return trace exemplars, and the
+// duplicate-rate alert fires for a region and topic.
 func TestEveryPanelHasData(t *testing.T) {
 	promchecktest.Require(t)
 	if testing.Short() {
 		t.Skip("-short: a cluster under load for about 20s")
 	}
+	// Spans are sampled (and dropped: no exporter), so the duplicates'
+	// ages carry their traces as exemplars, as with OTLP export on.
+	otel.SetTracerProvider(sdktrace.NewTracerProvider())
 	names := []string{"eu", "us", "ap"}
 	topo := natsembed.MustStartTopology(t, names...)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
@@ -213,6 +222,7 @@ func TestEveryPanelHasData(t *testing.T) {
 	t.Logf("duplicates injected from now on")
 	var (
 		failures []promcheck.Failure
+		noTraces []promcheck.Failure // duplicate-age queries without exemplars
 		alerts   []promcheck.Alert
 		dupAlert *promcheck.Alert
 		topics   map[string]bool // the topics whose recorded duplicate ratio is above 0
@@ -223,6 +233,9 @@ func TestEveryPanelHasData(t *testing.T) {
 	for time.Now().Before(deadline) {
 		time.Sleep(time.Second)
 		if failures, err = prom.CheckPanels(ctx, dashboardFile); err != nil {
+			t.Fatal(err)
+		}
+		if noTraces, err = prom.CheckExemplars(ctx, dashboardFile, ageMetric); err != nil {
 			t.Fatal(err)
 		}
 		if alerts, err = prom.Alerts(ctx); err != nil {
@@ -241,13 +254,14 @@ func TestEveryPanelHasData(t *testing.T) {
 		for _, s := range ratios {
 			topics[s.Metric["topic"]] = true
 		}
-		if len(failures) == 0 && dupAlert != nil && topics["transfer"] && topics["forward"] {
+		if len(failures) == 0 && len(noTraces) == 0 && dupAlert != nil && topics["transfer"] && topics["forward"] {
 			break
 		}
 	}
-	for _, f := range failures {
+	for _, f := range append(failures, noTraces...) {
 		t.Error(f)
 	}
+	checkExemplarsFail(ctx, t, prom)
 	for _, a := range alerts {
 		t.Logf("alert %s %s: region %s topic %s", a.Name, a.State, a.Labels["region"], a.Labels["topic"])
 	}
@@ -267,5 +281,44 @@ func TestEveryPanelHasData(t *testing.T) {
 	t.Logf("%d router transfers, %d API transfers sent twice; duplicate ratio above 0 on topics %v", l.sent.Load(), l.api.Load(), topics)
 	if !topics["transfer"] || !topics["forward"] {
 		t.Errorf("recorded duplicate ratio above 0 on topics %v, want at least transfer (ledger) and forward (router)", topics)
+	}
+}
+
+// checkExemplarsFail: the exemplar check fails on a dashboard whose
+// duplicate-age targets do not ask for exemplars, and on a query whose
+// series keep none.
+func checkExemplarsFail(ctx context.Context, t *testing.T, prom *promcheck.Server) {
+	t.Helper()
+	b, err := os.ReadFile(dashboardFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	off := filepath.Join(t.TempDir(), "exemplars-off.json")
+	if err := os.WriteFile(off, []byte(strings.ReplaceAll(string(b), `"exemplar": true`, `"exemplar": false`)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	qs, err := promcheck.MetricQueries(off, ageMetric)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := prom.CheckExemplars(ctx, off, ageMetric)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(qs) {
+		t.Errorf("exemplars off: %d failures %v, want one per duplicate-age query (%d)", len(got), got, len(qs))
+	}
+	for _, f := range got {
+		if !errors.Is(f.Err, promcheck.ErrExemplarOff) {
+			t.Errorf("exemplars off: %v, want %v", f, promcheck.ErrExemplarOff)
+		}
+	}
+	// Series a of testdata/dashboard.json does not exist: no exemplars.
+	got, err = prom.CheckExemplars(ctx, "testdata/dashboard.json", "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || !errors.Is(got[0].Err, promcheck.ErrNoExemplars) {
+		t.Errorf("series without exemplars: got %v, want one failure: %v", got, promcheck.ErrNoExemplars)
 	}
 }

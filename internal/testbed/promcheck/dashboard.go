@@ -8,6 +8,7 @@ import (
 	"os"
 	"regexp"
 	"strings"
+	"time"
 )
 
 // PanelQuery is one target expression of a dashboard panel, with the
@@ -15,6 +16,9 @@ import (
 type PanelQuery struct {
 	Panel string // the panel's title
 	Expr  string
+	// Exemplar is the target's "exemplar": whether Grafana asks for the
+	// exemplars of its series and draws them.
+	Exemplar bool
 }
 
 // dashboardPanel is the part of a Grafana panel this package reads; a row
@@ -22,7 +26,8 @@ type PanelQuery struct {
 type dashboardPanel struct {
 	Title   string `json:"title"`
 	Targets []struct {
-		Expr string `json:"expr"`
+		Expr     string `json:"expr"`
+		Exemplar bool   `json:"exemplar"`
 	} `json:"targets"`
 	Panels []dashboardPanel `json:"panels"`
 }
@@ -70,7 +75,7 @@ func PanelQueries(path string) ([]PanelQuery, error) {
 				if strings.TrimSpace(t.Expr) == "" {
 					return fmt.Errorf("promcheck: %s: panel %q: target %d has no expression", path, p.Title, i)
 				}
-				out = append(out, PanelQuery{Panel: p.Title, Expr: substitute(t.Expr, vars)})
+				out = append(out, PanelQuery{Panel: p.Title, Expr: substitute(t.Expr, vars), Exemplar: t.Exemplar})
 			}
 			if err := walk(p.Panels); err != nil {
 				return err
@@ -128,6 +133,69 @@ func (s *Server) CheckPanels(ctx context.Context, path string) ([]Failure, error
 			out = append(out, Failure{q, err})
 		case len(res) == 0:
 			out = append(out, Failure{q, ErrNoData})
+		}
+	}
+	return out, nil
+}
+
+// Errors of CheckExemplars' failures.
+var (
+	// ErrExemplarOff is a Failure's error when a query of the metric does
+	// not ask for exemplars ("exemplar": true missing).
+	ErrExemplarOff = errors.New(`exemplars off: the target lacks "exemplar": true`)
+	// ErrNoExemplars is a Failure's error when Prometheus keeps no
+	// exemplar for the series a query selects.
+	ErrNoExemplars = errors.New("no exemplars")
+)
+
+// ExemplarWindow is how far back CheckExemplars looks for exemplars.
+const ExemplarWindow = 5 * time.Minute
+
+// MetricQueries returns the panel queries of the dashboard at path (see
+// PanelQueries) that read metric (a metric name, or its series' name such
+// as x_bucket). It returns an error when the dashboard cannot be read or
+// no query reads metric.
+func MetricQueries(path, metric string) ([]PanelQuery, error) {
+	qs, err := PanelQueries(path)
+	if err != nil {
+		return nil, err
+	}
+	reads := regexp.MustCompile(`\b` + regexp.QuoteMeta(metric) + `\b`)
+	var out []PanelQuery
+	for _, q := range qs {
+		if reads.MatchString(q.Expr) {
+			out = append(out, q)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("promcheck: %s: no panel query reads %s", path, metric)
+	}
+	return out, nil
+}
+
+// CheckExemplars checks the panel queries of the dashboard at path that
+// read metric (see MetricQueries): each must ask Grafana for exemplars
+// (else ErrExemplarOff), and Prometheus must keep exemplars for the series
+// it selects over the last ExemplarWindow (else ErrNoExemplars). It
+// returns the failures, or an error when the dashboard cannot be read or
+// no query reads metric.
+func (s *Server) CheckExemplars(ctx context.Context, path, metric string) ([]Failure, error) {
+	qs, err := MetricQueries(path, metric)
+	if err != nil {
+		return nil, err
+	}
+	var out []Failure
+	for _, q := range qs {
+		if !q.Exemplar {
+			out = append(out, Failure{q, ErrExemplarOff})
+			continue
+		}
+		ex, err := s.Exemplars(ctx, q.Expr, ExemplarWindow)
+		switch {
+		case err != nil:
+			out = append(out, Failure{q, err})
+		case len(ex) == 0:
+			out = append(out, Failure{q, ErrNoExemplars})
 		}
 	}
 	return out, nil

@@ -60,6 +60,11 @@ func TestDashboardQueriesExist(t *testing.T) {
 	// Histograms appear once they hold a value.
 	observe.Batch(context.Background(), 3, time.Millisecond)
 	observe.Stage(context.Background(), ledger.StageSettle, time.Second)
+	ages, err := telemetry.NewDuplicateAges(m, "eu", "ledger")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ages.Record(context.Background(), "transfer", string(ledger.LayerConsumeLog), string(ledger.CauseRedelivery), time.Second)
 	rec := httptest.NewRecorder()
 	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	body, _ := io.ReadAll(rec.Body)

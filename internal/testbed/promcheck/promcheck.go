@@ -484,3 +484,45 @@ func (s *Server) Alerts(ctx context.Context) ([]Alert, error) {
 	}
 	return out, nil
 }
+
+// Exemplar is an exemplar Prometheus keeps for a series: the exemplar's
+// own labels (a trace_id) and its value.
+type Exemplar struct {
+	Series map[string]string
+	Labels map[string]string
+	Value  float64
+}
+
+// Exemplars returns the exemplars Prometheus keeps, over the last window,
+// for the series expr selects (its /api/v1/query_exemplars). It returns an
+// error when the expression does not parse or the query fails, quoting
+// Prometheus's message.
+func (s *Server) Exemplars(ctx context.Context, expr string, window time.Duration) ([]Exemplar, error) {
+	now := time.Now()
+	data, err := s.get(ctx, "/api/v1/query_exemplars", url.Values{"query": {expr},
+		"start": {strconv.FormatInt(now.Add(-window).Unix(), 10)}, "end": {strconv.FormatInt(now.Unix(), 10)}})
+	if err != nil {
+		return nil, fmt.Errorf("promcheck: exemplars of %q: %w", expr, err)
+	}
+	var d []struct {
+		SeriesLabels map[string]string `json:"seriesLabels"`
+		Exemplars    []struct {
+			Labels map[string]string `json:"labels"`
+			Value  string            `json:"value"`
+		} `json:"exemplars"`
+	}
+	if err := json.Unmarshal(data, &d); err != nil {
+		return nil, fmt.Errorf("promcheck: exemplars of %q: %w", expr, err)
+	}
+	var out []Exemplar
+	for _, series := range d {
+		for _, e := range series.Exemplars {
+			v, err := strconv.ParseFloat(e.Value, 64)
+			if err != nil {
+				return nil, fmt.Errorf("promcheck: exemplars of %q: value %q: %w", expr, e.Value, err)
+			}
+			out = append(out, Exemplar{Series: series.SeriesLabels, Labels: e.Labels, Value: v})
+		}
+	}
+	return out, nil
+}

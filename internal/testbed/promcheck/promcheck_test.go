@@ -158,12 +158,12 @@ func TestPanelQueries(t *testing.T) {
 			t.Fatal(err)
 		}
 		want := []promcheck.PanelQuery{
-			{Panel: "one", Expr: `rate(a{region=~".*"}[1m])`},
+			{Panel: "one", Expr: `rate(a{region=~".*"}[1m])`, Exemplar: true},
 			{Panel: "one", Expr: `b{region=~".*", topic=~".*", other="$unknown"}`},
 			{Panel: "nested", Expr: `c{region=~".*"}`},
 		}
 		if !reflect.DeepEqual(got, want) {
-			t.Errorf("got %q\nwant %q", got, want)
+			t.Errorf("got %+v\nwant %+v", got, want)
 		}
 	})
 	t.Run("Repository", func(t *testing.T) {
@@ -199,6 +199,38 @@ func TestPanelQueries(t *testing.T) {
 	t.Run("Missing", func(t *testing.T) {
 		if _, err := promcheck.PanelQueries(filepath.Join(dir, "none.json")); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("got %v, want not exist", err)
+		}
+	})
+}
+
+// ageMetric is the series the duplicate-age panels read; their exemplars
+// open a duplicate's trace.
+const ageMetric = "paymesh_duplicate_age_seconds_bucket"
+
+// TestMetricQueries: the queries that read a metric; a dashboard where
+// none does (c is read, c_bucket is not) is an error.
+func TestMetricQueries(t *testing.T) {
+	t.Run("OK", func(t *testing.T) {
+		got, err := promcheck.MetricQueries("testdata/dashboard.json", "a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := []promcheck.PanelQuery{{Panel: "one", Expr: `rate(a{region=~".*"}[1m])`, Exemplar: true}}; !reflect.DeepEqual(got, want) {
+			t.Errorf("got %+v\nwant %+v", got, want)
+		}
+	})
+	t.Run("Repository", func(t *testing.T) {
+		got, err := promcheck.MetricQueries(dashboardFile, ageMetric)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) < 4 {
+			t.Errorf("%d queries read %s, want the p50, p99, p99.9 and heatmap targets", len(got), ageMetric)
+		}
+	})
+	t.Run("NoneReads", func(t *testing.T) {
+		if _, err := promcheck.MetricQueries("testdata/dashboard.json", "c_bucket"); err == nil || !strings.Contains(err.Error(), "no panel query reads c_bucket") {
+			t.Errorf("got %v, want an error: no panel query reads c_bucket", err)
 		}
 	})
 }
