@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 )
@@ -144,8 +145,9 @@ var (
 	// not ask for exemplars ("exemplar": true missing).
 	ErrExemplarOff = errors.New(`exemplars off: the target lacks "exemplar": true`)
 	// ErrNoExemplars is a Failure's error when Prometheus keeps no
-	// exemplar for the series a query selects.
-	ErrNoExemplars = errors.New("no exemplars")
+	// exemplar with a trace_id (what Grafana links to Jaeger by) for the
+	// series a query selects.
+	ErrNoExemplars = errors.New("no exemplars with a trace_id")
 )
 
 // ExemplarWindow is how far back CheckExemplars looks for exemplars.
@@ -175,8 +177,9 @@ func MetricQueries(path, metric string) ([]PanelQuery, error) {
 
 // CheckExemplars checks the panel queries of the dashboard at path that
 // read metric (see MetricQueries): each must ask Grafana for exemplars
-// (else ErrExemplarOff), and Prometheus must keep exemplars for the series
-// it selects over the last ExemplarWindow (else ErrNoExemplars). It
+// (else ErrExemplarOff), and Prometheus must keep exemplars with a
+// trace_id for the series it selects over the last ExemplarWindow (else
+// ErrNoExemplars). It
 // returns the failures, or an error when the dashboard cannot be read or
 // no query reads metric.
 func (s *Server) CheckExemplars(ctx context.Context, path, metric string) ([]Failure, error) {
@@ -194,7 +197,7 @@ func (s *Server) CheckExemplars(ctx context.Context, path, metric string) ([]Fai
 		switch {
 		case err != nil:
 			out = append(out, Failure{q, err})
-		case len(ex) == 0:
+		case !slices.ContainsFunc(ex, func(e Exemplar) bool { return e.Labels["trace_id"] != "" }):
 			out = append(out, Failure{q, ErrNoExemplars})
 		}
 	}
