@@ -47,7 +47,7 @@ func TestJaegerHoldsExportedSpans(t *testing.T) {
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	waitHTTP(t, "http://"+addrs["JAEGER_HEALTH_LISTEN"]+"/status", &log)
 
-	exp, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL("http://"+addrs["JAEGER_OTLP_HTTP_LISTEN"]))
+	exp, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpoint(addrs["JAEGER_OTLP_HTTP_LISTEN"]), otlptracehttp.WithInsecure())
 	if err != nil {
 		t.Fatal(err)
 	}
