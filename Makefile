@@ -7,11 +7,18 @@ BENCHSTAT   ?= $(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-2
 BENCH_COUNT ?= 10
 BENCH_TIME  ?= 20000x
 
-.PHONY: demo sim bench chaos bench-telemetry test test-short build fuzz services browser prometheus lint-openapi clean compose-up compose-down compose-load
+.PHONY: jaeger demo sim bench chaos bench-telemetry test test-short build fuzz services browser prometheus lint-openapi clean compose-up compose-down compose-load
 
 ## demo: run the three-region demo on the local Postgres and an embedded NATS topology
 demo: services
 	$(GO) run ./cmd/paymesh-lab demo $(ARGS)
+
+## jaeger: build the Jaeger that tools/jaeger/go.mod pins into bin/ (once;
+## several minutes cold). make sim builds it itself; a quick run
+## (ARGS=--quick, as in make test) runs it only when it is built.
+JAEGER_VERSION = $(shell cd tools/jaeger && $(GO) list -m -f '{{.Version}}' github.com/jaegertracing/jaeger)
+jaeger:
+	@test -x bin/jaeger-$(JAEGER_VERSION) || (cd tools/jaeger && $(GO) build -o ../../bin/jaeger-$(JAEGER_VERSION) github.com/jaegertracing/jaeger/cmd/jaeger)
 
 ## sim: docker-compose.yml's topology as separate processes on this machine
 ## (nats-servers, a throwaway Postgres per region, WAN links, the services,

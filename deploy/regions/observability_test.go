@@ -243,6 +243,40 @@ func loadCollector(t *testing.T, p *compose.Project) collectorConfig {
 	return cfg
 }
 
+// jaegerOTLPPorts returns the ports Jaeger receives OTLP on, by protocol
+// (grpc, http), from the config the jaeger service runs (Jaeger v2 is an
+// OpenTelemetry collector: its config has the collector's shape). Each
+// listen address there is a variable with a default, "${env:NAME:-addr}":
+// compose sets none of them, so the defaults are what it listens on.
+func jaegerOTLPPorts(t *testing.T, p *compose.Project) map[string]int {
+	t.Helper()
+	svc := service(t, p, jaegerService)
+	cfgFile, _ := mountedFile(t, p, jaegerService, flag(svc.Command, "config"))
+	var cfg collectorConfig
+	loadYAML(t, cfgFile, &cfg)
+	if pipe := cfg.Service.Pipelines["traces"]; !slices.Contains(pipe.Receivers, "otlp") {
+		t.Errorf("%s: traces pipeline receivers %v, want otlp", cfgFile, pipe.Receivers)
+	}
+	out := map[string]int{}
+	for proto, pc := range cfg.Receivers["otlp"].Protocols {
+		addr := pc.Endpoint
+		if m := envDefault.FindStringSubmatch(addr); m != nil {
+			if _, set := svc.Environment[m[1]]; set {
+				t.Errorf("%s: sets %s; the listen addresses are the config's defaults", jaegerService, m[1])
+			}
+			addr = m[2]
+		}
+		out[proto] = port(addr)
+	}
+	if out["grpc"] == 0 || out["http"] == 0 {
+		t.Errorf("%s: otlp receiver ports %v, want grpc and http", cfgFile, out)
+	}
+	return out
+}
+
+// envDefault is a collector config value "${env:NAME:-default}".
+var envDefault = regexp.MustCompile(`^\$\{env:([A-Za-z_][A-Za-z0-9_]*):-(.*)\}$`)
+
 // componentType is the type of a collector component id "type[/name]".
 func componentType(id string) string { t, _, _ := strings.Cut(id, "/"); return t }
 
@@ -284,17 +318,7 @@ func TestServicesSendTracesToCollector(t *testing.T) {
 func TestCollectorExportsToJaeger(t *testing.T) {
 	p := loadCompose(t)
 	cfg := loadCollector(t, p)
-	jaeger := service(t, p, jaegerService)
-	if jaeger.Environment["COLLECTOR_OTLP_ENABLED"] != "true" {
-		t.Errorf("%s: COLLECTOR_OTLP_ENABLED %q, want true", jaegerService, jaeger.Environment["COLLECTOR_OTLP_ENABLED"])
-	}
-	jaegerPorts := map[string]int{ // Jaeger's defaults, unless its environment moves them
-		"grpc": 4317, "http": 4318}
-	for proto, env := range map[string]string{"grpc": "COLLECTOR_OTLP_GRPC_HOST_PORT", "http": "COLLECTOR_OTLP_HTTP_HOST_PORT"} {
-		if v, ok := jaeger.Environment[env]; ok {
-			jaegerPorts[proto] = port(v)
-		}
-	}
+	jaegerPorts := jaegerOTLPPorts(t, p)
 	pipe, ok := cfg.Service.Pipelines["traces"]
 	if !ok {
 		t.Fatal("collector: no traces pipeline")

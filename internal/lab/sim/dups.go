@@ -30,6 +30,10 @@ type Explained struct {
 	// Traced says whether the services export traces (a trace backend
 	// runs): without one no exemplar or span names a duplicate.
 	Traced bool
+	// InJaeger is the degraded link's first duplicate trace as Jaeger
+	// holds it (nil: not looked up, or not found: see JaegerError).
+	InJaeger    *TraceFound `json:",omitempty"`
+	JaegerError string      `json:",omitempty"`
 	// Error is why the duplicates could not be read.
 	Error string `json:",omitempty"`
 }
@@ -60,26 +64,44 @@ func (s *sim) explainDuplicates(ctx context.Context, rep *Report, since time.Tim
 		e.Windows[v.Metric["region"]][v.Metric["layer"]] = v.Value
 	}
 	if !rep.DegradedFrom.IsZero() {
-		d, err := dupexplain.Explain(ctx, dupexplain.Config{Prometheus: s.prom.URL(), Region: "us", Since: time.Since(rep.DegradedFrom), Traces: 3})
+		d, err := dupexplain.Explain(ctx, dupexplain.Config{Prometheus: s.prom.URL(), Jaeger: s.jaegerURL(), Region: "us", Since: time.Since(rep.DegradedFrom), Traces: 3})
 		if err != nil {
 			e.Error = err.Error()
 			return
 		}
 		e.Degraded = &d
+		if e.Traced {
+			e.lookUp(ctx, s.jaegerURL())
+		}
 	}
+}
+
+// lookUp reads the degraded link's first duplicate trace from Jaeger.
+func (e *Explained) lookUp(ctx context.Context, jaeger string) {
+	if len(e.Degraded.Traces) == 0 {
+		e.JaegerError = "no trace to look up: " + e.Degraded.TraceSource
+		return
+	}
+	t, err := findTrace(ctx, jaeger, e.Degraded.Traces[0].ID)
+	if err != nil {
+		e.JaegerError = err.Error()
+		return
+	}
+	e.InJaeger = &t
+}
+
+// jaegerCheck is the report's check that Jaeger holds the trace it names.
+func (e *Explained) jaegerCheck() (ok bool, name, detail string) {
+	if t := e.InJaeger; t != nil {
+		return true, fmt.Sprintf("Jaeger holds the trace of a duplicate on the degraded link (%s: %d spans from %s)", t.ID, t.Spans, strings.Join(t.Services, ", ")), ""
+	}
+	return false, "Jaeger holds the trace of a duplicate on the degraded link", e.JaegerError
 }
 
 // traced reports whether the simulation runs a trace backend, which its
 // services export their spans to (and sample them: the duplicates' ages
 // keep exemplars).
-func (s *sim) traced() bool {
-	for name := range s.plan.project.Services {
-		if _, notRun := s.plan.notRun[name]; !notRun && strings.HasPrefix(imageName(s.plan.project.Services[name].Image), "jaegertracing/") {
-			return true
-		}
-	}
-	return false
-}
+func (s *sim) traced() bool { return s.jaegerService() != "" }
 
 // regions returns the simulation's region names, sorted.
 func (s *sim) regions() []string {
@@ -110,6 +132,9 @@ func (e *Explained) print(w io.Writer) {
 		fmt.Fprintf(w, "us since its link was degraded: %s\n", e.dominant())
 		for _, t := range d.Traces {
 			fmt.Fprintf(w, "  trace %s: a %s duplicate caught by %s in %s\n", t.ID, t.Cause, t.Layer, t.Service)
+		}
+		if t := e.InJaeger; t != nil {
+			fmt.Fprintf(w, "  in Jaeger: trace %s, %d spans from %s\n", t.ID, t.Spans, strings.Join(t.Services, ", "))
 		}
 		if len(d.Traces) == 0 {
 			fmt.Fprintf(w, "  no trace: %s\n", d.TraceSource)
@@ -169,4 +194,3 @@ func ageOf(s float64) string {
 	}
 	return time.Duration(s * float64(time.Second)).Round(time.Millisecond).String()
 }
-

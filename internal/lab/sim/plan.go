@@ -14,8 +14,7 @@ import (
 // counterpart (see makePlan); a test fails when one has none.
 var NotRun = map[string]string{
 	"grafana/grafana":                      "no Grafana here: the dashboard's panel queries run against the simulation's Prometheus instead (promcheck.CheckPanels)",
-	"jaegertracing/all-in-one":             "no Jaeger binary here: traces are not collected (the services run without OTEL_EXPORTER_OTLP_ENDPOINT)",
-	"otel/opentelemetry-collector-contrib": "no OpenTelemetry collector binary here: nothing to send traces to (see jaeger)",
+	"otel/opentelemetry-collector-contrib": "the services send their spans straight to Jaeger, an OpenTelemetry collector itself (its OTLP receiver); compose's collector only batches and forwards them",
 }
 
 // kind is how the simulation runs a compose service.
@@ -25,6 +24,7 @@ const (
 	kindNATS       kind = iota + 1 // a nats-server process built from go.mod's version
 	kindPostgres                   // a throwaway cluster from the local binaries
 	kindPrometheus                 // Debian's prometheus, through internal/testbed/promcheck
+	kindJaeger                     // bin/jaeger, built from tools/jaeger's pinned version
 	kindService                    // a long-running paymesh process (ledger, router, api, wan, receiver)
 	kindSetup                      // a paymesh command run to completion before the load
 	kindLoad                       // paymesh-lab load, with the fault schedule around it
@@ -32,7 +32,7 @@ const (
 )
 
 func (k kind) String() string {
-	return [...]string{"?", "nats-server process", "throwaway Postgres", "prometheus (promcheck)", "paymesh process",
+	return [...]string{"?", "nats-server process", "throwaway Postgres", "prometheus (promcheck)", "jaeger process", "paymesh process",
 		"paymesh command before the load", "paymesh-lab load", "paymesh command after the load"}[k]
 }
 
@@ -84,6 +84,8 @@ func makePlan(p *compose.Project) (*plan, error) {
 			pl.kinds[name] = kindPostgres
 		case img == "prom/prometheus":
 			pl.kinds[name] = kindPrometheus
+		case img == "jaegertracing/jaeger":
+			pl.kinds[name] = kindJaeger
 		case s.Build && (s.Target == productTarget || s.Target == labTarget) && len(s.Command) > 0 && paymeshCommands[s.Command[0]] != 0:
 			pl.kinds[name] = paymeshCommands[s.Command[0]]
 		default:

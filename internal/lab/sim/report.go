@@ -91,7 +91,7 @@ type Report struct {
 	DegradedFrom, DegradedTo time.Time
 	// Explained is why the duplicates came (dups.go; nil: not read).
 	Explained *Explained `json:",omitempty"`
-	Checks                   []Check
+	Checks    []Check
 	// Pass is OK() when the report was judged.
 	Pass bool
 
@@ -196,6 +196,9 @@ func (r *Report) judge() {
 		check(fired && cleared, r.WantAlert+" for us cleared after the link was restored", "")
 		if e := r.Explained; e != nil {
 			check(e.check())
+			if e.Traced {
+				check(e.jaegerCheck())
+			}
 		}
 	}
 	for _, p := range r.PanelsUnchecked {

@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/paymesh/paymesh/internal/lab/hookaudit"
-	"github.com/paymesh/paymesh/services/ledger/postgres"
 	"github.com/paymesh/paymesh/services/dupexplain"
+	"github.com/paymesh/paymesh/services/ledger/postgres"
 	"github.com/paymesh/paymesh/services/receiver"
 )
 
@@ -31,7 +31,8 @@ func passing() *Report {
 				{Cause: "redelivery", Count: 3, AgeP50: 2, AgeP99: 9, Layers: map[string]float64{"dedup_table": 3}}}}},
 			Windows: map[string]map[string]float64{"us": {"dedup_table": 6 * 86400, "msg_id": 120}},
 			Degraded: &dupexplain.Report{Region: "us", Duplicates: 10, Causes: []dupexplain.Cause{{Cause: "republish", Count: 8, AgeP99: 1.5}},
-				Traces: []dupexplain.Trace{{ID: "4bf92f3577b34da6a3ce929d0e0e4736", Cause: "republish", Layer: "msg_id", Service: "router"}}}},
+				Traces: []dupexplain.Trace{{ID: "4bf92f3577b34da6a3ce929d0e0e4736", Cause: "republish", Layer: "msg_id", Service: "router"}}},
+			InJaeger: &TraceFound{ID: "4bf92f3577b34da6a3ce929d0e0e4736", Spans: 7, Services: []string{"paymesh-ledger-us", "paymesh-router-us"}}},
 		Transport: Transport{
 			NATS: []NATSTransport{
 				{Server: "nats-hub", ClientTLS: true, Leafnodes: true, LeafTLS: true},
@@ -94,6 +95,9 @@ func TestJudge(t *testing.T) {
 		{"DegradedUntraced", func(r *Report) {
 			r.Explained.Degraded.Traces, r.Explained.Degraded.TraceSource = nil, "none: Prometheus kept no exemplar"
 		}, "none: Prometheus kept no exemplar"},
+		{"TraceNotInJaeger", func(r *Report) {
+			r.Explained.InJaeger, r.Explained.JaegerError = nil, "jaeger: trace 4bf92f3577b34da6a3ce929d0e0e4736: 404 Not Found"
+		}, "404 Not Found"},
 		{"DuplicatesUnread", func(r *Report) { r.Explained.Error = "sim: prometheus: refused" }, "sim: prometheus: refused"},
 		{"NoLeaderWhileDown", func(r *Report) {
 			r.LeaderKills = []LeaderKill{{Stream: "LEDGER_EU", Killed: "nats-eu-2", LeaderWhileDown: "none (no leader)"}}
@@ -149,6 +153,8 @@ func TestPrintExplained(t *testing.T) {
 	for _, want := range []string{"why duplicates came, by region and cause", "us: 12 duplicates; windows dedup_table 144h0m0s, msg_id 2m0s",
 		"republish          9      200ms /      1.5s  msg_id 9", "us since its link was degraded: 10 duplicates, 80 % of them republish",
 		"trace 4bf92f3577b34da6a3ce929d0e0e4736: a republish duplicate caught by msg_id in router",
+		"in Jaeger: trace 4bf92f3577b34da6a3ce929d0e0e4736, 7 spans from paymesh-ledger-us, paymesh-router-us",
+		"PASS  Jaeger holds the trace of a duplicate on the degraded link (4bf92f3577b34da6a3ce929d0e0e4736: 7 spans from paymesh-ledger-us, paymesh-router-us)",
 		"PASS  why the degraded link's duplicates came: 10 duplicates, 80 % of them republish (age p99 1.5s); trace 4bf92f3577b34da6a3ce929d0e0e4736"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("the report lacks %q:\n%s", want, b.String())

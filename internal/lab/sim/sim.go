@@ -107,6 +107,8 @@ type sim struct {
 	mapper  *compose.Mapper
 	procs   *procs
 	natsBin string
+	// jaegerBin is the jaeger binary, when the simulation runs Jaeger.
+	jaegerBin string
 
 	pgs    map[string]*pgserver.Throwaway // by compose service
 	stores map[string]*postgres.Store     // by region
@@ -227,6 +229,7 @@ func (s *sim) extraMappings() map[string]string {
 			}
 		}
 	}
+	s.jaegerExtraMappings(m)
 	return m
 }
 
@@ -263,7 +266,8 @@ func (s *sim) ports() map[int]string {
 // (compose.Mapper.ServiceEnv: its own 0.0.0.0 listen addresses become the
 // host address its port is reached on, every service address its
 // published or mapped port) and to the run folder (the paths of its
-// mounts: mapPaths), without the OTLP endpoint (no collector runs).
+// mounts: mapPaths), with the OTLP endpoint moved from compose's collector
+// (not run) to Jaeger's own OTLP receiver, or removed when no Jaeger runs.
 func (s *sim) env(name string) (map[string]string, error) {
 	env, err := s.mapper.ServiceEnv(s.plan.project.Services[name])
 	if err != nil {
@@ -276,7 +280,13 @@ func (s *sim) env(name string) (map[string]string, error) {
 	for k, v := range env {
 		env[k] = mapPaths(m, v)
 	}
-	delete(env, otelEndpointEnv)
+	if _, ok := env[otelEndpointEnv]; ok {
+		if to := s.otlpEndpoint(); to != "" {
+			env[otelEndpointEnv] = to
+		} else {
+			delete(env, otelEndpointEnv)
+		}
+	}
 	if hosts, ok := env[allowHostsEnv]; ok {
 		env[allowHostsEnv] = s.mapHosts(hosts)
 	}
@@ -362,6 +372,9 @@ func (s *sim) run(ctx context.Context) (*Report, error) {
 		return nil, err
 	}
 	s.logf("paymesh-lab sim: docker-compose.yml as processes; run folder %s (logs in %s)", s.dir, filepath.Join(s.dir, "logs"))
+	if err := s.prepareJaeger(ctx); err != nil {
+		return nil, err
+	}
 	for _, name := range slices.Sorted(maps.Keys(s.plan.notRun)) {
 		s.logf("  not run: %s: %s", name, s.plan.notRun[name])
 	}
@@ -440,6 +453,8 @@ func (s *sim) startAll(ctx context.Context) error {
 			err = s.startPostgres(ctx, name)
 		case kindNATS:
 			err = s.startNATS(ctx, name)
+		case kindJaeger:
+			err = s.startJaeger(ctx, name)
 		case kindService:
 			err = s.startService(ctx, name)
 		case kindSetup:
