@@ -185,6 +185,8 @@ func otherRegion(ctx context.Context, c *checker) Result {
 	}
 	b := c.send(ctx, c.opts.URLs[1], c.cfg.Request, u, key)
 	switch {
+	case b.Status == http.StatusUnauthorized || b.Status == http.StatusForbidden:
+		return fail("the retry in %s was not let in (%s): the case proves nothing; give credentials valid in both regions", c.opts.URLs[1], b)
 	case b.ok() && (b.Status != a.Status || !bytes.Equal(a.Body, b.Body)):
 		return fail("the retry in %s: %s, want the first answer or a refusal: %s", c.opts.URLs[1], b, a)
 	case !b.ok() && !b.refused():

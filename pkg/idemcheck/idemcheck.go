@@ -129,8 +129,14 @@ func Failed(rs []Result) bool {
 	return false
 }
 
-func pass(format string, a ...any) Result { return Result{Verdict: Pass, Detail: fmt.Sprintf(format, a...)} }
-func fail(format string, a ...any) Result { return Result{Verdict: Fail, Detail: fmt.Sprintf(format, a...)} }
-func skip(format string, a ...any) Result { return Result{Verdict: Skip, Detail: fmt.Sprintf(format, a...)} }
+func pass(format string, a ...any) Result {
+	return Result{Verdict: Pass, Detail: fmt.Sprintf(format, a...)}
+}
+func fail(format string, a ...any) Result {
+	return Result{Verdict: Fail, Detail: fmt.Sprintf(format, a...)}
+}
+func skip(format string, a ...any) Result {
+	return Result{Verdict: Skip, Detail: fmt.Sprintf(format, a...)}
+}
 
 func itoa(n int) string { return fmt.Sprint(n) }

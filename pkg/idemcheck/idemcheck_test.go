@@ -3,6 +3,7 @@ package idemcheck_test
 import (
 	"context"
 	"errors"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -29,6 +30,7 @@ func TestRacyAPIFails(t *testing.T) {
 	if !idemcheck.Failed(rs) {
 		t.Fatalf("no case failed against racyapi:\n%s", out.String())
 	}
+	t.Log("\n" + out.String())
 	want := map[string]idemcheck.Verdict{
 		"missing_key": idemcheck.Pass, "key_too_long": idemcheck.Pass, "replay": idemcheck.Pass, "other_body": idemcheck.Pass,
 		"in_flight": idemcheck.Fail, "concurrent": idemcheck.Fail, "timeout_retry": idemcheck.Fail,
@@ -44,6 +46,26 @@ func TestRacyAPIFails(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "idemcheck "+srv.URL+": 4 PASS, 3 FAIL, 3 SKIP") {
 		t.Errorf("summary: got\n%s", out.String())
+	}
+}
+
+// TestOtherRegionNotLetIn: a second region that does not let the
+// client in (401) fails other_region: a refusal for want of credentials
+// proves nothing about the key.
+func TestOtherRegionNotLetIn(t *testing.T) {
+	srv := httptest.NewServer(racyapi.New())
+	t.Cleanup(srv.Close)
+	locked := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusUnauthorized) }))
+	t.Cleanup(locked.Close)
+	cfg, err := idemcheck.LoadConfig(filepath.Join("testdata", "racyapi.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	for _, r := range idemcheck.Run(context.Background(), cfg, idemcheck.Options{URLs: []string{srv.URL, locked.URL}}, &out) {
+		if r.Case == "other_region" && (r.Verdict != idemcheck.Fail || !strings.Contains(r.Detail, "not let in")) {
+			t.Errorf("other_region: got %s (%s), want FAIL: not let in", r.Verdict, r.Detail)
+		}
 	}
 }
 
