@@ -43,6 +43,7 @@ type cli struct {
 	Transfers transfersCmd `cmd:"" help:"Send and show transfers through the HTTP API."`
 	Events    eventsCmd    `cmd:"" help:"Read your event feed through the HTTP API."`
 	Webhooks  webhooksCmd  `cmd:"" help:"Receive your events by webhook: create, list, rotate and delete endpoints, read their attempts, redeliver an event."`
+	Idemcheck idemcheckCmd `cmd:"" help:"Check an HTTP API's Idempotency-Key behaviour, black-box: the IETF draft's cases and concurrency, timeouts, regions; every effect read back; PASS/FAIL per case, exit 1 on a FAIL."`
 	Receiver  receiverCmd  `cmd:"" help:"Run the reference webhook receiver: verify each delivery, apply each event once (in its own Postgres, in order per account), count duplicates by cause."`
 }
 

@@ -51,6 +51,37 @@ func runCLI(t *testing.T, args ...string) (string, error) {
 	return <-out, err
 }
 
+// openAccount opens an EUR account with paymesh accounts create and
+// returns its ID.
+func openAccount(t *testing.T, flags []string) string {
+	t.Helper()
+	out, err := runCLI(t, append([]string{"accounts", "create", "--currency", "EUR"}, flags...)...)
+	var a api.AccountBody
+	if err != nil || json.Unmarshal([]byte(out), &a) != nil {
+		t.Fatalf("accounts create: %v %s", err, out)
+	}
+	return a.ID
+}
+
+// fundAccount submits an operator's funding of amount EUR to account in
+// region.
+func fundAccount(t *testing.T, c *cluster.Cluster, region, account string, amount int64) {
+	t.Helper()
+	gen, err := idgen.NewGenerator(c.IDs(), region, 901)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fid, err := gen.NextString()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fund := ledger.Command{Type: ledger.TypeFund, TransferID: fid, ClientID: "ops", IdempotencyKey: "fund-" + account,
+		To: account, Amount: amount, Currency: "EUR", CreatedAt: time.Now()}
+	if err := c.Submit(context.Background(), region, fund); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestTransfersCommands: paymesh transfers send --hold, capture, void and
 // refund against a running region, each printing the API's answer; a
 // refused one exits with the failure and prints the problem; bad flags are
@@ -70,28 +101,8 @@ func TestTransfersCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	flags := []string{"--api-url", c.Region("eu").APIURL, "--api-key", key}
-	open := func() string {
-		out, err := runCLI(t, append([]string{"accounts", "create", "--currency", "EUR"}, flags...)...)
-		var a api.AccountBody
-		if err != nil || json.Unmarshal([]byte(out), &a) != nil {
-			t.Fatalf("accounts create: %v %s", err, out)
-		}
-		return a.ID
-	}
-	a, b := open(), open()
-	gen, err := idgen.NewGenerator(c.IDs(), "eu", 901)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fid, err := gen.NextString()
-	if err != nil {
-		t.Fatal(err)
-	}
-	fund := ledger.Command{Type: ledger.TypeFund, TransferID: fid, ClientID: "ops", IdempotencyKey: "fund-" + a,
-		To: a, Amount: 1000, Currency: "EUR", CreatedAt: time.Now()}
-	if err := c.Submit(ctx, "eu", fund); err != nil {
-		t.Fatal(err)
-	}
+	a, b := openAccount(t, flags), openAccount(t, flags)
+	fundAccount(t, c, "eu", a, 1000)
 	qctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	if err := c.WaitQuiet(qctx); err != nil {
