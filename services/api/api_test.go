@@ -458,7 +458,8 @@ func TestValidationAndLimits(t *testing.T) {
 // TestKeyExpiry: idempotency keys expire after their retention and are
 // cleaned up; a request repeated after that is not applied again (the
 // ledger's business key still knows it) and answers with the first
-// transfer, without the replay header.
+// transfer, without the replay header; another body under the expired key
+// is refused 422 and applies nothing.
 func TestKeyExpiry(t *testing.T) {
 	e := mustEnv(t, time.Second)
 	a := e.account(t, "eu", keyA, 100)
@@ -488,6 +489,18 @@ func TestKeyExpiry(t *testing.T) {
 	}
 	if got := e.balance(t, "eu", keyA, b); got != 30 {
 		t.Fatalf("balance: got %d, want 30 (applied once)", got)
+	}
+	// Another body under the expired key: the key still names its
+	// transfer, so the request is refused, never answered 202 and dropped.
+	time.Sleep(1500 * time.Millisecond)
+	if _, err := store.DeleteExpiredKeys(context.Background(), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	other := e.do(t, "eu", "POST", "/v1/transfers", keyA, "short-lived", transferJSON(a, b, 7))
+	wantProblem(t, "another body after expiry", other, http.StatusUnprocessableEntity, ledger.CodeIdempotencyKeyReused)
+	e.quiet(t)
+	if got := e.balance(t, "eu", keyA, b); got != 30 {
+		t.Fatalf("balance after another body: got %d, want 30", got)
 	}
 }
 
