@@ -45,9 +45,10 @@ type Config struct {
 type Cause struct {
 	Cause string
 	Count float64
-	// AgeP50 and AgeP99 are the duplicates' ages (since their key's first
-	// effect), from the histogram's buckets; NaN when none.
-	AgeP50, AgeP99 float64
+	// AgeP50, AgeP99 and AgeP999 are the duplicates' ages (since their
+	// key's first effect), from the histogram's buckets; NaN when none.
+	// AgeP999 is what PaymeshDedupWindowNear holds against the window.
+	AgeP50, AgeP99, AgeP999 float64
 	// Layers is the count by the layer that caught them.
 	Layers map[string]float64
 }
@@ -167,7 +168,7 @@ func (p prom) causes(ctx context.Context) ([]Cause, float64, error) {
 		}
 		c := by[s.labels["cause"]]
 		if c == nil {
-			c = &Cause{Cause: s.labels["cause"], Layers: map[string]float64{}, AgeP50: math.NaN(), AgeP99: math.NaN()}
+			c = &Cause{Cause: s.labels["cause"], Layers: map[string]float64{}, AgeP50: math.NaN(), AgeP99: math.NaN(), AgeP999: math.NaN()}
 			by[c.Cause] = c
 		}
 		c.Count += s.value
@@ -192,7 +193,8 @@ func (p prom) ages(ctx context.Context, by map[string]*Cause) error {
 	for _, q := range []struct {
 		phi float64
 		set func(*Cause, float64)
-	}{{0.5, func(c *Cause, v float64) { c.AgeP50 = v }}, {0.99, func(c *Cause, v float64) { c.AgeP99 = v }}} {
+	}{{0.5, func(c *Cause, v float64) { c.AgeP50 = v }}, {0.99, func(c *Cause, v float64) { c.AgeP99 = v }},
+		{0.999, func(c *Cause, v float64) { c.AgeP999 = v }}} {
 		ages, err := p.vector(ctx, fmt.Sprintf(`histogram_quantile(%g, sum by (cause, le) (%s))`, q.phi, buckets))
 		if err != nil {
 			return err
@@ -226,7 +228,9 @@ func (p prom) deliveries(ctx context.Context) (float64, error) {
 // unixSeconds renders t as Prometheus's API takes a time: Unix seconds,
 // to the millisecond (whole seconds would read up to a second earlier,
 // before the latest scrape).
-func unixSeconds(t time.Time) string { return strconv.FormatFloat(float64(t.UnixMilli())/1000, 'f', 3, 64) }
+func unixSeconds(t time.Time) string {
+	return strconv.FormatFloat(float64(t.UnixMilli())/1000, 'f', 3, 64)
+}
 
 // sample is one series of an instant vector.
 type sample struct {

@@ -115,7 +115,7 @@ func checkCauses(t *testing.T, rep dupexplain.Report, before, after map[string]f
 			t.Errorf("cause %s: %+v, want %v to %v (what eu's services counted)", cause, c, before[cause], n)
 			continue
 		}
-		if len(c.Layers) == 0 || math.IsNaN(c.AgeP50) || c.AgeP99 < c.AgeP50 {
+		if len(c.Layers) == 0 || math.IsNaN(c.AgeP50) || c.AgeP99 < c.AgeP50 || c.AgeP999 < c.AgeP99 {
 			t.Errorf("cause %s: %+v, want its layers and ages", cause, c)
 		}
 	}

@@ -21,10 +21,10 @@ func (r Report) Print(w io.Writer, jaeger string) {
 	if len(r.Causes) == 0 {
 		fmt.Fprintln(w, "no duplicate was caught")
 	} else {
-		fmt.Fprintf(w, "%-14s %8s %7s %10s %10s  %s\n", "cause", "count", "share", "age p50", "age p99", "caught by")
+		fmt.Fprintf(w, "%-14s %8s %7s %10s %10s %10s  %s\n", "cause", "count", "share", "age p50", "age p99", "age p99.9", "caught by")
 	}
 	for _, c := range r.Causes {
-		fmt.Fprintf(w, "%-14s %8.0f %7s %10s %10s  %s\n", c.Cause, c.Count, percent(100*c.Count/r.Duplicates), age(c.AgeP50), age(c.AgeP99), layers(c.Layers))
+		fmt.Fprintf(w, "%-14s %8.0f %7s %10s %10s %10s  %s\n", c.Cause, c.Count, percent(100*c.Count/r.Duplicates), age(c.AgeP50), age(c.AgeP99), age(c.AgeP999), layers(c.Layers))
 	}
 	fmt.Fprintf(w, "traces of recent duplicates (%s):\n", r.TraceSource)
 	for _, t := range r.Traces {

@@ -120,12 +120,12 @@ func (e *Explained) print(w io.Writer) {
 		fmt.Fprintf(w, "why duplicates came: not read (%s)\n", e.Error)
 		return
 	}
-	fmt.Fprintln(w, "why duplicates came, by region and cause (count, age p50 / p99 since the key's first effect, caught by):")
+	fmt.Fprintln(w, "why duplicates came, by region and cause (count, age p50 / p99 / p99.9 since the key's first effect, caught by):")
 	for _, r := range slices.Sorted(maps.Keys(e.Regions)) {
 		d := e.Regions[r]
 		fmt.Fprintf(w, "  %s: %.0f duplicates; windows %s\n", r, d.Duplicates, windows(e.Windows[r]))
 		for _, c := range d.Causes {
-			fmt.Fprintf(w, "    %-13s %6.0f  %9s / %9s  %s\n", c.Cause, c.Count, ageOf(c.AgeP50), ageOf(c.AgeP99), byLayer(c.Layers))
+			fmt.Fprintf(w, "    %-13s %6.0f  %9s / %9s / %9s  %s\n", c.Cause, c.Count, ageOf(c.AgeP50), ageOf(c.AgeP99), ageOf(c.AgeP999), byLayer(c.Layers))
 		}
 	}
 	if d := e.Degraded; d != nil {

@@ -27,8 +27,8 @@ func passing() *Report {
 		LeaderKills: []LeaderKill{{Stream: "LEDGER_EU", Killed: "nats-eu-2", LeaderWhileDown: "nats-eu-3"}},
 		Explained: &Explained{Traced: true,
 			Regions: map[string]dupexplain.Report{"us": {Region: "us", Duplicates: 12, Causes: []dupexplain.Cause{
-				{Cause: "republish", Count: 9, AgeP50: 0.2, AgeP99: 1.5, Layers: map[string]float64{"msg_id": 9}},
-				{Cause: "redelivery", Count: 3, AgeP50: 2, AgeP99: 9, Layers: map[string]float64{"dedup_table": 3}}}}},
+				{Cause: "republish", Count: 9, AgeP50: 0.2, AgeP99: 1.5, AgeP999: 1.9, Layers: map[string]float64{"msg_id": 9}},
+				{Cause: "redelivery", Count: 3, AgeP50: 2, AgeP99: 9, AgeP999: 9.9, Layers: map[string]float64{"dedup_table": 3}}}}},
 			Windows: map[string]map[string]float64{"us": {"dedup_table": 6 * 86400, "msg_id": 120}},
 			Degraded: &dupexplain.Report{Region: "us", Duplicates: 10, Causes: []dupexplain.Cause{{Cause: "republish", Count: 8, AgeP99: 1.5}},
 				Traces: []dupexplain.Trace{{ID: "4bf92f3577b34da6a3ce929d0e0e4736", Cause: "republish", Layer: "msg_id", Service: "router"}}},
@@ -151,7 +151,7 @@ func TestPrintExplained(t *testing.T) {
 	var b strings.Builder
 	r.Print(&b)
 	for _, want := range []string{"why duplicates came, by region and cause", "us: 12 duplicates; windows dedup_table 144h0m0s, msg_id 2m0s",
-		"republish          9      200ms /      1.5s  msg_id 9", "us since its link was degraded: 10 duplicates, 80 % of them republish",
+		"republish          9      200ms /      1.5s /      1.9s  msg_id 9", "us since its link was degraded: 10 duplicates, 80 % of them republish",
 		"trace 4bf92f3577b34da6a3ce929d0e0e4736: a republish duplicate caught by msg_id in router",
 		"in Jaeger: trace 4bf92f3577b34da6a3ce929d0e0e4736, 7 spans from paymesh-ledger-us, paymesh-router-us",
 		"PASS  Jaeger holds the trace of a duplicate on the degraded link (4bf92f3577b34da6a3ce929d0e0e4736: 7 spans from paymesh-ledger-us, paymesh-router-us)",
