@@ -7,7 +7,7 @@ BENCHSTAT   ?= $(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-2
 BENCH_COUNT ?= 10
 BENCH_TIME  ?= 20000x
 
-.PHONY: jaeger demo sim bench chaos bench-telemetry test test-short build fuzz services browser prometheus lint-openapi clean compose-up compose-down compose-load
+.PHONY: jaeger demo sim bench chaos bench-telemetry test test-short build fuzz services browser prometheus pgautofailover lint-openapi clean compose-up compose-down compose-load
 
 ## demo: run the three-region demo on the local Postgres and an embedded NATS topology
 demo: services
@@ -43,7 +43,7 @@ chaos: services
 ## (the browser test's screenshot lands in artifacts/). Three test binaries
 ## at a time: the suite mostly waits (fsyncs, elections, timeouts), and uses
 ## about a third of two cores with the default of two.
-test: services browser prometheus
+test: services browser prometheus pgautofailover
 	$(GO) vet ./...
 	./scripts/lint-openapi
 	@mkdir -p artifacts
@@ -71,6 +71,11 @@ browser:
 ## Prometheus tests (see scripts/prometheus)
 prometheus:
 	@./scripts/prometheus
+
+## pgautofailover: make sure Debian's pg_auto_failover is there for the
+## highly available database's tests (see scripts/pgautofailover)
+pgautofailover:
+	@./scripts/pgautofailover
 
 ## lint-openapi: services/api/openapi.yaml under Redocly's recommended rules, 0 errors and 0 warnings
 lint-openapi:

@@ -259,6 +259,10 @@ func (t *Throwaway) Restart(ctx context.Context) error {
 	return nil
 }
 
+// BinDir returns the folder of the local PostgreSQL binaries (initdb,
+// pg_ctl, postgres), or an error that says what to install.
+func BinDir() (string, error) { return findBin() }
+
 // Available reports whether StartThrowaway can find initdb and pg_ctl,
 // with an error that says what to install when it cannot.
 func Available() error {

@@ -1,0 +1,552 @@
+// Package pgha runs a highly available PostgreSQL formation on this
+// machine, for the fault suite and the tests: pg_auto_failover's monitor
+// and one keeper (pg_autoctl) per data node, each node's server on a data
+// folder of its own, a primary and synchronous standbys. The monitor
+// elects and promotes; pgha only starts the processes, kills them as a
+// crash would, and reads the monitor's view. The engine comes from
+// Debian's packages (scripts/pgautofailover).
+package pgha
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/paymesh/paymesh/internal/testbed/pgserver"
+)
+
+// Timing is the monitor's failover timers (its pgautofailover.* settings).
+type Timing struct {
+	// HealthCheck is how often the monitor probes each node.
+	HealthCheck time.Duration
+	// Unhealthy is how long a node may fail its probes and keeper reports
+	// before the monitor acts on it.
+	Unhealthy time.Duration
+	// Demote is how long the monitor waits for a failed primary to say it
+	// stepped down before the standby takes writes.
+	Demote time.Duration
+}
+
+// DefaultTiming is pg_auto_failover's own: a dead primary is replaced in
+// about 50 s (20 s to be judged unhealthy, 30 s of demote timeout).
+var DefaultTiming = Timing{HealthCheck: 5 * time.Second, Unhealthy: 20 * time.Second, Demote: 30 * time.Second}
+
+// FastTiming replaces a dead primary in about 5 s, for runs of a few
+// minutes. It stays safe with synchronous replication: a primary cut off
+// from its standby commits nothing, however long it takes to step down.
+var FastTiming = Timing{HealthCheck: time.Second, Unhealthy: 3 * time.Second, Demote: 2 * time.Second}
+
+// Options sets up a formation.
+type Options struct {
+	// Nodes is the number of data nodes (0: 2, a primary and its
+	// synchronous standby).
+	Nodes int
+	// Timing is the monitor's failover timers (zero: FastTiming).
+	Timing Timing
+}
+
+// Formation is a running pg_auto_failover formation.
+type Formation struct {
+	// Dir holds every node's data, configuration and log; Stop removes it.
+	Dir     string
+	Monitor *Node
+	Nodes   []*Node
+	bin     string
+	cred    *syscall.Credential // the servers' user when this process is root
+}
+
+// Node is the monitor or a data node: a pg_autoctl process group and the
+// server it runs.
+type Node struct {
+	Name string
+	Port int
+	// Data is the server's data folder.
+	Data string
+	f    *Formation
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// Available reports whether Start can run: pg_autoctl on PATH and the
+// pgautofailover extension installed for the local server, or an error
+// that says what to install.
+func Available() error {
+	bin, err := binDir()
+	if err != nil {
+		return err
+	}
+	if _, err := exec.LookPath("pg_autoctl"); err != nil {
+		return errors.New("pgha: no pg_autoctl on PATH: run scripts/pgautofailover (Debian's pg-auto-failover-cli and postgresql-<version>-auto-failover)")
+	}
+	share := filepath.Join("/usr/share/postgresql", filepath.Base(filepath.Dir(bin)), "extension", "pgautofailover.control")
+	if _, err := os.Stat(share); err != nil {
+		return fmt.Errorf("pgha: the pgautofailover extension is not installed for %s: run scripts/pgautofailover", bin)
+	}
+	return nil
+}
+
+// binDir is the local server's own bin folder (say
+// /usr/lib/postgresql/15/bin), a link to initdb followed: pg_autoctl finds
+// pg_ctl and the version's extensions from it.
+func binDir() (string, error) {
+	bin, err := pgserver.BinDir()
+	if err != nil {
+		return "", err
+	}
+	initdb, err := filepath.EvalSymlinks(filepath.Join(bin, "initdb"))
+	if err != nil {
+		return "", err
+	}
+	return filepath.Dir(initdb), nil
+}
+
+// Start starts a monitor and o.Nodes data nodes on free loopback ports,
+// with trust authentication for user postgres, and returns once the first
+// node is primary and every other a synchronous standby. When this process
+// runs as root (Postgres refuses to), every process runs as the system
+// user postgres. On an error everything started is stopped.
+func Start(ctx context.Context, o Options) (_ *Formation, err error) {
+	if err := Available(); err != nil {
+		return nil, err
+	}
+	if o.Nodes == 0 {
+		o.Nodes = 2
+	}
+	if o.Nodes < 1 || o.Nodes > 9 {
+		return nil, fmt.Errorf("pgha: %d data nodes: want 1 to 9", o.Nodes)
+	}
+	if o.Timing == (Timing{}) {
+		o.Timing = FastTiming
+	}
+	bin, _ := binDir()
+	f := &Formation{bin: bin}
+	if f.Dir, err = os.MkdirTemp("", "paymesh-pgha-"); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			_ = f.Stop()
+		}
+	}()
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			return nil, errors.New("pgha: running as root, and Postgres refuses root: create a system user postgres or run as another user")
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		f.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+		if err := os.Chown(f.Dir, uid, gid); err != nil {
+			return nil, err
+		}
+	}
+	if err := f.startMonitor(ctx, o.Timing); err != nil {
+		return nil, err
+	}
+	for i := range o.Nodes {
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		n := &Node{Name: fmt.Sprintf("node%d", i+1), Port: port, Data: filepath.Join(f.Dir, fmt.Sprintf("node%d", i+1)), f: f}
+		f.Nodes = append(f.Nodes, n)
+		if err := f.create(n); err != nil {
+			return nil, err
+		}
+		// One at a time: the first is the primary, and a standby is made
+		// from it (pg_basebackup) once it is.
+		if err := f.WaitHealthy(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return f, nil
+}
+
+// startMonitor creates the monitor, binds it to loopback with t's timers,
+// and runs it.
+func (f *Formation) startMonitor(ctx context.Context, t Timing) error {
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	m := &Node{Name: "monitor", Port: port, Data: filepath.Join(f.Dir, "monitor"), f: f}
+	f.Monitor = m
+	if out, err := f.command("create", "monitor", "--pgdata", m.Data, "--pgport", strconv.Itoa(port),
+		"--hostname", "127.0.0.1", "--auth", "trust", "--no-ssl").CombinedOutput(); err != nil {
+		return fmt.Errorf("pgha: pg_autoctl create monitor: %v: %s", err, tail(out))
+	}
+	// postgresql.auto.conf is read last: it wins over pg_autoctl's
+	// listen_addresses = '*'.
+	conf := fmt.Sprintf("listen_addresses = '127.0.0.1'\n"+
+		"pgautofailover.health_check_period = %d\npgautofailover.health_check_retry_delay = %d\n"+
+		"pgautofailover.health_check_timeout = %d\npgautofailover.health_check_max_retries = 1\n"+
+		"pgautofailover.node_considered_unhealthy_timeout = %d\npgautofailover.primary_demote_timeout = %d\n",
+		t.HealthCheck.Milliseconds(), t.HealthCheck.Milliseconds()/2, t.HealthCheck.Milliseconds(),
+		t.Unhealthy.Milliseconds(), t.Demote.Milliseconds())
+	if err := f.appendOwned(filepath.Join(m.Data, "postgresql.auto.conf"), conf); err != nil {
+		return err
+	}
+	if err := f.run(m, "run", "--pgdata", m.Data); err != nil {
+		return err
+	}
+	return waitFor(ctx, 60*time.Second, "the monitor to accept connections", func() error {
+		conn, err := f.monitorConn(ctx)
+		if err == nil {
+			conn.Close(ctx)
+		}
+		return err
+	})
+}
+
+// create creates data node n and runs its keeper: it registers with the
+// monitor, which makes it the primary or a standby of the primary.
+func (f *Formation) create(n *Node) error {
+	return f.run(n, "create", "postgres", "--pgdata", n.Data, "--pgport", strconv.Itoa(n.Port), "--listen", "127.0.0.1",
+		"--hostname", "127.0.0.1", "--name", n.Name, "--dbname", "paymesh", "--auth", "trust", "--no-ssl",
+		"--monitor", f.MonitorURL(), "--run")
+}
+
+// MonitorURL is the URL keepers reach the monitor at.
+func (f *Formation) MonitorURL() string {
+	return fmt.Sprintf("postgres://autoctl_node@127.0.0.1:%d/pg_auto_failover?sslmode=disable", f.Monitor.Port)
+}
+
+// URL is the URL of database db on whichever node takes writes: every
+// data node's address, the one that is read-write chosen at each
+// connection (target_session_attrs=read-write), so a pool that connects
+// again after a failover finds the new primary.
+func (f *Formation) URL(db string) string {
+	hosts := make([]string, len(f.Nodes))
+	for i, n := range f.Nodes {
+		hosts[i] = fmt.Sprintf("127.0.0.1:%d", n.Port)
+	}
+	q := url.Values{"sslmode": {"disable"}, "target_session_attrs": {"read-write"}, "connect_timeout": {"2"}}
+	return fmt.Sprintf("postgres://postgres@%s/%s?%s", strings.Join(hosts, ","), db, q.Encode())
+}
+
+// NodeURL is the URL of database db on node n alone.
+func (n *Node) NodeURL(db string) string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable&connect_timeout=2", n.Port, db)
+}
+
+// command is pg_autoctl with args, as the servers' user, in its own
+// process group, with its configuration and state kept in f.Dir.
+func (f *Formation) command(args ...string) *exec.Cmd {
+	cmd := exec.Command("pg_autoctl", args...)
+	cmd.Dir = f.Dir
+	cmd.Env = []string{
+		"PATH=" + f.bin + ":/usr/bin:/bin",
+		"HOME=" + f.Dir,
+		"XDG_CONFIG_HOME=" + filepath.Join(f.Dir, "config"),
+		"XDG_DATA_HOME=" + filepath.Join(f.Dir, "share"),
+		"XDG_RUNTIME_DIR=" + filepath.Join(f.Dir, "run"),
+		"LANG=C.UTF-8",
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: f.cred}
+	return cmd
+}
+
+// run starts pg_autoctl with args as n's process group, logging to
+// <Dir>/<name>.log.
+func (f *Formation) run(n *Node, args ...string) error {
+	log, err := os.OpenFile(filepath.Join(f.Dir, n.Name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer log.Close()
+	cmd := f.command(args...)
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("pgha: pg_autoctl %s: %w", strings.Join(args[:2], " "), err)
+	}
+	n.cmd, n.done = cmd, make(chan struct{})
+	go func() { _ = cmd.Wait(); close(n.done) }()
+	return nil
+}
+
+// State is a node's state as the monitor holds it.
+type State struct {
+	Name string
+	Port int
+	// Reported is the state the node's keeper last reported; Goal is the
+	// one the monitor assigned it.
+	Reported, Goal string
+	Healthy        bool
+}
+
+// States returns the data nodes' states, as the monitor holds them.
+func (f *Formation) States(ctx context.Context) ([]State, error) {
+	conn, err := f.monitorConn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, `SELECT nodename, nodeport, reportedstate::text, goalstate::text, health = 1
+		FROM pgautofailover.node ORDER BY nodeid`)
+	if err != nil {
+		return nil, fmt.Errorf("pgha: node states: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[State])
+}
+
+// Primary returns the node that takes writes, as the monitor has it, or
+// nil when none does.
+func (f *Formation) Primary(ctx context.Context) (*Node, error) {
+	states, err := f.States(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range states {
+		if s.Reported == s.Goal && (s.Goal == "primary" || s.Goal == "wait_primary" || s.Goal == "single") {
+			return f.node(s.Name), nil
+		}
+	}
+	return nil, nil
+}
+
+// WaitHealthy waits until every data node has reached its goal, one the
+// primary and every other a secondary (a synchronous standby). While a
+// standby is being made it asks the primary for a checkpoint: pg_autoctl's
+// pg_basebackup waits for a spread one otherwise, up to minutes.
+func (f *Formation) WaitHealthy(ctx context.Context) error {
+	return waitFor(ctx, 3*time.Minute, "every node to be primary or secondary", func() error {
+		states, err := f.States(ctx)
+		if err != nil {
+			return err
+		}
+		var primary *Node
+		var why []string
+		for _, s := range states {
+			switch {
+			case s.Reported == "primary" && s.Goal == "primary", len(states) == 1 && s.Reported == "single" && s.Goal == "single":
+				primary = f.node(s.Name)
+			case s.Reported == "secondary" && s.Goal == "secondary":
+			default:
+				why = append(why, fmt.Sprintf("%s %s→%s", s.Name, s.Reported, s.Goal))
+			}
+		}
+		if len(states) != len(f.Nodes) {
+			why = append(why, fmt.Sprintf("%d of %d nodes registered", len(states), len(f.Nodes)))
+		}
+		if len(why) == 0 && primary != nil {
+			return nil
+		}
+		if p, _ := f.Primary(ctx); p != nil {
+			_ = p.exec(ctx, "CHECKPOINT")
+		}
+		return fmt.Errorf("nodes: %s", strings.Join(why, ", "))
+	})
+}
+
+// WaitPrimary waits until a node other than old takes writes, as the
+// monitor has it and as a connection finds it, and returns it.
+func (f *Formation) WaitPrimary(ctx context.Context, old *Node) (*Node, error) {
+	var p *Node
+	err := waitFor(ctx, 3*time.Minute, "another node to take writes", func() error {
+		var err error
+		if p, err = f.Primary(ctx); err != nil {
+			return err
+		}
+		if p == nil || p == old {
+			return errors.New("no new primary yet")
+		}
+		return p.exec(ctx, "CREATE TEMP TABLE pgha_probe (x int)")
+	})
+	return p, err
+}
+
+// Kill kills node n as a crash of its machine would: its keeper and every
+// server process, with SIGKILL. The monitor finds it unhealthy on its own.
+func (f *Formation) Kill(n *Node) error {
+	if n.cmd == nil {
+		return fmt.Errorf("pgha: %s is not running", n.Name)
+	}
+	_ = syscall.Kill(-n.cmd.Process.Pid, syscall.SIGKILL)
+	// The server's processes, its backends among them, all work in its
+	// data folder: whatever pg_autoctl started outside its group dies too.
+	for _, pid := range inFolder(n.Data) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	<-n.done
+	n.cmd = nil
+	return nil
+}
+
+// Rejoin brings killed node n back as a new machine would come: its data
+// folder wiped, dropped from the monitor and registered again under its
+// name and port, made a standby of the primary from a fresh base backup.
+// It returns once the formation is healthy again.
+func (f *Formation) Rejoin(ctx context.Context, n *Node) error {
+	if n.cmd != nil {
+		return fmt.Errorf("pgha: %s is running: Kill it first", n.Name)
+	}
+	if out, err := f.command("drop", "node", "--monitor", f.MonitorURL(), "--formation", "default", "--name", n.Name, "--force").CombinedOutput(); err != nil {
+		return fmt.Errorf("pgha: pg_autoctl drop node %s: %v: %s", n.Name, err, tail(out))
+	}
+	for _, d := range []string{n.Data, filepath.Join(f.Dir, "config", "pg_autoctl", n.Data), filepath.Join(f.Dir, "share", "pg_autoctl", n.Data)} {
+		if err := os.RemoveAll(d); err != nil {
+			return err
+		}
+	}
+	if err := f.create(n); err != nil {
+		return err
+	}
+	return f.WaitHealthy(ctx)
+}
+
+// SetQuorum says whether node n takes part in the write quorum: a node
+// outside it is an asynchronous standby, which a commit does not wait for.
+func (f *Formation) SetQuorum(ctx context.Context, n *Node, on bool) error {
+	conn, err := f.monitorConn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `SELECT pgautofailover.set_node_replication_quorum('default', $1, $2)`, n.Name, on); err != nil {
+		return fmt.Errorf("pgha: replication quorum of %s: %w", n.Name, err)
+	}
+	return nil
+}
+
+// PauseReplication stops primary n's WAL senders (SIGSTOP) until the
+// returned resume is called: its standbys fall behind as on a slow link,
+// and a commit that waits for one of them waits. (Stopping a standby's
+// receiver instead would not do: the kernel still takes in what the
+// sender sends, up to the socket's buffer.)
+func (n *Node) PauseReplication(ctx context.Context) (resume func() error, err error) {
+	conn, err := pgx.Connect(ctx, n.NodeURL("postgres"))
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, `SELECT pid FROM pg_stat_replication`)
+	if err != nil {
+		return nil, fmt.Errorf("pgha: %s's WAL senders: %w", n.Name, err)
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil || len(pids) == 0 {
+		return nil, fmt.Errorf("pgha: %s has no WAL sender (%v)", n.Name, err)
+	}
+	for _, pid := range pids {
+		if err := syscall.Kill(int(pid), syscall.SIGSTOP); err != nil {
+			return nil, fmt.Errorf("pgha: pausing %s's WAL sender: %w", n.Name, err)
+		}
+	}
+	return func() error {
+		var errs []error
+		for _, pid := range pids {
+			errs = append(errs, syscall.Kill(int(pid), syscall.SIGCONT))
+		}
+		return errors.Join(errs...)
+	}, nil
+}
+
+// Stop stops every process of the formation and removes its folder.
+func (f *Formation) Stop() error {
+	nodes := append([]*Node{}, f.Nodes...)
+	if f.Monitor != nil {
+		nodes = append(nodes, f.Monitor)
+	}
+	for _, n := range nodes {
+		if n.cmd != nil {
+			_ = f.Kill(n)
+		}
+	}
+	return os.RemoveAll(f.Dir)
+}
+
+func (f *Formation) node(name string) *Node {
+	for _, n := range f.Nodes {
+		if n.Name == name {
+			return n
+		}
+	}
+	return nil
+}
+
+func (f *Formation) monitorConn(ctx context.Context) (*pgx.Conn, error) {
+	return pgx.Connect(ctx, fmt.Sprintf("postgres://postgres@127.0.0.1:%d/pg_auto_failover?sslmode=disable&connect_timeout=2", f.Monitor.Port))
+}
+
+// exec runs one statement on node n itself.
+func (n *Node) exec(ctx context.Context, sql string) error {
+	conn, err := pgx.Connect(ctx, n.NodeURL("postgres"))
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, sql)
+	return err
+}
+
+// appendOwned appends s to a file of the servers' user.
+func (f *Formation) appendOwned(path, s string) error {
+	file, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return fmt.Errorf("pgha: %w", err)
+	}
+	_, err = file.WriteString(s)
+	return errors.Join(err, file.Close())
+}
+
+// inFolder returns the processes whose working folder is dir.
+func inFolder(dir string) []int {
+	entries, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if cwd, err := os.Readlink(filepath.Join("/proc", e.Name(), "cwd")); err == nil && cwd == dir {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// waitFor calls check until it returns nil, every 200 ms, for at most
+// limit; the error then names what was awaited and check's last word.
+func waitFor(ctx context.Context, limit time.Duration, what string, check func() error) error {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	for {
+		err := check()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("pgha: waiting for %s: %w (last: %v)", what, ctx.Err(), err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func tail(b []byte) string {
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
+	}
+	return string(b)
+}
+
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}

@@ -1,0 +1,254 @@
+package pgha_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/paymesh/paymesh/internal/testbed/pgha"
+)
+
+// require skips without pg_auto_failover, unless PAYMESH_REQUIRE_PGHA
+// says this machine must have it (CI).
+func require(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: starts a pg_auto_failover formation")
+	}
+	if err := pgha.Available(); err != nil {
+		if os.Getenv("PAYMESH_REQUIRE_PGHA") != "" {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+}
+
+// writer commits one row at a time through the formation's multi-host
+// URL, and keeps the IDs whose COMMIT was answered OK.
+type writer struct {
+	pool              *pgxpool.Pool
+	mu                sync.Mutex
+	acked             []int64
+	failed, attempted atomic.Int64
+}
+
+func (w *writer) run(ctx context.Context) {
+	for id := int64(1); ctx.Err() == nil; id++ {
+		w.attempted.Add(1)
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := w.pool.Exec(wctx, `INSERT INTO acked (id) VALUES ($1)`, id)
+		cancel()
+		if err != nil {
+			w.failed.Add(1)
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		w.mu.Lock()
+		w.acked = append(w.acked, id)
+		w.mu.Unlock()
+	}
+}
+
+func (w *writer) ackedIDs() []int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.acked)
+}
+
+// waitAcked waits until n more commits than now were answered OK.
+func (w *writer) waitAcked(t *testing.T, n int) {
+	t.Helper()
+	from := len(w.ackedIDs())
+	deadline := time.Now().Add(2 * time.Minute)
+	for len(w.ackedIDs()) < from+n {
+		if time.Now().After(deadline) {
+			t.Fatalf("waiting for %d commits: %d after 2 min (%d failed)", n, len(w.ackedIDs())-from, w.failed.Load())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// missing returns the acknowledged IDs that node's table lacks.
+func missing(ctx context.Context, url string, acked []int64) ([]int64, error) {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, `SELECT a FROM unnest($1::bigint[]) a WHERE NOT EXISTS (SELECT FROM acked WHERE id = a) ORDER BY a`, acked)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[int64])
+}
+
+func startWriting(t *testing.T, f *pgha.Formation) (*writer, func()) {
+	t.Helper()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, f.URL("paymesh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE acked (id bigint PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	w := &writer{pool: pool}
+	wctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { w.run(wctx) })
+	return w, func() { stop(); wg.Wait(); pool.Close() }
+}
+
+// TestFailover kills the primary of a formation (its keeper and every
+// server process, SIGKILL) while a client commits through the multi-host
+// URL: the standby is promoted, the client's pool finds it on its own and
+// commits go on, and every commit answered OK before the kill is there.
+// The killed node then comes back wiped and is made a standby again, and
+// holds every acknowledged commit too.
+func TestFailover(t *testing.T) {
+	require(t)
+	ctx := context.Background()
+	f, err := pgha.Start(ctx, pgha.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Stop()
+	old, err := f.Primary(ctx)
+	if err != nil || old == nil {
+		t.Fatalf("primary: %v, %v", old, err)
+	}
+	w, stop := startWriting(t, f)
+	defer stop()
+	w.waitAcked(t, 200)
+
+	killed := time.Now()
+	if err := f.Kill(old); err != nil {
+		t.Fatal(err)
+	}
+	before := w.ackedIDs()
+	p, err := f.WaitPrimary(ctx, old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.waitAcked(t, 200)
+	t.Logf("%s killed, %s took writes after %v; %d commits failed or cut off", old.Name, p.Name, time.Since(killed).Round(time.Millisecond), w.failed.Load())
+	if lost, err := missing(ctx, p.NodeURL("paymesh"), before); err != nil || len(lost) > 0 {
+		t.Fatalf("the new primary lacks %d commits acknowledged before the kill: %v (%v)", len(lost), lost, err)
+	}
+
+	if err := f.Rejoin(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	w.waitAcked(t, 100)
+	stop()
+	acked := w.ackedIDs()
+	for _, n := range f.Nodes {
+		// The standby replays what it has received: wait until it holds
+		// every commit (a synchronous standby has them all on disk).
+		deadline := time.Now().Add(time.Minute)
+		for {
+			lost, err := missing(ctx, n.NodeURL("paymesh"), acked)
+			if err == nil && len(lost) == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s lacks %d acknowledged commits (%v)", n.Name, len(lost), err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	if states, err := f.States(ctx); err != nil || len(states) != 2 {
+		t.Fatalf("states after the rejoin: %+v (%v)", states, err)
+	}
+}
+
+// TestAsyncStandbyLosesCommits is why the formation's standby is
+// synchronous: taken out of the write quorum, it is asynchronous, and
+// commits answered while it lags are lost when the primary dies. The same
+// lag with the standby synchronous (TestFailover's setting) holds every
+// commit back until the standby has it, so none answered is lost.
+func TestAsyncStandbyLosesCommits(t *testing.T) {
+	require(t)
+	ctx := context.Background()
+	for _, async := range []bool{false, true} {
+		name := map[bool]string{false: "Synchronous", true: "Asynchronous"}[async]
+		t.Run(name, func(t *testing.T) {
+			f, err := pgha.Start(ctx, pgha.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Stop()
+			old, _ := f.Primary(ctx)
+			standby := f.Nodes[0]
+			if standby == old {
+				standby = f.Nodes[1]
+			}
+			if async {
+				if err := f.SetQuorum(ctx, standby, false); err != nil {
+					t.Fatal(err)
+				}
+				if err := waitSetting(ctx, old, "synchronous_standby_names", ""); err != nil {
+					t.Fatal(err)
+				}
+			}
+			w, stop := startWriting(t, f)
+			defer stop()
+			w.waitAcked(t, 50)
+			resume, err := old.PauseReplication(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// While the primary sends nothing: the asynchronous primary
+			// answers commits, the synchronous one holds them.
+			time.Sleep(time.Second)
+			before := w.ackedIDs()
+			if err := f.Kill(old); err != nil {
+				t.Fatal(err)
+			}
+			_ = resume() // the senders are gone with their server
+			p, err := f.WaitPrimary(ctx, old)
+			if err != nil {
+				t.Fatal(err)
+			}
+			lost, err := missing(ctx, p.NodeURL("paymesh"), before)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%d commits acknowledged before the kill, %d of them lost", len(before), len(lost))
+			switch {
+			case async && len(lost) == 0:
+				t.Fatalf("an asynchronous standby paused for 1 s lost nothing of %d acknowledged commits: the pause did not hold it back", len(before))
+			case !async && len(lost) > 0:
+				t.Fatalf("a synchronous standby lost %d acknowledged commits: %v", len(lost), lost)
+			}
+		})
+	}
+}
+
+// waitSetting waits until node n's setting name reads want.
+func waitSetting(ctx context.Context, n *pgha.Node, name, want string) error {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		conn, err := pgx.Connect(ctx, n.NodeURL("postgres"))
+		var got string
+		if err == nil {
+			err = conn.QueryRow(ctx, `SELECT current_setting($1)`, name).Scan(&got)
+			conn.Close(ctx)
+		}
+		if err == nil && got == want {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errors.Join(err, errors.New(name+" is "+got+", want "+want))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
