@@ -36,6 +36,10 @@ type scenario struct {
 	// run starts (pgserver.StartThrowaway) and stops, instead of
 	// Config.PostgresURL, so the fault may restart it (e.pg).
 	ownPostgres bool
+	// ownHA puts them on a pg_auto_failover formation the run starts
+	// (pgha.Start: a primary and a synchronous standby) and stops, reached
+	// through its multi-host URL, so the fault may kill its primary (e.ha).
+	ownHA bool
 	// pgProxy runs every Postgres connection through a fault proxy
 	// (e.pgProxy).
 	pgProxy bool
@@ -410,12 +414,12 @@ var builtin = []*scenario{
 			e.topo.Cut(r)
 			e.fired.Add(1)
 			// Cut for 40 % of the run, and on until the cut has met
-			// commands crossing into or out of r, whatever the machine's
+			// commands forwarded into or out of r, whatever the machine's
 			// load (a slow set-up can leave the planned window without
 			// any), for at most 10 s more.
-			crossed := e.crossed.get(r)
+			forwarded := e.forwarded.get(r)
 			at(ctx, start, d, 0.6)
-			for end := time.Now().Add(10 * time.Second); ctx.Err() == nil && time.Now().Before(end) && e.crossed.get(r)-crossed < 3; {
+			for end := time.Now().Add(10 * time.Second); ctx.Err() == nil && time.Now().Before(end) && e.forwarded.get(r)-forwarded < 3; {
 				time.Sleep(20 * time.Millisecond)
 			}
 			e.topo.Heal(r)

@@ -19,6 +19,7 @@ import (
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
 	"github.com/paymesh/paymesh/internal/testbed/faultproxy"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
+	"github.com/paymesh/paymesh/internal/testbed/pgha"
 	"github.com/paymesh/paymesh/internal/testbed/pgserver"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/platform/pgdb"
@@ -52,6 +53,7 @@ type env struct {
 	topo *natsembed.Topology
 	dir  string
 	pg   *pgserver.Throwaway // the scenario's own Postgres (scenario.ownPostgres), or nil
+	ha   *pgha.Formation     // the scenario's own formation (scenario.ownHA), or nil
 	// pgProxy relays every Postgres connection (scenario.pgProxy), or nil.
 	pgProxy *faultproxy.Proxy
 	c       *cluster.Cluster
@@ -68,9 +70,10 @@ type env struct {
 	fired  atomic.Int64
 	sent   tally // requests sent, by purpose
 	events tally // a scenario's own counters, by name
-	// crossed counts, by region, the submits whose command crosses into
-	// or out of it: what a partition's cut must meet (scenario 8).
-	crossed tally
+	// forwarded counts, by region, the submits forwarded into or out of
+	// it (submitted in a region that is not the command's home): what a
+	// partition's cut must meet (scenario 8), whose bug loses forwards.
+	forwarded tally
 	// lastSlow is when scenario 3 last held a transaction (Unix ms).
 	lastSlow atomic.Int64
 	// holdsDue is the latest expiry of the run's holds (Unix ms).
@@ -158,6 +161,12 @@ func start(ctx context.Context, cfg Config, sc *scenario, seed uint64) (_ *env, 
 		}
 		pgURL = e.pg.URL
 	}
+	if sc.ownHA {
+		if e.ha, err = pgha.Start(ctx, pgha.Options{}); err != nil {
+			return nil, fmt.Errorf("scenario %s needs its own pg_auto_failover formation: %w", sc.name, err)
+		}
+		pgURL = e.ha.URL("postgres")
+	}
 	if sc.pgProxy {
 		if e.pgProxy, pgURL, err = proxied(pgURL); err != nil {
 			return nil, err
@@ -218,6 +227,9 @@ func (e *env) stop() {
 	}
 	if e.pg != nil { // the scenario's own cluster goes, whatever Keep says
 		_ = e.pg.Stop()
+	}
+	if e.ha != nil {
+		_ = e.ha.Stop()
 	}
 	if e.pgProxy != nil {
 		_ = e.pgProxy.Close()
@@ -453,22 +465,17 @@ func (e *env) causes() Check {
 	return chk
 }
 
-// countCrossing counts cmd, submitted in via, in crossed for each region it
-// enters or leaves: its submitting region and its accounts' home regions,
-// when they are not all one.
-func (e *env) countCrossing(via string, cmd ledger.Command) {
-	regions := []string{via}
-	for _, acct := range []string{cmd.From, cmd.To} {
-		if r, err := e.c.IDs().HomeRegion(acct); err == nil && acct != "" && !slices.Contains(regions, r) {
-			regions = append(regions, r)
-		}
-	}
-	if len(regions) < 2 {
+// countForward counts cmd, submitted in via, in forwarded for via and for
+// its home region (the region of the account that carries it, as the
+// routers route it) when they differ. A saga's step crossing regions is
+// no forward: its transfer was submitted at home.
+func (e *env) countForward(via string, cmd ledger.Command) {
+	home, err := e.c.IDs().HomeRegion(cmd.Account())
+	if err != nil || home == via {
 		return
 	}
-	for _, r := range regions {
-		e.crossed.add(r)
-	}
+	e.forwarded.add(via)
+	e.forwarded.add(home)
 }
 
 // submitUntilKnown submits cmd through a router and, while the outcome is
@@ -501,7 +508,7 @@ func (e *env) submit(ctx context.Context, purpose, via string, cmd ledger.Comman
 		return Unknown
 	}
 	dup, err := rt.Submit(sub, cmd)
-	e.countCrossing(via, cmd)
+	e.countForward(via, cmd)
 	switch {
 	case err != nil:
 		e.hist.Complete(i, Unknown, err.Error(), "")
