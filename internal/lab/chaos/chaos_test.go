@@ -3,10 +3,12 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/paymesh/paymesh/internal/testbed/pgha"
 	"github.com/paymesh/paymesh/internal/testbed/pgserver"
 	"github.com/paymesh/paymesh/internal/testbed/pgtest"
 )
@@ -64,11 +66,7 @@ func TestScenarios(t *testing.T) {
 	}
 	for _, name := range Scenarios() {
 		t.Run(name, func(t *testing.T) {
-			if s, _ := scenarioByName(name); s.ownPostgres {
-				if err := pgserver.Available(); err != nil {
-					t.Skipf("%s starts its own Postgres cluster: %v", name, err)
-				}
-			}
+			needs(t, name)
 			r := runOne(t, Config{}, name)
 			if r.Faults == 0 {
 				t.Errorf("%s: the fault never fired (%s)", name, r.Counts)
@@ -89,6 +87,27 @@ func TestScenarios(t *testing.T) {
 				t.Errorf("%s: no operation succeeded", name)
 			}
 		})
+	}
+}
+
+// needs skips scenario name where it cannot run: without the local
+// Postgres binaries for its own cluster, or without pg_auto_failover for
+// its own formation (unless PAYMESH_REQUIRE_PGHA says this machine has it).
+func needs(t *testing.T, name string) {
+	t.Helper()
+	s, _ := scenarioByName(name)
+	if s.ownPostgres {
+		if err := pgserver.Available(); err != nil {
+			t.Skipf("%s starts its own Postgres cluster: %v", name, err)
+		}
+	}
+	if s.ownHA {
+		if err := pgha.Available(); err != nil {
+			if os.Getenv("PAYMESH_REQUIRE_PGHA") != "" {
+				t.Fatal(err)
+			}
+			t.Skipf("%s starts its own pg_auto_failover formation: %v", name, err)
+		}
 	}
 }
 

@@ -42,6 +42,10 @@ type Config struct {
 	// Postgres before its restarts: set only by this package's tests, to
 	// show the checker fails when acknowledged commits are lost.
 	asyncCommit bool
+	// asyncStandby takes scenario 22's standby out of the write quorum
+	// (an asynchronous standby): set only by this package's tests, to show
+	// the checker names the acknowledged commits a failover then loses.
+	asyncStandby bool
 	// oneServer runs the regions a scenario wants clustered (R3) on one
 	// server (R1), as the others: set only by this package's tests, to show
 	// the checker fails when scenario 14's disk loss takes acknowledged

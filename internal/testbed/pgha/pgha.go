@@ -453,6 +453,27 @@ func (n *Node) PauseReplication(ctx context.Context) (resume func() error, err e
 	}, nil
 }
 
+// WaitSetting waits, up to a minute, until node n's setting name reads
+// want: the monitor's changes reach a node's configuration through its
+// keeper, a moment later.
+func (n *Node) WaitSetting(ctx context.Context, name, want string) error {
+	var got string
+	return waitFor(ctx, time.Minute, fmt.Sprintf("%s's %s to be %q", n.Name, name, want), func() error {
+		conn, err := pgx.Connect(ctx, n.NodeURL("postgres"))
+		if err != nil {
+			return err
+		}
+		defer conn.Close(ctx)
+		if err := conn.QueryRow(ctx, `SELECT current_setting($1)`, name).Scan(&got); err != nil {
+			return err
+		}
+		if got != want {
+			return fmt.Errorf("it is %q", got)
+		}
+		return nil
+	})
+}
+
 // Stop stops every process of the formation and removes its folder.
 func (f *Formation) Stop() error {
 	nodes := append([]*Node{}, f.Nodes...)

@@ -2,7 +2,6 @@ package pgha_test
 
 import (
 	"context"
-	"errors"
 	"os"
 	"slices"
 	"sync"
@@ -195,7 +194,7 @@ func TestAsyncStandbyLosesCommits(t *testing.T) {
 				if err := f.SetQuorum(ctx, standby, false); err != nil {
 					t.Fatal(err)
 				}
-				if err := waitSetting(ctx, old, "synchronous_standby_names", ""); err != nil {
+				if err := old.WaitSetting(ctx, "synchronous_standby_names", ""); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -230,25 +229,5 @@ func TestAsyncStandbyLosesCommits(t *testing.T) {
 				t.Fatalf("a synchronous standby lost %d acknowledged commits: %v", len(lost), lost)
 			}
 		})
-	}
-}
-
-// waitSetting waits until node n's setting name reads want.
-func waitSetting(ctx context.Context, n *pgha.Node, name, want string) error {
-	deadline := time.Now().Add(time.Minute)
-	for {
-		conn, err := pgx.Connect(ctx, n.NodeURL("postgres"))
-		var got string
-		if err == nil {
-			err = conn.QueryRow(ctx, `SELECT current_setting($1)`, name).Scan(&got)
-			conn.Close(ctx)
-		}
-		if err == nil && got == want {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return errors.Join(err, errors.New(name+" is "+got+", want "+want))
-		}
-		time.Sleep(100 * time.Millisecond)
 	}
 }
