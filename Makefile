@@ -35,7 +35,7 @@ bench: services build
 
 ## chaos: every built fault-injection scenario with 3 seeds, then the table of
 ## faults fired, operations and invariants (about 6 minutes; see docs/RELIABILITY.md)
-chaos: services
+chaos: services pgautofailover
 	$(GO) run ./cmd/paymesh-lab chaos --seeds 1,2,3 $(ARGS)
 
 ## test: vet, lint the OpenAPI document, run every test against real Postgres
