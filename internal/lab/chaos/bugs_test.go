@@ -224,6 +224,14 @@ var bugCases = []struct {
 		cfg:   Config{bugs: bugs{HookEndlessLease: true}},
 		fails: []failure{{"hooks-lost", []string{"its delivery is \"pending\""}}},
 	},
+	{
+		scenario: "22",
+		why: "the formation's standby is asynchronous (out of the write quorum): the primary answers COMMIT without it, " +
+			"and the commits it answered while its WAL senders were stopped die with it",
+		cfg:   Config{asyncStandby: true},
+		fails: []failure{{I3, []string{"LOST", "still DEBITED"}}},
+		lost:  true,
+	},
 }
 
 // bugTries is how many runs a bug case gets to show its bug. Each fault
@@ -243,6 +251,7 @@ func TestCheckerCatchesBugs(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Run(s.name, func(t *testing.T) {
+			needs(t, bc.scenario)
 			t.Logf("bug: %s", bc.why)
 			cfg := bc.cfg
 			if cfg.QuietWait == 0 {
