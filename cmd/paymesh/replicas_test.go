@@ -109,7 +109,8 @@ func runService(t *testing.T, service string, args ...string) error {
 	return c.API.Run(context.Background(), tab, ids, slog.New(slog.DiscardHandler))
 }
 
-// TestStreamLimitFlags: a stream limit or a saga step bound below 0 fails the service's command with an error naming the flags, before it
+// TestStreamLimitFlags: a stream limit, a saga step bound or the expected
+// standbys below 0 fails the service's command with an error naming the flags, before it
 // connects to anything.
 func TestStreamLimitFlags(t *testing.T) {
 	cases := []struct {
@@ -122,6 +123,7 @@ func TestStreamLimitFlags(t *testing.T) {
 		{"ledger", "--dlq-max-bytes=-1", "--dlq-max-msgs, --dlq-max-bytes: stream limits"},
 		{"ledger", "--max-step-deliver=-1", "--max-step-deliver -1, --max-parked-deliver 1000: want 0 (the default) or more"},
 		{"ledger", "--max-parked-deliver=-1", "--max-step-deliver 100, --max-parked-deliver -1: want 0 (the default) or more"},
+		{"ledger", "--postgres-standbys=-1", "--postgres-standbys -1: want 0 (a single server) or more"},
 	}
 	for _, c := range cases {
 		if err := runService(t, c.service, c.flag); err == nil || !strings.Contains(err.Error(), c.want) {

@@ -156,8 +156,9 @@ type ledgerCmd struct {
 	OutboxKeep       time.Duration `name:"outbox-retention" env:"PAYMESH_OUTBOX_RETENTION" default:"24h" help:"How long sent outbox rows are kept before they are deleted (negative keeps them all)."`
 	EventKeep        time.Duration `name:"event-retention" env:"PAYMESH_EVENT_RETENTION" default:"720h" help:"How long events are kept for the feed (GET /v1/events) before they are deleted (negative keeps them all)."`
 	noEvents
-	ShardSet string `name:"shard-set" env:"PAYMESH_SHARD_SET" default:"0/1" help:"i/n: this process applies the shards k with k mod n = i. Give each ledger replica of a region its own i."`
-	Metrics  string `name:"metrics-listen" env:"PAYMESH_METRICS_LISTEN" help:"Address of /metrics (default: 127.0.0.1:<the region's metrics_port>; 'off' for none)."`
+	SyncStandbys int    `name:"postgres-standbys" env:"PAYMESH_POSTGRES_STANDBYS" default:"0" help:"Synchronous standbys the region's database is meant to have (0: a single server): exported as paymesh_postgres_standbys_expected, and alerted on while fewer stream from the primary."`
+	ShardSet     string `name:"shard-set" env:"PAYMESH_SHARD_SET" default:"0/1" help:"i/n: this process applies the shards k with k mod n = i. Give each ledger replica of a region its own i."`
+	Metrics      string `name:"metrics-listen" env:"PAYMESH_METRICS_LISTEN" help:"Address of /metrics (default: 127.0.0.1:<the region's metrics_port>; 'off' for none)."`
 	dependencyWait
 	security
 }
@@ -195,6 +196,9 @@ func (c *ledgerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 	if err := ledgerstream.CheckLimits(dlq); err != nil {
 		return fmt.Errorf("--dlq-max-msgs, --dlq-max-bytes: %w", err)
 	}
+	if c.SyncStandbys < 0 {
+		return fmt.Errorf("--postgres-standbys %d: want 0 (a single server) or more", c.SyncStandbys)
+	}
 	if c.MaxStepDeliver < 0 || c.MaxParkedDeliver < 0 {
 		return fmt.Errorf("--max-step-deliver %d, --max-parked-deliver %d: want 0 (the default) or more", c.MaxStepDeliver, c.MaxParkedDeliver)
 	}
@@ -205,7 +209,7 @@ func (c *ledgerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 		MaxStepDeliver: c.MaxStepDeliver, MaxParkedDeliver: c.MaxParkedDeliver,
 		Region: reg.Name, Regions: ids, Node: c.Node, PostgresURL: url, NATSURL: c.NATSURL, NATSUser: c.NATSUser, NATSPassword: c.NATSPassword, NATSCA: c.NATSCA, Workers: c.Workers,
 		BatchSize: c.BatchSize, AckWait: c.AckWait, MaxDeliver: c.MaxDeliver, Lease: c.Lease,
-		WindowDays: c.WindowDays, OutboxRetention: c.OutboxKeep, EventRetention: c.EventKeep, NoEvents: c.NoEvents, CacheSize: c.CacheSize, Shards: c.Shards, Log: log.With("service", "ledger"),
+		WindowDays: c.WindowDays, OutboxRetention: c.OutboxKeep, EventRetention: c.EventKeep, NoEvents: c.NoEvents, SyncStandbys: c.SyncStandbys, CacheSize: c.CacheSize, Shards: c.Shards, Log: log.With("service", "ledger"),
 		Answers: apidb.Answers{}, AnswersSchema: new(apidb.Migrations()),
 		MetricsListen: metricsListen(c.Metrics, reg.MetricsPort), ConnectTimeout: c.ConnectTimeout,
 	})

@@ -40,7 +40,11 @@ func TestDashboardQueriesExist(t *testing.T) {
 	if err := routerd.ObserveRouter(m, "eu", &router.Stats{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := ledgerd.ObserveStore(m, "eu", ledgertest.New(t).Store); err != nil {
+	store := ledgertest.New(t).Store
+	if err := ledgerd.ObserveStore(m, "eu", store); err != nil {
+		t.Fatal(err)
+	}
+	if err := ledgerd.ObserveDatabase(m, "eu", store, 0); err != nil {
 		t.Fatal(err)
 	}
 	if err := apid.ObserveAPI(m, "eu", &api.Stats{}); err != nil {

@@ -171,6 +171,70 @@ func ObserveStore(m *telemetry.Metrics, region string, store *postgres.Store) er
 	return nil
 }
 
+// ObserveDatabase exports, at each scrape, the replication state of the
+// server the ledger writes to (store.Replication, one small query): which
+// server it is (paymesh_postgres_primary{server}, 1), its timeline (one
+// more at each failover), how many standbys stream from it and how many of
+// them are synchronous, how far the furthest lags (bytes, seconds), and
+// expected, the synchronous standbys the region's database is meant to have
+// (paymesh_postgres_standbys_expected): PaymeshPostgresWithoutStandby fires
+// while fewer are there. It returns an error when the gauges cannot be
+// registered.
+func ObserveDatabase(m *telemetry.Metrics, region string, store *postgres.Store, expected int) error {
+	meter := m.Meter("paymesh/postgres")
+	set := metric.WithAttributes(attribute.String("region", region))
+	gauge := func(name, help string) (metric.Int64ObservableGauge, error) {
+		return meter.Int64ObservableGauge(name, metric.WithDescription(help))
+	}
+	primary, err := gauge("paymesh.postgres.primary", "The server the ledger writes to (1, by its address as it sees itself).")
+	if err != nil {
+		return fmt.Errorf("ledger metrics: %w", err)
+	}
+	timeline, err := gauge("paymesh.postgres.timeline", "The primary's WAL timeline: 1 for a database never failed over, one more at each promotion of a standby.")
+	if err != nil {
+		return fmt.Errorf("ledger metrics: %w", err)
+	}
+	standbys, err := gauge("paymesh.postgres.standbys", "Standbys streaming from the primary.")
+	if err != nil {
+		return fmt.Errorf("ledger metrics: %w", err)
+	}
+	sync, err := gauge("paymesh.postgres.sync.standbys", "Standbys a COMMIT waits for (synchronous).")
+	if err != nil {
+		return fmt.Errorf("ledger metrics: %w", err)
+	}
+	want, err := gauge("paymesh.postgres.standbys.expected", "Synchronous standbys the region's database is meant to have (0: a single server).")
+	if err != nil {
+		return fmt.Errorf("ledger metrics: %w", err)
+	}
+	lagBytes, err := gauge("paymesh.postgres.replication.lag.bytes", "WAL the furthest standby has not replayed yet (0 with no standby).")
+	if err != nil {
+		return fmt.Errorf("ledger metrics: %w", err)
+	}
+	lagSeconds, err := meter.Float64ObservableGauge("paymesh.postgres.replication.lag.seconds",
+		metric.WithDescription("The furthest standby's replay lag, as the primary last measured it (0 with no standby)."))
+	if err != nil {
+		return fmt.Errorf("ledger metrics: %w", err)
+	}
+	_, err = meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		o.ObserveInt64(want, int64(expected), set)
+		r, err := store.Replication(ctx)
+		if err != nil {
+			return nil // a scrape during a failover: the gauges skip it
+		}
+		o.ObserveInt64(primary, 1, metric.WithAttributes(attribute.String("region", region), attribute.String("server", r.Server)))
+		o.ObserveInt64(timeline, r.Timeline, set)
+		o.ObserveInt64(standbys, int64(r.Standbys), set)
+		o.ObserveInt64(sync, int64(r.Synchronous), set)
+		o.ObserveInt64(lagBytes, r.LagBytes, set)
+		o.ObserveFloat64(lagSeconds, r.LagSeconds, set)
+		return nil
+	}, primary, timeline, standbys, sync, want, lagBytes, lagSeconds)
+	if err != nil {
+		return fmt.Errorf("ledger metrics: %w", err)
+	}
+	return nil
+}
+
 // ObserveDeadLetters exports, at each scrape, a region's dead letters by
 // reason as paymesh_dlq_depth{region, reason} and the age of the oldest of
 // each reason as paymesh_dlq_oldest_seconds{region, reason}. A reason

@@ -84,6 +84,11 @@ type Config struct {
 	// keeps every one).
 	NoEvents       bool
 	EventRetention time.Duration
+	// SyncStandbys is how many synchronous standbys the region's database
+	// is meant to have (0: a single server). It is exported as
+	// paymesh_postgres_standbys_expected, which the alert on a region
+	// running without its standby compares with what the primary reports.
+	SyncStandbys int
 	// Stats, if set, receives the counters (kept across restarts by the
 	// caller); a new one is made otherwise.
 	Stats *ledger.Stats
@@ -319,6 +324,9 @@ func (s *Server) observe(m *telemetry.Metrics) error {
 	}
 	s.census = dlq.NewCensus(s.js, s.cfg.Region)
 	if err := ObserveDeadLetters(m, s.cfg.Region, s.census); err != nil {
+		return err
+	}
+	if err := ObserveDatabase(m, s.cfg.Region, s.Store, s.cfg.SyncStandbys); err != nil {
 		return err
 	}
 	return ObserveStore(m, s.cfg.Region, s.Store)
