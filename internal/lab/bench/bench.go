@@ -28,6 +28,7 @@ import (
 
 	"github.com/paymesh/paymesh/deploy/regions"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
+	"github.com/paymesh/paymesh/internal/testbed/pgha"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/platform/pgdb"
 	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
@@ -66,13 +67,16 @@ const (
 	// Replicas starts the embedded topology with one server and with a
 	// JetStream cluster of three, and runs uniform again at R3.
 	Replicas = "replicas"
+	// Standby runs uniform and api on a pg_auto_failover primary alone,
+	// then with its synchronous standby (StandbyRun).
+	Standby = "standby"
 	// Reads times the API's reads (lists, a balance as of an instant, a
 	// statement) on a region holding ReadTransfers transfers.
 	Reads = "reads"
 )
 
 // Scenarios lists every scenario in running order.
-var Scenarios = []string{Uniform, Replay, Latency, Replicas, Hot, Dedup, NoEvents, Webhooks, Naive, Ceiling, TPCB, Cross, API, APIProcess, Holds, LedgerProcess, Reads}
+var Scenarios = []string{Uniform, Replay, Latency, Replicas, Standby, Hot, Dedup, NoEvents, Webhooks, Naive, Ceiling, TPCB, Cross, API, APIProcess, Holds, LedgerProcess, Reads}
 
 // Config sizes a bench run. Defaults fills in its zero fields.
 type Config struct {
@@ -288,6 +292,7 @@ type Result struct {
 	Holds      *HoldsRun      `json:"holds,omitempty"`
 	Process    *ProcessRun    `json:"ledger_process,omitempty"`
 	Replicas   *ReplicasRun   `json:"replicas,omitempty"`
+	Standby    *StandbyRun    `json:"standby,omitempty"`
 	Reads      *ReadsRun      `json:"reads,omitempty"`
 	Figures    []Figure       `json:"figures"`
 	Elapsed    float64        `json:"elapsed_seconds"`
@@ -444,6 +449,18 @@ func (e *env) runAll(ctx context.Context, res *Result) error {
 		}
 		res.Replicas = &r
 		fmt.Fprintln(e.out, r.R3.line())
+	}
+	if cfg.has(Standby) {
+		if err := pgha.Available(); err != nil {
+			fmt.Fprintf(e.out, "%-13s skipped: %v\n", Standby, err)
+		} else {
+			s, err := e.standby(ctx)
+			if err != nil {
+				return fmt.Errorf("%s: %w", Standby, err)
+			}
+			res.Standby = &s
+			fmt.Fprintln(e.out, s.line())
+		}
 	}
 
 	for _, s := range []struct {

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/paymesh/paymesh/internal/lab/bench"
+	"github.com/paymesh/paymesh/internal/testbed/pgha"
 	"github.com/paymesh/paymesh/internal/testbed/pgtest"
 )
 
@@ -22,7 +23,7 @@ import (
 // structure, not its timing: every transfer committed, the invariants held
 // after every run, the figures and the JSON written, and no database left.
 func TestBenchSmall(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	prefix := fmt.Sprintf("pmbench_%d_", os.Getpid())
 	out := &strings.Builder{}
@@ -68,6 +69,24 @@ func TestBenchSmall(t *testing.T) {
 	}
 	if res.TPCB == nil || res.TPCB.TPS <= 0 {
 		t.Errorf("tpcb: %+v", res.TPCB)
+	}
+	switch s := res.Standby; {
+	case s == nil && (pgha.Available() == nil || os.Getenv("PAYMESH_REQUIRE_PGHA") != ""):
+		t.Errorf("standby: no run (%v)", pgha.Available())
+	case s != nil:
+		for _, r := range []bench.LedgerRun{s.Alone, s.WithStandby} {
+			if !r.Verified || r.Committed != 300 || r.Rate <= 0 {
+				t.Errorf("standby %s: %d committed, %v/s, verified %v %s", r.Scenario, r.Committed, r.Rate, r.Verified, r.VerifyReport)
+			}
+		}
+		for _, a := range []bench.APIRun{s.APIAlone, s.APIWithStandby} {
+			if !a.Verified || a.Completed != 80 || a.Rate <= 0 {
+				t.Errorf("standby api: %+v", a)
+			}
+		}
+		if s.UniformRatio <= 0 || s.APIRatio <= 0 || s.StandbySeconds <= 0 {
+			t.Errorf("standby: ratios %v, %v, made in %vs", s.UniformRatio, s.APIRatio, s.StandbySeconds)
+		}
 	}
 	if c := res.Cross; c == nil || !c.Verified || c.Completed != 60 {
 		t.Errorf("cross-region: %+v", c)

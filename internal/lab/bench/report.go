@@ -110,6 +110,19 @@ func figures(r Result) []Figure {
 		}
 		add("uniform R3 / R1", "x", "(reported)", haveU && u.Rate > 0, v, true)
 	}
+	if s := r.Standby; s != nil {
+		add("uniform with a synchronous standby / alone (same server)", "x", "(reported)", s.Alone.Rate > 0, s.UniformRatio, true)
+		add("HTTP API with a synchronous standby / alone (same server)", "x", "(reported)", s.APIAlone.Rate > 0, s.APIRatio, true)
+		add("p99 with a synchronous standby (uniform)", "ms", "(reported)", true, s.WithStandby.P99Ms, true)
+		v := 0.0
+		if haveU && u.Rate > 0 {
+			v = s.WithStandby.Rate / u.Rate
+		}
+		add("uniform with a synchronous standby / uniform (the machine's Postgres)", "x", "(reported)", haveU && u.Rate > 0, v, true)
+		if a := r.API; a != nil && a.Rate > 0 {
+			add("HTTP API with a synchronous standby / HTTP API (the machine's Postgres)", "x", "(reported)", true, s.APIWithStandby.Rate/a.Rate, true)
+		}
+	}
 	if a := r.API; a != nil {
 		at := fmt.Sprintf(" (%d in flight)", a.Concurrency)
 		add("HTTP API throughput"+at, "transfers/s", fmt.Sprintf(">= %d/s", TargetAPIRate), true, a.Rate, a.Rate >= TargetAPIRate)

@@ -155,23 +155,31 @@ func Start(ctx context.Context, o Options) (_ *Formation, err error) {
 	if err := f.startMonitor(ctx, o.Timing); err != nil {
 		return nil, err
 	}
-	for i := range o.Nodes {
-		port, err := freePort()
-		if err != nil {
-			return nil, err
-		}
-		n := &Node{Name: fmt.Sprintf("node%d", i+1), Port: port, Data: filepath.Join(f.Dir, fmt.Sprintf("node%d", i+1)), f: f}
-		f.Nodes = append(f.Nodes, n)
-		if err := f.create(n); err != nil {
-			return nil, err
-		}
+	for range o.Nodes {
 		// One at a time: the first is the primary, and a standby is made
 		// from it (pg_basebackup) once it is.
-		if err := f.WaitHealthy(ctx); err != nil {
+		if _, err := f.AddNode(ctx); err != nil {
 			return nil, err
 		}
 	}
 	return f, nil
+}
+
+// AddNode adds a data node on a free loopback port: the first becomes the
+// primary, the next a synchronous standby made from a base backup of it.
+// It returns once the formation is healthy again.
+func (f *Formation) AddNode(ctx context.Context) (*Node, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	name := fmt.Sprintf("node%d", len(f.Nodes)+1)
+	n := &Node{Name: name, Port: port, Data: filepath.Join(f.Dir, name), f: f}
+	f.Nodes = append(f.Nodes, n)
+	if err := f.create(n); err != nil {
+		return nil, err
+	}
+	return n, f.WaitHealthy(ctx)
 }
 
 // startMonitor creates the monitor, binds it to loopback with t's timers,
