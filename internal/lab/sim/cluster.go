@@ -19,6 +19,10 @@ import (
 // the restarted node comes back as a follower that catches up.
 const leaderKillFor = 10 * time.Second
 
+// leaderElectWait bounds how much longer than leaderKillFor the killed
+// leader stays down while the two nodes left have not named a new one.
+const leaderElectWait = 20 * time.Second
+
 // monitorURL returns the http:// base of a nats service's monitor port on
 // the host.
 func (s *sim) monitorURL(service string) (string, error) {
@@ -161,7 +165,14 @@ func (s *sim) leaderKillFault(region string, at time.Duration) fault {
 			return nil
 		},
 		undo: func(ctx context.Context) error {
+			// The node stays down until the two left have elected a
+			// leader, for at most leaderElectWait more: an election takes
+			// 4 to 9 s after the last heartbeat, more on a loaded machine.
 			now, err := s.streamLeader(ctx, region, stream)
+			for end := time.Now().Add(leaderElectWait); err != nil && time.Now().Before(end) && ctx.Err() == nil; {
+				time.Sleep(250 * time.Millisecond)
+				now, err = s.streamLeader(ctx, region, stream)
+			}
 			if err != nil {
 				now = "none (" + err.Error() + ")"
 			}
