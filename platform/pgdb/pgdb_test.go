@@ -68,3 +68,22 @@ func TestEnsure(t *testing.T) {
 		t.Error("a name that is no identifier: no error")
 	}
 }
+
+// TestWithDatabase: the database of a URL is replaced, a multi-host URL's
+// hosts and options kept; anything but a postgres:// URL is refused.
+func TestWithDatabase(t *testing.T) {
+	for in, want := range map[string]string{
+		"postgres://u:p@db:5432/postgres?sslmode=verify-full":                                             "postgres://u:p@db:5432/paymesh_eu?sslmode=verify-full",
+		"postgres://u:p@db-1:5432,db-2:5432/postgres?sslmode=verify-full&target_session_attrs=read-write": "postgres://u:p@db-1:5432,db-2:5432/paymesh_eu?sslmode=verify-full&target_session_attrs=read-write",
+		"postgresql://db": "postgresql://db/paymesh_eu",
+	} {
+		if got, err := pgdb.WithDatabase(in, "paymesh_eu"); err != nil || got != want {
+			t.Errorf("%s: got %q (%v), want %q", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"mysql://db/x", "db:5432", "postgres://db:port/x"} {
+		if got, err := pgdb.WithDatabase(bad, "paymesh_eu"); err == nil {
+			t.Errorf("%s: got %q, want an error", bad, got)
+		}
+	}
+}

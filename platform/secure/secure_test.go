@@ -28,6 +28,11 @@ func TestCheck(t *testing.T) {
 			s.NATSURL, s.NATSCA = "nats://127.0.0.1:4222,nats://localhost:4223,[::1]:4224", ""
 		},
 		"NoNATS": func(s *secure.Settings) { s.NATSURL, s.NATSCA = "", "" },
+		// A highly available database: every node's address, the one that
+		// takes writes chosen at each connection.
+		"MultiHostPostgres": func(s *secure.Settings) {
+			s.PostgresURL = "postgres://paymesh:pw@db-1.internal:5432,db-2.internal:5432/paymesh_eu?sslmode=verify-full&target_session_attrs=read-write"
+		},
 	} {
 		s := good
 		mut(&s)
@@ -58,7 +63,10 @@ func TestCheck(t *testing.T) {
 		"PostgresDevPassword": {func(s *secure.Settings) {
 			s.PostgresURL = "postgres://postgres:dev-only-postgres-eu-not-a-secret@db.internal:5432/x?sslmode=verify-full"
 		}, "Postgres user postgres has a published development password"},
-		"SSLDisabled":     {func(s *secure.Settings) { s.PostgresURL = "postgres://db/x?sslmode=disable" }, "without TLS"},
+		"SSLDisabled": {func(s *secure.Settings) { s.PostgresURL = "postgres://db/x?sslmode=disable" }, "without TLS"},
+		"MultiHostPrefer": {func(s *secure.Settings) {
+			s.PostgresURL = "postgres://db-1:5432,db-2:5432/x?sslmode=prefer&target_session_attrs=read-write"
+		}, "without TLS"},
 		"SSLPrefer":       {func(s *secure.Settings) { s.PostgresURL = "postgres://db/x?sslmode=prefer" }, "without TLS"},
 		"SSLUnset":        {func(s *secure.Settings) { s.PostgresURL = "postgres://db/x" }, "without TLS"},
 		"PostgresGarbage": {func(s *secure.Settings) { s.PostgresURL = "postgres://db:notaport/x" }, "does not parse"},
