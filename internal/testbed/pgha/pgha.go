@@ -55,6 +55,26 @@ type Options struct {
 	Nodes int
 	// Timing is the monitor's failover timers (zero: FastTiming).
 	Timing Timing
+	// Secure, when set, runs the formation as a deployment would (nil:
+	// trust, no TLS).
+	Secure *Secure
+}
+
+// Secure is a formation's transport security: TLS on every server, with
+// verify-full on every connection between them and from clients, and a
+// scram-sha-256 password on every network connection.
+type Secure struct {
+	// CAFile signed CertFile, the certificate of every server (its names
+	// must include 127.0.0.1), whose key is KeyFile. Each is copied into
+	// the formation's folder, owned by the servers' user.
+	CAFile, CertFile, KeyFile string
+	// HBAFile replaces every server's pg_hba.conf: rules for network
+	// connections that require TLS and a password (hostssl,
+	// scram-sha-256), for replication too.
+	HBAFile string
+	// Password is the password of postgres, of the keepers' user on the
+	// monitor (autoctl_node) and of the standbys' (pgautofailover_replicator).
+	Password string
 }
 
 // Formation is a running pg_auto_failover formation.
@@ -65,6 +85,7 @@ type Formation struct {
 	Nodes   []*Node
 	bin     string
 	cred    *syscall.Credential // the servers' user when this process is root
+	secure  *Secure             // with the files' copies in Dir; nil: trust, no TLS
 }
 
 // Node is the monitor or a data node: a pg_autoctl process group and the
@@ -152,6 +173,11 @@ func Start(ctx context.Context, o Options) (_ *Formation, err error) {
 			return nil, err
 		}
 	}
+	if o.Secure != nil {
+		if f.secure, err = f.copySecure(*o.Secure); err != nil {
+			return nil, err
+		}
+	}
 	if err := f.startMonitor(ctx, o.Timing); err != nil {
 		return nil, err
 	}
@@ -179,7 +205,10 @@ func (f *Formation) AddNode(ctx context.Context) (*Node, error) {
 	if err := f.create(n); err != nil {
 		return nil, err
 	}
-	return n, f.WaitHealthy(ctx)
+	if err := f.WaitHealthy(ctx); err != nil {
+		return nil, err
+	}
+	return n, f.secureNode(ctx, n, len(f.Nodes) == 1)
 }
 
 // startMonitor creates the monitor, binds it to loopback with t's timers,
@@ -191,9 +220,12 @@ func (f *Formation) startMonitor(ctx context.Context, t Timing) error {
 	}
 	m := &Node{Name: "monitor", Port: port, Data: filepath.Join(f.Dir, "monitor"), f: f}
 	f.Monitor = m
-	if out, err := f.command("create", "monitor", "--pgdata", m.Data, "--pgport", strconv.Itoa(port),
-		"--hostname", "127.0.0.1", "--auth", "trust", "--no-ssl").CombinedOutput(); err != nil {
+	args := append([]string{"create", "monitor", "--pgdata", m.Data, "--pgport", strconv.Itoa(port), "--hostname", "127.0.0.1"}, f.authFlags()...)
+	if out, err := f.command(args...).CombinedOutput(); err != nil {
 		return fmt.Errorf("pgha: pg_autoctl create monitor: %v: %s", err, tail(out))
+	}
+	if err := f.secureHBA(m); err != nil {
+		return err
 	}
 	// postgresql.auto.conf is read last: it wins over pg_autoctl's
 	// listen_addresses = '*'.
@@ -209,6 +241,16 @@ func (f *Formation) startMonitor(ctx context.Context, t Timing) error {
 	if err := f.run(m, "run", "--pgdata", m.Data); err != nil {
 		return err
 	}
+	if f.secure != nil {
+		// The keepers' user and postgres get their password through the
+		// monitor's socket, as its own OS user.
+		if err := waitFor(ctx, 60*time.Second, "the monitor's socket", func() error {
+			return f.psql(m, "pg_auto_failover", fmt.Sprintf(`ALTER USER autoctl_node PASSWORD %s; ALTER USER postgres PASSWORD %s`,
+				quote(f.secure.Password), quote(f.secure.Password)))
+		}); err != nil {
+			return err
+		}
+	}
 	return waitFor(ctx, 60*time.Second, "the monitor to accept connections", func() error {
 		conn, err := f.monitorConn(ctx)
 		if err == nil {
@@ -221,14 +263,124 @@ func (f *Formation) startMonitor(ctx context.Context, t Timing) error {
 // create creates data node n and runs its keeper: it registers with the
 // monitor, which makes it the primary or a standby of the primary.
 func (f *Formation) create(n *Node) error {
-	return f.run(n, "create", "postgres", "--pgdata", n.Data, "--pgport", strconv.Itoa(n.Port), "--listen", "127.0.0.1",
-		"--hostname", "127.0.0.1", "--name", n.Name, "--dbname", "paymesh", "--auth", "trust", "--no-ssl",
-		"--monitor", f.MonitorURL(), "--run")
+	args := append([]string{"create", "postgres", "--pgdata", n.Data, "--pgport", strconv.Itoa(n.Port), "--listen", "127.0.0.1",
+		"--hostname", "127.0.0.1", "--name", n.Name, "--dbname", "paymesh"}, f.authFlags()...)
+	return f.run(n, append(args, "--monitor", f.MonitorURL(), "--run")...)
+}
+
+// authFlags are pg_autoctl create's flags for f's security: trust and no
+// TLS, or the server's certificate, verify-full, and the hba file
+// installed by pgha (secureHBA).
+func (f *Formation) authFlags() []string {
+	if f.secure == nil {
+		return []string{"--auth", "trust", "--no-ssl"}
+	}
+	return []string{"--skip-pg-hba", "--ssl-ca-file", f.secure.CAFile, "--server-cert", f.secure.CertFile,
+		"--server-key", f.secure.KeyFile, "--ssl-mode", "verify-full"}
+}
+
+// secureNode finishes a secure data node once it runs: on the primary,
+// the hba file and the passwords of postgres and of the standbys' user
+// (a standby has both from its base backup); on every node, the
+// replication password its keeper gives when it follows a primary.
+func (f *Formation) secureNode(ctx context.Context, n *Node, primary bool) error {
+	if f.secure == nil {
+		return nil
+	}
+	if primary {
+		if err := f.secureHBA(n); err != nil {
+			return err
+		}
+		if err := waitFor(ctx, time.Minute, n.Name+"'s socket", func() error {
+			return f.psql(n, "postgres", fmt.Sprintf(`SELECT pg_reload_conf(); ALTER USER postgres PASSWORD %s; ALTER USER pgautofailover_replicator PASSWORD %s`,
+				quote(f.secure.Password), quote(f.secure.Password)))
+		}); err != nil {
+			return err
+		}
+	}
+	if out, err := f.command("config", "set", "--pgdata", n.Data, "replication.password", f.secure.Password).CombinedOutput(); err != nil {
+		return fmt.Errorf("pgha: %s's replication password: %v: %s", n.Name, err, tail(out))
+	}
+	return nil
+}
+
+// secureHBA installs the hba file in n's data folder (read at the next
+// start or reload).
+func (f *Formation) secureHBA(n *Node) error {
+	if f.secure == nil {
+		return nil
+	}
+	b, err := os.ReadFile(f.secure.HBAFile)
+	if err != nil {
+		return fmt.Errorf("pgha: %w", err)
+	}
+	return f.writeOwned(filepath.Join(n.Data, "pg_hba.conf"), b, 0o600)
+}
+
+// psql runs sql on node n's server through its socket, as the servers'
+// user (peer authentication).
+func (f *Formation) psql(n *Node, db, sql string) error {
+	cmd := f.command()
+	cmd.Path, cmd.Args = filepath.Join(f.bin, "psql"), []string{"psql", "-X", "-q", "-v", "ON_ERROR_STOP=1",
+		"-h", "/var/run/postgresql", "-p", strconv.Itoa(n.Port), "-d", db, "-c", sql}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("psql on %s: %v: %s", n.Name, err, tail(out))
+	}
+	return nil
+}
+
+// copySecure copies s's files into f.Dir, owned by the servers' user (the
+// key readable by it alone, as Postgres requires), and returns s with the
+// copies' paths.
+func (f *Formation) copySecure(s Secure) (*Secure, error) {
+	if s.CAFile == "" || s.CertFile == "" || s.KeyFile == "" || s.HBAFile == "" || s.Password == "" {
+		return nil, errors.New("pgha: Secure wants CAFile, CertFile, KeyFile, HBAFile and Password")
+	}
+	for _, c := range []struct {
+		path *string
+		name string
+	}{{&s.CAFile, "ca.pem"}, {&s.CertFile, "server.pem"}, {&s.KeyFile, "server-key.pem"}} {
+		b, err := os.ReadFile(*c.path)
+		if err != nil {
+			return nil, fmt.Errorf("pgha: %w", err)
+		}
+		to := filepath.Join(f.Dir, c.name)
+		if err := f.writeOwned(to, b, 0o600); err != nil {
+			return nil, err
+		}
+		*c.path = to
+	}
+	return &s, nil
+}
+
+// writeOwned writes a file that the servers' user owns.
+func (f *Formation) writeOwned(path string, b []byte, mode os.FileMode) error {
+	if err := os.WriteFile(path, b, mode); err != nil {
+		return fmt.Errorf("pgha: %w", err)
+	}
+	if f.cred != nil {
+		if err := os.Chown(path, int(f.cred.Uid), int(f.cred.Gid)); err != nil {
+			return fmt.Errorf("pgha: %w", err)
+		}
+	}
+	return nil
+}
+
+// quote is sql's literal s.
+func quote(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// login is the user part of f's URLs, and params their TLS options.
+func (f *Formation) login(user string) (string, url.Values) {
+	if f.secure == nil {
+		return user, url.Values{"sslmode": {"disable"}}
+	}
+	return url.UserPassword(user, f.secure.Password).String(), url.Values{"sslmode": {"verify-full"}, "sslrootcert": {f.secure.CAFile}}
 }
 
 // MonitorURL is the URL keepers reach the monitor at.
 func (f *Formation) MonitorURL() string {
-	return fmt.Sprintf("postgres://autoctl_node@127.0.0.1:%d/pg_auto_failover?sslmode=disable", f.Monitor.Port)
+	user, q := f.login("autoctl_node")
+	return fmt.Sprintf("postgres://%s@127.0.0.1:%d/pg_auto_failover?%s", user, f.Monitor.Port, q.Encode())
 }
 
 // URL is the URL of database db on whichever node takes writes: every
@@ -240,13 +392,17 @@ func (f *Formation) URL(db string) string {
 	for i, n := range f.Nodes {
 		hosts[i] = fmt.Sprintf("127.0.0.1:%d", n.Port)
 	}
-	q := url.Values{"sslmode": {"disable"}, "target_session_attrs": {"read-write"}, "connect_timeout": {"2"}}
-	return fmt.Sprintf("postgres://postgres@%s/%s?%s", strings.Join(hosts, ","), db, q.Encode())
+	user, q := f.login("postgres")
+	q.Set("target_session_attrs", "read-write")
+	q.Set("connect_timeout", "2")
+	return fmt.Sprintf("postgres://%s@%s/%s?%s", user, strings.Join(hosts, ","), db, q.Encode())
 }
 
 // NodeURL is the URL of database db on node n alone.
 func (n *Node) NodeURL(db string) string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable&connect_timeout=2", n.Port, db)
+	user, q := n.f.login("postgres")
+	q.Set("connect_timeout", "2")
+	return fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?%s", user, n.Port, db, q.Encode())
 }
 
 // command is pg_autoctl with args, as the servers' user, in its own
@@ -261,6 +417,11 @@ func (f *Formation) command(args ...string) *exec.Cmd {
 		"XDG_DATA_HOME=" + filepath.Join(f.Dir, "share"),
 		"XDG_RUNTIME_DIR=" + filepath.Join(f.Dir, "run"),
 		"LANG=C.UTF-8",
+	}
+	if f.secure != nil {
+		// A standby's base backup, before its keeper has the replication
+		// password in its configuration.
+		cmd.Env = append(cmd.Env, "PGPASSWORD="+f.secure.Password)
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: f.cred}
 	return cmd
@@ -411,7 +572,10 @@ func (f *Formation) Rejoin(ctx context.Context, n *Node) error {
 	if err := f.create(n); err != nil {
 		return err
 	}
-	return f.WaitHealthy(ctx)
+	if err := f.WaitHealthy(ctx); err != nil {
+		return err
+	}
+	return f.secureNode(ctx, n, false)
 }
 
 // SetQuorum says whether node n takes part in the write quorum: a node
@@ -506,7 +670,7 @@ func (f *Formation) node(name string) *Node {
 }
 
 func (f *Formation) monitorConn(ctx context.Context) (*pgx.Conn, error) {
-	return pgx.Connect(ctx, fmt.Sprintf("postgres://postgres@127.0.0.1:%d/pg_auto_failover?sslmode=disable&connect_timeout=2", f.Monitor.Port))
+	return pgx.Connect(ctx, f.Monitor.NodeURL("pg_auto_failover"))
 }
 
 // exec runs one statement on node n itself.

@@ -2,7 +2,9 @@ package pgha_test
 
 import (
 	"context"
+	"net/url"
 	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -12,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/paymesh/paymesh/internal/lab/certs"
 	"github.com/paymesh/paymesh/internal/testbed/pgha"
 )
 
@@ -230,4 +233,94 @@ func TestAsyncStandbyLosesCommits(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSecureFormation runs a formation as a deployment would, with the
+// deployed hba file (deploy/postgres/pg_hba.conf): clients reach the
+// primary through the multi-host URL with verify-full and a scram-sha-256
+// password, the standby streams over TLS as pgautofailover_replicator,
+// no server has a rule that lets a network connection in without TLS and
+// a password, and a connection without them is refused. It stays so
+// through a failover and the rejoin of the killed node, wiped.
+func TestSecureFormation(t *testing.T) {
+	require(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	srv := certs.Server{Name: "pg", Hosts: []string{"127.0.0.1"}}
+	if _, err := certs.Make(certs.Options{Dir: dir}, []certs.Server{srv}); err != nil {
+		t.Fatal(err)
+	}
+	f, err := pgha.Start(ctx, pgha.Options{Secure: &pgha.Secure{
+		CAFile: filepath.Join(dir, certs.CAFile), CertFile: filepath.Join(dir, srv.CertFile()), KeyFile: filepath.Join(dir, srv.KeyFile()),
+		HBAFile: "../../../deploy/postgres/pg_hba.conf", Password: "pw with 'quotes' & spaces",
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Stop()
+	check := func(when string) {
+		t.Helper()
+		conn, err := pgx.Connect(ctx, f.URL("postgres"))
+		if err != nil {
+			t.Fatalf("%s: the multi-host URL: %v", when, err)
+		}
+		defer conn.Close(ctx)
+		var ssl bool
+		var repl []bool
+		if err := conn.QueryRow(ctx, `SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()`).Scan(&ssl); err != nil || !ssl {
+			t.Errorf("%s: the client's connection: TLS %v (%v)", when, ssl, err)
+		}
+		rows, err := conn.Query(ctx, `SELECT s.ssl FROM pg_stat_replication r JOIN pg_stat_ssl s USING (pid) WHERE r.usename = 'pgautofailover_replicator'`)
+		if err == nil {
+			repl, err = pgx.CollectRows(rows, pgx.RowTo[bool])
+		}
+		if err != nil || len(repl) != 1 || !repl[0] {
+			t.Errorf("%s: the standby's stream: TLS %v (%v), want one over TLS", when, repl, err)
+		}
+		for _, n := range append([]*pgha.Node{f.Monitor}, f.Nodes...) {
+			c, err := pgx.Connect(ctx, n.NodeURL("postgres"))
+			if err != nil {
+				t.Errorf("%s: %s: %v", when, n.Name, err)
+				continue
+			}
+			var loose []string
+			rows, err := c.Query(ctx, `SELECT type || ' ' || coalesce(auth_method, '') FROM pg_hba_file_rules
+				WHERE type <> 'local' AND (type <> 'hostssl' OR auth_method <> 'scram-sha-256' OR error IS NOT NULL)`)
+			if err == nil {
+				loose, err = pgx.CollectRows(rows, pgx.RowTo[string])
+			}
+			c.Close(ctx)
+			if err != nil || len(loose) > 0 {
+				t.Errorf("%s: %s lets in %v (%v)", when, n.Name, loose, err)
+			}
+			u, _ := url.Parse(n.NodeURL("postgres"))
+			for what, mut := range map[string]func(*url.URL){
+				"no password": func(u *url.URL) { u.User = url.User("postgres") },
+				"no TLS": func(u *url.URL) {
+					q := u.Query()
+					q.Set("sslmode", "disable")
+					u.RawQuery = q.Encode()
+				},
+			} {
+				v := *u
+				mut(&v)
+				if c, err := pgx.Connect(ctx, v.String()); err == nil {
+					c.Close(ctx)
+					t.Errorf("%s: %s let a connection with %s in", when, n.Name, what)
+				}
+			}
+		}
+	}
+	check("at the start")
+	old, _ := f.Primary(ctx)
+	if err := f.Kill(old); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WaitPrimary(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Rejoin(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	check("after a failover and the rejoin")
 }
