@@ -3,12 +3,11 @@ package chaos
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/paymesh/paymesh/internal/testbed/pgha"
+	"github.com/paymesh/paymesh/internal/testbed/pgha/pghatest"
 	"github.com/paymesh/paymesh/internal/testbed/pgserver"
 	"github.com/paymesh/paymesh/internal/testbed/pgtest"
 )
@@ -102,12 +101,7 @@ func needs(t *testing.T, name string) {
 		}
 	}
 	if s.ownHA {
-		if err := pgha.Available(); err != nil {
-			if os.Getenv("PAYMESH_REQUIRE_PGHA") != "" {
-				t.Fatal(err)
-			}
-			t.Skipf("%s starts its own pg_auto_failover formation: %v", name, err)
-		}
+		pghatest.Require(t)
 	}
 }
 

@@ -3,7 +3,6 @@ package chaos
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"sync/atomic"
 	"time"
 
@@ -69,10 +68,7 @@ func pgFailoverScenario() *scenario {
 				return err
 			}
 			st.killed, st.promoted, st.took = old.Name, p.Name, time.Since(killed)
-			st.applied = map[string]int64{}
-			for _, n := range e.names {
-				st.applied[n] = e.c.Region(n).Ledger.Stats.Applied.Load()
-			}
+			st.applied = e.appliedNow()
 			if err := e.ha.Rejoin(ctx, old); err != nil {
 				return err
 			}
@@ -88,14 +84,7 @@ func pgFailoverScenario() *scenario {
 			}
 			chk.What = fmt.Sprintf("%s killed, %s took writes %v later; the ledgers applied transfers after it, the killed "+
 				"node is a standby again, and every region's API is ready and reads an account", st.killed, st.promoted, st.took.Round(time.Millisecond))
-			var before, after int64
-			for _, n := range e.names {
-				before += st.applied[n]
-				after += e.c.Region(n).Ledger.Stats.Applied.Load()
-			}
-			if after <= before {
-				chk.fail("the ledgers applied nothing after the failover (%d applied before it)", before)
-			}
+			e.recovered(ctx, &chk, st.applied, "the failover")
 			states, err := e.ha.States(ctx)
 			if err != nil {
 				return nil, err
@@ -104,15 +93,6 @@ func pgFailoverScenario() *scenario {
 				chk.Checked++
 				if want := map[bool]string{true: "primary", false: "secondary"}[s.Name == st.promoted]; s.Reported != want || s.Goal != want {
 					chk.fail("%s is %s (goal %s), want %s", s.Name, s.Reported, s.Goal, want)
-				}
-			}
-			for _, n := range e.names {
-				chk.Checked++
-				url := e.c.Region(n).APIURL
-				for _, path := range []string{"/readyz", "/v1/accounts/" + e.accts[n][0]} {
-					if code, err := e.get(ctx, url+path); err != nil || code != http.StatusOK {
-						chk.fail("region %s: GET %s answered %d (%v) after the failover", n, path, code, err)
-					}
 				}
 			}
 			return []Check{chk}, nil

@@ -50,10 +50,7 @@ func pgRestartScenario() *scenario {
 				}
 				e.fired.Add(1)
 				st.last.Store(time.Now().UnixNano())
-				st.applied = map[string]int64{}
-				for _, n := range e.names {
-					st.applied[n] = e.c.Region(n).Ledger.Stats.Applied.Load()
-				}
+				st.applied = e.appliedNow()
 			}
 			return nil
 		},
@@ -64,26 +61,43 @@ func pgRestartScenario() *scenario {
 				chk.fail("no restart completed")
 				return []Check{chk}, nil
 			}
-			var before, after int64
-			for _, n := range e.names {
-				before += st.applied[n]
-				after += e.c.Region(n).Ledger.Stats.Applied.Load()
-			}
-			if after <= before {
-				chk.fail("the ledgers applied nothing after the last restart (%d applied before it)", before)
-			}
-			for _, n := range e.names {
-				chk.Checked++
-				url := e.c.Region(n).APIURL
-				for _, path := range []string{"/readyz", "/v1/accounts/" + e.accts[n][0]} {
-					if code, err := e.get(ctx, url+path); err != nil || code != http.StatusOK {
-						chk.fail("region %s: GET %s answered %d (%v) after the restarts", n, path, code, err)
-					}
-				}
-			}
+			e.recovered(ctx, &chk, st.applied, "the last restart")
 			return []Check{chk}, nil
 		},
 	}
+}
+
+// recovered checks, after a fault that took the regions' database away,
+// that the ledgers applied transfers after it (more than applied, by
+// region, when it ended), and that every region's API is ready and reads
+// an account from its database.
+func (e *env) recovered(ctx context.Context, chk *Check, applied map[string]int64, fault string) {
+	var before, after int64
+	for _, n := range e.names {
+		before += applied[n]
+		after += e.c.Region(n).Ledger.Stats.Applied.Load()
+	}
+	if after <= before {
+		chk.fail("the ledgers applied nothing after %s (%d applied before it)", fault, before)
+	}
+	for _, n := range e.names {
+		chk.Checked++
+		url := e.c.Region(n).APIURL
+		for _, path := range []string{"/readyz", "/v1/accounts/" + e.accts[n][0]} {
+			if code, err := e.get(ctx, url+path); err != nil || code != http.StatusOK {
+				chk.fail("region %s: GET %s answered %d (%v) after %s", n, path, code, err, fault)
+			}
+		}
+	}
+}
+
+// appliedNow returns how many transfers each region's ledger has applied.
+func (e *env) appliedNow() map[string]int64 {
+	out := map[string]int64{}
+	for _, n := range e.names {
+		out[n] = e.c.Region(n).Ledger.Stats.Applied.Load()
+	}
+	return out
 }
 
 // get sends an authenticated GET and returns the status code.

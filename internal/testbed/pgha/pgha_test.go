@@ -3,7 +3,6 @@ package pgha_test
 import (
 	"context"
 	"net/url"
-	"os"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -16,22 +15,8 @@ import (
 
 	"github.com/paymesh/paymesh/internal/lab/certs"
 	"github.com/paymesh/paymesh/internal/testbed/pgha"
+	"github.com/paymesh/paymesh/internal/testbed/pgha/pghatest"
 )
-
-// require skips without pg_auto_failover, unless PAYMESH_REQUIRE_PGHA
-// says this machine must have it (CI).
-func require(t *testing.T) {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("-short: starts a pg_auto_failover formation")
-	}
-	if err := pgha.Available(); err != nil {
-		if os.Getenv("PAYMESH_REQUIRE_PGHA") != "" {
-			t.Fatal(err)
-		}
-		t.Skip(err)
-	}
-}
 
 // writer commits one row at a time through the formation's multi-host
 // URL, and keeps the IDs whose COMMIT was answered OK.
@@ -116,7 +101,7 @@ func startWriting(t *testing.T, f *pgha.Formation) (*writer, func()) {
 // The killed node then comes back wiped and is made a standby again, and
 // holds every acknowledged commit too.
 func TestFailover(t *testing.T) {
-	require(t)
+	pghatest.Require(t)
 	ctx := context.Background()
 	f, err := pgha.Start(ctx, pgha.Options{})
 	if err != nil {
@@ -178,7 +163,7 @@ func TestFailover(t *testing.T) {
 // lag with the standby synchronous (TestFailover's setting) holds every
 // commit back until the standby has it, so none answered is lost.
 func TestAsyncStandbyLosesCommits(t *testing.T) {
-	require(t)
+	pghatest.Require(t)
 	ctx := context.Background()
 	for _, async := range []bool{false, true} {
 		name := map[bool]string{false: "Synchronous", true: "Asynchronous"}[async]
@@ -243,7 +228,7 @@ func TestAsyncStandbyLosesCommits(t *testing.T) {
 // a password, and a connection without them is refused. It stays so
 // through a failover and the rejoin of the killed node, wiped.
 func TestSecureFormation(t *testing.T) {
-	require(t)
+	pghatest.Require(t)
 	ctx := context.Background()
 	dir := t.TempDir()
 	srv := certs.Server{Name: "pg", Hosts: []string{"127.0.0.1"}}

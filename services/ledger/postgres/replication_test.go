@@ -3,11 +3,11 @@ package postgres_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"testing"
 	"time"
 
 	"github.com/paymesh/paymesh/internal/testbed/pgha"
+	"github.com/paymesh/paymesh/internal/testbed/pgha/pghatest"
 	"github.com/paymesh/paymesh/internal/testbed/pgtest"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 )
@@ -36,15 +36,7 @@ func TestReplicationSingleServer(t *testing.T) {
 // timeline 2 with no standby; once the killed node has rejoined wiped, a
 // synchronous standby again.
 func TestReplicationFailover(t *testing.T) {
-	if testing.Short() {
-		t.Skip("-short: starts a pg_auto_failover formation")
-	}
-	if err := pgha.Available(); err != nil {
-		if os.Getenv("PAYMESH_REQUIRE_PGHA") != "" {
-			t.Fatal(err)
-		}
-		t.Skip(err)
-	}
+	pghatest.Require(t)
 	ctx := context.Background()
 	f, err := pgha.Start(ctx, pgha.Options{})
 	if err != nil {

@@ -1,0 +1,26 @@
+// Package pghatest holds what tests that run a pg_auto_failover formation
+// share.
+package pghatest
+
+import (
+	"os"
+	"testing"
+
+	"github.com/paymesh/paymesh/internal/testbed/pgha"
+)
+
+// Require skips the test under -short, or when pg_auto_failover is not
+// installed, unless PAYMESH_REQUIRE_PGHA is set (CI), where it fails the
+// test instead.
+func Require(tb testing.TB) {
+	tb.Helper()
+	if testing.Short() {
+		tb.Skip("-short: starts a pg_auto_failover formation")
+	}
+	if err := pgha.Available(); err != nil {
+		if os.Getenv("PAYMESH_REQUIRE_PGHA") != "" {
+			tb.Fatalf("PAYMESH_REQUIRE_PGHA is set: %v", err)
+		}
+		tb.Skipf("%v", err)
+	}
+}
