@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -40,8 +41,11 @@ func pgFailoverScenario() *scenario {
 		effect: func(*env) bool { return st.rejoined.Load() },
 		fault: func(ctx context.Context, e *env, d time.Duration) error {
 			old, err := e.ha.Primary(ctx)
-			if err != nil || old == nil {
-				return fmt.Errorf("the formation's primary: %v (%w)", old, err)
+			if err != nil {
+				return fmt.Errorf("the formation's primary: %w", err)
+			}
+			if old == nil {
+				return errors.New("the formation has no primary")
 			}
 			if e.cfg.asyncStandby {
 				if err := asyncStandby(ctx, e.ha, old); err != nil {

@@ -39,12 +39,9 @@ type Timing struct {
 	Demote time.Duration
 }
 
-// DefaultTiming is pg_auto_failover's own: a dead primary is replaced in
-// about 50 s (20 s to be judged unhealthy, 30 s of demote timeout).
-var DefaultTiming = Timing{HealthCheck: 5 * time.Second, Unhealthy: 20 * time.Second, Demote: 30 * time.Second}
-
 // FastTiming replaces a dead primary in about 5 s, for runs of a few
-// minutes. It stays safe with synchronous replication: a primary cut off
+// minutes (pg_auto_failover's own timers take about 50 s: 20 s to judge a
+// node unhealthy, 30 s of demote timeout). It stays safe with synchronous replication: a primary cut off
 // from its standby commits nothing, however long it takes to step down.
 var FastTiming = Timing{HealthCheck: time.Second, Unhealthy: 3 * time.Second, Demote: 2 * time.Second}
 
@@ -134,8 +131,8 @@ func binDir() (string, error) {
 }
 
 // Start starts a monitor and o.Nodes data nodes on free loopback ports,
-// with trust authentication for user postgres, and returns once the first
-// node is primary and every other a synchronous standby. When this process
+// with trust authentication for user postgres (or o.Secure's), and returns
+// once the first node is primary and every other a synchronous standby. When this process
 // runs as root (Postgres refuses to), every process runs as the system
 // user postgres. On an error everything started is stopped.
 func Start(ctx context.Context, o Options) (_ *Formation, err error) {
@@ -320,9 +317,9 @@ func (f *Formation) secureHBA(n *Node) error {
 // psql runs sql on node n's server through its socket, as the servers'
 // user (peer authentication).
 func (f *Formation) psql(n *Node, db, sql string) error {
-	cmd := f.command()
-	cmd.Path, cmd.Args = filepath.Join(f.bin, "psql"), []string{"psql", "-X", "-q", "-v", "ON_ERROR_STOP=1",
-		"-h", "/var/run/postgresql", "-p", strconv.Itoa(n.Port), "-d", db, "-c", sql}
+	// pg_autoctl's servers keep their socket in Postgres's default folder.
+	cmd := f.program(filepath.Join(f.bin, "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1",
+		"-h", "/var/run/postgresql", "-p", strconv.Itoa(n.Port), "-d", db, "-c", sql)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("psql on %s: %v: %s", n.Name, err, tail(out))
 	}
@@ -407,8 +404,11 @@ func (n *Node) NodeURL(db string) string {
 
 // command is pg_autoctl with args, as the servers' user, in its own
 // process group, with its configuration and state kept in f.Dir.
-func (f *Formation) command(args ...string) *exec.Cmd {
-	cmd := exec.Command("pg_autoctl", args...)
+func (f *Formation) command(args ...string) *exec.Cmd { return f.program("pg_autoctl", args...) }
+
+// program is prog with args, run as command runs pg_autoctl.
+func (f *Formation) program(prog string, args ...string) *exec.Cmd {
+	cmd := exec.Command(prog, args...)
 	cmd.Dir = f.Dir
 	cmd.Env = []string{
 		"PATH=" + f.bin + ":/usr/bin:/bin",
@@ -448,11 +448,9 @@ func (f *Formation) run(n *Node, args ...string) error {
 // State is a node's state as the monitor holds it.
 type State struct {
 	Name string
-	Port int
 	// Reported is the state the node's keeper last reported; Goal is the
 	// one the monitor assigned it.
 	Reported, Goal string
-	Healthy        bool
 }
 
 // States returns the data nodes' states, as the monitor holds them.
@@ -462,8 +460,7 @@ func (f *Formation) States(ctx context.Context) ([]State, error) {
 		return nil, err
 	}
 	defer conn.Close(ctx)
-	rows, err := conn.Query(ctx, `SELECT nodename, nodeport, reportedstate::text, goalstate::text, health = 1
-		FROM pgautofailover.node ORDER BY nodeid`)
+	rows, err := conn.Query(ctx, `SELECT nodename, reportedstate::text, goalstate::text FROM pgautofailover.node ORDER BY nodeid`)
 	if err != nil {
 		return nil, fmt.Errorf("pgha: node states: %w", err)
 	}
@@ -477,12 +474,18 @@ func (f *Formation) Primary(ctx context.Context) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
+	return f.writer(states), nil
+}
+
+// writer returns the node of states that takes writes: the one that has
+// reached a primary's goal (primary, wait_primary, single), or nil.
+func (f *Formation) writer(states []State) *Node {
 	for _, s := range states {
 		if s.Reported == s.Goal && (s.Goal == "primary" || s.Goal == "wait_primary" || s.Goal == "single") {
-			return f.node(s.Name), nil
+			return f.node(s.Name)
 		}
 	}
-	return nil, nil
+	return nil
 }
 
 // WaitHealthy waits until every data node has reached its goal, one the
@@ -512,7 +515,7 @@ func (f *Formation) WaitHealthy(ctx context.Context) error {
 		if len(why) == 0 && primary != nil {
 			return nil
 		}
-		if p, _ := f.Primary(ctx); p != nil {
+		if p := f.writer(states); p != nil {
 			_ = p.exec(ctx, "CHECKPOINT")
 		}
 		return fmt.Errorf("nodes: %s", strings.Join(why, ", "))

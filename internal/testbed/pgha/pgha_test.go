@@ -101,13 +101,8 @@ func startWriting(t *testing.T, f *pgha.Formation) (*writer, func()) {
 // The killed node then comes back wiped and is made a standby again, and
 // holds every acknowledged commit too.
 func TestFailover(t *testing.T) {
-	pghatest.Require(t)
 	ctx := context.Background()
-	f, err := pgha.Start(ctx, pgha.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Stop()
+	f := pghatest.MustStart(t, pgha.Options{})
 	old, err := f.Primary(ctx)
 	if err != nil || old == nil {
 		t.Fatalf("primary: %v, %v", old, err)
@@ -168,11 +163,7 @@ func TestAsyncStandbyLosesCommits(t *testing.T) {
 	for _, async := range []bool{false, true} {
 		name := map[bool]string{false: "Synchronous", true: "Asynchronous"}[async]
 		t.Run(name, func(t *testing.T) {
-			f, err := pgha.Start(ctx, pgha.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer f.Stop()
+			f := pghatest.MustStart(t, pgha.Options{})
 			old, _ := f.Primary(ctx)
 			standby := f.Nodes[0]
 			if standby == old {
@@ -235,14 +226,10 @@ func TestSecureFormation(t *testing.T) {
 	if _, err := certs.Make(certs.Options{Dir: dir}, []certs.Server{srv}); err != nil {
 		t.Fatal(err)
 	}
-	f, err := pgha.Start(ctx, pgha.Options{Secure: &pgha.Secure{
+	f := pghatest.MustStart(t, pgha.Options{Secure: &pgha.Secure{
 		CAFile: filepath.Join(dir, certs.CAFile), CertFile: filepath.Join(dir, srv.CertFile()), KeyFile: filepath.Join(dir, srv.KeyFile()),
 		HBAFile: "../../../deploy/postgres/pg_hba.conf", Password: "pw with 'quotes' & spaces",
 	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Stop()
 	check := func(when string) {
 		t.Helper()
 		conn, err := pgx.Connect(ctx, f.URL("postgres"))

@@ -36,13 +36,8 @@ func TestReplicationSingleServer(t *testing.T) {
 // timeline 2 with no standby; once the killed node has rejoined wiped, a
 // synchronous standby again.
 func TestReplicationFailover(t *testing.T) {
-	pghatest.Require(t)
 	ctx := context.Background()
-	f, err := pgha.Start(ctx, pgha.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Stop()
+	f := pghatest.MustStart(t, pgha.Options{})
 	pool, err := postgres.Connect(ctx, f.URL("postgres"), time.Minute, 0)
 	if err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@
 package pghatest
 
 import (
+	"context"
 	"os"
 	"testing"
 
@@ -23,4 +24,18 @@ func Require(tb testing.TB) {
 		}
 		tb.Skipf("%v", err)
 	}
+}
+
+// MustStart starts a formation with o for the test (Require first), and
+// stops it when the test ends; it fails the test when the formation does
+// not start.
+func MustStart(tb testing.TB, o pgha.Options) *pgha.Formation {
+	tb.Helper()
+	Require(tb)
+	f, err := pgha.Start(context.Background(), o)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = f.Stop() })
+	return f
 }
