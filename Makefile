@@ -21,11 +21,12 @@ jaeger:
 	@test -x bin/jaeger-$(JAEGER_VERSION) || (cd tools/jaeger && $(GO) build -o ../../bin/jaeger-$(JAEGER_VERSION) github.com/jaegertracing/jaeger/cmd/jaeger)
 
 ## sim: docker-compose.yml's topology as separate processes on this machine
-## (nats-servers, a throwaway Postgres per region, WAN links, the services,
-## load, a fault schedule, Prometheus and its alerts), then a PASS/FAIL report
-## (about 3 minutes; ARGS=--quick for about 90 s). It needs no local NATS, only
-## the local PostgreSQL binaries and Debian's prometheus.
-sim: prometheus build
+## (nats-servers, a pg_auto_failover formation per region from
+## deploy/postgres/formation, WAN links, the services, load, a fault schedule,
+## Prometheus and its alerts), then a PASS/FAIL report (about 3 minutes;
+## ARGS=--quick for about 90 s). It needs no local NATS, only the local
+## PostgreSQL binaries, Debian's pg_auto_failover and Debian's prometheus.
+sim: prometheus pgautofailover build
 	bin/paymesh-lab sim $(ARGS)
 
 ## bench: measure throughput and latency against same-run baselines (about

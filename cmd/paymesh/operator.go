@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"regexp"
 	"strings"
 	"time"
 
@@ -93,7 +94,7 @@ type clientCmds struct {
 type regionStores struct {
 	PostgresURL string        `name:"postgres-url" env:"PAYMESH_POSTGRES_URL" help:"Postgres server of the regions' databases (default: ${default_pg})."`
 	DBPrefix    string        `name:"database-prefix" env:"PAYMESH_DATABASE_PREFIX" help:"Region databases are named <prefix><region> instead of the region table's."`
-	URLs        []string      `name:"postgres-urls" env:"PAYMESH_POSTGRES_URLS" help:"region=URL of each region's Postgres server, when they differ (docker-compose)."`
+	URLs        []string      `name:"postgres-urls" env:"PAYMESH_POSTGRES_URLS" sep:"none" help:"region=URL of each region's Postgres server, when they differ (docker-compose): comma-separated or the flag repeated; a URL may list several hosts (postgres://…@pg-1:5432,pg-2:5432/…)."`
 	Regions     []string      `name:"region" help:"Only these regions, comma-separated (default: every region of the region table)."`
 	Wait        time.Duration `name:"connect-timeout" env:"PAYMESH_CONNECT_TIMEOUT" default:"60s" help:"How long to wait for a region's API to migrate its tables (docker-compose starts them together)."`
 }
@@ -278,7 +279,7 @@ type regionStore struct {
 // registers the client nowhere: the error says which ones and what to run.
 func (c *regionStores) openStores(ctx context.Context, t regions.Table, names []string) (map[string]regionStore, error) {
 	servers := map[string]string{}
-	for _, u := range c.URLs {
+	for _, u := range regionURLs(c.URLs) {
 		region, url, ok := strings.Cut(u, "=")
 		if !ok {
 			return nil, fmt.Errorf("--postgres-urls %q: want region=postgres://…", u)
@@ -314,6 +315,29 @@ func (c *regionStores) openStores(ctx context.Context, t regions.Table, names []
 		return stores, fmt.Errorf("%s;\n%s", strings.Join(missing, ";\n"), hint)
 	}
 	return stores, nil
+}
+
+// regionItem is how an item of a region=URL list starts: a region's name,
+// "=" and a URL's scheme. The comma between two hosts of a multi-host URL
+// (postgres://…@pg-1:5432,pg-2:5432/…) is followed by a host, and starts
+// no item.
+var regionItem = regexp.MustCompile(`^[a-z]{2,8}=[a-z][a-z0-9+.-]*://`)
+
+// regionURLs splits the values of --postgres-urls into their region=URL
+// items, each value on the commas that start a next item only, so that a
+// multi-host URL stays whole.
+func regionURLs(values []string) []string {
+	var out []string
+	for _, v := range values {
+		for i, piece := range strings.Split(v, ",") {
+			if i > 0 && !regionItem.MatchString(piece) {
+				out[len(out)-1] += "," + piece
+				continue
+			}
+			out = append(out, piece)
+		}
+	}
+	return out
 }
 
 // missingDatabase is the error of a region whose database does not exist.

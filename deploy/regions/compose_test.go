@@ -2,9 +2,7 @@ package regions_test
 
 import (
 	"fmt"
-	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,7 +19,6 @@ import (
 
 	"github.com/paymesh/paymesh/deploy/regions"
 	"github.com/paymesh/paymesh/internal/lab/compose"
-	"github.com/paymesh/paymesh/internal/testbed/pgtest"
 	"github.com/paymesh/paymesh/platform/natsauth"
 )
 
@@ -64,11 +61,12 @@ func service(t *testing.T, p *compose.Project, name string) compose.Service {
 const hubService = "nats-hub"
 
 // regionOf returns the region of regions.yaml a compose service belongs
-// to: the one whose name ends it ("ledger-eu"), or whose cluster has it
-// as a node ("nats-eu-2"); "" for none.
+// to: the one whose name ends it ("ledger-eu"), whose cluster has it as a
+// node ("nats-eu-2"), or whose Postgres formation has it as its monitor or
+// a data node ("postgres-eu-monitor", "postgres-eu-1"); "" for none.
 func regionOf(tab regions.Table, name string) string {
 	for _, r := range tab.Regions {
-		if strings.HasSuffix(name, "-"+r.Name) || slices.Contains(r.NodeNames(), name) {
+		if strings.HasSuffix(name, "-"+r.Name) || slices.Contains(r.NodeNames(), name) || slices.Contains(postgresServers(r), name) {
 			return r.Name
 		}
 	}
@@ -134,8 +132,9 @@ func ports(s compose.Service) []string {
 }
 
 // TestComposeMatchesRegions checks docker-compose.yml against the region
-// table: every region has its nats, wan, postgres, ledger, router, api and
-// verify services, with the table's ports, database and names (the ledger,
+// table: every region has its nats, wan, postgres (its formation:
+// postgres_test.go), ledger, router, api and verify services, with the
+// table's ports, database and names (the ledger,
 // router and API each publish /metrics on their port of the table), and no
 // service belongs to a region the table does not know. The services outside
 // the regions are the load profile's, the observability stack
@@ -160,12 +159,19 @@ func TestComposeMatchesRegions(t *testing.T) {
 		}
 	}
 	// The load profile reaches every region: setup writes the client to each
-	// region's Postgres, loadgen calls each region's API.
+	// region's Postgres (its formation's writable node), loadgen calls each
+	// region's API.
 	setup, load := service(t, p, "setup"), service(t, p, "loadgen")
+	setupURLs := postgresURLs(setup.Environment["PAYMESH_POSTGRES_URLS"])
+	if len(setupURLs) != len(tab.Regions) {
+		t.Errorf("setup: PAYMESH_POSTGRES_URLS has %d URLs, want one per region (%d)", len(setupURLs), len(tab.Regions))
+	}
 	for _, r := range tab.Regions {
-		pg := fmt.Sprintf("%s=postgres://postgres:%s@postgres-%s:5432/", r.Name, postgresPassword(r), r.Name)
-		if !strings.Contains(setup.Environment["PAYMESH_POSTGRES_URLS"], pg) {
-			t.Errorf("setup: PAYMESH_POSTGRES_URLS %q lacks %s", setup.Environment["PAYMESH_POSTGRES_URLS"], pg)
+		entry := slices.IndexFunc(setupURLs, func(u regionURL) bool { return u.Region == r.Name })
+		if entry < 0 {
+			t.Errorf("setup: PAYMESH_POSTGRES_URLS %q has no %s=URL", setup.Environment["PAYMESH_POSTGRES_URLS"], r.Name)
+		} else {
+			checkClientURL(t, "setup: PAYMESH_POSTGRES_URLS: "+r.Name, setupURLs[entry].URL, r)
 		}
 		apiURL := fmt.Sprintf("%s=http://api-%s:%d", r.Name, r.Name, r.APIPort)
 		if !slices.Contains(strings.Split(load.Environment["PAYMESH_LOAD_APIS"], ","), apiURL) {
@@ -177,29 +183,30 @@ func TestComposeMatchesRegions(t *testing.T) {
 	}
 	for _, r := range tab.Regions {
 		svc := func(kind string) compose.Service { return service(t, p, kind+"-"+r.Name) }
-		pg, ledger, verify, rt, apiSvc := svc("postgres"), svc("ledger"), svc("verify"), svc("router"), svc("api")
+		ledger, verify, rt, apiSvc, dlq := svc("ledger"), svc("verify"), svc("router"), svc("api"), svc("dlq")
 		checkNATSNodes(t, p, r, hub.Image)
-		if got := pg.Environment["POSTGRES_DB"]; got != r.Postgres.Database {
-			t.Errorf("postgres-%s: POSTGRES_DB %q, want %q", r.Name, got, r.Postgres.Database)
-		}
-		if got, want := ports(pg), []string{fmt.Sprintf("%d:5432", r.Postgres.Port)}; !slices.Equal(got, want) {
-			t.Errorf("postgres-%s: ports %v, want %v", r.Name, got, want)
-		}
-		for name, s := range map[string]compose.Service{"ledger": ledger, "verify": verify, "router": rt, "api": apiSvc} {
+		for name, s := range map[string]compose.Service{"ledger": ledger, "verify": verify, "router": rt, "api": apiSvc, "dlq": dlq} {
 			env := s.Environment
 			if env["PAYMESH_REGION"] != r.Name || env["PAYMESH_DATABASE"] != r.Postgres.Database {
 				t.Errorf("%s-%s: region %q database %q, want %q %q", name, r.Name, env["PAYMESH_REGION"], env["PAYMESH_DATABASE"], r.Name, r.Postgres.Database)
 			}
-			u, err := url.Parse(env["PAYMESH_POSTGRES_URL"])
-			if err != nil || u.Hostname() != "postgres-"+r.Name {
-				t.Errorf("%s-%s: PAYMESH_POSTGRES_URL %q, want host postgres-%s", name, r.Name, env["PAYMESH_POSTGRES_URL"], r.Name)
+			// Its region's formation, through whichever node is writable,
+			// once every node is healthy.
+			checkClientURL(t, name+"-"+r.Name+": PAYMESH_POSTGRES_URL", env["PAYMESH_POSTGRES_URL"], r)
+			for _, node := range r.PostgresNodeNames() {
+				if cond := s.DependsOn[node]; cond != compose.ServiceHealthy {
+					t.Errorf("%s-%s: depends on %s with condition %q, want %s", name, r.Name, node, cond, compose.ServiceHealthy)
+				}
 			}
-			if _, ok := s.DependsOn["postgres-"+r.Name]; !ok {
-				t.Errorf("%s-%s: depends_on %v, want postgres-%s", name, r.Name, s.DependsOn, r.Name)
+			if !isPaymesh(p, s) {
+				t.Errorf("%s-%s: image %q (built %v from %q), want the paymesh image built from the Dockerfile", name, r.Name, s.Image, s.Build, s.Context)
 			}
-			if !s.Build {
-				t.Errorf("%s-%s: image %q, want the paymesh image built from the Dockerfile", name, r.Name, s.Image)
-			}
+		}
+		// The ledger exports the synchronous standbys its region is meant to
+		// have (paymesh_postgres_standbys_expected): every data node but the
+		// primary.
+		if got, want := ledger.Environment["PAYMESH_POSTGRES_STANDBYS"], strconv.Itoa(len(r.Postgres.Nodes)-1); got != want {
+			t.Errorf("ledger-%s: PAYMESH_POSTGRES_STANDBYS %q, want %s (every data node of regions.yaml but the primary)", r.Name, got, want)
 		}
 		for name, s := range map[string]compose.Service{natsauth.Ledger: ledger, natsauth.Router: rt, natsauth.API: apiSvc} {
 			if got, want := s.Environment["PAYMESH_NATS_URL"], natsURLs(r); got != want {
@@ -234,9 +241,6 @@ func TestComposeMatchesRegions(t *testing.T) {
 		}
 		if !slices.Equal(rt.Command, []string{"router"}) || !slices.Equal(apiSvc.Command, []string{"api"}) {
 			t.Errorf("region %s: router command %v, api command %v", r.Name, rt.Command, apiSvc.Command)
-		}
-		if pg.Image != service(t, p, "postgres-"+tab.Regions[0].Name).Image {
-			t.Errorf("postgres-%s: image %q, want the same as every region's", r.Name, pg.Image)
 		}
 		if !slices.Equal(ledger.Command, []string{"ledger"}) || !slices.Equal(verify.Command, []string{"verify"}) {
 			t.Errorf("region %s: ledger command %v, verify command %v", r.Name, ledger.Command, verify.Command)
@@ -345,8 +349,11 @@ func TestComposePortsFromRegions(t *testing.T) {
 	tab := mustTable(t)
 	owner := map[int]string{tab.Hub.ClientPort: "hub", tab.Hub.MonitorPort: "hub", tab.Hub.LeafPort: "hub"}
 	for _, r := range tab.Regions {
-		for _, port := range []int{r.Postgres.Port, r.APIPort, r.MetricsPort, r.RouterMetricsPort, r.APIMetricsPort, r.WANPort, r.WANControlPort} {
+		for _, port := range []int{r.Postgres.MonitorPort, r.APIPort, r.MetricsPort, r.RouterMetricsPort, r.APIMetricsPort, r.WANPort, r.WANControlPort} {
 			owner[port] = r.Name
+		}
+		for _, n := range r.Postgres.Nodes {
+			owner[n.Port] = r.Name
 		}
 		for _, n := range r.NATS.Nodes {
 			for _, port := range []int{n.ClientPort, n.MonitorPort, n.RoutePort} {
@@ -367,29 +374,37 @@ func TestComposePortsFromRegions(t *testing.T) {
 				t.Errorf("%s: publishes %s, a port of %s in regions.yaml", name, port, owner[port.Host])
 			case region != "" && owner[port.Host] != region:
 				t.Errorf("%s: publishes %s, not a port of region %s in regions.yaml", name, port, region)
-			case region != "" && s.Build && port.Host != port.Container:
+			case region != "" && isPaymesh(p, s) && port.Host != port.Container:
 				t.Errorf("%s: publishes %s; a paymesh service listens on its table port", name, port)
 			}
 		}
 	}
 }
 
-// isInfra reports whether a service runs Postgres or NATS, which the
-// paymesh services wait for.
+// isInfra reports whether a service runs Postgres (a server of a
+// region's formation) or NATS, which the paymesh services wait for.
 func isInfra(s compose.Service) bool {
-	return strings.HasPrefix(s.Image, "postgres:") || strings.HasPrefix(s.Image, "nats:")
+	return isPostgresServer(s) || strings.HasPrefix(s.Image, "postgres:") || strings.HasPrefix(s.Image, "nats:")
 }
 
-// TestComposeHealthchecks: Postgres and NATS have healthchecks (pg_isready
-// over TCP; the monitor port's /healthz), every dependency on them waits
-// for service_healthy, and every service_healthy dependency has a
-// healthcheck to wait for.
+// isPaymesh reports whether a service runs an image of the repository's
+// Dockerfile (the product's or the lab's).
+func isPaymesh(p *compose.Project, s compose.Service) bool { return s.Build && s.Context == p.Dir }
+
+// TestComposeHealthchecks: every Postgres server is one of a formation,
+// healthy by its entrypoint's own check (formation health: it runs,
+// secured), and NATS has a healthcheck (the monitor port's /healthz); every
+// dependency on them waits for service_healthy, and every service_healthy
+// dependency has a healthcheck to wait for.
 func TestComposeHealthchecks(t *testing.T) {
 	p := loadCompose(t)
 	for _, name := range p.ServiceNames() {
 		s := p.Services[name]
-		if strings.HasPrefix(s.Image, "postgres:") && !(slices.Contains(s.Healthcheck, "pg_isready") && slices.Contains(s.Healthcheck, "127.0.0.1")) {
-			t.Errorf("%s: healthcheck %q, want pg_isready -h 127.0.0.1 (TCP: the image's init server listens on the socket only)", name, s.Healthcheck)
+		if strings.HasPrefix(s.Image, "postgres:") {
+			t.Errorf("%s: runs the image %s itself; a region's Postgres is a formation of %s's image", name, s.Image, postgresDir)
+		}
+		if isPostgresServer(s) && !slices.Equal(s.Healthcheck, postgresHealthcheck) {
+			t.Errorf("%s: healthcheck %q, want %q (the server runs, secured; a standby, made from its primary)", name, s.Healthcheck, postgresHealthcheck)
 		}
 		if strings.HasPrefix(s.Image, "nats:") && !slices.ContainsFunc(s.Healthcheck, func(a string) bool { return strings.HasSuffix(a, ":8222/healthz") }) {
 			t.Errorf("%s: healthcheck %q, want the monitor port's /healthz", name, s.Healthcheck)
@@ -408,19 +423,30 @@ func TestComposeHealthchecks(t *testing.T) {
 
 // TestComposeImagesMatchSimulation: compose runs what the process
 // simulation runs: the nats-server version go.mod pins, this machine's
-// PostgreSQL major version, and Debian's Prometheus (when installed; set
+// PostgreSQL major version (the base image of deploy/postgres, with that
+// major's pg_auto_failover, and the tag of the image compose builds from
+// it), and Debian's Prometheus (when installed; set
 // PAYMESH_REQUIRE_PROMETHEUS to fail instead of skipping without it).
 func TestComposeImagesMatchSimulation(t *testing.T) {
 	p := loadCompose(t)
 	tab := mustTable(t)
 	natsImage := "nats:" + strings.TrimPrefix(goModVersion(t, "github.com/nats-io/nats-server/v2"), "v") + "-alpine"
-	pgImage := "postgres:" + localPostgresMajor(t)
+	major := localPostgresMajor(t)
+	df := postgresDockerfile(t)
+	if from := regexp.MustCompile(`(?m)^FROM (\S+)\s*$`).FindAllStringSubmatch(df, -1); len(from) != 1 || from[0][1] != "postgres:"+major {
+		t.Errorf("%s/Dockerfile: FROM %v, want one stage FROM postgres:%s (the local PostgreSQL the simulation runs)", postgresDir, from, major)
+	}
+	if ext := "postgresql-" + major + "-auto-failover"; !regexp.MustCompile(`\b` + regexp.QuoteMeta(ext) + `\b`).MatchString(df) {
+		t.Errorf("%s/Dockerfile: does not install %s, pg_auto_failover for PostgreSQL %s", postgresDir, ext, major)
+	}
 	images := map[string]string{hubService: natsImage}
 	for _, r := range tab.Regions {
 		for _, n := range r.NodeNames() {
 			images[n] = natsImage
 		}
-		images["postgres-"+r.Name] = pgImage
+		for _, n := range postgresServers(r) {
+			images[n] = "paymesh-postgres:" + major
+		}
 	}
 	for name, want := range images {
 		if got := service(t, p, name).Image; got != want {
@@ -530,10 +556,11 @@ func hostMappings(tab regions.Table) map[string]string {
 // TestComposeEnvironmentMapsToHost: the environment of every service and
 // the nats-server configs map to the host (what the process simulation
 // starts the services with): every address they name is published or
-// mapped, a region's paymesh services reach its Postgres and every node of
-// its nats cluster and listen on the table's ports, and its nodes route to
-// each other on their route ports and join the hub through its WAN link's
-// host port.
+// mapped, a region's paymesh services reach every data node of its Postgres
+// formation and every node of its nats cluster and listen on the table's
+// ports, the data nodes reach their monitor on its port, and its nats nodes
+// route to each other on their route ports and join the hub through its
+// WAN link's host port.
 func TestComposeEnvironmentMapsToHost(t *testing.T) {
 	p := loadCompose(t)
 	tab := mustTable(t)
@@ -563,14 +590,23 @@ func TestComposeEnvironmentMapsToHost(t *testing.T) {
 				"PAYMESH_WAN_CONTROL": fmt.Sprintf("127.0.0.1:%d", r.WANControlPort),
 			},
 		}
-		var clients, routes []string
+		var clients, routes, pgAddrs []string
 		for _, n := range r.NATS.Nodes {
 			clients = append(clients, fmt.Sprintf("tls://127.0.0.1:%d", n.ClientPort))
 			routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d\n", n.RoutePort))
 		}
+		for _, n := range r.Postgres.Nodes {
+			pgAddrs = append(pgAddrs, fmt.Sprintf("127.0.0.1:%d", n.Port))
+		}
 		for _, kind := range []string{"ledger", "router", "api"} {
 			want[kind+"-"+r.Name]["PAYMESH_NATS_URL"] = strings.Join(clients, ",")
-			want[kind+"-"+r.Name]["PAYMESH_POSTGRES_URL"] = fmt.Sprintf("postgres://postgres:%s@127.0.0.1:%d/postgres?sslmode=verify-full&sslrootcert=/certs/ca.pem", postgresPassword(r), r.Postgres.Port)
+			want[kind+"-"+r.Name]["PAYMESH_POSTGRES_URL"] = fmt.Sprintf("postgres://postgres:%s@%s/postgres?sslmode=verify-full&sslrootcert=/certs/ca.pem&target_session_attrs=read-write",
+				postgresPassword(r), strings.Join(pgAddrs, ","))
+		}
+		// Each data node's keeper reaches the monitor on its host port.
+		for _, node := range r.PostgresNodeNames() {
+			want[node] = map[string]string{"PGAF_MONITOR": fmt.Sprintf("postgres://autoctl_node:%s@127.0.0.1:%d/pg_auto_failover?sslmode=verify-full&sslrootcert=/certs/ca.pem",
+				postgresPassword(r), r.Postgres.MonitorPort)}
 		}
 		for svc, vars := range want {
 			for k, v := range vars {
@@ -615,7 +651,9 @@ var images = map[string]struct {
 // target lab), each a static binary built with a Go that satisfies go.mod's
 // go line and run as its entrypoint; every paymesh service of
 // docker-compose.yml names its target, and the target's binary has the
-// service's command. No region service runs from the lab image.
+// service's command. No region service runs from the lab image. The only
+// images built from another folder are the Postgres formations', from
+// deploy/postgres.
 func TestDockerfileBuildsPaymesh(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join(repoRoot, "Dockerfile"))
 	if err != nil {
@@ -660,6 +698,14 @@ func TestDockerfileBuildsPaymesh(t *testing.T) {
 		if !s.Build {
 			continue
 		}
+		if s.Context != p.Dir {
+			// Built elsewhere: only the servers of a region's Postgres
+			// formation, from deploy/postgres (postgres_test.go).
+			if !isPostgresServer(s) || regionOf(mustTable(t), name) == "" {
+				t.Errorf("%s: built from %s, want the repository's Dockerfile (or, for a server of a region's Postgres formation, %s)", name, s.Context, postgresDir)
+			}
+			continue
+		}
 		img, ok := images[s.Target]
 		switch {
 		case !ok:
@@ -687,42 +733,15 @@ func stageText(df, name string) string {
 }
 
 // TestComposeHealthchecksAnswer runs the healthchecks against the real
-// servers: Postgres's pg_isready (as given, on the local server's port)
-// passes on the local server and fails where none listens; the
+// servers: a Postgres server's (its entrypoint's health role,
+// postgres_test.go) fails until the entrypoint marks the server ready and
+// where no server listens, and passes on the local server once it is; the
 // nats-servers' /healthz URL answers 200 on a nats-server of the version
 // go.mod pins (the image's), with JetStream as the regions run it.
 func TestComposeHealthchecksAnswer(t *testing.T) {
 	p := loadCompose(t)
 	tab := mustTable(t)
-	u, err := url.Parse(pgtest.AdminURL())
-	if err != nil || u.Hostname() != "127.0.0.1" && u.Hostname() != "localhost" {
-		t.Skipf("the test server %s is not local; the healthcheck runs on 127.0.0.1", pgtest.AdminURL())
-	}
-	pgPort := u.Port()
-	if pgPort == "" {
-		pgPort = "5432"
-	}
-	pgIsReady := localPostgresBin(t, "pg_isready")
-	free, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := strconv.Itoa(free.Addr().(*net.TCPAddr).Port)
-	free.Close()
-	for _, r := range tab.Regions {
-		name := "postgres-" + r.Name
-		hc := service(t, p, name).Healthcheck
-		if len(hc) < 2 || hc[0] != "CMD" || hc[1] != "pg_isready" {
-			t.Errorf("%s: healthcheck %q, want [CMD pg_isready ...]", name, hc)
-			continue
-		}
-		if out, err := exec.Command(pgIsReady, append(hc[2:], "-p", pgPort)...).CombinedOutput(); err != nil {
-			t.Errorf("%s: healthcheck %q on the local server: %v: %s", name, hc, err, out)
-		}
-		if out, err := exec.Command(pgIsReady, append(hc[2:], "-p", closed)...).CombinedOutput(); err == nil {
-			t.Errorf("%s: healthcheck %q passes where no server listens: %s", name, hc, out)
-		}
-	}
+	t.Run("postgres", func(t *testing.T) { checkFormationHealthchecks(t, p, tab) })
 
 	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, HTTPHost: "127.0.0.1", HTTPPort: -1,
 		JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})

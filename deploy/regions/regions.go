@@ -89,11 +89,50 @@ func (r Region) NodeNames() []string {
 	return out
 }
 
-// Postgres holds a region's database name and published port.
+// Postgres is a region's highly available database: a pg_auto_failover
+// formation of a monitor and data nodes (deploy/postgres), the first node
+// the primary at the start and the others its synchronous standbys, one of
+// which the monitor promotes when the primary fails.
 type Postgres struct {
+	// Database is the region's database on the formation.
 	Database string `yaml:"database"`
-	Port     int    `yaml:"port"`
+	// Nodes are the formation's data nodes, postgres-<region>-1..N in
+	// docker-compose (PostgresNodeName), with their host ports: at least
+	// two, a primary and a standby.
+	Nodes []PostgresNode `yaml:"nodes"`
+	// MonitorPort is the host port of the formation's monitor,
+	// postgres-<region>-monitor in docker-compose (PostgresMonitorName).
+	MonitorPort int `yaml:"monitor_port"`
 }
+
+// PostgresNode is one data node of a region's formation, by the host port
+// it is reached on.
+type PostgresNode struct {
+	Port int `yaml:"port"`
+}
+
+// MinPostgresNodes is the fewest data nodes a region's formation may have:
+// a primary and a synchronous standby to take over from it.
+const MinPostgresNodes = 2
+
+// PostgresNodeName returns the name of data node i (0-based) of the
+// region's formation: its docker-compose service and its host name,
+// "postgres-eu-1".
+func (r Region) PostgresNodeName(i int) string { return fmt.Sprintf("postgres-%s-%d", r.Name, i+1) }
+
+// PostgresNodeNames returns the names of the region's data nodes, in table
+// order.
+func (r Region) PostgresNodeNames() []string {
+	out := make([]string, len(r.Postgres.Nodes))
+	for i := range r.Postgres.Nodes {
+		out[i] = r.PostgresNodeName(i)
+	}
+	return out
+}
+
+// PostgresMonitorName returns the name of the region's formation monitor:
+// its docker-compose service and its host name, "postgres-eu-monitor".
+func (r Region) PostgresMonitorName() string { return "postgres-" + r.Name + "-monitor" }
 
 // Table is the ordered set of regions.
 type Table struct {
@@ -144,8 +183,9 @@ func Load(path string) (Table, error) {
 
 // Parse decodes and validates a region table. Unknown fields, duplicate or
 // malformed names, codes outside 1..MaxCode, a NATS cluster whose node
-// count is not one of ClusterSizes, and duplicate codes or ports are
-// errors.
+// count is not one of ClusterSizes, a Postgres formation with fewer than
+// MinPostgresNodes data nodes, ports out of range, and duplicate codes or
+// ports (anywhere in the table) are errors.
 func Parse(b []byte) (Table, error) {
 	var t Table
 	dec := yaml.NewDecoder(bytes.NewReader(b))
@@ -245,7 +285,10 @@ func (t Table) validate() error {
 		if n := len(r.NATS.Nodes); !slices.Contains(ClusterSizes, n) {
 			return fmt.Errorf("region %q: nats.nodes: %d nodes, want %s (a majority must survive a lost node)", r.Name, n, sizes())
 		}
-		for _, p := range []int{r.Postgres.Port, r.APIPort, r.MetricsPort, r.RouterMetricsPort, r.APIMetricsPort, r.WANPort, r.WANControlPort} {
+		if n := len(r.Postgres.Nodes); n < MinPostgresNodes {
+			return fmt.Errorf("region %q: postgres.nodes: %d nodes, want at least %d (a primary and a standby to take over)", r.Name, n, MinPostgresNodes)
+		}
+		for _, p := range []int{r.APIPort, r.MetricsPort, r.RouterMetricsPort, r.APIMetricsPort, r.WANPort, r.WANControlPort} {
 			if err := claim(ports, p, r.Name); err != nil {
 				return fmt.Errorf("region %q: %w", r.Name, err)
 			}
@@ -256,6 +299,14 @@ func (t Table) validate() error {
 					return fmt.Errorf("region %q: nats node %d: %w", r.Name, i+1, err)
 				}
 			}
+		}
+		for i, n := range r.Postgres.Nodes {
+			if err := claim(ports, n.Port, r.PostgresNodeName(i)); err != nil {
+				return fmt.Errorf("region %q: postgres node %d: %w", r.Name, i+1, err)
+			}
+		}
+		if err := claim(ports, r.Postgres.MonitorPort, r.PostgresMonitorName()); err != nil {
+			return fmt.Errorf("region %q: postgres monitor: %w", r.Name, err)
 		}
 	}
 	return nil

@@ -2,6 +2,7 @@ package regions_test
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -32,12 +33,34 @@ func TestDefault(t *testing.T) {
 	}
 }
 
+// TestDefaultPostgres: every region's database is a formation of a monitor
+// and two data nodes, named as docker-compose's services, on the host
+// ports 55<code>, 56<code> and, for the monitor, 57<code>.
+func TestDefaultPostgres(t *testing.T) {
+	tab, err := regions.Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range tab.Regions {
+		if got, want := strings.Join(r.PostgresNodeNames(), ","), fmt.Sprintf("postgres-%[1]s-1,postgres-%[1]s-2", r.Name); got != want {
+			t.Errorf("region %s: postgres nodes %s, want %s", r.Name, got, want)
+		}
+		if got, want := r.PostgresMonitorName(), "postgres-"+r.Name+"-monitor"; got != want {
+			t.Errorf("region %s: postgres monitor %s, want %s", r.Name, got, want)
+		}
+		want := []regions.PostgresNode{{Port: 5500 + int(r.Code)}, {Port: 5600 + int(r.Code)}}
+		if !slices.Equal(r.Postgres.Nodes, want) || r.Postgres.MonitorPort != 5700+int(r.Code) {
+			t.Errorf("region %s: postgres nodes %v monitor port %d, want %v and %d", r.Name, r.Postgres.Nodes, r.Postgres.MonitorPort, want, 5700+int(r.Code))
+		}
+	}
+}
+
 func TestParseRejects(t *testing.T) {
 	const ok = `
   - name: eu
     code: 1
     nats: {nodes: [{client_port: 1, monitor_port: 3, route_port: 2}]}
-    postgres: {database: paymesh_eu, port: 4}
+    postgres: {database: paymesh_eu, nodes: [{port: 4}, {port: 40}], monitor_port: 41}
     api_port: 5
     metrics_port: 6
     router_metrics_port: 7
@@ -49,9 +72,13 @@ func TestParseRejects(t *testing.T) {
 		t.Fatalf("valid table: %v", err)
 	}
 	second := strings.NewReplacer("name: eu", "name: us", "code: 1", "code: 2", "paymesh_eu", "paymesh_us", "client_port: 1,", "client_port: 11,",
-		"monitor_port: 3,", "monitor_port: 13,", "route_port: 2}", "route_port: 12}", "port: 4}", "port: 14}", "api_port: 5", "api_port: 15", "metrics_port: 6", "metrics_port: 16",
+		"monitor_port: 3,", "monitor_port: 13,", "route_port: 2}", "route_port: 12}", "{port: 4}", "{port: 14}", "{port: 40}", "{port: 50}",
+		"monitor_port: 41", "monitor_port: 51", "api_port: 5", "api_port: 15", "metrics_port: 6", "metrics_port: 16",
 		"router_metrics_port: 7", "router_metrics_port: 17", "api_metrics_port: 8", "api_metrics_port: 18",
 		"wan_port: 9", "wan_port: 19", "wan_control_port: 10", "wan_control_port: 20")
+	if _, err := regions.Parse([]byte(hub + "regions:" + ok + second.Replace(ok) + "\nwan: {round_trips: {eu-us: 1ms}}\n")); err != nil {
+		t.Fatalf("valid table of two regions: %v", err)
+	}
 	tests := map[string]struct{ yaml, want string }{
 		"Empty":           {hub + "regions: []", "no regions"},
 		"BadName":         {hub + "regions:" + strings.Replace(ok, "name: eu", "name: EU", 1), "lowercase"},
@@ -77,6 +104,28 @@ func TestParseRejects(t *testing.T) {
 		"NodePortIsAService": {hub + "regions:" + strings.Replace(ok, "route_port: 2}", "route_port: 5}", 1), `"eu": nats node 1: port 5 already used by "eu"`},
 		"NoRoutePort":        {hub + "regions:" + strings.Replace(ok, ", route_port: 2}", "}", 1), "nats node 1: port 0 out of range"},
 		"UnknownNodeField":   {hub + "regions:" + strings.Replace(ok, "route_port: 2}", "route_port: 2, gateway_port: 7}", 1), "gateway_port"},
+		// A region's Postgres is a formation: a monitor and at least two
+		// data nodes, every port its own in the whole table.
+		"OnePostgresNode":             {hub + "regions:" + strings.Replace(ok, ", {port: 40}]", "]", 1), `"eu": postgres.nodes: 1 nodes, want at least 2`},
+		"NoPostgresNodes":             {hub + "regions:" + strings.Replace(ok, " nodes: [{port: 4}, {port: 40}],", "", 1), `"eu": postgres.nodes: 0 nodes, want at least 2`},
+		"OldPostgresLayout":           {hub + "regions:" + strings.Replace(ok, "nodes: [{port: 4}, {port: 40}], monitor_port: 41", "port: 4", 1), "field port not found"},
+		"PostgresNodeField":           {hub + "regions:" + strings.Replace(ok, "{port: 40}", "{port: 40, replication_port: 42}", 1), "replication_port"},
+		"PostgresNodeNoPort":          {hub + "regions:" + strings.Replace(ok, "{port: 40}", "{}", 1), `"eu": postgres node 2: port 0 out of range`},
+		"PostgresNodeBadPort":         {hub + "regions:" + strings.Replace(ok, "{port: 40}", "{port: 70000}", 1), `"eu": postgres node 2: port 70000 out of range`},
+		"PostgresNodesShareAPort":     {hub + "regions:" + strings.Replace(ok, "{port: 40}", "{port: 4}", 1), `"eu": postgres node 2: port 4 already used by "postgres-eu-1"`},
+		"PostgresNodePortIsAService":  {hub + "regions:" + strings.Replace(ok, "{port: 4}", "{port: 5}", 1), `"eu": postgres node 1: port 5 already used by "eu"`},
+		"PostgresNodePortIsANATSNode": {hub + "regions:" + strings.Replace(ok, "{port: 40}", "{port: 2}", 1), `"eu": postgres node 2: port 2 already used by "nats-eu-1"`},
+		"PostgresNodePortIsTheHub":    {hub + "regions:" + strings.Replace(ok, "{port: 40}", "{port: 101}", 1), `"eu": postgres node 2: port 101 already used by "hub"`},
+		"PostgresNodePortOfAnotherRegion": {hub + "regions:" + ok + strings.Replace(second.Replace(ok), "{port: 50}", "{port: 40}", 1),
+			`"us": postgres node 2: port 40 already used by "postgres-eu-2"`},
+		"NoMonitorPort":         {hub + "regions:" + strings.Replace(ok, ", monitor_port: 41", "", 1), `"eu": postgres monitor: port 0 out of range`},
+		"MonitorBadPort":        {hub + "regions:" + strings.Replace(ok, "monitor_port: 41", "monitor_port: 65536", 1), `"eu": postgres monitor: port 65536 out of range`},
+		"MonitorPortIsANode":    {hub + "regions:" + strings.Replace(ok, "monitor_port: 41", "monitor_port: 40", 1), `"eu": postgres monitor: port 40 already used by "postgres-eu-2"`},
+		"MonitorPortIsAService": {hub + "regions:" + strings.Replace(ok, "monitor_port: 41", "monitor_port: 10", 1), `"eu": postgres monitor: port 10 already used by "eu"`},
+		"MonitorPortOfAnotherRegion": {hub + "regions:" + ok + strings.Replace(second.Replace(ok), "monitor_port: 51", "monitor_port: 41", 1),
+			`"us": postgres monitor: port 41 already used by "postgres-eu-monitor"`},
+		"ServicePortIsAPostgresNode": {hub + "regions:" + ok + strings.Replace(second.Replace(ok), "api_port: 15", "api_port: 40", 1),
+			`"us": port 40 already used by "postgres-eu-2"`},
 	}
 	for name, tt := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -124,10 +173,11 @@ func table(t *testing.T, wan string, names ...string) (regions.Table, error) {
 	var b strings.Builder
 	b.WriteString("hub: {client_port: 100, monitor_port: 101, leaf_port: 102}\nregions:\n")
 	for i, n := range names {
-		p := 1000 + 10*i
-		fmt.Fprintf(&b, "  - {name: %s, code: %d, nats: {nodes: [{client_port: %d, monitor_port: %d, route_port: %d}]}, postgres: {database: db_%s, port: %d},"+
+		p := 1000 + 20*i
+		fmt.Fprintf(&b, "  - {name: %s, code: %d, nats: {nodes: [{client_port: %d, monitor_port: %d, route_port: %d}]},"+
+			" postgres: {database: db_%s, nodes: [{port: %d}, {port: %d}], monitor_port: %d},"+
 			" api_port: %d, metrics_port: %d, router_metrics_port: %d, api_metrics_port: %d, wan_port: %d, wan_control_port: %d}\n",
-			n, i+1, p, p+1, p+9, n, p+2, p+3, p+4, p+5, p+6, p+7, p+8)
+			n, i+1, p, p+1, p+9, n, p+2, p+10, p+11, p+3, p+4, p+5, p+6, p+7, p+8)
 	}
 	b.WriteString(wan)
 	return regions.Parse([]byte(b.String()))

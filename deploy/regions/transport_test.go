@@ -5,6 +5,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -44,13 +45,17 @@ func mountsCerts(s compose.Service) bool {
 // TestComposeTransport: every link of docker-compose.yml is encrypted and
 // authenticated. The certs service (the lab image's paymesh-lab certs)
 // writes the PKI into the certs volume and the CA's key into the ca
-// volume, which nothing else mounts; every nats-server and Postgres waits
-// for it to complete and mounts the certs read-only; every Postgres runs
-// with ssl=on, its own certificate and the hba file of deploy/postgres,
-// with a password and no trust; every Postgres URL of every service
-// verifies the server (sslmode=verify-full with the CA) and gives a
-// password; every PAYMESH_NATS_URL is tls:// with PAYMESH_NATS_CA, and
-// each such service mounts the CA it names.
+// volume, which nothing else mounts; every nats-server and Postgres server
+// waits for it to complete and mounts the certs read-only; every server of
+// a region's Postgres formation (its monitor and data nodes) runs with the
+// CA, the region's certificate and key of the certs volume (which name
+// the server's host), the hba file of deploy/postgres mounted read-only,
+// and the region's password, no trust; the entrypoint makes every server
+// with TLS verified in full and the hba file instead of pg_autoctl's own
+// rules; every Postgres URL of every service (the keepers' of their
+// monitor included) verifies the server (sslmode=verify-full with the CA)
+// and gives a password; every PAYMESH_NATS_URL is tls:// with
+// PAYMESH_NATS_CA, and each such service mounts the CA it names.
 func TestComposeTransport(t *testing.T) {
 	p := loadCompose(t)
 	tab := mustTable(t)
@@ -81,7 +86,7 @@ func TestComposeTransport(t *testing.T) {
 		}
 		for k, v := range s.Environment {
 			for _, u := range postgresURLs(v) {
-				checkPostgresURL(t, name+": "+k, u)
+				checkPostgresURL(t, name+": "+k, u.URL)
 				if !mountsCerts(s) {
 					t.Errorf("%s: %s names %s, but the service does not mount %s", name, k, caCert, certsDir)
 				}
@@ -98,33 +103,103 @@ func TestComposeTransport(t *testing.T) {
 			}
 		}
 	}
+	pki := map[string]certs.Server{}
+	for _, c := range certs.Servers(tab) {
+		pki[c.Name] = c
+	}
 	for _, r := range tab.Regions {
-		name := "postgres-" + r.Name
-		pg := service(t, p, name)
-		want := []string{"postgres", "-c", "ssl=on", "-c", "ssl_cert_file=" + certsDir + "/postgres-" + r.Name + ".pem",
-			"-c", "ssl_key_file=" + certsDir + "/postgres-" + r.Name + "-key.pem", "-c", "hba_file=" + hbaTarget}
-		if !slices.Equal(pg.Command, want) {
-			t.Errorf("%s: command %q, want %q", name, pg.Command, want)
+		// One certificate for the region's formation, under the file
+		// names of the certs service.
+		cert, ok := pki["postgres-"+r.Name]
+		if !ok {
+			t.Errorf("region %s: no certificate postgres-%s among the certs service's", r.Name, r.Name)
+			continue
 		}
-		if got, ro := mountedFile(t, p, name, hbaTarget); got != hbaFile || !ro {
-			t.Errorf("%s: mounts %s (read-only %v) at %s, want %s read-only", name, got, ro, hbaTarget, hbaFile)
-		}
-		if pg.Environment["POSTGRES_PASSWORD"] != postgresPassword(r) || pg.Environment["POSTGRES_HOST_AUTH_METHOD"] != "" {
-			t.Errorf("%s: POSTGRES_PASSWORD %q, POSTGRES_HOST_AUTH_METHOD %q; want %q and none (no trust)", name,
-				pg.Environment["POSTGRES_PASSWORD"], pg.Environment["POSTGRES_HOST_AUTH_METHOD"], postgresPassword(r))
+		for _, name := range postgresServers(r) {
+			pg := service(t, p, name)
+			env := pg.Environment
+			want := map[string]string{
+				"PGAF_CA_FILE":      caCert,
+				"PGAF_CERT_FILE":    certsDir + "/postgres-" + r.Name + ".pem",
+				"PGAF_KEY_FILE":     certsDir + "/postgres-" + r.Name + "-key.pem",
+				"PGAF_HBA_FILE":     hbaTarget,
+				"POSTGRES_PASSWORD": postgresPassword(r),
+			}
+			for k, v := range want {
+				if env[k] != v {
+					t.Errorf("%s: %s %q, want %q", name, k, env[k], v)
+				}
+			}
+			if env["PGAF_CERT_FILE"] != certsDir+"/"+cert.CertFile() || env["PGAF_KEY_FILE"] != certsDir+"/"+cert.KeyFile() {
+				t.Errorf("%s: certificate %s and key %s, but the certs service writes %s and %s", name, env["PGAF_CERT_FILE"], env["PGAF_KEY_FILE"], cert.CertFile(), cert.KeyFile())
+			}
+			if !slices.Contains(cert.Hosts, env["PGAF_HOSTNAME"]) {
+				t.Errorf("%s: reached as %q, which its certificate %s does not name (%v): verify-full would fail", name, env["PGAF_HOSTNAME"], cert.Name, cert.Hosts)
+			}
+			if got, ro := mountedFile(t, p, name, hbaTarget); got != hbaFile || !ro {
+				t.Errorf("%s: mounts %s (read-only %v) at %s, want %s read-only", name, got, ro, hbaTarget, hbaFile)
+			}
+			if _, ok := env["POSTGRES_HOST_AUTH_METHOD"]; ok {
+				t.Errorf("%s: POSTGRES_HOST_AUTH_METHOD %q; want none (no trust)", name, env["POSTGRES_HOST_AUTH_METHOD"])
+			}
 		}
 	}
+	checkFormationSecured(t)
 	checkHBA(t, filepath.Join(repoRoot, hbaFile))
 }
 
-// postgresURLs returns the Postgres URLs in a variable's value: the value
-// itself, or each region=URL of a list.
-func postgresURLs(v string) []string {
-	var out []string
-	for _, item := range strings.Split(v, ",") {
-		if i := strings.Index(item, "postgres://"); i >= 0 {
-			out = append(out, item[i:])
+// checkFormationSecured: the entrypoint makes every server (the monitor
+// and the data nodes alike) with TLS verified in full, with the
+// certificate, key and CA it is given, and without pg_autoctl's own hba
+// rules, and puts the given hba file in place of the server's at every
+// start.
+func checkFormationSecured(t *testing.T) {
+	t.Helper()
+	text := strings.ReplaceAll(readFormation(t).text, "\\\n", " ") // continued lines joined
+	tls := regexp.MustCompile(`(?m)^tls="([^"]*)"$`).FindStringSubmatch(text)
+	if tls == nil {
+		t.Fatalf("%s: no tls=\"...\" options for pg_autoctl create", formationFile)
+	}
+	for _, opt := range []string{"--skip-pg-hba", "--ssl-mode verify-full", "--ssl-ca-file ", "--server-cert ", "--server-key "} {
+		if !strings.Contains(tls[1], opt) {
+			t.Errorf("%s: pg_autoctl create's options %q lack %s", formationFile, tls[1], opt)
 		}
+	}
+	for _, role := range []string{"monitor", "postgres"} {
+		if !regexp.MustCompile(`pg_autoctl create ` + role + ` [^\n]*\$tls\b`).MatchString(text) {
+			t.Errorf("%s: pg_autoctl create %s without $tls", formationFile, role)
+		}
+	}
+	if !strings.Contains(text, `cp "$PGAF_HBA_FILE" "$PGDATA/pg_hba.conf"`) {
+		t.Errorf("%s: does not put PGAF_HBA_FILE in place of the server's hba file", formationFile)
+	}
+}
+
+// regionURL is one Postgres URL of a variable's value, with the region
+// that a list gives it ("" for none).
+type regionURL struct{ Region, URL string }
+
+// pgListItem finds where a Postgres URL starts in a value: at its start or
+// after a comma, with an optional region= before it. A comma between the
+// hosts of a multi-host URL starts no item: no scheme follows it.
+var pgListItem = regexp.MustCompile(`(?:^|,)(?:([a-z]{2,8})=)?(postgres(?:ql)?://)`)
+
+// postgresURLs returns the Postgres URLs in a variable's value: the value
+// itself, or each region=URL of a comma-separated list, each URL whole
+// with every host of a multi-host URL.
+func postgresURLs(v string) []regionURL {
+	var out []regionURL
+	m := pgListItem.FindAllStringSubmatchIndex(v, -1)
+	for i, loc := range m {
+		end := len(v)
+		if i+1 < len(m) {
+			end = m[i+1][0]
+		}
+		item := regionURL{URL: v[loc[4]:end]}
+		if loc[2] >= 0 {
+			item.Region = v[loc[2]:loc[3]]
+		}
+		out = append(out, item)
 	}
 	return out
 }
@@ -164,8 +239,11 @@ func checkHBA(t *testing.T, path string) {
 		}
 		rules++
 		typ, method := fields[0], fields[len(fields)-1]
-		if !(typ == "hostssl" && method == "scram-sha-256" && len(fields) == 5) && !(typ == "local" && method == "peer" && len(fields) == 4) {
-			t.Errorf("%s:%d: %q: want hostssl ... scram-sha-256, or local ... peer", path, n, strings.TrimSpace(line))
+		// The one peer rule with a map: the monitor's OS user as
+		// autoctl_node, on the monitor's database only.
+		mapped := slices.Equal(fields, []string{"local", "pg_auto_failover", "autoctl_node", "peer", "map=pgautofailover"})
+		if !(typ == "hostssl" && method == "scram-sha-256" && len(fields) == 5) && !(typ == "local" && method == "peer" && len(fields) == 4) && !mapped {
+			t.Errorf("%s:%d: %q: want hostssl ... scram-sha-256, local ... peer, or the monitor's mapped peer rule", path, n, strings.TrimSpace(line))
 		}
 	}
 	if rules == 0 {

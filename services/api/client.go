@@ -32,6 +32,9 @@ type Response struct {
 	Status   int
 	Replayed bool
 	Body     json.RawMessage
+	// Tries is how many times the request was sent before this answer
+	// (1: at once).
+	Tries int
 }
 
 // Error is an API answer with a problem body.
@@ -138,7 +141,9 @@ func (c *Client) post(ctx context.Context, path, key string, body []byte) (Respo
 	if attempts == 0 {
 		attempts = 8
 	}
-	return backoff.Retry(ctx, func() (Response, error) {
+	tries := 0
+	r, err := backoff.Retry(ctx, func() (Response, error) {
+		tries++
 		r, err := c.do(ctx, http.MethodPost, path, key, body)
 		var e *Error
 		var rt retryable
@@ -154,6 +159,8 @@ func (c *Client) post(ctx context.Context, path, key string, body []byte) (Respo
 		return r, err // nil, or a network error: retried
 	}, backoff.WithMaxTries(attempts), backoff.WithBackOff(&backoff.ExponentialBackOff{
 		InitialInterval: 100 * time.Millisecond, RandomizationFactor: 0.3, Multiplier: 2, MaxInterval: 3 * time.Second}))
+	r.Tries = tries
+	return r, err
 }
 
 // CreateAccount opens an account; region may be empty. With an

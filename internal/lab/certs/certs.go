@@ -1,7 +1,7 @@
 // Package certs makes the development PKI of docker-compose.yml and of the
 // process simulation (paymesh-lab certs): a certificate authority, and one
 // certificate per server that the regions' links verify: the leafnode hub,
-// each region's JetStream cluster and each region's Postgres. It uses Go's
+// each region's JetStream cluster and each region's Postgres formation. It uses Go's
 // crypto/x509 only; nothing is downloaded.
 //
 // A deployment brings its own PKI (its certificate manager, its secret
@@ -72,15 +72,20 @@ var loopbackHosts = []string{"localhost", "127.0.0.1", "::1"}
 //   - nats-<region>, shared by the region's cluster nodes
 //     (nats-<region>-1..N), for their clients and for the routes among
 //     them (each node presents it and verifies the others');
-//   - postgres-<region>.
+//   - postgres-<region>, shared by the servers of the region's
+//     pg_auto_failover formation: its monitor (postgres-<region>-monitor)
+//     and its data nodes (postgres-<region>-1..N), which the clients
+//     verify (sslmode=verify-full), the keepers verify on the monitor and
+//     a standby verifies on the primary it streams from.
 func Servers(t regions.Table) []Server {
 	hub := Server{Name: "nats-hub", Hosts: []string{"nats-hub"}}
 	var out []Server
 	for _, r := range t.Regions {
 		hub.Hosts = append(hub.Hosts, "wan-"+r.Name)
+		pg := append([]string{r.PostgresMonitorName()}, r.PostgresNodeNames()...)
 		out = append(out,
 			Server{Name: "nats-" + r.Name, Hosts: append(r.NodeNames(), loopbackHosts...)},
-			Server{Name: "postgres-" + r.Name, Hosts: append([]string{"postgres-" + r.Name}, loopbackHosts...)})
+			Server{Name: "postgres-" + r.Name, Hosts: append(pg, loopbackHosts...)})
 	}
 	hub.Hosts = append(hub.Hosts, loopbackHosts...)
 	return append([]Server{hub}, out...)

@@ -36,8 +36,15 @@ func TestServers(t *testing.T) {
 		if !slices.Contains(got["nats-hub"], "wan-"+r.Name) {
 			t.Errorf("the hub's certificate does not name wan-%s, the host region %s's leafnodes dial: %v", r.Name, r.Name, got["nats-hub"])
 		}
-		if !slices.Contains(got["postgres-"+r.Name], "127.0.0.1") {
-			t.Errorf("postgres-%s is not valid for 127.0.0.1: %v", r.Name, got["postgres-"+r.Name])
+		// One certificate for the region's formation: its monitor and
+		// every data node (the clients' multi-host URL verifies each, the
+		// keepers the monitor, a standby its primary), and loopback.
+		want := append(append([]string{r.PostgresMonitorName()}, r.PostgresNodeNames()...), loopbackHosts...)
+		if pg := got["postgres-"+r.Name]; !slices.Equal(pg, want) {
+			t.Errorf("postgres-%s names %v, want %v", r.Name, pg, want)
+		}
+		if len(r.PostgresNodeNames()) < 2 {
+			t.Errorf("region %s: %d postgres nodes, want a formation", r.Name, len(r.PostgresNodeNames()))
 		}
 	}
 }
@@ -46,7 +53,7 @@ func TestServers(t *testing.T) {
 // authority for each of its hosts, and serves a TLS handshake with one.
 func TestMake(t *testing.T) {
 	dir, caDir := t.TempDir(), t.TempDir()
-	servers := []Server{{Name: "nats-eu", Hosts: []string{"nats-eu-1", "nats-eu-2", "127.0.0.1"}}, {Name: "postgres-eu", Hosts: []string{"postgres-eu", "::1"}}}
+	servers := []Server{{Name: "nats-eu", Hosts: []string{"nats-eu-1", "nats-eu-2", "127.0.0.1"}}, {Name: "postgres-eu", Hosts: []string{"postgres-eu-monitor", "postgres-eu-1", "postgres-eu-2", "::1"}}}
 	m, err := Make(Options{Dir: dir, CADir: caDir}, servers)
 	if err != nil {
 		t.Fatal(err)

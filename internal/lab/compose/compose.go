@@ -1,10 +1,11 @@
 // Package compose loads a docker-compose file with the compose
 // specification's own loader (github.com/compose-spec/compose-go/v2) and
-// keeps the little of it that paymesh runs: each service's image or build,
-// command, environment, published ports, dependencies, healthcheck, volumes
-// and profiles. A Mapper rewrites the addresses services use inside the
-// compose network to the loopback addresses their published ports have on
-// the host, so the same environment can start the services as processes.
+// keeps the little of it that paymesh runs: each service's image or build
+// (its context and target), command, environment, published ports,
+// dependencies, healthcheck, volumes and profiles. A Mapper rewrites the
+// addresses services use inside the compose network to the loopback
+// addresses their published ports have on the host, so the same
+// environment can start the services as processes.
 package compose
 
 import (
@@ -55,6 +56,10 @@ type Service struct {
 	// Target is the Dockerfile stage built (build: target:), "" for the
 	// last one.
 	Target string
+	// Context is the build context (build: context:): the absolute
+	// folder, a relative one resolved from the project directory, or a
+	// remote context as the file gives it; "" without Build.
+	Context string
 	// Command overrides the image's command; nil keeps it.
 	Command []string
 	// Environment is the resolved environment: a variable the file lists
@@ -160,7 +165,7 @@ func convert(name string, s types.ServiceConfig) (Service, error) {
 		Restart:     s.Restart,
 	}
 	if s.Build != nil {
-		svc.Target = s.Build.Target
+		svc.Target, svc.Context = s.Build.Target, s.Build.Context
 	}
 	if len(s.Command) > 0 {
 		svc.Command = slices.Clone([]string(s.Command))

@@ -50,7 +50,7 @@ func TestLoad(t *testing.T) {
 			Volumes:     []compose.Volume{{Type: "volume", Source: "dbdata", Target: "/var/lib/postgresql/data"}},
 		},
 		"app": {
-			Name: "app", Build: true, Command: []string{"serve", "--verbose"},
+			Name: "app", Build: true, Context: dir, Command: []string{"serve", "--verbose"}, // build: . from the file's folder
 			Environment: map[string]string{
 				"SHOP_DB":       "postgres://postgres@db:5432/shop?sslmode=disable",
 				"SHOP_HUB":      "nats://hub:4222",
@@ -150,6 +150,13 @@ func TestLoadRepositoryFile(t *testing.T) {
 	for _, name := range []string{"nats-hub", "ledger-eu", "loadgen", "verify-ap"} {
 		if _, ok := p.Services[name]; !ok {
 			t.Errorf("no service %s among %v", name, slices.Sorted(maps.Keys(p.Services)))
+		}
+	}
+	// Build contexts resolve from the file's folder: the repository's
+	// root for the paymesh image, deploy/postgres for a region's database.
+	for name, want := range map[string]string{"ledger-eu": root, "postgres-eu-1": filepath.Join(root, "deploy", "postgres")} {
+		if s := p.Services[name]; !s.Build || s.Context != want {
+			t.Errorf("%s: build %v context %q, want %s", name, s.Build, s.Context, want)
 		}
 	}
 }

@@ -13,7 +13,7 @@ import (
 const loopback = "127.0.0.1"
 
 // Mapper rewrites the addresses services use inside the compose network
-// ("postgres-eu:5432", "nats://nats-eu:4222", "http://api-eu:8101") to the
+// ("postgres-eu-1:5432", "nats://nats-eu:4222", "http://api-eu:8101") to the
 // loopback addresses their published ports have on the host, and listen
 // addresses on every interface ("0.0.0.0:9101") to loopback.
 type Mapper struct {

@@ -61,6 +61,12 @@ type HistoryEntry struct {
 	From       string `json:"from"`
 	To         string `json:"to"`
 	Replayed   bool   `json:"replayed,omitempty"`
+	// Sent and Answered are when the request was first sent and when its
+	// answer came (Unix milliseconds); Tries how many times it was sent
+	// (the client retries network errors, 429 and 5xx with the same key).
+	Sent     int64 `json:"sent,omitempty"`
+	Answered int64 `json:"answered,omitempty"`
+	Tries    int   `json:"tries,omitempty"`
 }
 
 // ReadHistory decodes the JSON lines a run wrote to Config.History. It
@@ -203,6 +209,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Result, error) {
 				}
 				for i := range tries {
 					via := regions[pick(len(regions))]
+					asked := time.Now()
 					r, err := client(via).SendTransfer(ctx, req, key)
 					var ae *api.Error
 					switch {
@@ -238,7 +245,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Result, error) {
 							return
 						}
 						if err := record(HistoryEntry{Key: key, Client: cfg.Client, Region: via, Status: r.Status, TransferID: body.ID,
-							From: from, To: to, Replayed: r.Replayed}); err != nil {
+							From: from, To: to, Replayed: r.Replayed, Sent: asked.UnixMilli(), Answered: time.Now().UnixMilli(), Tries: r.Tries}); err != nil {
 							select {
 							case errs <- fmt.Errorf("loadgen: write the history: %w", err):
 							default:

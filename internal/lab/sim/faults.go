@@ -39,7 +39,7 @@ const (
 const NoFaults = "none"
 
 // FaultNames are the faults of the schedule, in the order they fire.
-var FaultNames = []string{FaultKillLedger, FaultKillRouter, FaultKillAPI, FaultKillNATS, FaultCut, FaultKillReceiver, FaultKillLeader, FaultDegrade}
+var FaultNames = []string{FaultKillLedger, FaultKillRouter, FaultKillAPI, FaultKillNATS, FaultCut, FaultKillReceiver, FaultKillLeader, FaultDegrade, FaultKillPostgres}
 
 // degradeLatency is added to the degraded link's latency: long enough that
 // the resets (at the rate of paymesh-lab load's degrade) catch PubAcks in
@@ -59,7 +59,8 @@ type fault struct {
 // schedule returns the faults of cfg.Faults spread over a load of length
 // d: the kills early, the cut in the middle, eu's ledger stream leader
 // killed once the cut is healed, the degraded link over the last third
-// (long enough for the duplicate-rate alert to fire).
+// (long enough for the duplicate-rate alert to fire), eu's Postgres
+// primary killed at 60 % and its node back, wiped, at 75 % (or 8 s later).
 func (s *sim) schedule(d time.Duration) []fault {
 	at := func(f float64) time.Duration { return time.Duration(f * float64(d)).Round(time.Second) }
 	cutFor := max(4*time.Second, at(0.08))
@@ -72,6 +73,7 @@ func (s *sim) schedule(d time.Duration) []fault {
 		s.killFault(FaultKillReceiver, "receiver", at(0.30)),
 		s.leaderKillFault("eu", max(at(0.22)+cutFor+time.Second, at(0.34))),
 		s.degradeFault(at(0.42), at(0.36)),
+		s.pgFailoverFault("eu", at(0.60), max(8*time.Second, at(0.15))),
 	}
 	var out []fault
 	for _, f := range all {
@@ -98,7 +100,13 @@ func (s *sim) killFault(name, service string, at time.Duration) fault {
 			if p == nil {
 				return fmt.Errorf("no process %s", service)
 			}
+			at := time.Now()
 			p.kill9()
+			if region, ok := strings.CutPrefix(service, "ledger-"); ok {
+				s.mu.Lock()
+				s.ledgerKills = append(s.ledgerKills, ServiceKill{Service: service, Region: region, KilledAt: at})
+				s.mu.Unlock()
+			}
 			return nil
 		},
 		undo: func(context.Context) error { return s.procs.get(service).restart() },

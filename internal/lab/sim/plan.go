@@ -22,7 +22,7 @@ type kind int
 
 const (
 	kindNATS       kind = iota + 1 // a nats-server process built from go.mod's version
-	kindPostgres                   // a throwaway cluster from the local binaries
+	kindFormation                  // a pg_auto_failover server: deploy/postgres/formation as a process
 	kindPrometheus                 // Debian's prometheus, through internal/testbed/promcheck
 	kindJaeger                     // bin/jaeger, built from tools/jaeger's pinned version
 	kindService                    // a long-running paymesh process (ledger, router, api, wan, receiver)
@@ -32,7 +32,7 @@ const (
 )
 
 func (k kind) String() string {
-	return [...]string{"?", "nats-server process", "throwaway Postgres", "prometheus (promcheck)", "jaeger process", "paymesh process",
+	return [...]string{"?", "nats-server process", "pg_auto_failover server (deploy/postgres/formation)", "prometheus (promcheck)", "jaeger process", "paymesh process",
 		"paymesh command before the load", "paymesh-lab load", "paymesh command after the load"}[k]
 }
 
@@ -80,8 +80,8 @@ func makePlan(p *compose.Project) (*plan, error) {
 			pl.notRun[name] = NotRun[img]
 		case img == "nats":
 			pl.kinds[name] = kindNATS
-		case img == "postgres":
-			pl.kinds[name] = kindPostgres
+		case img == formationImage && s.Build:
+			pl.kinds[name] = kindFormation
 		case img == "prom/prometheus":
 			pl.kinds[name] = kindPrometheus
 		case img == "jaegertracing/jaeger":

@@ -43,7 +43,7 @@ func TestEveryComposeServiceHasACounterpart(t *testing.T) {
 			t.Errorf("NotRun: image %s without a reason", img)
 		}
 	}
-	for _, k := range []kind{kindNATS, kindPostgres, kindPrometheus, kindJaeger, kindService, kindSetup, kindLoad, kindTool} {
+	for _, k := range []kind{kindNATS, kindFormation, kindPrometheus, kindJaeger, kindService, kindSetup, kindLoad, kindTool} {
 		if len(pl.of(k)) == 0 {
 			t.Errorf("no service runs as a %s", k)
 		}

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/paymesh/paymesh/internal/testbed/pgha"
 )
 
 // procSpec is how to start one service's process.
@@ -26,6 +28,13 @@ type procSpec struct {
 	// after 100 ms, doubling up to restartMax for each exit that comes
 	// within restartReset of its start.
 	Restart bool
+	// Credential, when set, is the user the process runs as (a Postgres
+	// server refuses root).
+	Credential *syscall.Credential
+	// Leftovers, when set, is a folder whose processes (those working in
+	// it) die with the process: a Postgres server's, whose data folder
+	// they all work in, wherever its keeper started them.
+	Leftovers string
 }
 
 // Automatic restarts: docker's own backoff.
@@ -159,7 +168,7 @@ func (p *proc) runAfter(prev chan struct{}) error {
 	cmd := exec.Command(p.spec.Path, p.spec.Args...)
 	cmd.Env = environ(p.spec.Env)
 	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: p.spec.Credential}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("sim: start %s (%s): %w", p.spec.Name, p.spec.Path, err)
 	}
@@ -284,10 +293,16 @@ func (p *proc) signal(sig syscall.Signal) {
 }
 
 // kill9 kills the process group with SIGKILL, as a crash would, and
-// waits for it to be gone.
+// the processes working in its Leftovers folder, and waits for it to be
+// gone.
 func (p *proc) kill9() {
 	p.hold()
 	p.signal(syscall.SIGKILL)
+	if p.spec.Leftovers != "" {
+		for _, pid := range pgha.ProcessesIn(p.spec.Leftovers) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	_ = p.wait(ctx)
@@ -301,7 +316,8 @@ func (p *proc) restart() error {
 	return p.run()
 }
 
-// stop sends SIGTERM to the group, and SIGKILL after grace.
+// stop sends SIGTERM to the group, and SIGKILL after grace to it and to
+// what is left working in its Leftovers folder.
 func (p *proc) stop(grace time.Duration) {
 	p.hold()
 	p.signal(syscall.SIGTERM)
@@ -309,5 +325,14 @@ func (p *proc) stop(grace time.Duration) {
 	defer cancel()
 	if err := p.wait(ctx); errors.Is(err, context.DeadlineExceeded) {
 		p.kill9()
+		return
+	}
+	for p.spec.Leftovers != "" && len(pgha.ProcessesIn(p.spec.Leftovers)) > 0 {
+		select {
+		case <-ctx.Done():
+			p.kill9()
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
 }

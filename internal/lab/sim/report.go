@@ -42,6 +42,12 @@ type Report struct {
 	// that were undone: which node led the stream, and which led it while
 	// that one was down.
 	LeaderKills []LeaderKill
+	// Failover is what the kill of eu's Postgres primary cost (nil: the
+	// fault did not fire).
+	Failover *Failover `json:",omitempty"`
+	// LedgerKills are the kills of a region's ledger, with the time the
+	// region wrote nothing.
+	LedgerKills []ServiceKill `json:",omitempty"`
 	// Hooks is the audit of compose's reference receiver (nil: compose
 	// runs none): the load's client's events, their deliveries, the
 	// redeliveries asked for, the duplicates the receiver recorded by
@@ -146,6 +152,17 @@ func (r *Report) judge() {
 	for _, k := range r.LeaderKills {
 		add(k.LeaderWhileDown != k.Killed && strings.HasPrefix(k.LeaderWhileDown, "nats-"),
 			fmt.Sprintf("%s kept a leader while its leader %s was down (%s)", k.Stream, k.Killed, k.LeaderWhileDown), "")
+	}
+	if fo := r.Failover; fo != nil {
+		add(fo.check())
+	}
+	for _, k := range r.LedgerKills {
+		gap := k.Gap.Round(10 * time.Millisecond).String()
+		if k.Error != "" {
+			gap = "unknown (" + k.Error + ")"
+		}
+		r.Checks = append(r.Checks, Check{Name: fmt.Sprintf("INFO %s killed (restarted %s later): %s's last commit before → first after: %s",
+			k.Service, restartDelay, k.Region, gap), OK: true, Info: true})
 	}
 	add(r.Acknowledged > 0, fmt.Sprintf("the load was acknowledged (%d keys)", r.Acknowledged), "")
 	add(len(r.Lost) == 0, fmt.Sprintf("every acknowledged key is in its home ledger (%d lost)", len(r.Lost)), strings.Join(r.Lost, "\n"))

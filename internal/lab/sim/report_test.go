@@ -25,6 +25,9 @@ func passing() *Report {
 		Hooks: &HooksAudit{Audit: hookaudit.Audit{Events: 10, Delivered: 10, Attempts: 13, Applied: 10, Effects: 10,
 			Duplicates: map[receiver.Cause]int64{receiver.CauseRedelivery: 2, receiver.CauseRetry: 1}}, Redelivered: 2},
 		LeaderKills: []LeaderKill{{Stream: "LEDGER_EU", Killed: "nats-eu-2", LeaderWhileDown: "nats-eu-3"}},
+		Failover: &Failover{Region: "eu", Killed: "postgres-eu-1", Promoted: "postgres-eu-2", KilledAt: t0, Writable: 6 * time.Second,
+			LastOld: t0.Add(-10 * time.Millisecond), FirstNew: t0.Add(6 * time.Second), Gap: 6010 * time.Millisecond, Rejoined: 9 * time.Second,
+			Requests: 40, Retried: 12, MaxTries: 4},
 		Explained: &Explained{Traced: true,
 			Regions: map[string]dupexplain.Report{"us": {Region: "us", Duplicates: 12, Causes: []dupexplain.Cause{
 				{Cause: "republish", Count: 9, AgeP50: 0.2, AgeP99: 1.5, AgeP999: 1.9, Layers: map[string]float64{"msg_id": 9}},
@@ -99,6 +102,17 @@ func TestJudge(t *testing.T) {
 			r.Explained.InJaeger, r.Explained.JaegerError = nil, "jaeger: trace 4bf92f3577b34da6a3ce929d0e0e4736: 404 Not Found"
 		}, "404 Not Found"},
 		{"DuplicatesUnread", func(r *Report) { r.Explained.Error = "sim: prometheus: refused" }, "sim: prometheus: refused"},
+		{"NoFailover", func(r *Report) {
+			r.Failover.Promoted, r.Failover.Errors = "", []string{"failover: no other node took writes within 3m0s"}
+		},
+			"no other node took writes"},
+		{"FailoverToTheKilled", func(r *Report) { r.Failover.Promoted = "postgres-eu-1" }, "postgres-eu-1 killed, postgres-eu-1 took writes"},
+		{"NoRejoin", func(r *Report) {
+			r.Failover.Rejoined, r.Failover.Errors = 0, []string{"rejoin: sim: eu's database not healthy after 3m0s: eu-1 catchingup→secondary"}
+		}, "eu-1 catchingup→secondary"},
+		{"NoCommitAfterFailover", func(r *Report) {
+			r.Failover.Gap, r.Failover.Errors = 0, []string{"commit times: no write before the kill, or none after it"}
+		}, "none after it"},
 		{"NoLeaderWhileDown", func(r *Report) {
 			r.LeaderKills = []LeaderKill{{Stream: "LEDGER_EU", Killed: "nats-eu-2", LeaderWhileDown: "none (no leader)"}}
 		}, "none (no leader)"},

@@ -32,7 +32,6 @@ import (
 
 	"github.com/paymesh/paymesh/deploy/regions"
 	"github.com/paymesh/paymesh/internal/lab/compose"
-	"github.com/paymesh/paymesh/internal/testbed/pgserver"
 	"github.com/paymesh/paymesh/internal/testbed/promcheck"
 	"github.com/paymesh/paymesh/pkg/dedup"
 	"github.com/paymesh/paymesh/pkg/idgen"
@@ -110,8 +109,7 @@ type sim struct {
 	// jaegerBin is the jaeger binary, when the simulation runs Jaeger.
 	jaegerBin string
 
-	pgs    map[string]*pgserver.Throwaway // by compose service
-	stores map[string]*postgres.Store     // by region
+	stores map[string]*postgres.Store // by region
 	pools  []*pgxpool.Pool
 
 	prom   *promcheck.Server
@@ -127,6 +125,13 @@ type sim struct {
 	// laterFaultErrors are the failures of fault steps that run after
 	// their fault fired (the purge of loseFault).
 	laterFaultErrors []string
+	// failover is what the kill of a Postgres primary cost
+	// (pgFailoverFault); failoverDone is closed once another node takes
+	// writes (or that failed), rejoinDone once the wiped node rejoined.
+	failover                 *Failover
+	failoverDone, rejoinDone chan struct{}
+	// ledgerKills are the kills of a region's ledger (killFault).
+	ledgerKills []ServiceKill
 }
 
 // Run runs the simulation, writing progress and the report to out. It
@@ -205,7 +210,7 @@ func newSim(cfg Config, out io.Writer, pl *plan) (*sim, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &sim{cfg: cfg, out: out, table: table, ids: ids, plan: pl, pgs: map[string]*pgserver.Throwaway{}, stores: map[string]*postgres.Store{}}, nil
+	return &sim{cfg: cfg, out: out, table: table, ids: ids, plan: pl, stores: map[string]*postgres.Store{}}, nil
 }
 
 // extraMappings places the ports compose does not publish: the hub's
@@ -350,11 +355,6 @@ func (s *sim) cleanup() {
 	for _, p := range s.pools {
 		p.Close()
 	}
-	for _, name := range slices.Sorted(maps.Keys(s.pgs)) {
-		if err := s.pgs[name].Stop(); err != nil {
-			s.logf("stopping the throwaway Postgres of %s: %v", name, err)
-		}
-	}
 	if s.dir != "" {
 		_ = os.RemoveAll(filepath.Join(s.dir, "nats"))
 		_ = os.RemoveAll(filepath.Join(s.dir, "prometheus", "data"))
@@ -417,6 +417,8 @@ func (s *sim) run(ctx context.Context) (*Report, error) {
 	if err := s.checkHistory(ctx, rep); err != nil {
 		return nil, err
 	}
+	s.measureFailover(ctx, rep)
+	s.measureKills(ctx, rep)
 	if rep.Unfinished > 0 {
 		rep.RouterLogs = s.routerLogs()
 	}
@@ -449,8 +451,8 @@ func (s *sim) startAll(ctx context.Context) error {
 	for _, name := range s.plan.order {
 		var err error
 		switch s.plan.kinds[name] {
-		case kindPostgres:
-			err = s.startPostgres(ctx, name)
+		case kindFormation:
+			err = s.startFormationNode(ctx, name)
 		case kindNATS:
 			err = s.startNATS(ctx, name)
 		case kindJaeger:
@@ -464,110 +466,11 @@ func (s *sim) startAll(ctx context.Context) error {
 			return err
 		}
 	}
-	s.logf("topology up in %s", time.Since(start).Round(100*time.Millisecond))
-	return s.openStores(ctx)
-}
-
-// startPostgres starts a throwaway cluster on the service's published port,
-// with the settings of its compose command and its POSTGRES_PASSWORD
-// (postgresOptions), and creates its POSTGRES_DB.
-func (s *sim) startPostgres(ctx context.Context, name string) error {
-	svc := s.plan.project.Services[name]
-	port, ok := svc.Published(5432)
-	if !ok {
-		return fmt.Errorf("sim: %s publishes no Postgres port (5432)", name)
-	}
-	opts, err := s.postgresOptions(name)
-	if err != nil {
+	if err := s.waitFormations(ctx); err != nil {
 		return err
 	}
-	opts.Port = port
-	tw, err := pgserver.StartThrowawayWith(ctx, opts)
-	if err != nil {
-		return fmt.Errorf("sim: %s: %w", name, err)
-	}
-	s.pgs[name] = tw
-	if db := svc.Environment["POSTGRES_DB"]; db != "" {
-		if _, err := pgdb.Create(ctx, tw.URL, db, false); err != nil {
-			return fmt.Errorf("sim: %s: create database %s: %w", name, db, err)
-		}
-	}
-	s.logf("  %-14s throwaway Postgres on 127.0.0.1:%d (%s)%s", name, port, tw.Dir, postgresAuth(opts))
-	return nil
-}
-
-// postgresAuth describes a cluster's authentication, for the log.
-func postgresAuth(o pgserver.ThrowawayOptions) string {
-	switch {
-	case o.Password != "" && o.CertFile != "":
-		return ", TLS, scram-sha-256 password"
-	case o.Password != "":
-		return ", scram-sha-256 password, no TLS"
-	case o.CertFile != "":
-		return ", TLS, trust"
-	}
-	return ", trust, no TLS"
-}
-
-// The settings of a Postgres service's command that name files, which the
-// throwaway cluster copies (pgserver.ThrowawayOptions).
-const (
-	pgCertSetting = "ssl_cert_file"
-	pgKeySetting  = "ssl_key_file"
-	pgHBASetting  = "hba_file"
-)
-
-// postgresOptions reads a Postgres service's compose command, "postgres"
-// followed by "-c name=value" settings with its mounts' paths mapped to the
-// run folder, into a throwaway cluster's options: the certificate, key
-// and hba file given as files (which the cluster copies in, owned by its
-// own user), ssl=on implied by them, any other setting as it is, and
-// POSTGRES_PASSWORD as postgres's password. No command is the image's
-// default: trust, no TLS. It returns an error naming the service for any
-// other command, and for ssl=on without a certificate and key.
-func (s *sim) postgresOptions(name string) (pgserver.ThrowawayOptions, error) {
-	svc := s.plan.project.Services[name]
-	o := pgserver.ThrowawayOptions{Password: svc.Environment["POSTGRES_PASSWORD"]}
-	if len(svc.Command) == 0 {
-		return o, nil
-	}
-	m, err := s.mounts(name)
-	if err != nil {
-		return o, err
-	}
-	args := mappedPaths(m, svc.Command)
-	bad := func(why string) error {
-		return fmt.Errorf("sim: %s: command %q: %s (want postgres followed by -c name=value settings)", name, svc.Command, why)
-	}
-	if args[0] != "postgres" {
-		return o, bad("not the postgres server")
-	}
-	ssl := false
-	for i := 1; i < len(args); i += 2 {
-		if args[i] != "-c" || i+1 == len(args) {
-			return o, bad(fmt.Sprintf("argument %q", args[i]))
-		}
-		k, v, ok := strings.Cut(args[i+1], "=")
-		if !ok || k == "" {
-			return o, bad(fmt.Sprintf("setting %q", args[i+1]))
-		}
-		switch k {
-		case pgCertSetting:
-			o.CertFile = v
-		case pgKeySetting:
-			o.KeyFile = v
-		case pgHBASetting:
-			o.HBAFile = v
-		case "ssl":
-			ssl = v == "on"
-		default:
-			o.Settings = append(o.Settings, args[i+1])
-		}
-	}
-	if ssl != (o.CertFile != "" && o.KeyFile != "") {
-		return o, bad(fmt.Sprintf("ssl=on goes with both %s and %s, and they with it", pgCertSetting, pgKeySetting))
-	}
-	return o, nil
+	s.logf("topology up in %s", time.Since(start).Round(100*time.Millisecond))
+	return s.openStores(ctx)
 }
 
 // startNATS writes the service's config files, rewritten for loopback,

@@ -94,21 +94,20 @@ func (w *lineWriter) String() string {
 
 // TestCancelFreesEverything cancels a run once its topology is up and the
 // load runs, and checks that every port of the simulation is free again,
-// no process of the run is left and the throwaway clusters are gone.
+// no process of the run is left (the Postgres servers, which run as
+// another user, among them) and their volumes are gone.
 func TestCancelFreesEverything(t *testing.T) {
 	cfg := needSim(t)
 	cfg.Load = 20 * time.Second
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var pgDirs []string
+	servers := 0
 	out := &lineWriter{on: func(l string) {
 		if strings.HasPrefix(l, "load: ") {
 			time.AfterFunc(2*time.Second, cancel)
 		}
-		if i := strings.Index(l, "throwaway Postgres on"); i >= 0 {
-			if j := strings.LastIndex(l, "("); j > i {
-				pgDirs = append(pgDirs, strings.TrimSuffix(l[j+1:], ")"))
-			}
+		if strings.Contains(l, "pg_auto_failover") && strings.Contains(l, "ready in") {
+			servers++
 		}
 	}}
 	s, err := prepare(cfg, out)
@@ -121,15 +120,20 @@ func TestCancelFreesEverything(t *testing.T) {
 	if err == nil || ctx.Err() == nil {
 		t.Fatalf("run: got %v before the cancel, want it canceled; output:\n%s", err, out)
 	}
-	if len(pgDirs) == 0 {
-		t.Fatalf("no throwaway cluster started; output:\n%s", out)
+	if servers == 0 {
+		t.Fatalf("no Postgres server started; output:\n%s", out)
 	}
 	if err := checkPorts(ports); err != nil {
 		t.Fatalf("after the cancel: %v", err)
 	}
-	for _, d := range pgDirs {
-		if _, err := os.Stat(d); !os.IsNotExist(err) {
-			t.Errorf("throwaway cluster folder %s still exists (%v)", d, err)
+	if _, err := os.Stat(filepath.Join(s.dir, volumesDir)); !os.IsNotExist(err) {
+		t.Errorf("the volumes' folder %s still exists (%v)", filepath.Join(s.dir, volumesDir), err)
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/cwd")
+	for _, p := range procs {
+		if cwd, err := os.Readlink(p); err == nil && strings.HasPrefix(cwd, s.dir+"/") {
+			cmd, _ := os.ReadFile(filepath.Join(filepath.Dir(p), "cmdline"))
+			t.Errorf("process %s still works in the run folder (%s): %s", filepath.Base(filepath.Dir(p)), cwd, strings.ReplaceAll(string(cmd), "\x00", " "))
 		}
 	}
 	for port, svc := range ports {

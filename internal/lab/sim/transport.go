@@ -4,11 +4,14 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"net/url"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/paymesh/paymesh/deploy/regions"
 )
 
 // Transport is what the run saw of its links' encryption, read from the
@@ -132,7 +135,7 @@ func postgresTransport(ctx context.Context, region string, pool *pgxpool.Pool) (
 	rows, err := pool.Query(ctx, `
 		SELECT coalesce(nullif(a.application_name, ''), 'unnamed') || ' (' || host(a.client_addr) || ':' || a.client_port || ')', coalesce(s.ssl, false)
 		FROM pg_stat_activity a LEFT JOIN pg_stat_ssl s USING (pid)
-		WHERE a.backend_type = 'client backend' AND a.client_addr IS NOT NULL`)
+		WHERE a.backend_type IN ('client backend', 'walsender') AND a.client_addr IS NOT NULL`)
 	if err != nil {
 		return t, fmt.Errorf("postgres %s: connections: %w", region, err)
 	}
@@ -203,8 +206,49 @@ func (s *sim) transport(ctx context.Context) (Transport, error) {
 			return t, fmt.Errorf("sim: transport: %w", err)
 		}
 		t.Postgres = append(t.Postgres, p)
+		servers, err := s.formationServers(ctx, r)
+		if err != nil {
+			return t, fmt.Errorf("sim: transport: %w", err)
+		}
+		t.Postgres = append(t.Postgres, servers...)
 	}
 	return t, nil
+}
+
+// formationServers reads the links of each server of a region's
+// formation on its own, its standbys' and monitor's too (the region's
+// own entry reads only whichever takes writes): the keepers' connections
+// to the monitor, the monitor's probes, the standbys' streams.
+func (s *sim) formationServers(ctx context.Context, r regions.Region) ([]PostgresTransport, error) {
+	if s.plan.kinds[r.PostgresMonitorName()] != kindFormation {
+		return nil, nil
+	}
+	base, err := s.regionDB(r)
+	if err != nil {
+		return nil, err
+	}
+	var out []PostgresTransport
+	for _, name := range append(r.PostgresNodeNames(), r.PostgresMonitorName()) {
+		port, _ := s.plan.project.Services[name].Published(5432)
+		u, err := url.Parse(base)
+		if err != nil {
+			return nil, err
+		}
+		q := u.Query()
+		q.Del("target_session_attrs")
+		u.Host, u.Path, u.RawQuery = fmt.Sprintf("127.0.0.1:%d", port), "/postgres", q.Encode()
+		pool, err := pgxpool.New(ctx, u.String())
+		if err != nil {
+			return nil, err
+		}
+		p, err := postgresTransport(ctx, r.Name+" "+name, pool)
+		pool.Close()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, nil
 }
 
 // problems lists each link the run saw without TLS or a password, or

@@ -101,7 +101,7 @@ type Node struct {
 // pgautofailover extension installed for the local server, or an error
 // that says what to install.
 func Available() error {
-	bin, err := binDir()
+	bin, err := BinDir()
 	if err != nil {
 		return err
 	}
@@ -115,10 +115,10 @@ func Available() error {
 	return nil
 }
 
-// binDir is the local server's own bin folder (say
+// BinDir is the local server's own bin folder (say
 // /usr/lib/postgresql/15/bin), a link to initdb followed: pg_autoctl finds
 // pg_ctl and the version's extensions from it.
-func binDir() (string, error) {
+func BinDir() (string, error) {
 	bin, err := pgserver.BinDir()
 	if err != nil {
 		return "", err
@@ -128,6 +128,22 @@ func binDir() (string, error) {
 		return "", err
 	}
 	return filepath.Dir(initdb), nil
+}
+
+// ServerUser is the user a server runs as: nil (this process's own) or,
+// when this process is root (Postgres refuses to run as root), the system
+// user postgres.
+func ServerUser() (*syscall.Credential, error) {
+	if os.Geteuid() != 0 {
+		return nil, nil
+	}
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		return nil, errors.New("pgha: running as root, and Postgres refuses root: create a system user postgres or run as another user")
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
 }
 
 // Start starts a monitor and o.Nodes data nodes on free loopback ports,
@@ -148,7 +164,7 @@ func Start(ctx context.Context, o Options) (_ *Formation, err error) {
 	if o.Timing == (Timing{}) {
 		o.Timing = FastTiming
 	}
-	bin, _ := binDir()
+	bin, _ := BinDir()
 	f := &Formation{bin: bin}
 	if f.Dir, err = os.MkdirTemp("", "paymesh-pgha-"); err != nil {
 		return nil, err
@@ -158,15 +174,11 @@ func Start(ctx context.Context, o Options) (_ *Formation, err error) {
 			_ = f.Stop()
 		}
 	}()
-	if os.Geteuid() == 0 {
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			return nil, errors.New("pgha: running as root, and Postgres refuses root: create a system user postgres or run as another user")
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		f.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
-		if err := os.Chown(f.Dir, uid, gid); err != nil {
+	if f.cred, err = ServerUser(); err != nil {
+		return nil, err
+	}
+	if f.cred != nil {
+		if err := os.Chown(f.Dir, int(f.cred.Uid), int(f.cred.Gid)); err != nil {
 			return nil, err
 		}
 	}
@@ -455,16 +467,58 @@ type State struct {
 
 // States returns the data nodes' states, as the monitor holds them.
 func (f *Formation) States(ctx context.Context) ([]State, error) {
-	conn, err := f.monitorConn(ctx)
+	return MonitorStates(ctx, f.Monitor.NodeURL("pg_auto_failover"))
+}
+
+// MonitorStates returns the data nodes' states of the default formation,
+// in the order they registered, from the monitor at url (its database
+// pg_auto_failover, as any user that may call pgautofailover.current_state:
+// the keepers' autoctl_node does).
+func MonitorStates(ctx context.Context, url string) ([]State, error) {
+	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Close(ctx)
-	rows, err := conn.Query(ctx, `SELECT nodename, reportedstate::text, goalstate::text FROM pgautofailover.node ORDER BY nodeid`)
+	rows, err := conn.Query(ctx, `SELECT nodename, current_group_state::text, assigned_group_state::text
+		FROM pgautofailover.current_state('default') ORDER BY node_id`)
 	if err != nil {
 		return nil, fmt.Errorf("pgha: node states: %w", err)
 	}
 	return pgx.CollectRows(rows, pgx.RowToStructByPos[State])
+}
+
+// Healthy says why states are not those of a healthy formation (one node
+// primary and every other a secondary, each at its goal; a lone node
+// single), or "" when they are.
+func Healthy(states []State) string {
+	var primaries int
+	var why []string
+	for _, s := range states {
+		switch {
+		case s.Reported == "primary" && s.Goal == "primary", len(states) == 1 && s.Reported == "single" && s.Goal == "single":
+			primaries++
+		case s.Reported == "secondary" && s.Goal == "secondary":
+		default:
+			why = append(why, fmt.Sprintf("%s %s→%s", s.Name, s.Reported, s.Goal))
+		}
+	}
+	if primaries != 1 && len(why) == 0 {
+		why = append(why, fmt.Sprintf("%d primaries", primaries))
+	}
+	return strings.Join(why, ", ")
+}
+
+// Writer returns the name of the node of states that takes writes: the
+// one that has reached a primary's goal (primary, wait_primary, single),
+// or "".
+func Writer(states []State) string {
+	for _, s := range states {
+		if s.Reported == s.Goal && (s.Goal == "primary" || s.Goal == "wait_primary" || s.Goal == "single") {
+			return s.Name
+		}
+	}
+	return ""
 }
 
 // Primary returns the node that takes writes, as the monitor has it, or
@@ -477,16 +531,8 @@ func (f *Formation) Primary(ctx context.Context) (*Node, error) {
 	return f.writer(states), nil
 }
 
-// writer returns the node of states that takes writes: the one that has
-// reached a primary's goal (primary, wait_primary, single), or nil.
-func (f *Formation) writer(states []State) *Node {
-	for _, s := range states {
-		if s.Reported == s.Goal && (s.Goal == "primary" || s.Goal == "wait_primary" || s.Goal == "single") {
-			return f.node(s.Name)
-		}
-	}
-	return nil
-}
+// writer returns the node of states that takes writes, or nil.
+func (f *Formation) writer(states []State) *Node { return f.node(Writer(states)) }
 
 // WaitHealthy waits until every data node has reached its goal, one the
 // primary and every other a secondary (a synchronous standby). While a
@@ -498,27 +544,17 @@ func (f *Formation) WaitHealthy(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		var primary *Node
-		var why []string
-		for _, s := range states {
-			switch {
-			case s.Reported == "primary" && s.Goal == "primary", len(states) == 1 && s.Reported == "single" && s.Goal == "single":
-				primary = f.node(s.Name)
-			case s.Reported == "secondary" && s.Goal == "secondary":
-			default:
-				why = append(why, fmt.Sprintf("%s %s→%s", s.Name, s.Reported, s.Goal))
-			}
-		}
+		why := Healthy(states)
 		if len(states) != len(f.Nodes) {
-			why = append(why, fmt.Sprintf("%d of %d nodes registered", len(states), len(f.Nodes)))
+			why = strings.TrimPrefix(why+fmt.Sprintf(", %d of %d nodes registered", len(states), len(f.Nodes)), ", ")
 		}
-		if len(why) == 0 && primary != nil {
+		if why == "" {
 			return nil
 		}
 		if p := f.writer(states); p != nil {
 			_ = p.exec(ctx, "CHECKPOINT")
 		}
-		return fmt.Errorf("nodes: %s", strings.Join(why, ", "))
+		return fmt.Errorf("nodes: %s", why)
 	})
 }
 
@@ -548,7 +584,7 @@ func (f *Formation) Kill(n *Node) error {
 	_ = syscall.Kill(-n.cmd.Process.Pid, syscall.SIGKILL)
 	// The server's processes, its backends among them, all work in its
 	// data folder: whatever pg_autoctl started outside its group dies too.
-	for _, pid := range inFolder(n.Data) {
+	for _, pid := range ProcessesIn(n.Data) {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
 	<-n.done
@@ -697,8 +733,9 @@ func (f *Formation) appendOwned(path, s string) error {
 	return errors.Join(err, file.Close())
 }
 
-// inFolder returns the processes whose working folder is dir.
-func inFolder(dir string) []int {
+// ProcessesIn returns the processes whose working folder is dir: a
+// Postgres server's, which all work in its data folder.
+func ProcessesIn(dir string) []int {
 	entries, _ := os.ReadDir("/proc")
 	var out []int
 	for _, e := range entries {
