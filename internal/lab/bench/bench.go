@@ -36,8 +36,11 @@ import (
 
 // Scenario names, in the order they run.
 const (
-	Uniform = "uniform"     // random transfers at full speed: the reference
-	Replay  = "replay"      // the uniform run's commands delivered again
+	Uniform = "uniform" // random transfers at full speed: the reference
+	Replay  = "replay"  // the uniform run's commands delivered again
+	// Floor delivers the replay's messages to consumers that only ack
+	// them: what NATS alone costs, the limit of a duplicate's cost.
+	Floor   = "floor"
 	Latency = "latency"     // paced at half the uniform rate
 	Hot     = "hot"         // half the transfers credit one merchant
 	Dedup   = "dedup-table" // uniform on a pre-filled consume-log
@@ -76,7 +79,7 @@ const (
 )
 
 // Scenarios lists every scenario in running order.
-var Scenarios = []string{Uniform, Replay, Latency, Replicas, Standby, Hot, Dedup, NoEvents, Webhooks, Naive, Ceiling, TPCB, Cross, API, APIProcess, Holds, LedgerProcess, Reads}
+var Scenarios = []string{Uniform, Replay, Floor, Latency, Replicas, Standby, Hot, Dedup, NoEvents, Webhooks, Naive, Ceiling, TPCB, Cross, API, APIProcess, Holds, LedgerProcess, Reads}
 
 // Config sizes a bench run. Defaults fills in its zero fields.
 type Config struct {
@@ -419,6 +422,14 @@ func (e *env) runAll(ctx context.Context, res *Result) error {
 		if err != nil {
 			rig.close(ctx)
 			return fmt.Errorf("%s: %w", Replay, err)
+		}
+		add(run)
+	}
+	if cfg.has(Floor) {
+		run, err := rig.floorRun(ctx, w)
+		if err != nil {
+			rig.close(ctx)
+			return fmt.Errorf("%s: %w", Floor, err)
 		}
 		add(run)
 	}

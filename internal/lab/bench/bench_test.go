@@ -36,7 +36,7 @@ func TestBenchSmall(t *testing.T) {
 	if err != nil {
 		t.Fatalf("bench: %v\n%s", err, out)
 	}
-	for _, s := range []string{bench.Uniform, bench.Replay, bench.Latency, bench.Hot, bench.Dedup, bench.Webhooks, bench.Naive} {
+	for _, s := range []string{bench.Uniform, bench.Replay, bench.Floor, bench.Latency, bench.Hot, bench.Dedup, bench.Webhooks, bench.Naive} {
 		r, ok := res.RunOf(s)
 		switch {
 		case !ok:

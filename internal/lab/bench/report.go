@@ -15,6 +15,7 @@ const (
 	TargetVsCeiling  = 0.6    // uniform / ceiling
 	TargetP99Ms      = 25     // p99 at half the peak rate
 	TargetDupCost    = 0.10   // time per duplicate / time per first delivery
+	TargetVsFloor    = 0.6    // replay / floor (NATS alone delivering the same messages)
 	TargetHotShare   = 0.50   // hot / uniform
 	TargetDedupShare = 0.80   // with the pre-filled consume-log / uniform
 	TargetPeakRSSMB  = 200
@@ -61,6 +62,12 @@ func figures(r Result) []Figure {
 		cost = u.Rate / d.Rate // (1/duplicate rate) / (1/first-delivery rate)
 	}
 	add("duplicate cost / first delivery", "x", fmt.Sprintf("<= %g", TargetDupCost), haveU && haveD && d.Rate > 0, cost, cost <= TargetDupCost)
+	f, haveF := r.RunOf(Floor)
+	vsFloor := 0.0
+	if haveF && f.Rate > 0 {
+		vsFloor = d.Rate / f.Rate
+	}
+	add("replay / floor (NATS delivering the same messages to a consumer that only acks)", "x", fmt.Sprintf(">= %g", TargetVsFloor), haveD && haveF && f.Rate > 0, vsFloor, vsFloor >= TargetVsFloor)
 	share := func(name, scenario string, target float64) {
 		x, have := r.RunOf(scenario)
 		v := 0.0

@@ -148,24 +148,38 @@ func (s *sim) cutFault(at, d time.Duration) fault {
 // loseFault loses commands on purpose: it kills eu's ledger, so that the
 // commands acknowledged into eu's ledger stream (the saga steps the other
 // regions relay, any request eu's API handed to the stream) stay there,
-// purges that stream as the ledger's user halfway through, and starts the
-// ledger again. The run must end in FAIL and name the keys.
+// purges that stream as the ledger's user halfway through (once it holds
+// loseAtLeast commands, or loseWait later: a slow machine's load sends
+// few), and starts the ledger again after the purge. The run must end in
+// FAIL and name the keys.
 func (s *sim) loseFault(at, d time.Duration) fault {
 	const service = "ledger-eu"
+	var purged chan struct{}
 	return fault{Name: FaultLose, At: at, For: d,
-		What: fmt.Sprintf("kill -9 %s, purge eu's ledger stream %s later (commands lost on purpose), restart it %s later", service, d/2, d),
+		What: fmt.Sprintf("kill -9 %s, purge eu's ledger stream %s later, once it holds %d commands (commands lost on purpose), restart it %s later", service, d/2, loseAtLeast, d),
 		fire: func(ctx context.Context) error {
 			p := s.procs.get(service)
 			if p == nil {
 				return fmt.Errorf("no process %s", service)
 			}
 			p.kill9()
-			go s.purgeLater(ctx, "eu", d/2)
+			purged = make(chan struct{})
+			go func() { defer close(purged); s.purgeLater(ctx, "eu", d/2) }()
 			return nil
 		},
-		undo: func(context.Context) error { return s.procs.get(service).restart() },
+		undo: func(context.Context) error {
+			<-purged
+			return s.procs.get(service).restart()
+		},
 	}
 }
+
+// loseFault purges once the stream holds loseAtLeast commands, or after
+// loseWait more.
+const (
+	loseAtLeast = 5
+	loseWait    = 30 * time.Second
+)
 
 // purgeLater purges a region's ledger stream after a while, as that
 // region's ledger user.
@@ -211,10 +225,22 @@ func (s *sim) purgeLedger(ctx context.Context, region string) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		return 0, err
+	var info *jetstream.StreamInfo
+	for end := time.Now().Add(loseWait); ; {
+		if info, err = st.Info(ctx); err != nil {
+			return 0, err
+		}
+		if info.State.Msgs >= loseAtLeast || time.Now().After(end) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
+	// What arrives between the count and the purge goes too: the count
+	// is at least what was lost.
 	if err := st.Purge(ctx); err != nil {
 		return 0, err
 	}
