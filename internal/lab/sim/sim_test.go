@@ -151,7 +151,7 @@ func TestCancelFreesEverything(t *testing.T) {
 // or those whose transfer a lost step left unfinished.
 func TestLoseCommandsFails(t *testing.T) {
 	cfg := needSim(t)
-	cfg.Load, cfg.Faults, cfg.LoseCommands = 16*time.Second, []string{FaultKillAPI}, true
+	cfg.Load, cfg.Faults, cfg.LoseCommands = 24*time.Second, []string{FaultKillAPI}, true
 	out := &lineWriter{}
 	rep, err := Run(context.Background(), cfg, out)
 	if err != nil {
