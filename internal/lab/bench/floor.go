@@ -101,13 +101,6 @@ publish:
 	cpu := cpuTime() - cpu0
 	run := LedgerRun{Scenario: Floor, Database: r.db, Workers: e.cfg.Workers, Shards: e.cfg.Shards, BatchSize: e.cfg.BatchSize,
 		Published: sent, Committed: t.done.Load(), PeakRSSMB: float64(peakRSS()) / (1 << 20), PGCPUPerTransferUs: -1, Verified: t.done.Load() == int64(sent)}
-	elapsed := time.Duration(t.last.Load() - first.UnixNano())
-	run.Seconds = elapsed.Seconds()
-	if elapsed > 0 {
-		run.Rate = float64(run.Committed) / elapsed.Seconds()
-	}
-	lat := latencies(t.published[:sent], t.committed[:sent])
-	run.P50Ms, run.P99Ms, run.MaxMs = ms(percentile(lat, 0.50)), ms(percentile(lat, 0.99)), ms(percentile(lat, 1))
-	run.CPUPerTransferUs = float64(cpu.Microseconds()) / float64(max(run.Committed, 1))
+	t.timings(&run, first, sent, cpu)
 	return run, nil
 }

@@ -204,6 +204,20 @@ type tracker struct {
 	window    chan struct{}
 }
 
+// timings fills in run's rate, latency percentiles and process CPU per
+// message from the tracker of its first sent messages, published from
+// first on, and the process CPU they took.
+func (t *tracker) timings(run *LedgerRun, first time.Time, sent int, cpu time.Duration) {
+	elapsed := time.Duration(t.last.Load() - first.UnixNano())
+	run.Seconds = elapsed.Seconds()
+	if elapsed > 0 {
+		run.Rate = float64(run.Committed) / elapsed.Seconds()
+	}
+	lat := latencies(t.published[:sent], t.committed[:sent])
+	run.P50Ms, run.P99Ms, run.MaxMs = ms(percentile(lat, 0.50)), ms(percentile(lat, 0.99)), ms(percentile(lat, 1))
+	run.CPUPerTransferUs = float64(cpu.Microseconds()) / float64(max(run.Committed, 1))
+}
+
 func newTracker(tag string, n, window int) *tracker {
 	return &tracker{tag: tag, published: make([]int64, n), committed: make([]int64, n), window: make(chan struct{}, window)}
 }
@@ -322,14 +336,7 @@ publish:
 
 	run := LedgerRun{Scenario: p.scenario, Database: r.db, Workers: e.cfg.Workers, Shards: e.cfg.Shards,
 		Published: sent, Committed: t.done.Load(), Capped: capped, PeakRSSMB: float64(peakRSS()) / (1 << 20)}
-	elapsed := time.Duration(t.last.Load() - first.UnixNano())
-	run.Seconds = elapsed.Seconds()
-	if elapsed > 0 {
-		run.Rate = float64(run.Committed) / elapsed.Seconds()
-	}
-	lat := latencies(t.published[:sent], t.committed[:sent])
-	run.P50Ms, run.P99Ms, run.MaxMs = ms(percentile(lat, 0.50)), ms(percentile(lat, 0.99)), ms(percentile(lat, 1))
-	run.CPUPerTransferUs = float64(cpu.Microseconds()) / float64(max(run.Committed, 1))
+	t.timings(&run, first, sent, cpu)
 	run.PGCPUPerTransferUs = -1
 	if pgOK {
 		run.PGCPUPerTransferUs = float64(pgCPU.Microseconds()) / float64(max(run.Committed, 1))

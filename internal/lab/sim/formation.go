@@ -172,7 +172,7 @@ func (s *sim) formationRegions() []regions.Region {
 	return out
 }
 
-// monitorURL returns the URL a region's data nodes reach its monitor at
+// formationMonitor returns the URL a region's data nodes reach its monitor at
 // (their PGAF_MONITOR, mapped to loopback).
 func (s *sim) formationMonitor(r regions.Region) (string, error) {
 	env, err := s.env(r.PostgresNodeName(0))
