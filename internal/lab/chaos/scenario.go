@@ -413,18 +413,23 @@ var builtin = []*scenario{
 			r := e.names[e.intn(len(e.names))]
 			e.topo.Cut(r)
 			e.fired.Add(1)
-			// Cut for 40 % of the run, and on until the cut has met
-			// commands forwarded into or out of r, whatever the machine's
-			// load (a slow set-up can leave the planned window without
-			// any), for at most 10 s more.
+			// Cut for 40 % of the run, and on until the cut has met three
+			// commands a route stream stored for forwarding into or out of
+			// r, whatever the machine's load (a slow set-up can leave the
+			// planned window without any), for at most effectWait more.
 			forwarded := e.forwarded.get(r)
 			at(ctx, start, d, 0.6)
-			for end := time.Now().Add(10 * time.Second); ctx.Err() == nil && time.Now().Before(end) && e.forwarded.get(r)-forwarded < 3; {
+			for end := time.Now().Add(effectWait); ctx.Err() == nil && time.Now().Before(end) && e.forwarded.get(r)-forwarded < 3; {
 				time.Sleep(20 * time.Millisecond)
 			}
 			e.topo.Heal(r)
+			e.events.add("healed")
 			return nil
 		},
+		// The workload goes on until the cut is healed: on a loaded
+		// machine the run's planned window can pass before three stored
+		// forwards have met the cut.
+		effect: func(e *env) bool { return e.events.get("healed") > 0 },
 	},
 	{
 		name: "9-contention",

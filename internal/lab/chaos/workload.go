@@ -70,8 +70,9 @@ type env struct {
 	fired  atomic.Int64
 	sent   tally // requests sent, by purpose
 	events tally // a scenario's own counters, by name
-	// forwarded counts, by region, the submits forwarded into or out of
-	// it (submitted in a region that is not the command's home): what a
+	// forwarded counts, by region, the submits its route stream or the
+	// home's stored that the routers must forward into or out of it
+	// (submitted in a region that is not the command's home): what a
 	// partition's cut must meet (scenario 8), whose bug loses forwards.
 	forwarded tally
 	// lastSlow is when scenario 3 last held a transaction (Unix ms).
@@ -465,7 +466,7 @@ func (e *env) causes() Check {
 	return chk
 }
 
-// countForward counts cmd, submitted in via, in forwarded for via and for
+// countForward counts cmd, stored by via's route stream, in forwarded for via and for
 // its home region (the region of the account that carries it, as the
 // routers route it) when they differ. A saga's step crossing regions is
 // no forward: its transfer was submitted at home.
@@ -508,7 +509,9 @@ func (e *env) submit(ctx context.Context, purpose, via string, cmd ledger.Comman
 		return Unknown
 	}
 	dup, err := rt.Submit(sub, cmd)
-	e.countForward(via, cmd)
+	if err == nil && !dup {
+		e.countForward(via, cmd)
+	}
 	switch {
 	case err != nil:
 		e.hist.Complete(i, Unknown, err.Error(), "")
