@@ -246,6 +246,11 @@ type LedgerRun struct {
 	DedupRows int64            `json:"dedup_rows,omitempty"`
 	// Webhooks is the webhooks scenario's delivery.
 	Webhooks *HookRun `json:"webhooks,omitempty"`
+	// Stages breaks the publish→commit latency down by stage (latency).
+	Stages []Stage `json:"stages,omitempty"`
+	// StageBatch is the size of the batches the stages' messages were
+	// applied in.
+	StageBatch BatchFill `json:"stage_batch,omitzero"`
 	// Verified: every invariant held afterwards and every transfer was
 	// recorded exactly once; otherwise VerifyReport says what failed.
 	Verified     bool   `json:"verified"`
@@ -438,7 +443,7 @@ func (e *env) runAll(ctx context.Context, res *Result) error {
 		lw, err := e.newWorkload(Latency+fmt.Sprint(e.seq.Add(1)), max(1, int(rate*cfg.LatencyFor.Seconds())), len(rig.accounts), -1)
 		if err == nil {
 			var run LedgerRun
-			run, err = rig.drive(ctx, phase{scenario: Latency, w: lw, rate: rate, limit: 2 * cfg.LatencyFor})
+			run, err = rig.drive(ctx, phase{scenario: Latency, w: lw, rate: rate, limit: 2 * cfg.LatencyFor, stages: true})
 			if err == nil {
 				run.BatchSize = cfg.BatchSize
 				err = rig.verify(ctx, &run, int64(uniform.Published+run.Published))

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -48,6 +49,9 @@ func TestBenchSmall(t *testing.T) {
 		case r.Rate <= 0 || r.P99Ms < r.P50Ms || r.PeakRSSMB <= 0 || r.CPUPerTransferUs <= 0:
 			t.Errorf("%s: implausible figures %+v", s, r)
 		}
+	}
+	if l, _ := res.RunOf(bench.Latency); !stagesAddUp(t, l) {
+		t.Errorf("latency: stages %+v, batch sizes %+v", l.Stages, l.StageBatch)
 	}
 	if u, _ := res.RunOf(bench.Uniform); u.Published != 300 {
 		t.Errorf("uniform published %d, want 300", u.Published)
@@ -279,4 +283,31 @@ func TestReads(t *testing.T) {
 		!strings.Contains(printed.String(), "reads: sequential scans (20k transfers)") {
 		t.Errorf("no reads table or figure in\n%s", printed.String())
 	}
+}
+
+// stagesAddUp checks the latency run's breakdown: a stage for every step
+// from publish to ack, each seen for every committed message and never
+// negative, whose means add up to the publish→ack mean, and the total's
+// median the run's.
+func stagesAddUp(t *testing.T, l bench.LedgerRun) bool {
+	t.Helper()
+	const steps = 8 // publish → stored … COMMIT → ack
+	if len(l.Stages) != steps+2 || l.StageBatch.P50 < 1 || l.StageBatch.Slowest < 1 {
+		t.Logf("%d stages, want %d steps, the total and the PubAck", len(l.Stages), steps)
+		return false
+	}
+	var sum float64
+	for _, s := range l.Stages[:steps] {
+		if s.Messages != int(l.Committed) || s.P50Ms < 0 || s.MeanMs < 0 || s.TailMs < 0 {
+			t.Logf("stage %q: %+v over %d committed", s.Name, s, l.Committed)
+			return false
+		}
+		sum += s.MeanMs
+	}
+	total := l.Stages[steps]
+	if math.Abs(sum-total.MeanMs) > 0.01+total.MeanMs/100 || total.P50Ms != l.P50Ms {
+		t.Logf("stage means add up to %.3f ms, total %.3f ms; total p50 %.3f ms, the run's %.3f ms", sum, total.MeanMs, total.P50Ms, l.P50Ms)
+		return false
+	}
+	return true
 }

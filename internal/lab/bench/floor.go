@@ -68,7 +68,7 @@ func (r *ledgerRig) floorRun(ctx context.Context, w *workload) (LedgerRun, error
 	defer cancel(nil)
 	futures := make(chan jetstream.PubAckFuture, r.window())
 	done := make(chan struct{})
-	go func() { e.checkAcks(ctx, futures, cancel); close(done) }()
+	go func() { e.checkAcks(ctx, futures, cancel, nil); close(done) }()
 	progress := e.progress(Floor, func() (int64, int64) { return t.done.Load(), int64(n) })
 	defer progress()
 	cpu0 := cpuTime()

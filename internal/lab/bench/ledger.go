@@ -69,10 +69,13 @@ func (e *env) openLedger(ctx context.Context, name string, batch, accounts int) 
 		Workers: e.cfg.Workers, BatchSize: batch, Shards: e.cfg.Shards, CacheSize: e.cfg.CacheSize,
 		NoEvents:      name == NoEvents,
 		WrapJetStream: func(js jetstream.JetStream) jetstream.JetStream { return jsfault.Wrap(js, nil, r.tracked) },
-		Observe: ledgerstream.Observer{Batch: func(_ context.Context, size int, took time.Duration) {
+		Observe: ledgerstream.Observer{Batch: func(_ context.Context, b ledgerstream.Batch) {
 			r.batches.Add(1)
-			r.batchMsgs.Add(int64(size))
-			r.batchNanos.Add(int64(took))
+			r.batchMsgs.Add(int64(len(b.Msgs)))
+			r.batchNanos.Add(int64(b.Took()))
+			if t := r.track.Load(); t != nil && t.stamps != nil {
+				t.batch(b)
+			}
 		}},
 	})
 	if err != nil {
@@ -99,7 +102,12 @@ func (e *env) openLedger(ctx context.Context, name string, batch, accounts int) 
 
 // tracked returns m whose ack tells the current phase's tracker that m
 // committed: the consumer acks a message right after its batch's COMMIT.
-func (r *ledgerRig) tracked(m jetstream.Msg) jetstream.Msg { return committedAck{Msg: m, r: r} }
+func (r *ledgerRig) tracked(m jetstream.Msg) jetstream.Msg {
+	if t := r.track.Load(); t != nil && t.stamps != nil {
+		t.delivered(m.Headers().Get(jetstream.MsgIDHeader), time.Now().UnixNano())
+	}
+	return committedAck{Msg: m, r: r}
+}
 
 type committedAck struct {
 	jetstream.Msg
@@ -202,6 +210,8 @@ type tracker struct {
 	done      atomic.Int64
 	last      atomic.Int64
 	window    chan struct{}
+	// stamps, when set, records each message's stages (phase.stages).
+	stamps *stamps
 }
 
 // timings fills in run's rate, latency percentiles and process CPU per
@@ -222,16 +232,26 @@ func newTracker(tag string, n, window int) *tracker {
 	return &tracker{tag: tag, published: make([]int64, n), committed: make([]int64, n), window: make(chan struct{}, window)}
 }
 
-// hit records the commit of the message with Nats-Msg-Id msgID, once.
-func (t *tracker) hit(msgID string, now int64) {
+// index returns the index in this phase of the message with Nats-Msg-Id
+// msgID; ok is false for another phase's.
+func (t *tracker) index(msgID string) (i int, ok bool) {
 	msgID = strings.TrimSuffix(msgID, replaySuffix)
 	j := strings.LastIndexByte(msgID, '-')
 	if j < 0 || !strings.HasSuffix(msgID[:j], "-"+t.tag) {
-		return // not this phase's
+		return 0, false
 	}
 	i, err := strconv.Atoi(msgID[j+1:])
 	if err != nil || i < 0 || i >= len(t.committed) {
-		return
+		return 0, false
+	}
+	return i, true
+}
+
+// hit records the commit of the message with Nats-Msg-Id msgID, once.
+func (t *tracker) hit(msgID string, now int64) {
+	i, ok := t.index(msgID)
+	if !ok {
+		return // not this phase's
 	}
 	if atomic.CompareAndSwapInt64(&t.committed[i], 0, now) {
 		t.done.Add(1)
@@ -256,6 +276,7 @@ type phase struct {
 	rate     float64       // publishes per second; 0: as fast as the window allows
 	limit    time.Duration // stop publishing after this long
 	profile  string        // CPU profile file, if any
+	stages   bool          // break the latency down by stage (LedgerRun.Stages)
 }
 
 // drive publishes a phase's commands asynchronously, at most Window of them
@@ -265,6 +286,9 @@ func (r *ledgerRig) drive(ctx context.Context, p phase) (LedgerRun, error) {
 	e := r.e
 	n := len(p.w.from)
 	t := newTracker(p.w.tag, n, r.window())
+	if p.stages {
+		t.stamps = newStamps(n)
+	}
 	r.track.Store(t)
 	defer r.track.Store(nil)
 	r.batches.Store(0)
@@ -277,7 +301,11 @@ func (r *ledgerRig) drive(ctx context.Context, p phase) (LedgerRun, error) {
 	defer cancel(nil)
 	futures := make(chan jetstream.PubAckFuture, r.window())
 	var checker sync.WaitGroup
-	checker.Go(func() { e.checkAcks(ctx, futures, cancel) })
+	var pubAcked func(string, int64)
+	if t.stamps != nil {
+		pubAcked = t.pubAcked
+	}
+	checker.Go(func() { e.checkAcks(ctx, futures, cancel, pubAcked) })
 	progress := e.progress(p.scenario, func() (int64, int64) { return t.done.Load(), int64(n) })
 	defer progress()
 
@@ -356,6 +384,9 @@ publish:
 	if p.rate > 0 {
 		run.PacedRate = p.rate
 	}
+	if t.stamps != nil {
+		run.Stages, run.StageBatch = t.stages(sent)
+	}
 	return run, nil
 }
 
@@ -393,10 +424,13 @@ func (r *ledgerRig) publish(p phase, t *tracker, topo ledgerstream.Topology, i i
 // checkAcks waits for each publish's ack; a publish that failed is sent
 // again synchronously with the same Nats-Msg-Id (a duplicate the stream
 // would drop), and the phase fails when that fails too.
-func (e *env) checkAcks(ctx context.Context, futures <-chan jetstream.PubAckFuture, fail context.CancelCauseFunc) {
+func (e *env) checkAcks(ctx context.Context, futures <-chan jetstream.PubAckFuture, fail context.CancelCauseFunc, acked func(msgID string, now int64)) {
 	for f := range futures {
 		select {
 		case <-f.Ok():
+			if acked != nil {
+				acked(f.Msg().Header.Get(jetstream.MsgIDHeader), time.Now().UnixNano())
+			}
 			continue
 		case err := <-f.Err():
 			m := f.Msg()

@@ -225,6 +225,7 @@ func (r Result) Print(w io.Writer) {
 		fmt.Fprintf(w, "%-38s %14s  %-12s %s\n", f.Name, value, f.Target, verdict)
 	}
 	r.printReplicas(w)
+	r.printStages(w)
 	r.printAPI(w)
 	r.printReads(w)
 	if len(r.Sweep) > 0 {
@@ -242,6 +243,21 @@ func (r Result) Print(w io.Writer) {
 	fmt.Fprintln(w, "Latency is publish→commit: CreatedAt set when the command is published, commit time taken by the ledger's after-commit hook (after COMMIT returned, before the acks).")
 	fmt.Fprintln(w, "CPU per transfer counts this whole process (ledger, publisher, embedded nats-server) plus the run database's Postgres backends (not the WAL writer or checkpointer).")
 	fmt.Fprintln(w, "Peak RSS is the process high-water mark up to each run: ledger, publisher, nats-server and the bench's own bookkeeping.")
+}
+
+// printStages writes the latency run's breakdown by stage.
+func (r Result) printStages(w io.Writer) {
+	l, ok := r.RunOf(Latency)
+	if !ok || len(l.Stages) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "latency at half the peak rate (%.0f/s), by stage, over %d messages:\n", l.PacedRate, l.Stages[0].Messages)
+	fmt.Fprintf(w, "  %-44s %9s %9s %9s %14s\n", "stage", "p50 ms", "p99 ms", "mean ms", "slowest 1% ms")
+	for _, s := range l.Stages {
+		fmt.Fprintf(w, "  %-44s %9.2f %9.2f %9.2f %14.2f\n", s.Name, s.P50Ms, s.P99Ms, s.MeanMs, s.TailMs)
+	}
+	b := l.StageBatch
+	fmt.Fprintf(w, "  %-44s %9d %9d %9s %14.1f\n", "batch size (messages)", b.P50, b.P99, "", b.Slowest)
 }
 
 // share is the API run's rate over the uniform run's, 0 without one.

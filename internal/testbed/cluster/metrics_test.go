@@ -95,7 +95,8 @@ func TestSagaStageMetrics(t *testing.T) {
 				t.Errorf("%s: %s stage count %d, want %d", region, stage, got, stages[stage])
 			}
 		}
-		for _, name := range []string{"paymesh_saga_stage_duration_seconds_bucket", "paymesh_apply_duration_seconds_bucket", "paymesh_apply_batch_size_bucket"} {
+		for _, name := range []string{"paymesh_saga_stage_duration_seconds_bucket", "paymesh_apply_duration_seconds_bucket", "paymesh_apply_batch_size_bucket",
+			"paymesh_apply_commit_duration_seconds_bucket", "paymesh_apply_wait_seconds_bucket"} {
 			ids := exemplarTraces(body, name, region)
 			if len(ids) == 0 {
 				t.Errorf("%s: no trace exemplar on %s", region, name)

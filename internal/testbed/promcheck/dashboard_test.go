@@ -62,7 +62,9 @@ func TestDashboardQueriesExist(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Histograms appear once they hold a value.
-	observe.Batch(context.Background(), 3, time.Millisecond)
+	now := time.Now()
+	observe.Batch(context.Background(), ledgerstream.Batch{Stored: now.Add(-time.Millisecond), Formed: now, Applying: now, Done: now.Add(time.Millisecond),
+		Tx: ledger.TxTimes{Began: now, Committing: now, Committed: now.Add(time.Millisecond)}})
 	observe.Stage(context.Background(), ledger.StageSettle, time.Second)
 	ages, err := telemetry.NewDuplicateAges(m, "eu", "ledger")
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/paymesh/paymesh/platform/telemetry"
 	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/ledgerd"
+	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 )
 
 // TestExemplars: a measurement recorded with a sampled span in its context
@@ -34,7 +35,9 @@ func TestExemplars(t *testing.T) {
 	}
 	sampled, unsampled := span(0xaa, trace.FlagsSampled), span(0xbb, 0)
 	for _, ctx := range []context.Context{sampled, unsampled} {
-		observe.Batch(ctx, 5, 3*time.Millisecond)
+		now := time.Now()
+		observe.Batch(ctx, ledgerstream.Batch{Stored: now.Add(-time.Millisecond), Formed: now, Applying: now, Done: now.Add(3 * time.Millisecond),
+			Tx: ledger.TxTimes{Began: now, Committing: now.Add(time.Millisecond), Committed: now.Add(2 * time.Millisecond)}})
 		observe.Stage(ctx, ledger.StageCredit, 40*time.Millisecond)
 	}
 	scrape := func(accept string) string {
@@ -49,7 +52,7 @@ func TestExemplars(t *testing.T) {
 	}
 	om := scrape("application/openmetrics-text; version=1.0.0")
 	want := `trace_id="` + (trace.TraceID{0xaa, 1}).String() + `"`
-	for _, name := range []string{"paymesh_apply_duration_seconds_bucket", "paymesh_apply_batch_size_bucket", "paymesh_saga_stage_duration_seconds_bucket"} {
+	for _, name := range []string{"paymesh_apply_duration_seconds_bucket", "paymesh_apply_batch_size_bucket", "paymesh_apply_commit_duration_seconds_bucket", "paymesh_apply_wait_seconds_bucket", "paymesh_saga_stage_duration_seconds_bucket"} {
 		var found bool
 		for _, l := range strings.Split(om, "\n") {
 			if strings.HasPrefix(l, name+"{") && strings.Contains(l, " # {") && strings.Contains(l, want) {

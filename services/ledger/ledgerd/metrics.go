@@ -84,7 +84,8 @@ func observeStats(m *telemetry.Metrics, region, stream, consumer string, st *led
 }
 
 // NewObserver returns the hooks that record a region ledger's applied
-// batches (size, transaction time), saga stages (time since the
+// batches (size, transaction time, COMMIT's time, the first message's wait
+// from the stream to the transaction), saga stages (time since the
 // transfer's creation) and duplicates (their age, telemetry.DuplicateAges). Each records with the context the consumer passes,
 // so a sampled span there becomes the measurement's trace exemplar.
 func NewObserver(m *telemetry.Metrics, region, stream string) (ledgerstream.Observer, error) {
@@ -96,6 +97,18 @@ func NewObserver(m *telemetry.Metrics, region, stream string) (ledgerstream.Obse
 	}
 	latency, err := meter.Float64Histogram("paymesh.apply.duration.seconds", metric.WithDescription("Time to apply one batch in one transaction."),
 		metric.WithExplicitBucketBoundaries(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5))
+	if err != nil {
+		return ledgerstream.Observer{}, fmt.Errorf("ledger metrics: %w", err)
+	}
+	commit, err := meter.Float64Histogram("paymesh.apply.commit.duration.seconds",
+		metric.WithDescription("Time COMMIT took in an apply transaction: the WAL flush and, with a synchronous standby, its confirmation."),
+		metric.WithExplicitBucketBoundaries(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5))
+	if err != nil {
+		return ledgerstream.Observer{}, fmt.Errorf("ledger metrics: %w", err)
+	}
+	wait, err := meter.Float64Histogram("paymesh.apply.wait.seconds",
+		metric.WithDescription("Time a batch's first message waited between the stream storing it and its transaction's start: the queue in front of the ledger."),
+		metric.WithExplicitBucketBoundaries(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 30, 300))
 	if err != nil {
 		return ledgerstream.Observer{}, fmt.Errorf("ledger metrics: %w", err)
 	}
@@ -114,9 +127,15 @@ func NewObserver(m *telemetry.Metrics, region, stream string) (ledgerstream.Obse
 		Duplicate: func(ctx context.Context, c ledger.Caught) {
 			ages.Record(ctx, c.Topic.String(), string(c.Layer), string(c.Cause), c.Age)
 		},
-		Batch: func(ctx context.Context, n int, took time.Duration) {
-			size.Record(ctx, int64(n), set)
-			latency.Record(ctx, took.Seconds(), set)
+		Batch: func(ctx context.Context, b ledgerstream.Batch) {
+			size.Record(ctx, int64(len(b.Msgs)), set)
+			latency.Record(ctx, b.Took().Seconds(), set)
+			if d := b.Commit(); d > 0 {
+				commit.Record(ctx, d.Seconds(), set)
+			}
+			if !b.Stored.IsZero() {
+				wait.Record(ctx, b.Waited().Seconds(), set)
+			}
 		},
 		Stage: func(ctx context.Context, stage string, since time.Duration) {
 			stages.Record(ctx, since.Seconds(), metric.WithAttributes(attribute.String("region", region), attribute.String("stage", stage)))

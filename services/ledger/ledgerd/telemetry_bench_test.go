@@ -158,10 +158,10 @@ func newApplyEnv(tb testing.TB, on bool, accounts int) *applyEnv {
 	}
 	env := &applyEnv{tel: tel}
 	record := observe.Batch
-	observe.Batch = func(ctx context.Context, size int, took time.Duration) {
+	observe.Batch = func(ctx context.Context, b ledgerstream.Batch) {
 		env.batches.Add(1)
-		env.txTime.Add(int64(took))
-		record(ctx, size, took)
+		env.txTime.Add(int64(b.Took()))
+		record(ctx, b)
 	}
 	ctx := context.Background()
 	// The production ledger's settings (cmd/paymesh defaults).

@@ -120,9 +120,9 @@ type ConsumerConfig struct {
 // skipped. The context carries the span the observation belongs to, so
 // that a metric can keep its trace as an exemplar.
 type Observer struct {
-	// Batch is told each committed batch's size and how long its
-	// transaction took, with the batch span.
-	Batch func(ctx context.Context, size int, took time.Duration)
+	// Batch is told each committed batch (its messages and the times of
+	// its stages), with the batch span.
+	Batch func(ctx context.Context, b Batch)
 	// Stage is told each saga stage a committed step ended
 	// (ledger.SagaStage) and the time since its transfer's creation, with
 	// the span of the step's delivery, which is part of the transfer's
@@ -131,6 +131,43 @@ type Observer struct {
 	// Duplicate is told each duplicate caught (its layer, cause and age),
 	// with the span of its delivery.
 	Duplicate func(ctx context.Context, c ledger.Caught)
+}
+
+// Batch is one committed batch as the Observer sees it: its messages and
+// when each stage of it happened, from the inbox to COMMIT's answer.
+type Batch struct {
+	// Msgs are the messages whose commands the applier took, in order.
+	Msgs []jetstream.Msg
+	// Stored is when the stream stored the batch's first message (zero
+	// when its metadata did not say); Formed, when the batch was taken from
+	// the inbox; Applying, when its commands, decoded and validated, went
+	// to the applier; Done, when the applier returned.
+	Stored, Formed, Applying, Done time.Time
+	// Tx is when the applier's transaction began, sent COMMIT and had its
+	// answer (its last attempt). It is zero when the applier ran none: every
+	// command a duplicate the recent-commit cache settled.
+	Tx ledger.TxTimes
+}
+
+// Waited is how long the batch's first message waited between the stream
+// and the applier, 0 when its stream time is not known.
+func (b Batch) Waited() time.Duration {
+	if b.Stored.IsZero() {
+		return 0
+	}
+	return b.Applying.Sub(b.Stored)
+}
+
+// Took is how long the applier took.
+func (b Batch) Took() time.Duration { return b.Done.Sub(b.Applying) }
+
+// Commit is how long COMMIT took (its WAL flush and, with a synchronous
+// standby, the standby's), 0 when there was no transaction.
+func (b Batch) Commit() time.Duration {
+	if b.Tx.Committed.IsZero() {
+		return 0
+	}
+	return b.Tx.Committed.Sub(b.Tx.Committing)
 }
 
 // Defaults for ConsumerConfig's zero fields.
@@ -200,7 +237,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		if !ok {
 			return nil
 		}
-		c.process(ctx, batch)
+		c.process(ctx, batch, time.Now())
 	}
 }
 
@@ -267,8 +304,9 @@ func (c *Consumer) prefetch() int {
 
 // process handles one batch: decode and validate each message (a message
 // that can never apply is dead-lettered, the rest go on), then apply the
-// valid ones.
-func (c *Consumer) process(ctx context.Context, msgs []jetstream.Msg) {
+// valid ones. formed is when the batch was taken from the inbox.
+func (c *Consumer) process(ctx context.Context, msgs []jetstream.Msg, formed time.Time) {
+	times := Batch{Formed: formed}
 	var (
 		cmds     []ledger.Command
 		valid    []jetstream.Msg
@@ -302,11 +340,14 @@ func (c *Consumer) process(ctx context.Context, msgs []jetstream.Msg) {
 		}
 		// The saga steps this command causes continue its trace.
 		cmd.Trace = natstrace.TraceParent(trace.ContextWithSpan(ctx, span))
+		if len(valid) == 0 && md != nil {
+			times.Stored = md.Timestamp
+		}
 		cmds, valid, spans = append(cmds, cmd), append(valid, m), append(spans, span)
 		arrivals = append(arrivals, ArrivalOf(m, md, cmd))
 	}
 	if len(cmds) > 0 {
-		c.apply(ctx, cmds, valid, spans, arrivals)
+		c.apply(ctx, times, cmds, valid, spans, arrivals)
 	}
 }
 
@@ -373,7 +414,8 @@ func RecordOutcome(span trace.Span, region string, r ledger.Result) {
 
 // apply applies valid commands in one transaction and acks them after the
 // commit.
-func (c *Consumer) apply(ctx context.Context, cmds []ledger.Command, valid []jetstream.Msg, spans []trace.Span, arrivals []ledger.Arrival) {
+// times holds the batch's Formed and Stored.
+func (c *Consumer) apply(ctx context.Context, times Batch, cmds []ledger.Command, valid []jetstream.Msg, spans []trace.Span, arrivals []ledger.Arrival) {
 	links := make([]trace.Link, len(spans))
 	for i, sp := range spans {
 		links[i] = trace.Link{SpanContext: sp.SpanContext()}
@@ -383,17 +425,19 @@ func (c *Consumer) apply(ctx context.Context, cmds []ledger.Command, valid []jet
 	ctx, batchSpan := tracer.Start(ctx, "apply batch", trace.WithLinks(links...),
 		trace.WithAttributes(attribute.Int("paymesh.batch.size", len(cmds)), attribute.String("paymesh.region", c.cfg.Topology.Region)))
 	defer batchSpan.End()
+	var tx ledger.TxTimes
 	began := time.Now()
-	results, err := c.applier.Apply(ctx, cmds)
+	results, err := c.applier.Apply(ledger.WithTxTimes(ctx, &tx), cmds)
 	if err == nil && c.cfg.Observe.Batch != nil {
-		c.cfg.Observe.Batch(ctx, len(cmds), time.Since(began))
+		times.Msgs, times.Applying, times.Done, times.Tx = valid, began, time.Now(), tx
+		c.cfg.Observe.Batch(ctx, times)
 	}
 	if err != nil && len(cmds) > 1 && ctx.Err() == nil {
 		// Isolate whatever failed the batch: apply one by one, so that a
 		// single bad command cannot hold up or use the deliveries of others.
 		c.cfg.Log.Warn("apply batch failed; applying its commands one by one", "size", len(cmds), "err", err)
 		for i := range cmds {
-			c.apply(ctx, cmds[i:i+1], valid[i:i+1], spans[i:i+1], arrivals[i:i+1])
+			c.apply(ctx, times, cmds[i:i+1], valid[i:i+1], spans[i:i+1], arrivals[i:i+1])
 		}
 		return
 	}

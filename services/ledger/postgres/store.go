@@ -233,6 +233,10 @@ func (s *Store) transact(ctx context.Context, op string, fn func(pgx.Tx) error, 
 }
 
 func (s *Store) once(ctx context.Context, fn func(pgx.Tx) error, committed func(context.Context) (bool, error)) error {
+	times := ledger.TxTimesFrom(ctx)
+	if times != nil {
+		times.Began = time.Now()
+	}
 	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: beginQuery})
 	if err != nil {
 		return err
@@ -241,7 +245,13 @@ func (s *Store) once(ctx context.Context, fn func(pgx.Tx) error, committed func(
 		_ = tx.Rollback(ctx)
 		return err
 	}
+	if times != nil {
+		times.Committing = time.Now()
+	}
 	err = tx.Commit(ctx)
+	if times != nil {
+		times.Committed = time.Now()
+	}
 	if err == nil || committed == nil || !commitOutcomeUnknown(err) {
 		return err
 	}

@@ -625,7 +625,11 @@ func TestCachedRedeliveriesNeedNoTransaction(t *testing.T) {
 	pool.Close()
 
 	again := append(cmds, cmds[0]) // a repeat inside the batch too
-	res, err := store.Apply(context.Background(), again)
+	var tx ledger.TxTimes
+	res, err := store.Apply(ledger.WithTxTimes(context.Background(), &tx), again)
+	if tx != (ledger.TxTimes{}) {
+		t.Errorf("times of a transaction %+v, want none", tx)
+	}
 	if err != nil {
 		t.Fatalf("cached redeliveries went to the database: %v", err)
 	}
@@ -639,5 +643,21 @@ func TestCachedRedeliveriesNeedNoTransaction(t *testing.T) {
 	}
 	if got := f.Balance(t, b); got != 30 {
 		t.Fatalf("balance %d, want 30", got)
+	}
+}
+
+// TestTxTimes: the store tells the caller that asks (ledger.WithTxTimes)
+// when its transaction began, sent COMMIT and had COMMIT's answer.
+func TestTxTimes(t *testing.T) {
+	f := ledgertest.New(t)
+	a, b := f.Account(t, "EUR", 100), f.Account(t, "EUR", 0)
+	before := time.Now()
+	var tx ledger.TxTimes
+	if _, err := f.Store.Apply(ledger.WithTxTimes(context.Background(), &tx), []ledger.Command{f.Transfer(t, a, b, 10)}); err != nil {
+		t.Fatal(err)
+	}
+	after := time.Now()
+	if tx.Began.Before(before) || tx.Committing.Before(tx.Began) || tx.Committed.Before(tx.Committing) || tx.Committed.After(after) {
+		t.Fatalf("began %v, COMMIT sent %v, answered %v: want them in that order between %v and %v", tx.Began, tx.Committing, tx.Committed, before, after)
 	}
 }
