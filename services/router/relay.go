@@ -43,9 +43,16 @@ type Outbox interface {
 	MarkSent(ctx context.Context, ids []int64) error
 	// MarkFailed counts a failed relay attempt of the steps.
 	MarkFailed(ctx context.Context, ids []int64) error
+	// Written receives a signal after steps due now were written (one
+	// signal may stand for several writes), so that the relay reads at once
+	// instead of at its next poll. Nil when the outbox cannot tell.
+	Written() <-chan struct{}
 }
 
-// Relay tunables.
+// Relay tunables. relayIdle is the poll of an idle relay: with an outbox
+// that signals its writes (Outbox.Written) the relay reads as soon as a
+// step is committed, and the poll only finds the steps that fall due later
+// (a hold's expiry) and those written while the signals were lost.
 const (
 	relayBatch = 256
 	relayIdle  = 20 * time.Millisecond
@@ -53,7 +60,8 @@ const (
 
 // RunRelay relays the region's outbox until ctx ends: each unsent saga step
 // is published to the ledger stream of the region that applies it, with the
-// step's Nats-Msg-Id, and marked sent only after the PubAck. A region that
+// step's Nats-Msg-Id, and marked sent only after the PubAck. An idle relay
+// reads again when the outbox signals a write, or after relayIdle. A region that
 // fails is skipped for a growing delay, so that it cannot hold up steps for
 // the others. A crash between the PubAck and the mark makes the step go out
 // again, which the destination's Msg-Id window and consume-log absorb.
@@ -72,7 +80,7 @@ func (r *Router) RunRelay(ctx context.Context, outbox Outbox, log *slog.Logger) 
 			continue
 		}
 		if len(steps) == 0 {
-			sleep(ctx, relayIdle)
+			idle(ctx, outbox.Written(), relayIdle)
 			continue
 		}
 		sent, failed, failedRegions := r.relay(ctx, steps)
@@ -193,6 +201,18 @@ func (b regionBackoff) update(steps []Step, failed map[string]int) (further map[
 		}
 	}
 	return further
+}
+
+// idle waits for a signal on written, for d, or for ctx to end, whichever
+// comes first.
+func idle(ctx context.Context, written <-chan struct{}, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-written:
+	case <-t.C:
+	}
 }
 
 func sleep(ctx context.Context, d time.Duration) {

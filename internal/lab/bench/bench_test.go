@@ -94,6 +94,8 @@ func TestBenchSmall(t *testing.T) {
 	}
 	if c := res.Cross; c == nil || !c.Verified || c.Completed != 60 {
 		t.Errorf("cross-region: %+v", c)
+	} else if h := c.HalfPeak; h == nil || len(h.Hops) != 6 || h.Ratio <= 0 || !hopsAddUp(h.Hops) || h.Hops[5].P50Ms != h.CrossP50Ms {
+		t.Errorf("cross-region at half its peak: %+v", h)
 	}
 	if a := res.API; a == nil || !a.Verified || a.Completed != 80 || a.Rate <= 0 || a.P99Ms < a.P50Ms || a.Concurrency != 8 {
 		t.Errorf("api: %+v", a)
@@ -310,4 +312,20 @@ func stagesAddUp(t *testing.T, l bench.LedgerRun) bool {
 		return false
 	}
 	return true
+}
+
+// hopsAddUp reports whether the cross-region hops (the last their total)
+// were each timed on every transfer, their means adding up to the total's.
+// A hop may be negative: a step is "relayed" when the relay marks it sent,
+// after its PubAck, and the destination may have begun its credit by then.
+func hopsAddUp(hops []bench.Stage) bool {
+	total := hops[len(hops)-1]
+	var sum float64
+	for _, h := range hops[:len(hops)-1] {
+		if h.Messages != total.Messages || h.Messages == 0 {
+			return false
+		}
+		sum += h.MeanMs
+	}
+	return math.Abs(sum-total.MeanMs) <= 0.01+total.MeanMs/100
 }

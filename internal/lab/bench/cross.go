@@ -6,6 +6,7 @@ import (
 	"maps"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,10 +34,35 @@ type CrossRun struct {
 	SameP99Ms  float64 `json:"same_p99_ms"`
 	CrossP50Ms float64 `json:"cross_p50_ms"`
 	CrossP99Ms float64 `json:"cross_p99_ms"`
-	Verified   bool    `json:"verified"`
+	// HalfPeak is the same topology paced at half of Rate.
+	HalfPeak *CrossHalf `json:"half_peak,omitempty"`
+	Verified bool       `json:"verified"`
 	// VerifyReport is the global invariant report when it failed.
 	VerifyReport string `json:"verify_report,omitempty"`
 }
+
+// CrossHalf is the cross-region scenario's second phase: new transfers
+// submitted at half the rate the first phase completed, half of them
+// crossing regions, each timed from its submit to its final state, and
+// the cross-region ones hop by hop.
+type CrossHalf struct {
+	PacedRate float64 `json:"paced_rate"`
+	Transfers int     `json:"transfers"`
+	// Submit→final state (as CrossRun's), over this phase's transfers.
+	SameP50Ms  float64 `json:"same_p50_ms"`
+	SameP99Ms  float64 `json:"same_p99_ms"`
+	CrossP50Ms float64 `json:"cross_p50_ms"`
+	CrossP99Ms float64 `json:"cross_p99_ms"`
+	// Ratio is CrossP50Ms over SameP50Ms (target: at most 3).
+	Ratio float64 `json:"cross_over_same_p50"`
+	// Hops break the cross-region transfers' time down, from the times the
+	// two regions' databases recorded: each transaction's start (now()) and
+	// each outbox row's sent_at, which the relay writes after the PubAck.
+	Hops []Stage `json:"hops"`
+}
+
+// crossHalfFor is how long the half-peak phase submits.
+const crossHalfFor = 10 * time.Second
 
 func (c CrossRun) line() string {
 	return fmt.Sprintf("%-13s %8.0f/s  %d of %d completed in %.1fs (%.0f%% cross-region, regions %v)  same-region p50 %.1f ms p99 %.1f ms, cross-region p50 %.1f ms p99 %.1f ms  %s",
@@ -69,25 +95,9 @@ func (e *env) cross(ctx context.Context) (CrossRun, error) {
 			return res, err
 		}
 	}
-	cmds := make([]ledger.Command, res.Transfers)
-	for i := range cmds {
-		src := names[e.rng.IntN(len(names))]
-		dst := src
-		if e.rng.IntN(2) == 0 {
-			dst = names[(slices.Index(names, src)+1)%len(names)]
-		}
-		from := accounts[src][e.rng.IntN(len(accounts[src]))]
-		to := from
-		for to == from {
-			to = accounts[dst][e.rng.IntN(len(accounts[dst]))]
-		}
-		id, err := e.nextID(src)
-		if err != nil {
-			return res, err
-		}
-		cmds[i] = ledger.Command{Type: ledger.TypeTransfer, TransferID: id, ClientID: Client,
-			IdempotencyKey: fmt.Sprintf("x%d-%d", e.seq.Add(1), i), From: from, To: to,
-			Amount: int64(1 + e.rng.IntN(100)), Currency: "EUR"}
+	cmds, err := e.crossCommands(res.Transfers, names, accounts)
+	if err != nil {
+		return res, err
 	}
 	e.checkpoint(ctx)
 
@@ -154,6 +164,14 @@ func (e *env) cross(ctx context.Context) (CrossRun, error) {
 	slices.Sort(crossL)
 	res.SameP50Ms, res.SameP99Ms = ms(percentile(same, 0.5)), ms(percentile(same, 0.99))
 	res.CrossP50Ms, res.CrossP99Ms = ms(percentile(crossL, 0.5)), ms(percentile(crossL, 0.99))
+	if half, err := e.crossHalf(ctx, c, names, accounts, res.Rate/2, func() (int64, error) {
+		n, _, err := settled(ctx)
+		return n, err
+	}); err != nil {
+		return res, fmt.Errorf("half peak: %w", err)
+	} else {
+		res.HalfPeak = &half
+	}
 	rep, err := quietReport(ctx, c)
 	if err != nil {
 		return res, err
@@ -252,4 +270,254 @@ feed:
 		}
 	}
 	return err
+}
+
+// crossCommands returns n transfers from a random account of a random
+// region of names, half of them to an account of the next region.
+func (e *env) crossCommands(n int, names []string, accounts map[string][]string) ([]ledger.Command, error) {
+	cmds := make([]ledger.Command, n)
+	for i := range cmds {
+		src := names[e.rng.IntN(len(names))]
+		dst := src
+		if e.rng.IntN(2) == 0 {
+			dst = names[(slices.Index(names, src)+1)%len(names)]
+		}
+		from := accounts[src][e.rng.IntN(len(accounts[src]))]
+		to := from
+		for to == from {
+			to = accounts[dst][e.rng.IntN(len(accounts[dst]))]
+		}
+		id, err := e.nextID(src)
+		if err != nil {
+			return nil, err
+		}
+		cmds[i] = ledger.Command{Type: ledger.TypeTransfer, TransferID: id, ClientID: Client,
+			IdempotencyKey: fmt.Sprintf("x%d-%d", e.seq.Add(1), i), From: from, To: to,
+			Amount: int64(1 + e.rng.IntN(100)), Currency: "EUR"}
+	}
+	return cmds, nil
+}
+
+// crossHalf submits new transfers at rate for crossHalfFor, waits until
+// every one reached its final state (finished counts the cluster's
+// finished transfers), and times them from the regions' databases.
+func (e *env) crossHalf(ctx context.Context, c *cluster.Cluster, names []string, accounts map[string][]string, rate float64,
+	finished func() (int64, error)) (CrossHalf, error) {
+	h := CrossHalf{PacedRate: rate, Transfers: max(2, int(rate*crossHalfFor.Seconds()))}
+	cmds, err := e.crossCommands(h.Transfers, names, accounts)
+	if err != nil {
+		return h, err
+	}
+	before, err := finished()
+	if err != nil {
+		return h, err
+	}
+	if err := e.submitPaced(ctx, c, cmds, rate); err != nil {
+		return h, err
+	}
+	for last, since := int64(-1), time.Now(); ; time.Sleep(50 * time.Millisecond) {
+		n, err := finished()
+		if err != nil {
+			return h, err
+		}
+		if n-before >= int64(len(cmds)) {
+			break
+		}
+		if n != last {
+			last, since = n, time.Now()
+		} else if time.Since(since) > time.Minute {
+			return h, fmt.Errorf("no transfer finished for a minute (%d of %d)", n-before, len(cmds))
+		}
+	}
+	t, err := crossTimes(ctx, c, cmds)
+	if err != nil {
+		return h, err
+	}
+	var same, cross []time.Duration
+	hops := make([][]time.Duration, len(hopNames))
+	var total []time.Duration
+	for _, x := range t {
+		if !x.cross {
+			same = append(same, x.at[1].Sub(x.at[0]))
+			continue
+		}
+		cross = append(cross, x.at[len(x.at)-1].Sub(x.at[0]))
+		for k := range hopNames {
+			hops[k] = append(hops[k], x.at[k+1].Sub(x.at[k]))
+		}
+		total = append(total, x.at[len(x.at)-1].Sub(x.at[0]))
+	}
+	if len(same) == 0 || len(cross) == 0 {
+		return h, fmt.Errorf("%d same-region and %d cross-region transfers timed, of %d", len(same), len(cross), len(cmds))
+	}
+	slices.Sort(same)
+	slices.Sort(cross)
+	h.SameP50Ms, h.SameP99Ms = ms(percentile(same, 0.5)), ms(percentile(same, 0.99))
+	h.CrossP50Ms, h.CrossP99Ms = ms(percentile(cross, 0.5)), ms(percentile(cross, 0.99))
+	if h.SameP50Ms > 0 {
+		h.Ratio = h.CrossP50Ms / h.SameP50Ms
+	}
+	h.Hops = stagesOf(append(hopNames[:len(hopNames):len(hopNames)], "total submit → settled"), append(hops, total), total)
+	return h, nil
+}
+
+// hopNames name the hops of a cross-region transfer, between the instants
+// crossTimes reads.
+var hopNames = []string{
+	"submit → debit (route, stream, batch)",
+	"debit → credit relayed (outbox, relay, publish)",
+	"credit relayed → credit (stream, batch)",
+	"credit → confirm relayed (outbox, relay, publish)",
+	"confirm relayed → settled (stream, batch)",
+}
+
+// crossTimed is one transfer's instants: for a same-region transfer its
+// submit and its apply; for a cross-region one its submit, debit, credit
+// step relayed, credit, confirm step relayed and settle.
+type crossTimed struct {
+	cross bool
+	at    []time.Time
+}
+
+// crossTimes reads the instants of cmds' transfers from every region's
+// database: the transfer's created_at (the submit), applied_at and
+// settled_at in its source region, the credit's applied_at in the
+// destination, and the sent_at of the two steps' outbox rows.
+func crossTimes(ctx context.Context, c *cluster.Cluster, cmds []ledger.Command) ([]crossTimed, error) {
+	ids := make([]string, len(cmds))
+	var steps []string
+	for i, cmd := range cmds {
+		ids[i] = cmd.TransferID
+		steps = append(steps, "step/"+cmd.TransferID+"/"+ledger.TypeCredit, "step/"+cmd.TransferID+"/"+ledger.TypeConfirm)
+	}
+	type row struct {
+		region                      string
+		to                          string
+		created, applied, settled   *time.Time
+		credited, creditSent, cSent *time.Time
+	}
+	rows := map[string]*row{}
+	get := func(id string) *row {
+		if rows[id] == nil {
+			rows[id] = &row{}
+		}
+		return rows[id]
+	}
+	for _, n := range c.Names() {
+		pool := c.Region(n).Ledger.Store.Pool()
+		q, err := pool.Query(ctx, `SELECT id, to_account, created_at, applied_at, settled_at FROM transfers WHERE id = ANY($1)`, ids)
+		if err != nil {
+			return nil, err
+		}
+		for q.Next() {
+			var id, to string
+			var created, applied, settled *time.Time
+			if err := q.Scan(&id, &to, &created, &applied, &settled); err != nil {
+				q.Close()
+				return nil, err
+			}
+			r := get(id)
+			r.region, r.to, r.created, r.applied, r.settled = n, to, created, applied, settled
+		}
+		q.Close()
+		if err := q.Err(); err != nil {
+			return nil, err
+		}
+		q, err = pool.Query(ctx, `SELECT transfer_id, applied_at FROM credits WHERE transfer_id = ANY($1)`, ids)
+		if err != nil {
+			return nil, err
+		}
+		for q.Next() {
+			var id string
+			var at time.Time
+			if err := q.Scan(&id, &at); err != nil {
+				q.Close()
+				return nil, err
+			}
+			get(id).credited = &at
+		}
+		q.Close()
+		if err := q.Err(); err != nil {
+			return nil, err
+		}
+		q, err = pool.Query(ctx, `SELECT split_part(msg_id, '/', 2), split_part(msg_id, '/', 3), sent_at FROM outbox WHERE msg_id = ANY($1)`, steps)
+		if err != nil {
+			return nil, err
+		}
+		for q.Next() {
+			var id, typ string
+			var at *time.Time
+			if err := q.Scan(&id, &typ, &at); err != nil {
+				q.Close()
+				return nil, err
+			}
+			if typ == ledger.TypeCredit {
+				get(id).creditSent = at
+			} else {
+				get(id).cSent = at
+			}
+		}
+		q.Close()
+		if err := q.Err(); err != nil {
+			return nil, err
+		}
+	}
+	var out []crossTimed
+	for _, id := range ids {
+		r := rows[id]
+		if r == nil || r.created == nil || r.applied == nil {
+			return nil, fmt.Errorf("transfer %s: not found where it was submitted", id)
+		}
+		home, _, _ := strings.Cut(r.to, "-")
+		if home == r.region {
+			out = append(out, crossTimed{at: []time.Time{*r.created, *r.applied}})
+			continue
+		}
+		at := []*time.Time{r.created, r.applied, r.creditSent, r.credited, r.cSent, r.settled}
+		if slices.Contains(at, nil) {
+			return nil, fmt.Errorf("cross-region transfer %s: an instant is missing (%v)", id, at)
+		}
+		x := crossTimed{cross: true}
+		for _, t := range at {
+			x.at = append(x.at, *t)
+		}
+		out = append(out, x)
+	}
+	return out, nil
+}
+
+// submitPaced hands cmds to their source region's router at rate, at most
+// crossSubmitters at once; CreatedAt is set at the submit.
+func (e *env) submitPaced(ctx context.Context, c *cluster.Cluster, cmds []ledger.Command, rate float64) error {
+	sem := make(chan struct{}, crossSubmitters)
+	var wg sync.WaitGroup
+	var failed atomic.Pointer[error]
+	start := time.Now()
+	for i, cmd := range cmds {
+		if d := time.Until(start.Add(time.Duration(float64(i) / rate * float64(time.Second)))); d > 0 {
+			time.Sleep(d)
+		}
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			wg.Wait()
+			return ctx.Err()
+		}
+		if failed.Load() != nil {
+			break
+		}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			src, _ := e.regions.HomeRegion(cmd.From)
+			cmd.CreatedAt = time.Now()
+			if err := c.Submit(ctx, src, cmd); err != nil {
+				failed.CompareAndSwap(nil, &err)
+			}
+		})
+	}
+	wg.Wait()
+	if err := failed.Load(); err != nil {
+		return *err
+	}
+	return nil
 }

@@ -9,23 +9,24 @@ import (
 
 // Targets of the headline figures.
 const (
-	TargetRate       = 15_000 // uniform transfers/s
-	TargetVsTPCB     = 10     // uniform / TPC-B tps
-	TargetVsNaive    = 7      // uniform / naive
-	TargetVsCeiling  = 0.8    // uniform / ceiling
-	TargetP99Ms      = 25     // p99 at half the peak rate
-	TargetTail       = 3      // p99 / p50 at half the peak rate
-	TargetDupCost    = 0.10   // time per duplicate / time per first delivery
-	TargetVsFloor    = 0.6    // replay / floor (NATS alone delivering the same messages)
-	TargetHotShare   = 0.50   // hot / uniform
-	TargetDedupShare = 0.85   // with the pre-filled consume-log / uniform
-	TargetPeakRSSMB  = 200
-	TargetAPIRate    = 5_000 // transfers/s through the HTTP API
-	TargetAPIShare   = 0.45  // HTTP API / uniform
-	TargetAPIP99Ms   = 50    // p99 through the HTTP API at the first concurrency (64)
-	TargetAPICPUUs   = 350   // process + Postgres CPU per transfer through the HTTP API
-	TargetAPICPU     = 2     // the HTTP API's CPU per transfer / uniform's (process + Postgres)
-	sharingNotice    = "The publisher, the embedded nats-server and Postgres share this machine's cores with the ledger; compare runs of one invocation, and see the load average below."
+	TargetRate          = 15_000 // uniform transfers/s
+	TargetVsTPCB        = 10     // uniform / TPC-B tps
+	TargetVsNaive       = 7      // uniform / naive
+	TargetVsCeiling     = 0.8    // uniform / ceiling
+	TargetP99Ms         = 25     // p99 at half the peak rate
+	TargetTail          = 3      // p99 / p50 at half the peak rate
+	TargetCrossOverSame = 3.0    // cross-region p50 / same-region p50, each at half the cross run's peak
+	TargetDupCost       = 0.10   // time per duplicate / time per first delivery
+	TargetVsFloor       = 0.6    // replay / floor (NATS alone delivering the same messages)
+	TargetHotShare      = 0.50   // hot / uniform
+	TargetDedupShare    = 0.85   // with the pre-filled consume-log / uniform
+	TargetPeakRSSMB     = 200
+	TargetAPIRate       = 5_000 // transfers/s through the HTTP API
+	TargetAPIShare      = 0.45  // HTTP API / uniform
+	TargetAPIP99Ms      = 50    // p99 through the HTTP API at the first concurrency (64)
+	TargetAPICPUUs      = 350   // process + Postgres CPU per transfer through the HTTP API
+	TargetAPICPU        = 2     // the HTTP API's CPU per transfer / uniform's (process + Postgres)
+	sharingNotice       = "The publisher, the embedded nats-server and Postgres share this machine's cores with the ledger; compare runs of one invocation, and see the load average below."
 )
 
 // figures derives the headline figures from the runs, each with its target.
@@ -113,6 +114,12 @@ func figures(r Result) []Figure {
 	}
 	if r.Cross != nil {
 		add("cross-region throughput (completed)", "transfers/s", "(reported)", true, r.Cross.Rate, true)
+		h := r.Cross.HalfPeak
+		v := 0.0
+		if h != nil {
+			v = h.Ratio
+		}
+		add("cross-region p50 / same-region p50 at half its peak", "x", fmt.Sprintf("<= %g", TargetCrossOverSame), h != nil, v, v <= TargetCrossOverSame)
 	}
 	if p := r.Replicas; p != nil {
 		add("topology start, R1 (median)", "s", "(reported)", true, p.StartR1Seconds, true)
@@ -226,6 +233,7 @@ func (r Result) Print(w io.Writer) {
 	}
 	r.printReplicas(w)
 	r.printStages(w)
+	r.printHops(w)
 	r.printAPI(w)
 	r.printReads(w)
 	if len(r.Sweep) > 0 {
@@ -245,6 +253,25 @@ func (r Result) Print(w io.Writer) {
 	fmt.Fprintln(w, "Peak RSS is the process high-water mark up to each run: ledger, publisher, nats-server and the bench's own bookkeeping.")
 }
 
+// printHops writes the cross-region run's half-peak phase, hop by hop.
+func (r Result) printHops(w io.Writer) {
+	if r.Cross == nil || r.Cross.HalfPeak == nil {
+		return
+	}
+	h := r.Cross.HalfPeak
+	fmt.Fprintf(w, "cross-region at half its peak (%.0f/s, %d transfers): same-region p50 %.1f ms p99 %.1f ms, cross-region p50 %.1f ms p99 %.1f ms (%.1f x); the cross-region ones hop by hop:\n",
+		h.PacedRate, h.Transfers, h.SameP50Ms, h.SameP99Ms, h.CrossP50Ms, h.CrossP99Ms, h.Ratio)
+	printStageTable(w, h.Hops)
+}
+
+// printStageTable writes stages with their p50, p99, mean and slowest-1 % mean.
+func printStageTable(w io.Writer, stages []Stage) {
+	fmt.Fprintf(w, "  %-52s %9s %9s %9s %14s\n", "stage", "p50 ms", "p99 ms", "mean ms", "slowest 1% ms")
+	for _, s := range stages {
+		fmt.Fprintf(w, "  %-52s %9.2f %9.2f %9.2f %14.2f\n", s.Name, s.P50Ms, s.P99Ms, s.MeanMs, s.TailMs)
+	}
+}
+
 // printStages writes the latency run's breakdown by stage.
 func (r Result) printStages(w io.Writer) {
 	l, ok := r.RunOf(Latency)
@@ -252,12 +279,9 @@ func (r Result) printStages(w io.Writer) {
 		return
 	}
 	fmt.Fprintf(w, "latency at half the peak rate (%.0f/s), by stage, over %d messages:\n", l.PacedRate, l.Stages[0].Messages)
-	fmt.Fprintf(w, "  %-44s %9s %9s %9s %14s\n", "stage", "p50 ms", "p99 ms", "mean ms", "slowest 1% ms")
-	for _, s := range l.Stages {
-		fmt.Fprintf(w, "  %-44s %9.2f %9.2f %9.2f %14.2f\n", s.Name, s.P50Ms, s.P99Ms, s.MeanMs, s.TailMs)
-	}
+	printStageTable(w, l.Stages)
 	b := l.StageBatch
-	fmt.Fprintf(w, "  %-44s %9d %9d %9s %14.1f\n", "batch size (messages)", b.P50, b.P99, "", b.Slowest)
+	fmt.Fprintf(w, "  %-52s %9d %9d %9s %14.1f\n", "batch size (messages)", b.P50, b.P99, "", b.Slowest)
 }
 
 // share is the API run's rate over the uniform run's, 0 without one.

@@ -127,53 +127,35 @@ func (t *tracker) stages(sent int) ([]Stage, BatchFill) {
 	if len(whole) == 0 {
 		return nil, BatchFill{}
 	}
-	// The slowest 1 % by publish→ack.
-	slowest := slices.Clone(whole)
-	slices.SortFunc(slowest, func(a, b int) int {
-		return int(s.at[atAcked][b] - s.at[atPublished][b] - (s.at[atAcked][a] - s.at[atPublished][a]))
-	})
-	slowest = slowest[:max(1, len(slowest)/100)]
-
-	stage := func(name string, of func(i int) time.Duration) Stage {
+	// Each stage's duration per message, and the total publish→ack last.
+	var names []string
+	var series [][]time.Duration
+	add := func(name string, from, to []int64) {
 		d := make([]time.Duration, len(whole))
-		var sum time.Duration
 		for j, i := range whole {
-			d[j] = of(i)
-			sum += d[j]
+			d[j] = time.Duration(to[i] - from[i])
 		}
-		var tail time.Duration
-		for _, i := range slowest {
-			tail += of(i)
-		}
-		slices.Sort(d)
-		return Stage{Name: name, P50Ms: ms(percentile(d, 0.5)), P99Ms: ms(percentile(d, 0.99)),
-			MeanMs: ms(sum / time.Duration(len(d))), TailMs: ms(tail / time.Duration(len(slowest))), Messages: len(d)}
+		names, series = append(names, name), append(series, d)
 	}
-	var out []Stage
 	for at := atStored; at < instants; at++ {
-		out = append(out, stage(stageNames[at], func(i int) time.Duration { return time.Duration(s.at[at][i] - s.at[at-1][i]) }))
+		add(stageNames[at], s.at[at-1], s.at[at])
 	}
-	out = append(out, stage("total publish → ack", func(i int) time.Duration {
-		return time.Duration(s.at[atAcked][i] - s.at[atPublished][i])
-	}))
-	var acked []int
-	for _, i := range whole {
-		if s.pubAck[i] != 0 {
-			acked = append(acked, i)
-		}
+	add("total publish → ack", s.at[atPublished], s.at[atAcked])
+	total := series[len(series)-1]
+	if !slices.ContainsFunc(whole, func(i int) bool { return s.pubAck[i] == 0 }) {
+		add("beside: publish → PubAck seen", s.at[atPublished], s.pubAck)
 	}
-	if len(acked) == len(whole) {
-		out = append(out, stage("beside: publish → PubAck seen", func(i int) time.Duration { return time.Duration(s.pubAck[i] - s.at[atPublished][i]) }))
-	}
+	out := stagesOf(names, series, total)
+	slowest := slowestOf(total)
 	sizes := make([]int32, len(whole))
+	var tail int64
 	for j, i := range whole {
 		sizes[j] = s.size[i]
 	}
-	slices.Sort(sizes)
-	var tail int64
-	for _, i := range slowest {
-		tail += int64(s.size[i])
+	for _, j := range slowest {
+		tail += int64(sizes[j])
 	}
+	slices.Sort(sizes)
 	fill := BatchFill{P50: int(sizes[len(sizes)/2]), P99: int(sizes[int(0.99*float64(len(sizes)-1)+0.5)]),
 		Slowest: float64(tail) / float64(len(slowest))}
 	return out, fill
@@ -185,4 +167,36 @@ type BatchFill struct {
 	P50     int     `json:"p50"`
 	P99     int     `json:"p99"`
 	Slowest float64 `json:"slowest_1pct_mean"`
+}
+
+// stagesOf returns, for each named series of durations (one per item), its
+// p50, p99, mean and mean over the items whose total is among the slowest
+// 1 %.
+func stagesOf(names []string, series [][]time.Duration, total []time.Duration) []Stage {
+	slowest := slowestOf(total)
+	var out []Stage
+	for k, d := range series {
+		var sum, tail time.Duration
+		for _, x := range d {
+			sum += x
+		}
+		for _, i := range slowest {
+			tail += d[i]
+		}
+		sorted := slices.Clone(d)
+		slices.Sort(sorted)
+		out = append(out, Stage{Name: names[k], P50Ms: ms(percentile(sorted, 0.5)), P99Ms: ms(percentile(sorted, 0.99)),
+			MeanMs: ms(sum / time.Duration(max(len(d), 1))), TailMs: ms(tail / time.Duration(len(slowest))), Messages: len(d)})
+	}
+	return out
+}
+
+// slowestOf returns the indexes of the slowest 1 % of total (at least one).
+func slowestOf(total []time.Duration) []int {
+	order := make([]int, len(total))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return int(total[b] - total[a]) })
+	return order[:max(1, len(order)/100)]
 }

@@ -924,7 +924,10 @@ func (n *newOutbox) add(m ledger.OutboxMessage, trace string) {
 	n.due = append(n.due, due)
 }
 
-// queue queues the insert of the outbox rows, if any.
+// queue queues the insert of the outbox rows, if any, and, when one of
+// them is due now, a notification on OutboxChannel, which Postgres
+// delivers when the transaction commits (and never if it does not): the
+// relay that listens reads the outbox at once (WatchOutbox).
 func (n *newOutbox) queue(b *pgx.Batch) {
 	if len(n.msg) == 0 {
 		return
@@ -933,6 +936,9 @@ func (n *newOutbox) queue(b *pgx.Batch) {
 		INSERT INTO outbox (msg_id, region, account, payload, trace_parent, due_at)
 		SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::timestamptz[])`,
 		n.msg, n.region, n.account, n.payload, n.trace, n.due)
+	if slices.Contains(n.due, nil) {
+		b.Queue(notifyOutboxSQL)
+	}
 }
 
 // queueCancelTimers queues the delete of the unsent outbox rows msgIDs, if

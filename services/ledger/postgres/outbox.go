@@ -3,10 +3,80 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 )
+
+// OutboxChannel is the Postgres notification channel of the outbox: a
+// transaction that writes a row due now notifies it, and Postgres delivers
+// the notification when, and only if, the transaction commits.
+const OutboxChannel = "paymesh_outbox"
+
+var notifyOutboxSQL = "SELECT pg_notify('" + OutboxChannel + "', '')"
+
+// WatchOutbox listens on OutboxChannel, on a connection of its own taken
+// from the store's pool, and sends on the channel it returns after every
+// commit that wrote outbox rows due now: coalesced (the channel holds one
+// signal, and a signal stands for every commit since the last one read),
+// and once each time it (re)connects, for the commits it may have missed.
+// A lost connection is opened again after a pause, logged; the caller
+// keeps a poll for the rows written meanwhile and for rows that fall due
+// later. It stops when ctx ends.
+func (s *Store) WatchOutbox(ctx context.Context, log *slog.Logger) <-chan struct{} {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	written := make(chan struct{}, 1)
+	signal := func() {
+		select {
+		case written <- struct{}{}:
+		default:
+		}
+	}
+	go func() {
+		for ctx.Err() == nil {
+			err := s.listen(ctx, signal)
+			if ctx.Err() != nil {
+				return
+			}
+			log.Warn("outbox: listen for commits; the relay polls meanwhile", "err", err)
+			t := time.NewTimer(time.Second)
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+			}
+			t.Stop()
+		}
+	}()
+	return written
+}
+
+// listen holds one listening connection until it fails or ctx ends,
+// calling signal once it listens and on each notification.
+func (s *Store) listen(ctx context.Context, signal func()) error {
+	pc, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	conn := pc.Hijack() // never back to the pool: it listens
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
+	if _, err := conn.Exec(ctx, "LISTEN "+OutboxChannel); err != nil {
+		return err
+	}
+	signal()
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			return err
+		}
+		signal()
+	}
+}
 
 // OutboxRow is a saga step waiting to be relayed to the ledger of Region.
 type OutboxRow struct {
@@ -52,22 +122,37 @@ func (s *Store) PendingOutbox(ctx context.Context, limit int, skip ...string) ([
 // MarkSent records that the rows' steps were acked by their destination
 // streams. It must only be called after the PubAck: a row marked sent is
 // never relayed again.
+//
+// The mark commits asynchronously (synchronous_commit off for its own
+// transaction): COMMIT returns before the WAL is flushed, and the relay's
+// next round does not wait for a disk write. A crash or a failover can
+// then lose the mark, never a step: the step goes out again, as after a
+// crash between the PubAck and the mark, and its destination's Msg-Id
+// window and consume-log absorb it. The set_config in the statement
+// applies to the statement's own implicit transaction, so one round trip
+// does it.
 func (s *Store) MarkSent(ctx context.Context, ids []int64) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	if _, err := s.pool.Exec(ctx, `UPDATE outbox SET sent_at = now(), attempts = attempts + 1 WHERE id = ANY($1::bigint[]) AND sent_at IS NULL`, ids); err != nil {
+	if _, err := s.pool.Exec(ctx, `UPDATE outbox SET sent_at = now(), attempts = attempts + 1
+		FROM (SELECT set_config('synchronous_commit', 'off', true)) async
+		WHERE id = ANY($1::bigint[]) AND sent_at IS NULL`, ids); err != nil {
 		return fmt.Errorf("mark outbox sent: %w", err)
 	}
 	return nil
 }
 
-// MarkFailed counts a failed relay attempt of the rows.
+// MarkFailed counts a failed relay attempt of the rows, committed
+// asynchronously as MarkSent's mark: a count lost in a crash is one attempt
+// fewer in the row.
 func (s *Store) MarkFailed(ctx context.Context, ids []int64) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	if _, err := s.pool.Exec(ctx, `UPDATE outbox SET attempts = attempts + 1 WHERE id = ANY($1::bigint[]) AND sent_at IS NULL`, ids); err != nil {
+	if _, err := s.pool.Exec(ctx, `UPDATE outbox SET attempts = attempts + 1
+		FROM (SELECT set_config('synchronous_commit', 'off', true)) async
+		WHERE id = ANY($1::bigint[]) AND sent_at IS NULL`, ids); err != nil {
 		return fmt.Errorf("mark outbox attempt: %w", err)
 	}
 	return nil

@@ -100,3 +100,55 @@ func TestPruneOutbox(t *testing.T) {
 		t.Fatalf("global verify:\n%s", rep)
 	}
 }
+
+// TestWatchOutbox: the watch signals once it listens, then after the
+// commit of a batch that wrote a saga step due now; a batch without one,
+// committed before it, is no cause for a signal of its own, and a
+// connection killed under the watch is opened again.
+func TestWatchOutbox(t *testing.T) {
+	eu, us := ledgertest.New(t), ledgertest.New(t, ledgertest.Region("us"))
+	a, a2, b := eu.Account(t, "EUR", 1000), eu.Account(t, "EUR", 0), us.Account(t, "EUR", 0)
+	pool, err := postgres.Connect(context.Background(), eu.URL, time.Minute, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	watcher := postgres.New(pool, postgres.Config{Region: "eu", Regions: eu.Regions})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	written := watcher.WatchOutbox(ctx, nil)
+	signalled := func(what string) {
+		t.Helper()
+		select {
+		case <-written:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("no signal %s", what)
+		}
+	}
+	signalled("once listening")
+	listener := func() int {
+		var pid int
+		if err := eu.Pool.QueryRow(context.Background(), `SELECT pid FROM pg_stat_activity WHERE query = 'LISTEN `+postgres.OutboxChannel+`' AND datname = current_database()`).Scan(&pid); err != nil {
+			t.Fatalf("the listening connection: %v", err)
+		}
+		return pid
+	}
+
+	eu.MustApply(t, eu.Transfer(t, a, a2, 10)) // same region: no step
+	eu.MustApply(t, eu.Transfer(t, a, b, 10))  // a credit step for us
+	signalled("after a step was committed")
+	if n := eu.Count(t, `SELECT count(*) FROM outbox WHERE sent_at IS NULL`); n != 1 {
+		t.Fatalf("%d unsent steps, want 1", n)
+	}
+
+	old := listener()
+	if _, err := eu.Pool.Exec(context.Background(), `SELECT pg_terminate_backend($1)`, old); err != nil {
+		t.Fatal(err)
+	}
+	signalled("after the watch connected again")
+	if pid := listener(); pid == old {
+		t.Fatalf("still listening on the killed connection %d", pid)
+	}
+	eu.MustApply(t, eu.Transfer(t, a, b, 10))
+	signalled("after a step was committed on the new connection")
+}

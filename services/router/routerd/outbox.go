@@ -11,9 +11,16 @@ import (
 // (router.Outbox). The router and the ledger's Postgres adapter do not know
 // each other: the router declares what it needs, and this wiring, which
 // links both, translates the ledger's rows into the router's steps.
-type outbox struct{ store *postgres.Store }
+type outbox struct {
+	store   *postgres.Store
+	written <-chan struct{} // the store's WatchOutbox
+}
 
 var _ router.Outbox = outbox{}
+
+// Written signals the commits that wrote steps due now (see
+// postgres.Store.WatchOutbox).
+func (o outbox) Written() <-chan struct{} { return o.written }
 
 // PendingSteps returns the store's pending outbox rows as steps (see
 // postgres.Store.PendingOutbox).

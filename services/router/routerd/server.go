@@ -173,7 +173,8 @@ func (s *Server) Run(ctx context.Context) error {
 	s.cfg.Log.Info("router running", "region", s.cfg.Region, "stream", router.Stream(s.cfg.Region), "metrics", s.MetricsURL())
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Go(func() { s.rt.RunRelay(ctx, outbox{s.store}, s.cfg.Log.With("service", "relay")) })
+	relayLog := s.cfg.Log.With("service", "relay")
+	wg.Go(func() { s.rt.RunRelay(ctx, outbox{s.store, s.store.WatchOutbox(ctx, relayLog)}, relayLog) })
 	err := s.rt.RunForwarder(ctx, s.cfg.Log.With("service", "forwarder"))
 	cancel()
 	wg.Wait()
