@@ -70,11 +70,6 @@ type env struct {
 	fired  atomic.Int64
 	sent   tally // requests sent, by purpose
 	events tally // a scenario's own counters, by name
-	// forwarded counts, by region, the submits its route stream or the
-	// home's stored that the routers must forward into or out of it
-	// (submitted in a region that is not the command's home): what a
-	// partition's cut must meet (scenario 8), whose bug loses forwards.
-	forwarded tally
 	// lastSlow is when scenario 3 last held a transaction (Unix ms).
 	lastSlow atomic.Int64
 	// holdsDue is the latest expiry of the run's holds (Unix ms).
@@ -466,19 +461,6 @@ func (e *env) causes() Check {
 	return chk
 }
 
-// countForward counts cmd, stored by via's route stream, in forwarded for via and for
-// its home region (the region of the account that carries it, as the
-// routers route it) when they differ. A saga's step crossing regions is
-// no forward: its transfer was submitted at home.
-func (e *env) countForward(via string, cmd ledger.Command) {
-	home, err := e.c.IDs().HomeRegion(cmd.Account())
-	if err != nil || home == via {
-		return
-	}
-	e.forwarded.add(via)
-	e.forwarded.add(home)
-}
-
 // submitUntilKnown submits cmd through a router and, while the outcome is
 // unknown, again (as a client would) up to maxRetries times, through any
 // region.
@@ -509,9 +491,6 @@ func (e *env) submit(ctx context.Context, purpose, via string, cmd ledger.Comman
 		return Unknown
 	}
 	dup, err := rt.Submit(sub, cmd)
-	if err == nil && !dup {
-		e.countForward(via, cmd)
-	}
 	switch {
 	case err != nil:
 		e.hist.Complete(i, Unknown, err.Error(), "")
