@@ -28,6 +28,9 @@ type Report struct {
 	Acknowledged, Completed, Refunded, Rejected, Unfinished int64
 	// Request-to-final-state percentiles in milliseconds, per kind.
 	SameP50, SameP99, CrossP50, CrossP99 float64
+	// Pairs is the cross-region p50 of each pair of regions (payer's
+	// first) against its link's round trip.
+	Pairs []PairLatency
 	// Duplicates caught during the run, by region and layer (from
 	// Prometheus, counter resets of restarted services included).
 	Duplicates map[string]map[string]float64
@@ -238,6 +241,13 @@ func (r *Report) Print(w io.Writer) {
 		r.Acknowledged, float64(r.Acknowledged)/max(r.LoadTime.Seconds(), 1e-3), r.Completed, r.Refunded, r.Rejected, r.Unfinished)
 	fmt.Fprintf(w, "request to final state: same-region p50 %.1f ms p99 %.1f ms; cross-region p50 %.1f ms p99 %.1f ms\n",
 		r.SameP50, r.SameP99, r.CrossP50, r.CrossP99)
+	if len(r.Pairs) > 0 {
+		fmt.Fprintf(w, "cross-region p50 by pair, against the link's round trip:")
+		for _, p := range r.Pairs {
+			fmt.Fprintf(w, "  %s", p)
+		}
+		fmt.Fprintln(w)
+	}
 	printByRegion(w, "duplicates caught, by region and layer (Prometheus, increase over the run):", "%.0f", r.Duplicates)
 	printByRegion(w, "duplicate rate (duplicates per delivery), by region:", "%.4f", r.DuplicateRate)
 	if r.Explained != nil {
@@ -346,4 +356,21 @@ func restarts(n map[string]int) string {
 		out = append(out, fmt.Sprintf("%s ×%d", name, n[name]))
 	}
 	return strings.Join(out, ", ")
+}
+
+// PairLatency is the cross-region transfers' p50 from one region to
+// another, against the round trip of the link between them (0 when the
+// links ran without the table's latency).
+type PairLatency struct {
+	From, To  string
+	Transfers int
+	P50Ms     float64
+	RTT       time.Duration
+}
+
+func (p PairLatency) String() string {
+	if p.RTT <= 0 {
+		return fmt.Sprintf("%s→%s %.0f ms (%d, no link latency)", p.From, p.To, p.P50Ms, p.Transfers)
+	}
+	return fmt.Sprintf("%s→%s %.0f ms = %.1f × %s (%d)", p.From, p.To, p.P50Ms, p.P50Ms/float64(p.RTT.Milliseconds()), p.RTT, p.Transfers)
 }

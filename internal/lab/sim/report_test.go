@@ -175,3 +175,20 @@ func TestPrintExplained(t *testing.T) {
 		}
 	}
 }
+
+// TestPrintPairs: the report gives each pair's cross-region p50 against
+// its link's round trip, or says the links had no latency.
+func TestPrintPairs(t *testing.T) {
+	r := passing()
+	r.Pairs = []PairLatency{{From: "eu", To: "us", Transfers: 40, P50Ms: 320, RTT: 80 * time.Millisecond},
+		{From: "us", To: "ap", Transfers: 7, P50Ms: 95}}
+	r.judge()
+	var b strings.Builder
+	r.Print(&b)
+	for _, want := range []string{"cross-region p50 by pair, against the link's round trip", "eu→us 320 ms = 4.0 × 80ms (40)",
+		"us→ap 95 ms (7, no link latency)"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("the report lacks %q:\n%s", want, b.String())
+		}
+	}
+}

@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -357,12 +359,21 @@ func (s *sim) checkHistory(ctx context.Context, rep *Report) error {
 		if err != nil {
 			return err
 		}
+		pairs := map[string][]time.Duration{}
 		for _, c := range cs {
 			if c.Cross {
 				cross = append(cross, c.Duration)
+				pairs[c.To] = append(pairs[c.To], c.Duration)
 			} else {
 				same = append(same, c.Duration)
 			}
+		}
+		for _, to := range slices.Sorted(maps.Keys(pairs)) {
+			p := PairLatency{From: r.Name, To: to, Transfers: len(pairs[to]), P50Ms: percentile(pairs[to], 0.50)}
+			if !s.cfg.NoWANLatency {
+				p.RTT = s.table.RoundTrip(r.Name, to)
+			}
+			rep.Pairs = append(rep.Pairs, p)
 		}
 	}
 	rep.SameP50, rep.SameP99 = percentile(same, 0.50), percentile(same, 0.99)

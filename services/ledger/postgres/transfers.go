@@ -119,6 +119,7 @@ func QueueTransfersByKey(b *pgx.Batch, clients, keys []string, out map[ClientKey
 // final state.
 type Completion struct {
 	Cross    bool
+	To       string // the payee's region
 	Duration time.Duration
 }
 
@@ -126,14 +127,14 @@ type Completion struct {
 // (COMPLETED or REFUNDED), split by same-region and cross-region.
 func (s *Store) Completions(ctx context.Context) ([]Completion, error) {
 	rows, err := s.pool.Query(ctx, `
-		SELECT split_part(to_account, '-', 1) <> $1, coalesce(settled_at, applied_at) - created_at
+		SELECT split_part(to_account, '-', 1) <> $1, split_part(to_account, '-', 1), coalesce(settled_at, applied_at) - created_at
 		FROM transfers WHERE type = 'transfer' AND status IN ('COMPLETED', 'REFUNDED')`, s.cfg.Region)
 	if err != nil {
 		return nil, fmt.Errorf("read completions: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Completion, error) {
 		var c Completion
-		err := r.Scan(&c.Cross, &c.Duration)
+		err := r.Scan(&c.Cross, &c.To, &c.Duration)
 		return c, err
 	})
 	if err != nil {
