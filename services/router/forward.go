@@ -39,9 +39,13 @@ func retryDelay(attempt uint64) time.Duration {
 	return min(d, maxRetryDelay)
 }
 
+// ForwardDurable is the name of the route stream's durable consumer that
+// forwards the commands homed in home.
+func ForwardDurable(home string) string { return "forward-" + home }
+
 // RunForwarder forwards the local route stream to the home regions' ledger
 // streams until ctx ends. Each home region has its own durable consumer
-// (forward-<home>), so a region that is unreachable, whose commands wait
+// (ForwardDurable), so a region that is unreachable, whose commands wait
 // with growing delays, cannot hold up the commands for the others. It
 // returns an error only when it cannot set up a consumer.
 func (r *Router) RunForwarder(ctx context.Context, log *slog.Logger) error {
@@ -54,7 +58,7 @@ func (r *Router) RunForwarder(ctx context.Context, log *slog.Logger) error {
 	errs := make(chan error, len(r.cfg.Regions.Names()))
 	for _, home := range r.cfg.Regions.Names() {
 		cons, err := r.js.CreateOrUpdateConsumer(ctx, Stream(r.cfg.Region), jetstream.ConsumerConfig{
-			Durable:       "forward-" + home,
+			Durable:       ForwardDurable(home),
 			FilterSubject: subjects.RouteHome(r.cfg.Region, home),
 			AckPolicy:     jetstream.AckExplicitPolicy,
 			AckWait:       r.cfg.AckWait,

@@ -254,10 +254,22 @@ func TestTopologyLinkShape(t *testing.T) {
 // createR3Stream creates a stream kept by three servers.
 func createR3Stream(t *testing.T, js jetstream.JetStream, name, subjects string) *jetstream.StreamInfo {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	s, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{subjects},
-		Storage: jetstream.FileStorage, Duplicates: 2 * time.Minute, Replicas: 3})
+	var s jetstream.Stream
+	var err error
+	for {
+		s, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{subjects},
+			Storage: jetstream.FileStorage, Duplicates: 2 * time.Minute, Replicas: 3})
+		// Right after the start a server may not have told the
+		// cluster's meta leader it is online yet: "no suitable peers for
+		// placement" until it has.
+		var apiErr *jetstream.APIError
+		if err == nil || !errors.As(err, &apiErr) || apiErr.ErrorCode != jetstream.ErrorCode(server.JSClusterNoPeersErrF) || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	if err != nil {
 		t.Fatalf("create R3 stream %s: %v", name, err)
 	}
