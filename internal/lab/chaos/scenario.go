@@ -415,7 +415,7 @@ var builtin = []*scenario{
 			e.topo.Cut(r)
 			e.fired.Add(1)
 			// Cut for 40 % of the run, and on until r's router has tried
-			// three forwards across the cut (every command in its route
+			// six forwards across the cut (every command in its route
 			// stream is homed in another region: the cut is in their way),
 			// whatever the machine's load: a loaded router may take a
 			// command stored during the cut only after a heal that came as
@@ -429,7 +429,7 @@ var builtin = []*scenario{
 			}
 			before, held := tried(), e.forwardsHeld(ctx, r)
 			at(ctx, start, d, 0.6)
-			for end := time.Now().Add(effectWait); ctx.Err() == nil && time.Now().Before(end) && tried()-before < held+3; {
+			for end := time.Now().Add(effectWait); ctx.Err() == nil && time.Now().Before(end) && tried()-before < held+6; {
 				time.Sleep(20 * time.Millisecond)
 			}
 			e.topo.Heal(r)
