@@ -76,7 +76,7 @@ func (r *Router) RunRelay(ctx context.Context, outbox Outbox, log *slog.Logger) 
 			if ctx.Err() == nil {
 				log.Warn("relay: read outbox", "err", err)
 			}
-			sleep(ctx, time.Second)
+			idle(ctx, nil, time.Second)
 			continue
 		}
 		if len(steps) == 0 {
@@ -203,23 +203,14 @@ func (b regionBackoff) update(steps []Step, failed map[string]int) (further map[
 	return further
 }
 
-// idle waits for a signal on written, for d, or for ctx to end, whichever
-// comes first.
+// idle waits for a signal on written (never, when nil), for d, or for ctx
+// to end, whichever comes first.
 func idle(ctx context.Context, written <-chan struct{}, d time.Duration) {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
 	case <-written:
-	case <-t.C:
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
 	case <-t.C:
 	}
 }

@@ -333,25 +333,23 @@ func (e *env) crossHalf(ctx context.Context, c *cluster.Cluster, names []string,
 	if err != nil {
 		return h, err
 	}
-	var same, cross []time.Duration
+	var same, total []time.Duration // total: each cross-region transfer's, in hops' order
 	hops := make([][]time.Duration, len(hopNames))
-	var total []time.Duration
 	for _, x := range t {
 		if !x.cross {
 			same = append(same, x.at[1].Sub(x.at[0]))
 			continue
 		}
-		cross = append(cross, x.at[len(x.at)-1].Sub(x.at[0]))
 		for k := range hopNames {
 			hops[k] = append(hops[k], x.at[k+1].Sub(x.at[k]))
 		}
 		total = append(total, x.at[len(x.at)-1].Sub(x.at[0]))
 	}
-	if len(same) == 0 || len(cross) == 0 {
-		return h, fmt.Errorf("%d same-region and %d cross-region transfers timed, of %d", len(same), len(cross), len(cmds))
+	if len(same) == 0 || len(total) == 0 {
+		return h, fmt.Errorf("%d same-region and %d cross-region transfers timed, of %d", len(same), len(total), len(cmds))
 	}
 	slices.Sort(same)
-	slices.Sort(cross)
+	cross := slices.Sorted(slices.Values(total))
 	h.SameP50Ms, h.SameP99Ms = ms(percentile(same, 0.5)), ms(percentile(same, 0.99))
 	h.CrossP50Ms, h.CrossP99Ms = ms(percentile(cross, 0.5)), ms(percentile(cross, 0.99))
 	if h.SameP50Ms > 0 {
