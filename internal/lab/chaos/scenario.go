@@ -414,23 +414,20 @@ var builtin = []*scenario{
 			r := e.names[e.intn(len(e.names))]
 			e.topo.Cut(r)
 			e.fired.Add(1)
-			// Cut for 40 % of the run, and on until r's router has tried
-			// six forwards across the cut (every command in its route
-			// stream is homed in another region: the cut is in their way),
-			// whatever the machine's load: a loaded router may take a
-			// command stored during the cut only after a heal that came as
-			// soon as the command was stored. At most effectWait more.
-			// The forwards the router holds already (delivered, not yet
-			// acked) are tried first, and some left before the cut: they
-			// do not count.
-			tried := func() int64 {
-				st := e.c.Region(r).Router.Stats()
-				return st.Forwarded.Load() + st.ForwardRetries.Load()
-			}
-			before, held := tried(), e.forwardsHeld(ctx, r)
+			// Cut for 40 % of the run, and on until the cut is in the way
+			// of acknowledged commands, whatever the machine's load: six
+			// that routers stored after the cut began and whose way home
+			// crosses it, and every command waiting to cross tried at least
+			// once. (A loaded machine can time most submits out, and a
+			// command whose client retried through another region is no
+			// command the cut holds.) At most effectWait more.
+			cut := time.Now()
+			retried := e.forwardRetries()
 			at(ctx, start, d, 0.6)
-			for end := time.Now().Add(effectWait); ctx.Err() == nil && time.Now().Before(end) && tried()-before < held+6; {
-				time.Sleep(20 * time.Millisecond)
+			for end := time.Now().Add(effectWait); ctx.Err() == nil && time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+				if e.crossingAcked(r, cut) >= 6 && e.crossingTried(ctx, r, retried) {
+					break
+				}
 			}
 			e.topo.Heal(r)
 			e.events.add("healed")
@@ -539,22 +536,56 @@ func scenarioByName(name string) (*scenario, error) {
 	return build(), nil
 }
 
-// forwardsHeld returns how many commands region's router holds, delivered
-// from its route stream and not acked yet, over its forward consumers.
-func (e *env) forwardsHeld(ctx context.Context, region string) int64 {
-	js := e.c.Region(region).RouterJetStream()
+// crossingAcked counts the client commands sent to a router after since,
+// and acknowledged, whose way to their home region crosses region cut's link: the
+// router that stored them, or their home, is cut's.
+func (e *env) crossingAcked(cut string, since time.Time) int {
+	n := 0
+	for _, op := range e.hist.Ops() {
+		if op.Path != "router" || op.Outcome != OK || op.Invoke.Before(since) || op.Body.From == "" {
+			continue
+		}
+		home, err := e.c.IDs().HomeRegion(op.Body.From)
+		if err == nil && home != op.Via && (home == cut || op.Via == cut) {
+			n++
+		}
+	}
+	return n
+}
+
+// crossingTried reports whether the routers have tried every command
+// waiting to cross region cut's link at least once: none of the forward
+// consumers across it has one undelivered, and the routers' failed
+// forwards since they counted retried cover those not acked (a forward
+// acked, or taken as acked, is gone from the work-queue route stream).
+func (e *env) crossingTried(ctx context.Context, cut string, retried int64) bool {
+	var pending, held int64
+	for _, x := range e.names {
+		js := e.c.Region(x).RouterJetStream()
+		for _, home := range e.names {
+			if home == x || (home != cut && x != cut) {
+				continue
+			}
+			cons, err := js.Consumer(ctx, router.Stream(x), router.ForwardDurable(home))
+			if err != nil {
+				return false
+			}
+			info, err := cons.Info(ctx)
+			if err != nil {
+				return false
+			}
+			pending += int64(info.NumPending)
+			held += int64(info.NumAckPending)
+		}
+	}
+	return pending == 0 && e.forwardRetries()-retried >= held
+}
+
+// forwardRetries sums the routers' failed forwards.
+func (e *env) forwardRetries() int64 {
 	var n int64
-	for _, home := range e.names {
-		if home == region {
-			continue
-		}
-		cons, err := js.Consumer(ctx, router.Stream(region), router.ForwardDurable(home))
-		if err != nil {
-			continue
-		}
-		if info, err := cons.Info(ctx); err == nil {
-			n += int64(info.NumAckPending)
-		}
+	for _, x := range e.names {
+		n += e.c.Region(x).Router.Stats().ForwardRetries.Load()
 	}
 	return n
 }
