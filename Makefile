@@ -35,9 +35,11 @@ bench: services build
 	bin/paymesh-lab bench $(ARGS)
 
 ## chaos: every built fault-injection scenario with 3 seeds, then the table of
-## faults fired, operations and invariants (about 6 minutes; see docs/RELIABILITY.md)
+## faults fired, operations and invariants, then every deliberate-bug case
+## (make test runs the cases marked ci; about 25 minutes; see docs/RELIABILITY.md)
 chaos: services pgautofailover
 	$(GO) run ./cmd/paymesh-lab chaos --seeds 1,2,3 $(ARGS)
+	$(GO) test -count=1 -timeout 40m -run 'TestCheckerCatchesBugs' ./internal/lab/chaos -args -chaos.allbugs
 
 ## test: vet, lint the OpenAPI document, run every test against real Postgres
 ## and real JetStream, then the quick process simulation (make sim ARGS=--quick)
