@@ -321,9 +321,6 @@ func unseen(t *testing.T, r Result, fails []failure) []string {
 func TestBugCasesCoverScenarios(t *testing.T) {
 	covered := map[string]bool{"6-pg-restart": true}
 	for _, bc := range bugCases {
-		if !bc.ci && !*allBugs {
-			continue
-		}
 		s, err := scenarioByName(bc.scenario)
 		if err != nil {
 			t.Fatal(err)
