@@ -120,6 +120,10 @@ type Config struct {
 	// none).
 	APIProfile string `json:"api_cpu_profile,omitempty"`
 	Seed       uint64 `json:"seed"`
+	// Telemetry runs the services as they ship: traced with the sampler
+	// of the OTEL_* variables (every span by default) and exported over
+	// OTLP, and their /metrics scraped every 5 s.
+	Telemetry bool `json:"telemetry"`
 }
 
 // Defaults fills in c's zero fields: the full run's sizes, or with Quick
@@ -302,8 +306,10 @@ type Result struct {
 	Replicas   *ReplicasRun   `json:"replicas,omitempty"`
 	Standby    *StandbyRun    `json:"standby,omitempty"`
 	Reads      *ReadsRun      `json:"reads,omitempty"`
-	Figures    []Figure       `json:"figures"`
-	Elapsed    float64        `json:"elapsed_seconds"`
+	// Telemetry is what the services' telemetry did (with --telemetry).
+	Telemetry *Telemetry `json:"telemetry,omitempty"`
+	Figures   []Figure   `json:"figures"`
+	Elapsed   float64    `json:"elapsed_seconds"`
 }
 
 // RunOf returns the first run of a scenario.
@@ -331,6 +337,9 @@ type env struct {
 	seq     atomic.Int64
 	mu      sync.Mutex
 	dbs     map[string]bool // created and not dropped yet
+	// tel is the services' telemetry as shipped (Config.Telemetry); nil
+	// without it.
+	tel *shipped
 }
 
 // generators per region: a sonyflake generator mints 25,600 IDs a second
@@ -401,7 +410,18 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Result, error) {
 		cfg.Accounts, cfg.Transfers, cfg.BatchSize, cfg.Workers, cfg.Shards, cfg.Window,
 		res.Machine.Postgres, res.Machine.SynchronousCommit, res.Machine.Fsync, res.Machine.CPUs, res.Machine.LoadAverage)
 
+	if cfg.Telemetry {
+		if e.tel, err = startTelemetry(ctx); err != nil {
+			return res, err
+		}
+		defer e.tel.close(context.WithoutCancel(ctx))
+		fmt.Fprintf(out, "telemetry as shipped: traces to %s, /metrics scraped every %s\n", e.tel.endpoint, scrapeEvery)
+	}
 	err = e.runAll(ctx, &res)
+	if e.tel != nil {
+		e.tel.flush(ctx)
+		res.Telemetry = e.tel.result()
+	}
 	res.Elapsed = time.Since(started).Seconds()
 	res.Figures = figures(res)
 	return res, err

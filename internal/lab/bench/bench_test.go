@@ -32,10 +32,14 @@ func TestBenchSmall(t *testing.T) {
 		PostgresURL: pgtest.AdminURL(), DatabasePrefix: prefix,
 		Accounts: 20, Transfers: 300, ReadTransfers: 2000, ReadRuns: 3, CrossTransfers: 60, APITransfers: 80, APIConcurrency: []int{8, 16}, DedupRows: 2000, Window: 64,
 		LatencyFor: 500 * time.Millisecond, NaiveFor: 500 * time.Millisecond, PgbenchScale: 1, PgbenchFor: time.Second,
-		CPUProfile: filepath.Join(t.TempDir(), "cpu.pprof"),
+		CPUProfile: filepath.Join(t.TempDir(), "cpu.pprof"), Telemetry: true,
 	}, out)
 	if err != nil {
 		t.Fatalf("bench: %v\n%s", err, out)
+	}
+	// As shipped: the services traced and exported, their /metrics scraped.
+	if tel := res.Telemetry; tel == nil || tel.Spans == 0 || tel.ReceivedBytes == 0 || tel.Scrapes == 0 || tel.ScrapeErrors != 0 {
+		t.Errorf("telemetry: %+v", tel)
 	}
 	for _, s := range []string{bench.Uniform, bench.Replay, bench.Floor, bench.Latency, bench.Hot, bench.Dedup, bench.Webhooks, bench.Naive} {
 		r, ok := res.RunOf(s)
@@ -208,9 +212,15 @@ func TestAPIProcess(t *testing.T) {
 	res, err := bench.Run(ctx, bench.Config{
 		PostgresURL: pgtest.AdminURL(), DatabasePrefix: fmt.Sprintf("pmbench_apiproc_%d_", os.Getpid()),
 		Scenarios: []string{bench.APIProcess}, Accounts: 20, Transfers: 300, APITransfers: 101, APIConcurrency: []int{8}, LedgerBinary: bin,
+		Telemetry: true,
 	}, out)
 	if err != nil {
 		t.Fatalf("bench: %v\n%s", err, out)
+	}
+	// The uniform run's ledger and the three services' /metrics, each
+	// scraped at least once.
+	if tel := res.Telemetry; tel == nil || tel.Scrapes < 4 || tel.ScrapeErrors != 0 {
+		t.Errorf("telemetry: %+v", tel)
 	}
 	p := res.APIProcess
 	if p == nil || !p.Verified || p.Transfers != 100 || p.Completed != 100 || p.Concurrency != 8 || p.Rate <= 0 || p.P99Ms < p.P50Ms {

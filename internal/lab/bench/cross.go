@@ -210,7 +210,14 @@ func (e *env) startCluster(ctx context.Context, codes map[string]uint8, prefix s
 		os.RemoveAll(dir)
 		return nil, nil, err
 	}
+	var urls []string
+	for _, n := range names {
+		r := c.Region(n)
+		urls = append(urls, r.LedgerMetricsURL, r.RouterMetricsURL, r.APIMetricsURL)
+	}
+	unscrape := e.scrape(urls...)
 	return c, func() {
+		unscrape()
 		c.Stop()
 		for _, n := range names {
 			e.dropDB(ctx, prefix+n)

@@ -50,6 +50,8 @@ type ledgerRig struct {
 	done                           chan error
 	// hooks is the webhooks scenario's delivery worker (nil otherwise).
 	hooks *hookRig
+	// unscrape stops the bench's scrapes of its /metrics.
+	unscrape func()
 }
 
 // openLedger creates database e.prefix+name, starts a ledger on it with the
@@ -68,6 +70,7 @@ func (e *env) openLedger(ctx context.Context, name string, batch, accounts int) 
 		NATSUser: e.nats.user, NATSPassword: e.nats.password, StreamReplicas: e.nats.replicas,
 		Workers: e.cfg.Workers, BatchSize: batch, Shards: e.cfg.Shards, CacheSize: e.cfg.CacheSize,
 		NoEvents:      name == NoEvents,
+		MetricsListen: e.metricsListen(),
 		WrapJetStream: func(js jetstream.JetStream) jetstream.JetStream { return jsfault.Wrap(js, nil, r.tracked) },
 		Observe: ledgerstream.Observer{Batch: func(_ context.Context, b ledgerstream.Batch) {
 			r.batches.Add(1)
@@ -96,6 +99,7 @@ func (e *env) openLedger(ctx context.Context, name string, batch, accounts int) 
 	}
 	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	r.stop, r.done = stop, make(chan error, 1)
+	r.unscrape = e.scrape(r.srv.MetricsURL())
 	go func() { r.done <- r.srv.Run(runCtx) }()
 	return r, nil
 }
@@ -128,6 +132,7 @@ func (r *ledgerRig) close(ctx context.Context) {
 	}
 	r.stop()
 	<-r.done
+	r.unscrape()
 	r.srv.Close()
 	r.e.dropDB(ctx, r.db)
 }

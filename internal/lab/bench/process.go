@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -146,14 +147,31 @@ type service struct {
 	out  *tail // the end of its stdout and stderr, for the error when it fails
 	done chan struct{}
 	err  error // Wait's, once done is closed
+	// unscrape stops the bench's scrapes of its /metrics.
+	unscrape func()
 }
 
 // startService runs `<LedgerBinary> args...` (a service: args[0] is its
-// command) with tracing off. The process gets SIGTERM when ctx ends, and
-// ten seconds to exit.
+// command). With the bench's telemetry it exports its traces as deployed
+// and serves /metrics, which the bench scrapes (its --metrics-listen off
+// becomes a free port); without it, tracing is off. The process gets
+// SIGTERM when ctx ends, and ten seconds to exit.
 func (e *env) startService(ctx context.Context, args ...string) (*service, error) {
+	args = slices.Clone(args)
 	cmd := exec.CommandContext(ctx, e.cfg.LedgerBinary, args...)
 	cmd.Env = append(os.Environ(), "OTEL_TRACES_EXPORTER=none")
+	var metrics string
+	if e.tel != nil {
+		cmd.Env = append(os.Environ(), e.tel.env("paymesh-"+args[0])...)
+		if i := slices.Index(args, "--metrics-listen"); i >= 0 && i+1 < len(args) {
+			addr, err := freeAddr()
+			if err != nil {
+				return nil, err
+			}
+			args[i+1], metrics = addr, "http://"+addr+"/metrics"
+			cmd.Args = append([]string{cmd.Args[0]}, args...)
+		}
+	}
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 10 * time.Second
 	s := &service{name: args[0], cmd: cmd, out: &tail{}, done: make(chan struct{})}
@@ -165,6 +183,10 @@ func (e *env) startService(ctx context.Context, args ...string) (*service, error
 		s.err = cmd.Wait()
 		close(s.done)
 	}()
+	s.unscrape = func() {}
+	if metrics != "" {
+		s.unscrape = e.tel.scrape(metrics)
+	}
 	return s, nil
 }
 
@@ -172,6 +194,7 @@ func (s *service) pid() int { return s.cmd.Process.Pid }
 
 // stop sends SIGTERM and waits for the process to exit.
 func (s *service) stop() {
+	s.unscrape()
 	_ = s.cmd.Process.Signal(syscall.SIGTERM)
 	<-s.done
 }

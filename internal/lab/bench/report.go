@@ -208,6 +208,12 @@ func (r Result) Print(w io.Writer) {
 	fmt.Fprintf(w, "\n== paymesh-lab bench (%s) ==\n%s\n", fmtSeconds(r.Elapsed), sharingNotice)
 	fmt.Fprintf(w, "machine: %d CPUs (load average %s at the start), %s; PostgreSQL %s with synchronous_commit=%s, fsync=%s, wal_sync_method=%s, shared_buffers=%s\n",
 		m.CPUs, m.LoadAverage, m.GoVersion, m.Postgres, m.SynchronousCommit, m.Fsync, m.WALSyncMethod, m.SharedBuffers)
+	if t := r.Telemetry; t != nil {
+		fmt.Fprintf(w, "telemetry as shipped: sampler %s, %d spans exported by the bench process to %s (%d bytes received from every process), %d scrapes of /metrics (%d failed)\n",
+			t.Sampler, t.Spans, t.Endpoint, t.ReceivedBytes, t.Scrapes, t.ScrapeErrors)
+	} else {
+		fmt.Fprintf(w, "telemetry off (--telemetry=false): no tracing, no /metrics\n")
+	}
 	if r.Config.Quick {
 		fmt.Fprintf(w, "--quick: %d transfers, %d consume-log rows in the dedup-table run (the full run writes 10,000,000)\n", r.Config.Transfers, r.Config.DedupRows)
 	}
