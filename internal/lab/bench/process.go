@@ -158,20 +158,20 @@ type service struct {
 // SIGTERM when ctx ends, and ten seconds to exit.
 func (e *env) startService(ctx context.Context, args ...string) (*service, error) {
 	args = slices.Clone(args)
-	cmd := exec.CommandContext(ctx, e.cfg.LedgerBinary, args...)
-	cmd.Env = append(os.Environ(), "OTEL_TRACES_EXPORTER=none")
+	env := append(os.Environ(), "OTEL_TRACES_EXPORTER=none")
 	var metrics string
 	if e.tel != nil {
-		cmd.Env = append(os.Environ(), e.tel.env("paymesh-"+args[0])...)
+		env = append(os.Environ(), e.tel.env("paymesh-"+args[0])...)
 		if i := slices.Index(args, "--metrics-listen"); i >= 0 && i+1 < len(args) {
 			addr, err := freeAddr()
 			if err != nil {
 				return nil, err
 			}
 			args[i+1], metrics = addr, "http://"+addr+"/metrics"
-			cmd.Args = append([]string{cmd.Args[0]}, args...)
 		}
 	}
+	cmd := exec.CommandContext(ctx, e.cfg.LedgerBinary, args...)
+	cmd.Env = env
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 10 * time.Second
 	s := &service{name: args[0], cmd: cmd, out: &tail{}, done: make(chan struct{})}
@@ -183,10 +183,7 @@ func (e *env) startService(ctx context.Context, args ...string) (*service, error
 		s.err = cmd.Wait()
 		close(s.done)
 	}()
-	s.unscrape = func() {}
-	if metrics != "" {
-		s.unscrape = e.tel.scrape(metrics)
-	}
+	s.unscrape = e.scrape(metrics) // none without the telemetry or a --metrics-listen
 	return s, nil
 }
 
