@@ -158,6 +158,7 @@ type ledgerCmd struct {
 	noEvents
 	SyncStandbys int    `name:"postgres-standbys" env:"PAYMESH_POSTGRES_STANDBYS" default:"0" help:"Synchronous standbys the region's database is meant to have (0: a single server): exported as paymesh_postgres_standbys_expected, and alerted on while fewer stream from the primary."`
 	ShardSet     string `name:"shard-set" env:"PAYMESH_SHARD_SET" default:"0/1" help:"i/n: this process applies the shards k with k mod n = i. Give each ledger replica of a region its own i."`
+	RelaySteps   bool   `name:"relay-steps" env:"PAYMESH_RELAY_STEPS" help:"Leave every saga step to the router's relay instead of publishing it right after the commit (for a ledger NATS user without the right to publish steps)."`
 	Metrics      string `name:"metrics-listen" env:"PAYMESH_METRICS_LISTEN" help:"Address of /metrics (default: 127.0.0.1:<the region's metrics_port>; 'off' for none)."`
 	dependencyWait
 	security
@@ -206,7 +207,7 @@ func (c *ledgerCmd) Run(ctx context.Context, t regions.Table, ids *idgen.Regions
 		return err
 	}
 	srv, err := ledgerd.Open(ctx, ledgerd.Config{OwnShards: own, StreamReplicas: replicas, StreamLimits: limits, DLQLimits: dlq,
-		MaxStepDeliver: c.MaxStepDeliver, MaxParkedDeliver: c.MaxParkedDeliver,
+		MaxStepDeliver: c.MaxStepDeliver, MaxParkedDeliver: c.MaxParkedDeliver, RelaySteps: c.RelaySteps,
 		Region: reg.Name, Regions: ids, Node: c.Node, PostgresURL: url, NATSURL: c.NATSURL, NATSUser: c.NATSUser, NATSPassword: c.NATSPassword, NATSCA: c.NATSCA, Workers: c.Workers,
 		BatchSize: c.BatchSize, AckWait: c.AckWait, MaxDeliver: c.MaxDeliver, Lease: c.Lease,
 		WindowDays: c.WindowDays, OutboxRetention: c.OutboxKeep, EventRetention: c.EventKeep, NoEvents: c.NoEvents, SyncStandbys: c.SyncStandbys, CacheSize: c.CacheSize, Shards: c.Shards, Log: log.With("service", "ledger"),

@@ -17,12 +17,13 @@
 //     class has its own publishers: client commands (cmd) the API of the
 //     command's region, to its own region's ledger only, and the router of
 //     region <r> forwarding its route stream (from <r>, to any region);
-//     saga steps (step) only the router of the region whose outbox holds
-//     them (from <r>, to any region); the operator's commands (ops: funds
-//     and dead letters replayed) only ops-<r>, to its own region; a
-//     region's ledger publishes to no ledger subject, not even its own
-//     region's. The ledger checks each command's class again on receipt
-//     (services/ledger/ledgerstream, checkClass);
+//     saga steps (step) only the ledger that wrote them to its outbox,
+//     right after its commit, and the router of that region, which relays
+//     the outbox (from <r>, to any region); the operator's commands (ops:
+//     funds and dead letters replayed) only ops-<r>, to its own region; a
+//     region's ledger publishes no other ledger subject. The ledger checks
+//     each command's class again on receipt (services/ledger/ledgerstream,
+//     checkClass);
 //   - the ledger reaches only its own streams (LEDGER_<R>, DLQ_<R>) and the
 //     router only ROUTE_<R>, through the local JetStream API ($JS.API.>);
 //     no user may use another domain's API ($JS.<domain>.API.>), so no region
@@ -148,8 +149,10 @@ func Users(region string) []User {
 			Permissions: &Permissions{
 				PublishAllow: concat(
 					[]string{accountInfo, acks(subjects.LedgerStream(region)), subjects.DLQ(region),
-						// After COMMIT: which keys it answered, to the APIs that wait.
-						subjects.AnswersOf(region)},
+						// After COMMIT: which keys it answered, to the APIs that wait,
+						// and the saga steps the batch wrote, to any region (the
+						// relay sends those it could not).
+						subjects.AnswersOf(region), subjects.LedgerClass("*", subjects.ClassStep, region)},
 					streamAPI(subjects.LedgerStream(region)), streamAPI(subjects.DLQStream(region))),
 				SubscribeAllow: []string{inbox(ledger)},
 			},

@@ -107,6 +107,11 @@ type Stats struct {
 	// read back: apply batches (their consume-log rows) and new
 	// idempotency keys (the key's row).
 	CommitsUnanswered atomic.Int64
+	// StepsSent counts the saga steps the ledger published itself right
+	// after the COMMIT that wrote them, acked by their destination streams
+	// (ledgerstream.StepSender); StepsLeft, those it left to the relay: not
+	// published, not acked in time, or beyond its queue.
+	StepsSent, StepsLeft atomic.Int64
 	// OutboxPruned counts sent outbox rows deleted by the retention job.
 	OutboxPruned atomic.Int64
 	// EventsPruned counts events deleted after their retention.

@@ -298,6 +298,10 @@ type Result struct {
 	// Account is, for an account action, the account after it (for a
 	// duplicate, as it is now).
 	Account *Account
+	// Outbox holds the saga steps the transaction wrote to the outbox for
+	// this command, so that the consumer can publish those due now right
+	// after COMMIT (ledgerstream.StepSender); the relay sends the rest.
+	Outbox []OutboxMessage
 }
 
 // Answer is a client request's first answer, as the API sends it: an HTTP

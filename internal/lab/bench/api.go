@@ -103,7 +103,7 @@ func (e *env) api(ctx context.Context, concurrency int) (APIRun, error) {
 // opens and funds its accounts; stop stops the region.
 func (e *env) apiRegion(ctx context.Context, prefix string) (_ *cluster.Cluster, _ *cluster.Region, accounts []string, stop func(), err error) {
 	code, _ := e.regions.Code("eu")
-	c, stop, err := e.startCluster(ctx, map[string]uint8{"eu": code}, prefix, 10*time.Second)
+	c, stop, err := e.startCluster(ctx, map[string]uint8{"eu": code}, prefix, 10*time.Second, nil)
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}

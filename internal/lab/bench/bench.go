@@ -57,7 +57,11 @@ const (
 	// a transaction, from a loop that does no decoding, planning or NATS.
 	Ceiling = "ceiling"
 	Cross   = "cross-region" // two regions, half the transfers between them
-	API     = "api"          // one region, transfers through its HTTP API
+	// CrossRelay is cross-region with every saga step left to the relay
+	// (ledgerd.Config.RelaySteps): the hop the ledger's own publish of
+	// its steps takes out, measured beside it.
+	CrossRelay = "cross-relay"
+	API        = "api" // one region, transfers through its HTTP API
 	// APIProcess is the api scenario against `paymesh api`, `paymesh router`
 	// and `paymesh ledger`, each in a process of its own.
 	APIProcess = "api-process"
@@ -79,7 +83,7 @@ const (
 )
 
 // Scenarios lists every scenario in running order.
-var Scenarios = []string{Uniform, Replay, Floor, Latency, Replicas, Standby, Hot, Dedup, NoEvents, Webhooks, Naive, Ceiling, TPCB, Cross, API, APIProcess, Holds, LedgerProcess, Reads}
+var Scenarios = []string{Uniform, Replay, Floor, Latency, Replicas, Standby, Hot, Dedup, NoEvents, Webhooks, Naive, Ceiling, TPCB, Cross, CrossRelay, API, APIProcess, Holds, LedgerProcess, Reads}
 
 // Config sizes a bench run. Defaults fills in its zero fields.
 type Config struct {
@@ -295,6 +299,9 @@ type Result struct {
 	TPCB      *TPCBResult `json:"tpcb,omitempty"`
 	Ceiling   *CeilingRun `json:"ceiling,omitempty"`
 	Cross     *CrossRun   `json:"cross,omitempty"`
+	// CrossRelay is the cross-relay scenario: Cross with the relay alone
+	// sending the saga steps.
+	CrossRelay *CrossRun `json:"cross_relay,omitempty"`
 	// API is the api scenario at the first APIConcurrency, APIOther at the
 	// others.
 	API      *APIRun  `json:"api,omitempty"`
@@ -540,11 +547,19 @@ func (e *env) runAll(ctx context.Context, res *Result) error {
 		fmt.Fprintf(e.out, "%-13s %8.0f tps  (%s, scale %d, %d clients, %s)\n", TPCB, t.TPS, t.Tool, t.Scale, t.Clients, time.Duration(t.Seconds*float64(time.Second)))
 	}
 	if cfg.has(Cross) {
-		c, err := e.cross(ctx)
+		c, err := e.cross(ctx, false)
 		if err != nil {
 			return fmt.Errorf("%s: %w", Cross, err)
 		}
 		res.Cross = &c
+		fmt.Fprintln(e.out, c.line())
+	}
+	if cfg.has(CrossRelay) {
+		c, err := e.cross(ctx, true)
+		if err != nil {
+			return fmt.Errorf("%s: %w", CrossRelay, err)
+		}
+		res.CrossRelay = &c
 		fmt.Fprintln(e.out, c.line())
 	}
 	if cfg.has(API) {

@@ -14,11 +14,15 @@ import (
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/services/ledger"
+	"github.com/paymesh/paymesh/services/ledger/ledgerd"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 )
 
 // CrossRun is the cross-region scenario's result.
 type CrossRun struct {
+	// RelaySteps: every saga step left to the relay (the cross-relay
+	// scenario); otherwise each ledger publishes its steps after COMMIT.
+	RelaySteps bool     `json:"relay_steps"`
 	Regions    []string `json:"regions"`
 	BatchSize  int      `json:"batch_size"`
 	Transfers  int      `json:"transfers"`
@@ -57,7 +61,8 @@ type CrossHalf struct {
 	Ratio float64 `json:"cross_over_same_p50"`
 	// Hops break the cross-region transfers' time down, from the times the
 	// two regions' databases recorded: each transaction's start (now()) and
-	// each outbox row's sent_at, which the relay writes after the PubAck.
+	// each outbox row's sent_at, written after the PubAck by the ledger
+	// that committed the step or by the relay.
 	Hops []Stage `json:"hops"`
 }
 
@@ -65,8 +70,12 @@ type CrossHalf struct {
 const crossHalfFor = 10 * time.Second
 
 func (c CrossRun) line() string {
+	name := Cross
+	if c.RelaySteps {
+		name = CrossRelay
+	}
 	return fmt.Sprintf("%-13s %8.0f/s  %d of %d completed in %.1fs (%.0f%% cross-region, regions %v)  same-region p50 %.1f ms p99 %.1f ms, cross-region p50 %.1f ms p99 %.1f ms  %s",
-		Cross, c.Rate, c.Completed, c.Transfers, c.Seconds, 100*c.CrossShare, c.Regions, c.SameP50Ms, c.SameP99Ms, c.CrossP50Ms, c.CrossP99Ms, invariants(c.Verified, c.VerifyReport))
+		name, c.Rate, c.Completed, c.Transfers, c.Seconds, 100*c.CrossShare, c.Regions, c.SameP50Ms, c.SameP99Ms, c.CrossP50Ms, c.CrossP99Ms, invariants(c.Verified, c.VerifyReport))
 }
 
 // crossSubmitters is how many transfers are submitted to the routers at once.
@@ -76,15 +85,20 @@ const crossSubmitters = 32
 // and API per region on an embedded NATS topology), submits transfers to
 // the source region's router, half of them to an account of the other
 // region (a saga: debit into transit, credit, confirm), and measures until
-// every transfer reached its final state.
-func (e *env) cross(ctx context.Context) (CrossRun, error) {
+// every transfer reached its final state. With relaySteps the ledgers leave
+// every saga step to the relay (the cross-relay scenario).
+func (e *env) cross(ctx context.Context, relaySteps bool) (CrossRun, error) {
 	names := []string{"eu", "us"}
 	codes := map[string]uint8{}
 	for _, n := range names {
 		codes[n], _ = e.regions.Code(n)
 	}
-	res := CrossRun{Regions: names, BatchSize: e.cfg.BatchSize, Transfers: e.cfg.CrossTransfers, CrossShare: 0.5}
-	c, stop, err := e.startCluster(ctx, codes, "x_", 0)
+	res := CrossRun{RelaySteps: relaySteps, Regions: names, BatchSize: e.cfg.BatchSize, Transfers: e.cfg.CrossTransfers, CrossShare: 0.5}
+	prefix, scenario := "x_", Cross
+	if relaySteps {
+		prefix, scenario = "xr_", CrossRelay
+	}
+	c, stop, err := e.startCluster(ctx, codes, prefix, 0, func(_ string, lc *ledgerd.Config) { lc.RelaySteps = relaySteps })
 	if err != nil {
 		return res, err
 	}
@@ -118,7 +132,7 @@ func (e *env) cross(ctx context.Context) (CrossRun, error) {
 		return n, last, nil
 	}
 	var done atomic.Int64
-	progress := e.progress(Cross, func() (int64, int64) { return done.Load(), int64(res.Transfers) })
+	progress := e.progress(scenario, func() (int64, int64) { return done.Load(), int64(res.Transfers) })
 	defer progress()
 	start := time.Now()
 	submitErr := e.submitAll(ctx, c, cmds)
@@ -184,9 +198,11 @@ func (e *env) cross(ctx context.Context) (CrossRun, error) {
 }
 
 // startCluster runs regions (name → code) in this process on an embedded
-// NATS topology, each on a database named after prefix; stop shuts them
+// NATS topology, each on a database named after prefix, with adjust (if
+// not nil) changing each region's ledger configuration; stop shuts them
 // down and drops the databases.
-func (e *env) startCluster(ctx context.Context, codes map[string]uint8, prefix string, apiWait time.Duration) (c *cluster.Cluster, stop func(), err error) {
+func (e *env) startCluster(ctx context.Context, codes map[string]uint8, prefix string, apiWait time.Duration,
+	adjust func(string, *ledgerd.Config)) (c *cluster.Cluster, stop func(), err error) {
 	dir, err := os.MkdirTemp("", "paymesh-bench-topology-")
 	if err != nil {
 		return nil, nil, err
@@ -204,7 +220,7 @@ func (e *env) startCluster(ctx context.Context, codes map[string]uint8, prefix s
 	}
 	e.mu.Unlock()
 	c, err = cluster.Start(ctx, cluster.Config{Regions: codes, Topology: topo, PostgresURL: e.cfg.PostgresURL,
-		DatabasePrefix: prefix, Shards: e.cfg.Shards, BatchSize: e.cfg.BatchSize, AckWait: 30 * time.Second, APIWait: apiWait})
+		DatabasePrefix: prefix, Shards: e.cfg.Shards, BatchSize: e.cfg.BatchSize, AckWait: 30 * time.Second, APIWait: apiWait, Ledger: adjust})
 	if err != nil {
 		topo.Shutdown()
 		os.RemoveAll(dir)
@@ -368,12 +384,15 @@ func (e *env) crossHalf(ctx context.Context, c *cluster.Cluster, names []string,
 
 // hopNames name the hops of a cross-region transfer, between the instants
 // crossTimes reads.
+// A step's "marked sent" is its outbox row's sent_at, written after the
+// PubAck (by the ledger that committed it, or by the relay): the next
+// transaction may begin before it, and its hop is then negative.
 var hopNames = []string{
 	"submit → debit (route, stream, batch)",
-	"debit → credit relayed (outbox, relay, publish)",
-	"credit relayed → credit (stream, batch)",
-	"credit → confirm relayed (outbox, relay, publish)",
-	"confirm relayed → settled (stream, batch)",
+	"debit → credit step marked sent (publish, PubAck, mark)",
+	"credit step marked sent → credit (stream, batch)",
+	"credit → confirm step marked sent (publish, PubAck, mark)",
+	"confirm step marked sent → settled (stream, batch)",
 }
 
 // crossTimed is one transfer's instants: for a same-region transfer its

@@ -121,6 +121,9 @@ func figures(r Result) []Figure {
 		}
 		add("cross-region p50 / same-region p50 at half its peak", "x", fmt.Sprintf("<= %g", TargetCrossOverSame), h != nil, v, v <= TargetCrossOverSame)
 	}
+	if x := r.CrossRelay; x != nil && x.HalfPeak != nil {
+		add("the same, every saga step left to the relay (cross-relay)", "x", "(reported)", true, x.HalfPeak.Ratio, true)
+	}
 	if p := r.Replicas; p != nil {
 		add("topology start, R1 (median)", "s", "(reported)", true, p.StartR1Seconds, true)
 		add("topology start, R3 (median)", "s", "(reported)", true, p.StartR3Seconds, true)
@@ -261,13 +264,19 @@ func (r Result) Print(w io.Writer) {
 
 // printHops writes the cross-region run's half-peak phase, hop by hop.
 func (r Result) printHops(w io.Writer) {
-	if r.Cross == nil || r.Cross.HalfPeak == nil {
-		return
+	for _, x := range []*CrossRun{r.Cross, r.CrossRelay} {
+		if x == nil || x.HalfPeak == nil {
+			continue
+		}
+		name := Cross
+		if x.RelaySteps {
+			name = CrossRelay + " (every saga step left to the relay)"
+		}
+		h := x.HalfPeak
+		fmt.Fprintf(w, "%s at half its peak (%.0f/s, %d transfers): same-region p50 %.1f ms p99 %.1f ms, cross-region p50 %.1f ms p99 %.1f ms (%.1f x); the cross-region ones hop by hop:\n",
+			name, h.PacedRate, h.Transfers, h.SameP50Ms, h.SameP99Ms, h.CrossP50Ms, h.CrossP99Ms, h.Ratio)
+		printStageTable(w, h.Hops)
 	}
-	h := r.Cross.HalfPeak
-	fmt.Fprintf(w, "cross-region at half its peak (%.0f/s, %d transfers): same-region p50 %.1f ms p99 %.1f ms, cross-region p50 %.1f ms p99 %.1f ms (%.1f x); the cross-region ones hop by hop:\n",
-		h.PacedRate, h.Transfers, h.SameP50Ms, h.SameP99Ms, h.CrossP50Ms, h.CrossP99Ms, h.Ratio)
-	printStageTable(w, h.Hops)
 }
 
 // printStageTable writes stages with their p50, p99, mean and slowest-1 % mean.
@@ -357,7 +366,7 @@ func (r Result) OK() bool {
 			return false
 		}
 	}
-	return (r.Ceiling == nil || r.Ceiling.Verified) && (r.Cross == nil || r.Cross.Verified) && (r.API == nil || r.API.Verified) && !slices.ContainsFunc(r.APIOther, func(a APIRun) bool { return !a.Verified }) &&
+	return (r.Ceiling == nil || r.Ceiling.Verified) && (r.Cross == nil || r.Cross.Verified) && (r.CrossRelay == nil || r.CrossRelay.Verified) && (r.API == nil || r.API.Verified) && !slices.ContainsFunc(r.APIOther, func(a APIRun) bool { return !a.Verified }) &&
 		(r.APIProcess == nil || r.APIProcess.Verified) && (r.Process == nil || r.Process.Verified) &&
 		(r.Replicas == nil || r.Replicas.R3.Verified) && (r.Reads == nil || r.Reads.Verified)
 }

@@ -23,7 +23,7 @@ type bugs struct {
 	SeenBeforeCommit     bool // scenario 3
 	DedupByTransferID    bool // scenario 4
 	AssumeCommitted      bool // scenario 5
-	RelayIgnoresPubAck   bool // scenario 7
+	StepsIgnorePubAck    bool // scenario 7: the ledgers' step sender and the relays
 	ForwardIgnoresPubAck bool // scenario 8
 	NoRetry              bool // scenario 9
 	ForgetKeyTransfer    bool // scenario 10
@@ -79,9 +79,12 @@ func (b bugs) install(c *cluster.Config) {
 		wrapRouterJetStream(c, func(js jetstream.JetStream) jetstream.JetStream { return attemptBlind{js} })
 	}
 
-	// Scenario 7.
-	if b.RelayIgnoresPubAck {
-		wrapRouterJetStream(c, func(js jetstream.JetStream) jetstream.JetStream { return ackedAnyway{JetStream: js, fake: relayed} })
+	// Scenario 7: both senders of saga steps, the ledger that committed
+	// them and the relay.
+	if b.StepsIgnorePubAck {
+		stepsAcked := func(js jetstream.JetStream) jetstream.JetStream { return ackedAnyway{JetStream: js, fake: relayed} }
+		wrapRouterJetStream(c, stepsAcked)
+		onLedger(c, func(lc *ledgerd.Config) { lc.WrapJetStream = wrapped(lc.WrapJetStream, stepsAcked) })
 	}
 
 	// Scenario 8.

@@ -101,11 +101,11 @@ var bugCases = []struct {
 	},
 	{
 		scenario: "7",
-		why: "the routers mark a saga step sent whether or not the destination stream stored it: steps relayed while " +
-			"a NATS server is down are lost, and their transfers stay in transit",
+		why: "the ledgers and the routers mark a saga step sent whether or not the destination stream stored it: steps " +
+			"sent while a NATS server is down are lost, and their transfers stay in transit",
 		// 4 s, not the short run's 1.5: a NATS server down for 500 ms met
 		// too few relays in a loaded CI run.
-		cfg:   Config{bugs: bugs{RelayIgnoresPubAck: true}, QuietWait: 3 * time.Second, Duration: 4 * time.Second},
+		cfg:   Config{bugs: bugs{StepsIgnorePubAck: true}, QuietWait: 3 * time.Second, Duration: 4 * time.Second},
 		fails: []failure{{I3, []string{"still DEBITED"}}},
 	},
 	{
@@ -175,7 +175,7 @@ var bugCases = []struct {
 		// second here) held none in one run of two.
 		// And 12 s, so that both streams' leaders are stopped within the
 		// run: in 6 s only the first was, and runs lost nothing at times.
-		cfg: Config{bugs: bugs{RelayIgnoresPubAck: true, ForwardIgnoresPubAck: true}, quorumLoss: true, QuietWait: 3 * time.Second,
+		cfg: Config{bugs: bugs{StepsIgnorePubAck: true, ForwardIgnoresPubAck: true}, quorumLoss: true, QuietWait: 3 * time.Second,
 			Duration: 12 * time.Second},
 		fails: []failure{{I3, []string{"LOST", "still DEBITED"}}},
 	},

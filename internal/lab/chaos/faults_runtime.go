@@ -30,12 +30,13 @@ func ackBeforeApply(js jetstream.JetStream) jetstream.JetStream {
 	})
 }
 
-// ackedAnyway is a router's JetStream whose asynchronous publishes of the
-// messages fake picks are answered at once with a PubAck, whether or not
-// the stream stored them (scenarios 7 and 8): the message is still sent,
-// but its real PubAck, an error and even a publish that could not be
-// queued are ignored. Every other call goes to the handle it wraps.
-// (The forwarder and the relay publish with PublishMsgAsync only.)
+// ackedAnyway is a router's or a ledger's JetStream whose asynchronous
+// publishes of the messages fake picks are answered at once with a PubAck,
+// whether or not the stream stored them (scenarios 7 and 8): the message
+// is still sent, but its real PubAck, an error and even a publish that
+// could not be queued are ignored. Every other call goes to the handle it
+// wraps. (The forwarder, the relay and the ledger's step sender publish
+// with PublishMsgAsync only.)
 type ackedAnyway struct {
 	jetstream.JetStream
 	fake func(*nats.Msg) bool
@@ -73,9 +74,9 @@ func (f ackedFuture) Err() <-chan error { return f.err }
 // Msg returns the message published.
 func (f ackedFuture) Msg() *nats.Msg { return f.msg }
 
-// relayed picks the relay's publishes: saga steps (credit, confirm,
-// refuse), which only the relay sends. The forwarder's are the commands
-// clients submitted.
+// relayed picks the saga steps (credit, confirm, refuse, expire), which
+// the ledger that committed them sends, or the relay. The forwarder's
+// publishes are the commands clients submitted.
 func relayed(m *nats.Msg) bool {
 	cmd, err := ledger.DecodeCommand(m.Data)
 	return err == nil && cmd.IsStep()

@@ -122,7 +122,8 @@ func (e *env) untilEffect(ctx context.Context, d time.Duration) (context.Context
 }
 
 // relaysTried counts the saga steps into region written since since that
-// the other regions' relays have tried: sent, or failed at least once.
+// the other regions have tried to send (their ledgers after the COMMIT, or
+// their relays): sent, or failed at least once.
 func (e *env) relaysTried(ctx context.Context, region string, since time.Time) int {
 	total := 0
 	for _, n := range e.names {
@@ -380,7 +381,7 @@ var builtin = []*scenario{
 	{
 		name: "7-nats-restart",
 		what: "a region's NATS server (JetStream, file storage) shut down, left down for 500 ms and until the other regions' " +
-			"relays have tried 2 saga steps into it (5 s at most), and started again, twice, in random regions",
+			"ledgers or relays have tried 2 saga steps into it (5 s at most), and started again, twice, in random regions",
 		counts: "NATS server restarts",
 		fault: func(ctx context.Context, e *env, d time.Duration) error {
 			start := time.Now()
@@ -389,7 +390,7 @@ var builtin = []*scenario{
 					return nil
 				}
 				r, down := e.names[e.intn(len(e.names))], time.Now()
-				// Down until the outage has met relays, whatever the
+				// Down until the outage has met steps sent, whatever the
 				// machine's load: a step relayed into it must wait for it.
 				tried := func() bool {
 					return time.Since(down) >= 500*time.Millisecond && e.relaysTried(ctx, r, down) >= 2

@@ -2,6 +2,7 @@ package cluster_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -10,6 +11,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
@@ -17,6 +20,7 @@ import (
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/platform/subjects"
 	"github.com/paymesh/paymesh/services/ledger"
+	"github.com/paymesh/paymesh/services/ledger/ledgerd"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 )
 
@@ -42,17 +46,18 @@ type harness struct {
 
 func mustCluster(tb testing.TB, inject, dropAck func() bool) *harness {
 	tb.Helper()
-	return mustClusterOn(tb, natsembed.MustStartTopology(tb, "eu", "us", "ap"), inject, dropAck)
+	return mustClusterOn(tb, natsembed.MustStartTopology(tb, "eu", "us", "ap"), inject, dropAck, nil)
 }
 
-// mustClusterOn runs the three regions on topo.
-func mustClusterOn(tb testing.TB, topo *natsembed.Topology, inject, dropAck func() bool) *harness {
+// mustClusterOn runs the three regions on topo, with adjust (if not nil)
+// changing each region's ledger configuration.
+func mustClusterOn(tb testing.TB, topo *natsembed.Topology, inject, dropAck func() bool, adjust func(string, *ledgerd.Config)) *harness {
 	tb.Helper()
 	ctx := context.Background()
 	prefix := fmt.Sprintf("pmtest_%d_%d_", os.Getpid(), time.Now().UnixNano()%1e6)
 	c, err := cluster.Start(ctx, cluster.Config{
 		Regions: regionCodes, Topology: topo, PostgresURL: pgtest.AdminURL(), DatabasePrefix: prefix,
-		Shards: 4, BatchSize: 64, AckWait: 2 * time.Second, Inject: inject, DropAck: dropAck,
+		Shards: 4, BatchSize: 64, AckWait: 2 * time.Second, Inject: inject, DropAck: dropAck, Ledger: adjust,
 	})
 	if err != nil {
 		tb.Fatal(err)
@@ -343,7 +348,7 @@ func TestRestarts(t *testing.T) {
 // invariants hold. The node then starts again and catches up.
 func TestR3NodeLossMidRun(t *testing.T) {
 	topo := natsembed.MustStartTopologyWith(t, natsembed.TopologyOptions{Regions: []string{"eu", "us", "ap"}, Nodes: 3})
-	h := mustClusterOn(t, topo, nil, nil)
+	h := mustClusterOn(t, topo, nil, nil, nil)
 	ctx := context.Background()
 	for _, r := range h.c.Names() {
 		for _, stream := range []string{subjects.LedgerStream(r), subjects.DLQStream(r), subjects.RouteStream(r)} {
@@ -421,4 +426,100 @@ func streamOn(t *testing.T, topo *natsembed.Topology, region string, i int, stre
 	}
 	t.Fatalf("%s has no stream %s", topo.NodeName(region, i), stream)
 	return server.StreamDetail{}
+}
+
+// stepsRefused is a ledger's JetStream handle that refuses to publish saga
+// steps, as a ledger whose NATS user may not send them would find.
+type stepsRefused struct{ jetstream.JetStream }
+
+func (j stepsRefused) PublishMsgAsync(m *nats.Msg, opts ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
+	if cmd, err := ledger.DecodeCommand(m.Data); err == nil && cmd.IsStep() {
+		return nil, errors.New("steps refused")
+	}
+	return j.JetStream.PublishMsgAsync(m, opts...)
+}
+
+// TestLedgerSendsItsSteps: a ledger publishes the saga steps its batch
+// wrote right after the COMMIT, so the relay sends none of them; a
+// ledger that cannot publish them (eu's, here) leaves them to its region's
+// relay, which sends them once their handoff is over, and every transfer
+// completes either way. The outbox records each step sent.
+func TestLedgerSendsItsSteps(t *testing.T) {
+	topo := natsembed.MustStartTopology(t, "eu", "us", "ap")
+	ctx := context.Background()
+	c, err := cluster.Start(ctx, cluster.Config{
+		Regions: regionCodes, Topology: topo, PostgresURL: pgtest.AdminURL(),
+		DatabasePrefix: fmt.Sprintf("pmtest_steps_%d_", os.Getpid()), Shards: 4, BatchSize: 64, AckWait: 5 * time.Second,
+		Ledger: func(region string, lc *ledgerd.Config) {
+			if region == "eu" {
+				lc.WrapJetStream = func(js jetstream.JetStream) jetstream.JetStream { return stepsRefused{js} }
+			}
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Stop(); _ = c.Drop(context.Background()) })
+	h := &harness{c: c, topo: topo, gens: map[string]*idgen.Generator{}, accts: map[string][]string{}}
+	for r := range regionCodes {
+		if h.gens[r], err = idgen.NewGenerator(c.IDs(), r, 900); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.open(t, 2, 100_000)
+	h.quiet(t, time.Minute)
+
+	const n = 20
+	var cmds []ledger.Command
+	for i := range n {
+		for _, p := range [][2]string{{"us", "ap"}, {"eu", "us"}} {
+			cmd := h.transfer(t, h.accts[p[0]][i%2], h.accts[p[1]][i%2], 10)
+			cmds = append(cmds, cmd)
+			if err := c.Submit(ctx, p[0], cmd); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	h.quiet(t, 2*time.Minute)
+	for _, cmd := range cmds {
+		if tr := h.final(t, cmd); tr.Status != ledger.StatusCompleted {
+			t.Errorf("transfer %s: %s %s, want COMPLETED", tr.ID, tr.Status, tr.Reason)
+		}
+	}
+	h.verify(t)
+
+	// us sends the credits of us→ap and the confirms of eu→us, ap the
+	// confirms of us→ap: 3n steps, by the ledgers.
+	stats := func(r string) (sent, left, relayed int64) {
+		reg := c.Region(r)
+		return reg.Ledger.Stats.StepsSent.Load(), reg.Ledger.Stats.StepsLeft.Load(), reg.Router.Stats().Relayed.Load()
+	}
+	var sent, left, relayed int64
+	for _, r := range []string{"us", "ap"} {
+		s, l, rl := stats(r)
+		sent, left, relayed = sent+s, left+l, relayed+rl
+	}
+	t.Logf("us and ap: %d steps sent by the ledgers, %d left, %d relayed", sent, left, relayed)
+	if sent+left != 3*n || sent == 0 {
+		t.Errorf("us and ap's ledgers sent %d steps and left %d, want the %d their batches wrote, sent", sent, left, 3*n)
+	}
+	if relayed > left {
+		t.Errorf("us and ap's relays sent %d steps, more than the %d their ledgers left", relayed, left)
+	}
+	// eu's credits of eu→us: its ledger could send none; its relay did.
+	s, l, rl := stats("eu")
+	t.Logf("eu: %d steps sent by the ledger, %d left, %d relayed", s, l, rl)
+	if s != 0 || l != n || rl < n {
+		t.Errorf("eu: its ledger sent %d steps and left %d, its relay sent %d; want 0, %d and at least %d", s, l, rl, n, n)
+	}
+	for _, r := range c.Names() {
+		var unsent, untried int
+		if err := c.Region(r).Ledger.Store.Pool().QueryRow(ctx,
+			`SELECT count(*) FILTER (WHERE sent_at IS NULL), count(*) FILTER (WHERE attempts = 0) FROM outbox`).Scan(&unsent, &untried); err != nil {
+			t.Fatal(err)
+		}
+		if unsent != 0 || untried != 0 {
+			t.Errorf("%s: %d outbox rows not marked sent, %d with no attempt counted", r, unsent, untried)
+		}
+	}
 }

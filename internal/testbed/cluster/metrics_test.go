@@ -21,6 +21,7 @@ import (
 	"github.com/paymesh/paymesh/internal/testbed/scrape"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/services/ledger"
+	"github.com/paymesh/paymesh/services/ledger/ledgerd"
 )
 
 // openMetrics scrapes url asking for OpenMetrics, the format that carries
@@ -174,6 +175,9 @@ func TestMetricsCountInjectedDuplicates(t *testing.T) {
 			return false
 		},
 		Inject: func() bool { return calls.Load()%3 == 0 },
+		// The relays send the saga steps, so that their re-sends are
+		// among the publishes injected twice.
+		Ledger: func(_ string, lc *ledgerd.Config) { lc.RelaySteps = true },
 	})
 	if err != nil {
 		t.Fatal(err)

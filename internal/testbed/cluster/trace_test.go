@@ -12,8 +12,10 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/pkg/natstrace"
 	"github.com/paymesh/paymesh/services/ledger"
+	"github.com/paymesh/paymesh/services/ledger/ledgerd"
 )
 
 var (
@@ -42,12 +44,16 @@ func recorder() *tracetest.SpanRecorder {
 // and the confirmation back in eu. Each delivery attempt is a span with the
 // messaging attributes; the redelivery links to its first attempt (which
 // exists, thanks to the derived span ids) and names the layer that caught
-// it; the retried publishes carry the msg_id layer.
+// it; the retried publishes carry the msg_id layer. The relays send the
+// saga steps here (ledgerd.Config.RelaySteps), so that their re-sends are
+// among the publishes injected twice; TestLedgerSendsItsSteps covers the
+// ledgers' own sends.
 func TestRetriesAcrossRegionsInOneTrace(t *testing.T) {
 	rec := recorder()
 
 	var inject, drop atomic.Bool
-	h := mustCluster(t, inject.Load, func() bool { return drop.CompareAndSwap(true, false) })
+	h := mustClusterOn(t, natsembed.MustStartTopology(t, "eu", "us", "ap"), inject.Load, func() bool { return drop.CompareAndSwap(true, false) },
+		func(_ string, lc *ledgerd.Config) { lc.RelaySteps = true })
 	h.open(t, 2, 1000)
 	h.quiet(t, time.Minute)
 	inject.Store(true)

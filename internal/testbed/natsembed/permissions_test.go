@@ -262,8 +262,9 @@ func cmdSubject(region string, shard int, from string) string {
 // and nothing else (no fund, no saga step); a router forwards client
 // commands and relays its own region's saga steps to any region, and sends
 // no step in another region's name and no fund; only the region's operator
-// funds or replays; a ledger publishes to no ledger subject. What is
-// allowed lands in the stream; everything else is refused by the server.
+// funds or replays; a ledger sends its own region's saga steps, to any
+// region, and no other ledger subject. What is allowed lands in the stream;
+// everything else is refused by the server.
 func TestPermissionsClasses(t *testing.T) {
 	topo := natsembed.MustStartTopology(t, "eu", "us")
 	for _, r := range []string{"eu", "us"} {
@@ -287,8 +288,9 @@ func TestPermissionsClasses(t *testing.T) {
 		{natsauth.Ops, []string{at("eu", subjects.ClassOps, "eu")},
 			[]string{at("eu", subjects.ClassCommand, "eu"), at("eu", subjects.ClassStep, "eu"), at("us", subjects.ClassOps, "eu"),
 				at("us", subjects.ClassOps, "us")}},
-		{natsauth.Ledger, nil,
-			[]string{at("eu", subjects.ClassCommand, "eu"), at("eu", subjects.ClassStep, "eu"), at("eu", subjects.ClassOps, "eu")}},
+		{natsauth.Ledger, []string{at("us", subjects.ClassStep, "eu"), at("eu", subjects.ClassStep, "eu")},
+			[]string{at("eu", subjects.ClassCommand, "eu"), at("us", subjects.ClassStep, "us"), at("us", subjects.ClassCommand, "eu"),
+				at("eu", subjects.ClassOps, "eu")}},
 	}
 	want := map[string]uint64{}
 	for _, tc := range cases {

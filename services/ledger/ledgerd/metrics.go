@@ -59,6 +59,8 @@ func observeStats(m *telemetry.Metrics, region, stream, consumer string, st *led
 		simple("paymesh.apply.fenced", "Late commits refused because their claims were fenced off.", st.Fenced.Load),
 		simple("paymesh.apply.gave.up", "Transactions given up on a retryable error: the retry budget spent.", st.GaveUp.Load),
 		simple("paymesh.apply.commits.unanswered", "COMMITs the server never answered; the consume-log was read back to learn the outcome.", st.CommitsUnanswered.Load),
+		simple("paymesh.saga.steps.sent", "Saga steps the ledger published itself right after the COMMIT that wrote them, acked by their destination streams.", st.StepsSent.Load),
+		simple("paymesh.saga.steps.left", "Saga steps the ledger left to the relay: not published, not acked in time, or beyond its queue.", st.StepsLeft.Load),
 		simple("paymesh.outbox.pruned", "Sent outbox rows deleted after their retention.", st.OutboxPruned.Load),
 		simple("paymesh.events.pruned", "Events deleted after their retention.", st.EventsPruned.Load),
 		simple("paymesh.transfers.awaiting.account", "Requests naming an account that does not exist: dead-lettered, unrecorded, applied by a replay once it exists.", st.AwaitingAccount.Load),

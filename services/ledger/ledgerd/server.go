@@ -74,6 +74,11 @@ type Config struct {
 	// (zero fields: ledgerstream.DefaultLimits, DefaultDLQLimits). A full
 	// stream refuses publishes. Open sets them on existing streams too.
 	StreamLimits, DLQLimits ledgerstream.Limits
+	// RelaySteps leaves every saga step to the relay (services/router):
+	// the ledger then publishes none itself after its COMMIT
+	// (ledgerstream.StepSender), and its NATS user needs no right to
+	// publish steps, as before that right was given (platform/natsauth).
+	RelaySteps bool
 	// OutboxRetention is how long a sent outbox row is kept before the
 	// maintenance job deletes it (default postgres.DefaultOutboxRetention;
 	// negative keeps every row).
@@ -148,6 +153,9 @@ type Server struct {
 	nc    *nats.Conn
 	js    jetstream.JetStream
 	dedup *dedup.Log
+	// steps publishes the saga steps of each committed batch; nil with
+	// Config.RelaySteps.
+	steps *ledgerstream.StepSender
 	// metrics serves /metrics; nil when it is not served.
 	metrics *telemetry.Served
 	// census counts the region's dead letters for /metrics; nil when it
@@ -216,6 +224,9 @@ func (s *Server) open(ctx context.Context) error {
 		return err
 	}
 	s.newStore(gen)
+	if !s.cfg.RelaySteps {
+		s.steps = ledgerstream.NewStepSender(s.js, s.Topo, s.Store, s.Stats, s.cfg.Log)
+	}
 	// The ledger's own part, and the API's when this ledger writes the
 	// API's answers: its transaction needs their tables.
 	if err := regiondb.Migrate(ctx, s.pool, regiondb.Schema{Ledger: s.Store, API: s.cfg.AnswersSchema}); err != nil {
@@ -262,7 +273,9 @@ func (s *Server) connectNATS(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if s.js, err = jetstream.New(s.nc); err != nil {
+	// Asynchronous publishes (the saga steps) time out, so that PubAcks
+	// never answered cannot pile up pending.
+	if s.js, err = jetstream.New(s.nc, jetstream.WithPublishAsyncTimeout(ledgerstream.StepAckWait)); err != nil {
 		return err
 	}
 	if cfg.WrapJetStream != nil {
@@ -287,8 +300,12 @@ func (s *Server) newStore(gen *idgen.Generator) {
 	if cfg.WrapConsumeLog != nil {
 		consumeLog = cfg.WrapConsumeLog(consumeLog)
 	}
+	handoff := ledgerstream.DefaultStepHandoff // the steps the ledger publishes itself
+	if cfg.RelaySteps {
+		handoff = 0
+	}
 	s.Store = postgres.New(s.pool, postgres.Config{Region: cfg.Region, IDs: gen, Regions: cfg.Regions, Dedup: consumeLog, Stats: s.Stats,
-		Answers: cfg.Answers, MaxAttempts: cfg.MaxAttempts, Now: cfg.Now, NoEvents: cfg.NoEvents,
+		Answers: cfg.Answers, MaxAttempts: cfg.MaxAttempts, Now: cfg.Now, NoEvents: cfg.NoEvents, StepHandoff: handoff,
 		OnRetry: func(op string, attempt int, err error) {
 			cfg.Log.Debug("transaction retried", "op", op, "attempt", attempt, "err", err)
 		}})
@@ -365,6 +382,9 @@ func (s *Server) Run(ctx context.Context) error {
 	if s.census != nil {
 		wg.Go(func() { s.census.Run(ctx, censusEvery, s.cfg.Log) })
 	}
+	if s.steps != nil {
+		wg.Go(func() { s.steps.Run(ctx) })
+	}
 	errs := make(chan error, max(s.cfg.Workers, 1))
 	own := s.cfg.OwnShards
 	if len(own) == 0 {
@@ -379,7 +399,7 @@ func (s *Server) Run(ctx context.Context) error {
 			Topology: s.Topo, Shards: shards, BatchSize: s.cfg.BatchSize, AckWait: s.cfg.AckWait,
 			MaxDeliver: s.cfg.MaxDeliver, MaxStepDeliver: s.cfg.MaxStepDeliver, MaxParkedDeliver: s.cfg.MaxParkedDeliver,
 			Regions: s.cfg.Regions, Stats: s.Stats, Log: s.cfg.Log,
-			Observe: s.cfg.Observe,
+			Observe: s.cfg.Observe, Steps: s.steps,
 		})
 		wg.Go(func() {
 			if err := c.Run(ctx); err != nil {

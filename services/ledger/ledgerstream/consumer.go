@@ -113,7 +113,11 @@ type ConsumerConfig struct {
 	Stats   *ledger.Stats
 	// Observe is told what the consumer applied (metrics).
 	Observe Observer
-	Log     *slog.Logger
+	// Steps, if set, publishes the saga steps of each committed batch
+	// right after its COMMIT (the store must then write them due later:
+	// postgres.Config.StepHandoff); nil leaves them to the relay.
+	Steps *StepSender
+	Log   *slog.Logger
 }
 
 // Observer receives what a consumer applied, for metrics; a nil func is
@@ -453,6 +457,9 @@ func (c *Consumer) apply(ctx context.Context, times Batch, cmds []ledger.Command
 		c.cfg.Log.Error("apply failed; the message will be redelivered", "err", err)
 		c.retryLater(ctx, valid[0], err, c.giveUp(cmds[0].IsStep(), false))
 		return
+	}
+	if c.cfg.Steps != nil {
+		c.cfg.Steps.Send(ctx, results, spans)
 	}
 	c.record(ctx, cmds, spans, arrivals, results)
 	c.notifyAnswered(valid, cmds, results)

@@ -256,7 +256,8 @@ func plan(state *ledger.Batch, cmds []ledger.Command, claims []dedup.Claim, fate
 	p.plan = state.Plan(p.cmds)
 	for n, i := range idx {
 		o := p.plan.Outcomes[n]
-		r := ledger.Result{Kind: o.Result, Transfer: o.Transfer, Err: o.Err, Credit: o.Credit, Action: o.Action, Account: o.Account}
+		r := ledger.Result{Kind: o.Result, Transfer: o.Transfer, Err: o.Err, Credit: o.Credit, Action: o.Action, Account: o.Account,
+			Outbox: o.Outbox}
 		switch o.Result {
 		case ledger.Applied, ledger.Rejected:
 			p.keep = append(p.keep, claims[i])
@@ -649,6 +650,9 @@ func queueLocked[T any](b *pgx.Batch, what, sql string, ids []string, scan pgx.R
 // per account, the outbox rows of the next saga steps, and the events.
 func (s *Store) queuePlan(b *pgx.Batch, cmds []ledger.Command, p ledger.Plan) {
 	var w planWrites
+	if s.cfg.StepHandoff > 0 {
+		w.outbox.handoff = time.Now().Add(s.cfg.StepHandoff)
+	}
 	var evs []ledger.Emitted
 	for i, o := range p.Outcomes {
 		w.add(cmds[i], o)
@@ -911,6 +915,9 @@ type newOutbox struct {
 	msg, region, account, trace []string
 	payload                     [][]byte
 	due                         []*time.Time
+	// handoff, when set, is when the relay may take the steps due now:
+	// until then they are the caller's to publish (Config.StepHandoff).
+	handoff time.Time
 }
 
 func (n *newOutbox) add(m ledger.OutboxMessage, trace string) {
@@ -918,8 +925,11 @@ func (n *newOutbox) add(m ledger.OutboxMessage, trace string) {
 	n.trace = append(n.trace, trace)
 	n.payload = append(n.payload, m.Command.Encode())
 	var due *time.Time
-	if !m.DueAt.IsZero() {
+	switch {
+	case !m.DueAt.IsZero():
 		due = &m.DueAt
+	case !n.handoff.IsZero():
+		due = &n.handoff
 	}
 	n.due = append(n.due, due)
 }

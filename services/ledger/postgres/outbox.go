@@ -132,28 +132,45 @@ func (s *Store) PendingOutbox(ctx context.Context, limit int, skip ...string) ([
 // applies to the statement's own implicit transaction, so one round trip
 // does it.
 func (s *Store) MarkSent(ctx context.Context, ids []int64) error {
-	if len(ids) == 0 {
-		return nil
-	}
-	if _, err := s.pool.Exec(ctx, `UPDATE outbox SET sent_at = now(), attempts = attempts + 1
-		FROM (SELECT set_config('synchronous_commit', 'off', true)) async
-		WHERE id = ANY($1::bigint[]) AND sent_at IS NULL`, ids); err != nil {
-		return fmt.Errorf("mark outbox sent: %w", err)
-	}
-	return nil
+	return s.mark(ctx, "id", ids, len(ids), true)
 }
 
 // MarkFailed counts a failed relay attempt of the rows, committed
 // asynchronously as MarkSent's mark: a count lost in a crash is one attempt
 // fewer in the row.
 func (s *Store) MarkFailed(ctx context.Context, ids []int64) error {
-	if len(ids) == 0 {
+	return s.mark(ctx, "id", ids, len(ids), false)
+}
+
+// MarkStepsSent records that the steps msgIDs (their Nats-Msg-Ids, the
+// outbox's msg_id), published by the ledger after the COMMIT that wrote
+// them, were acked by their destination streams, as MarkSent does for the
+// relay's, and committed asynchronously in the same way.
+func (s *Store) MarkStepsSent(ctx context.Context, msgIDs []string) error {
+	return s.mark(ctx, "msg_id", msgIDs, len(msgIDs), true)
+}
+
+// MarkStepsFailed counts a failed publish of the steps msgIDs, as
+// MarkFailed does for the relay's: the relay sends them once they are due.
+func (s *Store) MarkStepsFailed(ctx context.Context, msgIDs []string) error {
+	return s.mark(ctx, "msg_id", msgIDs, len(msgIDs), false)
+}
+
+// mark counts an attempt of the n unsent rows whose column (id or msg_id,
+// both unique) is in keys, and marks them sent when sent, in a statement
+// committed asynchronously.
+func (s *Store) mark(ctx context.Context, column string, keys any, n int, sent bool) error {
+	if n == 0 {
 		return nil
 	}
-	if _, err := s.pool.Exec(ctx, `UPDATE outbox SET attempts = attempts + 1
+	set, what := "attempts = attempts + 1", "mark outbox attempt"
+	if sent {
+		set, what = "sent_at = now(), "+set, "mark outbox sent"
+	}
+	if _, err := s.pool.Exec(ctx, `UPDATE outbox SET `+set+`
 		FROM (SELECT set_config('synchronous_commit', 'off', true)) async
-		WHERE id = ANY($1::bigint[]) AND sent_at IS NULL`, ids); err != nil {
-		return fmt.Errorf("mark outbox attempt: %w", err)
+		WHERE `+column+` = ANY($1) AND sent_at IS NULL`, keys); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
 	}
 	return nil
 }

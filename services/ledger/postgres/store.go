@@ -124,6 +124,14 @@ type Config struct {
 	// Now, if set, is the ledger's clock (default time.Now): a hold
 	// expires, and its expiry step is relayed, from its ExpiresAt by it.
 	Now func() time.Time
+	// StepHandoff, when positive, says the caller publishes the saga
+	// steps a batch writes (Result.Outbox) itself, right after COMMIT
+	// (ledgerstream.StepSender): a step due now is written due
+	// StepHandoff later, so that the relay leaves it alone unless the
+	// caller has not marked it sent by then (a publish that failed, or a
+	// crash after COMMIT). Zero: the relay sends every step, woken by the
+	// commit.
+	StepHandoff time.Duration
 }
 
 // IDSource mints IDs in text form; *idgen.Generator implements it.
