@@ -96,10 +96,17 @@ func TestBenchSmall(t *testing.T) {
 			t.Errorf("standby: ratios %v, %v, made in %vs", s.UniformRatio, s.APIRatio, s.StandbySeconds)
 		}
 	}
-	if c := res.Cross; c == nil || !c.Verified || c.Completed != 60 {
-		t.Errorf("cross-region: %+v", c)
-	} else if h := c.HalfPeak; h == nil || len(h.Hops) != 6 || h.Ratio <= 0 || !hopsAddUp(h.Hops) || h.Hops[5].P50Ms != h.CrossP50Ms {
-		t.Errorf("cross-region at half its peak: %+v", h)
+	for _, c := range []*bench.CrossRun{res.Cross, res.CrossRelay} {
+		if c == nil || !c.Verified || c.Completed != 60 || c.RelaySteps != (c == res.CrossRelay) {
+			t.Errorf("cross-region: %+v", c)
+			continue
+		}
+		// Each transfer's final COMMIT comes after its final
+		// transaction's start.
+		if h := c.HalfPeak; h == nil || len(h.Hops) != 6 || h.Ratio <= 0 || !hopsAddUp(h.Hops) || h.Hops[5].P50Ms != h.CrossP50Ms ||
+			h.CommitRatio <= 0 || h.SameCommitP50Ms < h.SameP50Ms || h.CrossCommitP50Ms < h.CrossP50Ms {
+			t.Errorf("cross-region at half its peak (relay steps %v): %+v", c.RelaySteps, h)
+		}
 	}
 	if a := res.API; a == nil || !a.Verified || a.Completed != 80 || a.Rate <= 0 || a.P99Ms < a.P50Ms || a.Concurrency != 8 {
 		t.Errorf("api: %+v", a)

@@ -15,6 +15,7 @@ import (
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/ledgerd"
+	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 )
 
@@ -57,8 +58,23 @@ type CrossHalf struct {
 	SameP99Ms  float64 `json:"same_p99_ms"`
 	CrossP50Ms float64 `json:"cross_p50_ms"`
 	CrossP99Ms float64 `json:"cross_p99_ms"`
-	// Ratio is CrossP50Ms over SameP50Ms (target: at most 3).
+	// Ratio is CrossP50Ms over SameP50Ms.
 	Ratio float64 `json:"cross_over_same_p50"`
+	// Submit→COMMIT of the final state: the same transfers timed to the
+	// instant the ledger's COMMIT of the transaction that applied the
+	// transfer (same region) or settled it (cross-region) returned, taken
+	// by a decorator of the ledgers' appliers (commitClock). The figures
+	// above end at that transaction's start (its now()), so they leave the
+	// same-region transfer's one transaction out and count the
+	// cross-region one's debit and credit transactions in.
+	SameCommitP50Ms  float64 `json:"same_commit_p50_ms"`
+	SameCommitP99Ms  float64 `json:"same_commit_p99_ms"`
+	CrossCommitP50Ms float64 `json:"cross_commit_p50_ms"`
+	CrossCommitP99Ms float64 `json:"cross_commit_p99_ms"`
+	// CommitRatio is CrossCommitP50Ms over SameCommitP50Ms (target: at
+	// most 3: three transactions in sequence against one, the hops
+	// between them costing nothing more).
+	CommitRatio float64 `json:"cross_over_same_commit_p50"`
 	// Hops break the cross-region transfers' time down, from the times the
 	// two regions' databases recorded: each transaction's start (now()) and
 	// each outbox row's sent_at, written after the PubAck by the ledger
@@ -98,7 +114,11 @@ func (e *env) cross(ctx context.Context, relaySteps bool) (CrossRun, error) {
 	if relaySteps {
 		prefix, scenario = "xr_", CrossRelay
 	}
-	c, stop, err := e.startCluster(ctx, codes, prefix, 0, func(_ string, lc *ledgerd.Config) { lc.RelaySteps = relaySteps })
+	commits := &commitClock{at: map[commitKey]time.Time{}}
+	c, stop, err := e.startCluster(ctx, codes, prefix, 0, func(_ string, lc *ledgerd.Config) {
+		lc.RelaySteps = relaySteps
+		lc.WrapApplier = commits.wrap
+	})
 	if err != nil {
 		return res, err
 	}
@@ -178,7 +198,7 @@ func (e *env) cross(ctx context.Context, relaySteps bool) (CrossRun, error) {
 	slices.Sort(crossL)
 	res.SameP50Ms, res.SameP99Ms = ms(percentile(same, 0.5)), ms(percentile(same, 0.99))
 	res.CrossP50Ms, res.CrossP99Ms = ms(percentile(crossL, 0.5)), ms(percentile(crossL, 0.99))
-	if half, err := e.crossHalf(ctx, c, names, accounts, res.Rate/2, func() (int64, error) {
+	if half, err := e.crossHalf(ctx, c, names, accounts, res.Rate/2, commits, func() (int64, error) {
 		n, _, err := settled(ctx)
 		return n, err
 	}); err != nil {
@@ -325,7 +345,7 @@ func (e *env) crossCommands(n int, names []string, accounts map[string][]string)
 // every one reached its final state (finished counts the cluster's
 // finished transfers), and times them from the regions' databases.
 func (e *env) crossHalf(ctx context.Context, c *cluster.Cluster, names []string, accounts map[string][]string, rate float64,
-	finished func() (int64, error)) (CrossHalf, error) {
+	commits *commitClock, finished func() (int64, error)) (CrossHalf, error) {
 	h := CrossHalf{PacedRate: rate, Transfers: max(2, int(rate*crossHalfFor.Seconds()))}
 	cmds, err := e.crossCommands(h.Transfers, names, accounts)
 	if err != nil {
@@ -357,12 +377,19 @@ func (e *env) crossHalf(ctx context.Context, c *cluster.Cluster, names []string,
 		return h, err
 	}
 	var same, total []time.Duration // total: each cross-region transfer's, in hops' order
+	var sameCommit, crossCommit []time.Duration
 	hops := make([][]time.Duration, len(hopNames))
-	for _, x := range t {
+	for i, x := range t {
+		final, ok := commits.final(cmds[i].TransferID, x.cross)
+		if !ok {
+			return h, fmt.Errorf("transfer %s: no COMMIT of its final state seen", cmds[i].TransferID)
+		}
 		if !x.cross {
 			same = append(same, x.at[1].Sub(x.at[0]))
+			sameCommit = append(sameCommit, final.Sub(x.at[0]))
 			continue
 		}
+		crossCommit = append(crossCommit, final.Sub(x.at[0]))
 		for k := range hopNames {
 			hops[k] = append(hops[k], x.at[k+1].Sub(x.at[k]))
 		}
@@ -377,6 +404,13 @@ func (e *env) crossHalf(ctx context.Context, c *cluster.Cluster, names []string,
 	h.CrossP50Ms, h.CrossP99Ms = ms(percentile(cross, 0.5)), ms(percentile(cross, 0.99))
 	if h.SameP50Ms > 0 {
 		h.Ratio = h.CrossP50Ms / h.SameP50Ms
+	}
+	slices.Sort(sameCommit)
+	slices.Sort(crossCommit)
+	h.SameCommitP50Ms, h.SameCommitP99Ms = ms(percentile(sameCommit, 0.5)), ms(percentile(sameCommit, 0.99))
+	h.CrossCommitP50Ms, h.CrossCommitP99Ms = ms(percentile(crossCommit, 0.5)), ms(percentile(crossCommit, 0.99))
+	if h.SameCommitP50Ms > 0 {
+		h.CommitRatio = h.CrossCommitP50Ms / h.SameCommitP50Ms
 	}
 	h.Hops = stagesOf(append(hopNames[:len(hopNames):len(hopNames)], "total submit → settled"), append(hops, total), total)
 	return h, nil
@@ -544,4 +578,64 @@ func (e *env) submitPaced(ctx context.Context, c *cluster.Cluster, cmds []ledger
 		return *err
 	}
 	return nil
+}
+
+// commitClock records when the ledgers committed each transfer's steps: the
+// instant a decorated applier's Apply returned (after its COMMIT), for each
+// command it applied or refused, by command type and transfer. The first
+// COMMIT of a key is kept (a duplicate applies nothing).
+type commitClock struct {
+	mu sync.Mutex
+	at map[commitKey]time.Time
+}
+
+type commitKey struct {
+	typ      string
+	transfer string
+}
+
+// wrap decorates a ledger's applier (ledgerd.Config.WrapApplier).
+func (k *commitClock) wrap(a ledgerstream.Applier) ledgerstream.Applier { return clockedApplier{a, k} }
+
+// final returns when the transaction that brought transfer to its final
+// state committed: the transfer's own for a same-region one, its settle
+// (a confirm or a refuse step) for a cross-region one.
+func (k *commitClock) final(transfer string, cross bool) (time.Time, bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if !cross {
+		t, ok := k.at[commitKey{ledger.TypeTransfer, transfer}]
+		return t, ok
+	}
+	for _, typ := range []string{ledger.TypeConfirm, ledger.TypeRefuse} {
+		if t, ok := k.at[commitKey{typ, transfer}]; ok {
+			return t, true
+		}
+	}
+	return time.Time{}, false
+}
+
+type clockedApplier struct {
+	ledgerstream.Applier
+	clock *commitClock
+}
+
+func (c clockedApplier) Apply(ctx context.Context, cmds []ledger.Command) ([]ledger.Result, error) {
+	res, err := c.Applier.Apply(ctx, cmds)
+	if err != nil {
+		return res, err
+	}
+	now := time.Now()
+	c.clock.mu.Lock()
+	defer c.clock.mu.Unlock()
+	for i, cmd := range cmds {
+		if i >= len(res) || (res[i].Kind != ledger.Applied && res[i].Kind != ledger.Rejected) {
+			continue
+		}
+		key := commitKey{cmd.Type, cmd.TransferID}
+		if _, ok := c.clock.at[key]; !ok {
+			c.clock.at[key] = now
+		}
+	}
+	return res, nil
 }
