@@ -13,7 +13,7 @@ const (
 	injectedClientRetry = "client retry (same key, any region)"
 	injectedHTTPRetry   = "HTTP retry (same Idempotency-Key, any region)"
 	injectedRepublish   = "router re-publish (same Nats-Msg-Id)"
-	injectedStepResend  = "router re-send of a saga step (same Nats-Msg-Id)"
+	injectedStepResend  = "re-send of a saga step, by its ledger or relay (same Nats-Msg-Id)"
 )
 
 // injectedCause is the cause of each kind of injected duplicate.
@@ -26,7 +26,7 @@ var injectedCause = map[string]ledger.Cause{
 }
 
 // repeatCause is the cause of each kind of repeat nobody injected
-// (repeats.go): a ledger's redelivery, a router's forward or saga step
+// (repeats.go): a ledger's redelivery, a router's forward or a saga step
 // sent again, a client's request sent again (the demo's submit, an HTTP
 // request, an API's request handed on to its ledger after its own
 // transaction applied it: a new request of the key, to the ledger).

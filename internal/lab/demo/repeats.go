@@ -26,7 +26,7 @@ import (
 const (
 	repeatLedger  = "ledger redelivery (AckWait expired)"
 	repeatForward = "router forward delivered again (late answer)"
-	repeatRelay   = "router saga step sent again (late PubAck)"
+	repeatRelay   = "saga step sent again (late PubAck)"
 	repeatSubmit  = "demo submit sent again (late PubAck)"
 	repeatHanded  = "API request handed on to its ledger"
 	repeatHTTP    = "HTTP request sent again by its client"
@@ -40,7 +40,9 @@ func (d *driver) repeats(ctx context.Context) map[string]int64 {
 	out := map[string]int64{repeatSubmit: d.resubmits.Load(), repeatHTTP: d.retries.n.Load()}
 	for _, n := range d.names {
 		r := d.c.Region(n)
-		out[repeatRelay] += r.Router.Stats().RelayRetries.Load()
+		// A step the ledger left (its PubAck late) may have been stored
+		// before the relay sends it again, as a relay's retry may.
+		out[repeatRelay] += r.Router.Stats().RelayRetries.Load() + r.Ledger.Stats.StepsLeft.Load()
 		// Every request the API tried in its own transaction and then
 		// handed on: more than those it had applied too (a full queue, a
 		// failed transaction hand on what nobody applied).

@@ -56,7 +56,8 @@ type Config struct {
 	// streams (default ledgerstream.DefaultDuplicateWindow).
 	DuplicateWindow time.Duration
 	// Inject asks, per asynchronous publish of a router (forwards and
-	// relays, the region's router's and the API's), for a second copy
+	// relays, the region's router's and the API's) and of a ledger (the
+	// saga steps it sends after its COMMIT), for a second copy
 	// under the same Nats-Msg-Id (jsfault.JetStream.Twice); Region.Injected
 	// counts those whose first copy the stream stored as new (each a
 	// duplicate its window must catch).
@@ -198,13 +199,24 @@ func (c *Cluster) Names() []string {
 }
 
 // Injected returns how many second copies Config.Inject made in the
-// region's routers (its own and its API's), across restarts, of messages
-// whose first copy was new (see jsfault.JetStream.Injected).
+// region's routers (its own and its API's) and its ledger (the saga steps
+// it sends), across restarts, of messages whose first copy was new (see
+// jsfault.JetStream.Injected).
 func (r *Region) Injected() int64 { return r.injected.Load() }
 
 // InjectedSteps returns how many of Injected's copies were of saga steps
-// (a relay's publishes; the others are forwards and submits).
+// (the ledger's or a relay's publishes; the others are forwards and
+// submits).
 func (r *Region) InjectedSteps() int64 { return r.injectedSteps.Load() }
+
+// countInjected counts a second copy in Injected, and in InjectedSteps
+// when it is a saga step.
+func (r *Region) countInjected(c *nats.Msg) {
+	r.injected.Add(1)
+	if cmd, err := ledger.DecodeCommand(c.Data); err == nil && cmd.IsStep() {
+		r.injectedSteps.Add(1)
+	}
+}
 
 // publisherJetStream decorates a router's JetStream handle with inject's
 // second copies, counted in the region's Injected; nil for no decorator.
@@ -213,22 +225,29 @@ func (r *Region) publisherJetStream(inject func() bool) func(jetstream.JetStream
 		return nil
 	}
 	return func(js jetstream.JetStream) jetstream.JetStream {
-		return &jsfault.JetStream{JetStream: js, Twice: inject, Injected: func(c *nats.Msg) {
-			r.injected.Add(1)
-			if cmd, err := ledger.DecodeCommand(c.Data); err == nil && cmd.IsStep() {
-				r.injectedSteps.Add(1)
-			}
-		}}
+		return &jsfault.JetStream{JetStream: js, Twice: inject, Injected: r.countInjected}
 	}
 }
 
-// ledgerJetStream decorates the ledger's JetStream handle: the acks that
-// Config.DropAck drops. It is nil without DropAck.
-func (c *Cluster) ledgerJetStream(js jetstream.JetStream) jetstream.JetStream {
-	if c.cfg.DropAck == nil {
-		return js
+// ledgerJetStream decorates region r's ledger's JetStream handle: the acks
+// that Config.DropAck drops, and the second copies Config.Inject makes of
+// the saga steps the ledger sends (its only asynchronous publishes),
+// counted in r's Injected.
+func (c *Cluster) ledgerJetStream(r *Region) func(jetstream.JetStream) jetstream.JetStream {
+	return func(js jetstream.JetStream) jetstream.JetStream {
+		if c.cfg.DropAck == nil && c.cfg.Inject == nil {
+			return js
+		}
+		var deliver func(jetstream.Msg) jetstream.Msg
+		if c.cfg.DropAck != nil {
+			deliver = func(m jetstream.Msg) jetstream.Msg { return jsfault.DropAck(m, c.cfg.DropAck) }
+		}
+		j := jsfault.Wrap(js, c.cfg.Inject, deliver)
+		if c.cfg.Inject != nil {
+			j.Injected = r.countInjected
+		}
+		return j
 	}
-	return jsfault.Wrap(js, nil, func(m jetstream.Msg) jetstream.Msg { return jsfault.DropAck(m, c.cfg.DropAck) })
 }
 
 // consumeLog decorates a store's consume-log with Config.BeforeCommit.
@@ -270,7 +289,7 @@ func (c *Cluster) startRegion(ctx context.Context, r *Region) (err error) {
 	lcfg := ledgerd.Config{
 		Region: r.Name, Regions: c.ids, Node: 1, PostgresURL: r.URL, NATSURL: url, NATSUser: lu.Name, NATSPassword: lu.Password, Workers: 2,
 		BatchSize: c.cfg.BatchSize, AckWait: c.cfg.AckWait, MaxDeliver: 1000, Shards: c.cfg.Shards, DuplicateWindow: c.cfg.DuplicateWindow, StreamReplicas: replicas,
-		CacheSize: 10_000, WrapJetStream: c.ledgerJetStream, WrapConsumeLog: c.consumeLog, Log: log.With("service", "ledger"),
+		CacheSize: 10_000, WrapJetStream: c.ledgerJetStream(r), WrapConsumeLog: c.consumeLog, Log: log.With("service", "ledger"),
 		Answers: apidb.Answers{}, AnswersSchema: new(apidb.Migrations()), Stats: r.ledgerStats, MetricsListen: listen(r.metrics.Ledger), ConnectTimeout: connectTimeout,
 	}
 	if c.cfg.Ledger != nil {

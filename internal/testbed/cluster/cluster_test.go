@@ -217,7 +217,8 @@ func TestCrossRegionTransfers(t *testing.T) {
 	for _, n := range h.c.Names() {
 		r := h.c.Region(n)
 		injected += r.Injected()
-		caughtByMsgID += r.Router.Stats().ForwardDuplicates.Load() + r.Router.Stats().RelayDuplicates.Load()
+		caughtByMsgID += r.Router.Stats().ForwardDuplicates.Load() + r.Router.Stats().RelayDuplicates.Load() +
+			r.Ledger.Stats.Duplicates()[string(ledger.LayerMsgID)] // the steps the ledgers send
 		routeDups += r.Router.Stats().DuplicateSubmits.Load()
 		for layer, v := range r.Ledger.Stats.Duplicates() {
 			if layer != string(ledger.LayerMsgID) {

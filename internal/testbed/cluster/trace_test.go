@@ -12,10 +12,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
-	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/pkg/natstrace"
 	"github.com/paymesh/paymesh/services/ledger"
-	"github.com/paymesh/paymesh/services/ledger/ledgerd"
 )
 
 var (
@@ -36,24 +34,21 @@ func recorder() *tracetest.SpanRecorder {
 }
 
 // TestRetriesAcrossRegionsInOneTrace: a cross-region transfer with an
-// injected producer retry (every forward and relay published twice with
+// injected producer retry (every forward and saga step published twice with
 // the same Nats-Msg-Id) and an injected redelivery (the acks of eu's debit
 // dropped after commit) is one trace: from the router's send in us (the
 // request came in there; one homed in the submitting region skips the
-// forward) through the forward, eu's debit and its redelivery, the relayed credit step in us
+// forward) through the forward, eu's debit and its redelivery, the credit step in us
 // and the confirmation back in eu. Each delivery attempt is a span with the
 // messaging attributes; the redelivery links to its first attempt (which
 // exists, thanks to the derived span ids) and names the layer that caught
-// it; the retried publishes carry the msg_id layer. The relays send the
-// saga steps here (ledgerd.Config.RelaySteps), so that their re-sends are
-// among the publishes injected twice; TestLedgerSendsItsSteps covers the
-// ledgers' own sends.
+// it; the retried publishes (the forward, and the ledgers' sends of the
+// two steps) carry the msg_id layer.
 func TestRetriesAcrossRegionsInOneTrace(t *testing.T) {
 	rec := recorder()
 
 	var inject, drop atomic.Bool
-	h := mustClusterOn(t, natsembed.MustStartTopology(t, "eu", "us", "ap"), inject.Load, func() bool { return drop.CompareAndSwap(true, false) },
-		func(_ string, lc *ledgerd.Config) { lc.RelaySteps = true })
+	h := mustCluster(t, inject.Load, func() bool { return drop.CompareAndSwap(true, false) })
 	h.open(t, 2, 1000)
 	h.quiet(t, time.Minute)
 	inject.Store(true)
@@ -113,10 +108,10 @@ func TestRetriesAcrossRegionsInOneTrace(t *testing.T) {
 			t.Errorf("message %s first processed in %q, want %q", k, firstProcess[k], region)
 		}
 	}
-	if sends < 4 { // submit, forward, relay credit, relay confirm
+	if sends < 4 { // submit, forward, the credit step, the confirm step
 		t.Errorf("send spans: %d, want at least 4", sends)
 	}
-	if retriedPublishes < 3 { // forward, relay credit, relay confirm: each published twice
+	if retriedPublishes < 3 { // forward, credit step, confirm step: each published twice
 		t.Errorf("publishes marked as duplicates caught by msg_id: %d, want at least 3", retriedPublishes)
 	}
 

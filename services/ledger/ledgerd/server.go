@@ -153,8 +153,8 @@ type Server struct {
 	nc    *nats.Conn
 	js    jetstream.JetStream
 	dedup *dedup.Log
-	// steps publishes the saga steps of each committed batch; nil with
-	// Config.RelaySteps.
+	// steps publishes the saga steps of each committed batch (made by
+	// Run, after open set up the Observer); nil with Config.RelaySteps.
 	steps *ledgerstream.StepSender
 	// metrics serves /metrics; nil when it is not served.
 	metrics *telemetry.Served
@@ -224,9 +224,6 @@ func (s *Server) open(ctx context.Context) error {
 		return err
 	}
 	s.newStore(gen)
-	if !s.cfg.RelaySteps {
-		s.steps = ledgerstream.NewStepSender(s.js, s.Topo, s.Store, s.Stats, s.cfg.Log)
-	}
 	// The ledger's own part, and the API's when this ledger writes the
 	// API's answers: its transaction needs their tables.
 	if err := regiondb.Migrate(ctx, s.pool, regiondb.Schema{Ledger: s.Store, API: s.cfg.AnswersSchema}); err != nil {
@@ -382,7 +379,8 @@ func (s *Server) Run(ctx context.Context) error {
 	if s.census != nil {
 		wg.Go(func() { s.census.Run(ctx, censusEvery, s.cfg.Log) })
 	}
-	if s.steps != nil {
+	if !s.cfg.RelaySteps {
+		s.steps = ledgerstream.NewStepSender(s.js, s.Topo, s.Store, s.Stats, s.cfg.Observe.Duplicate, s.cfg.Log)
 		wg.Go(func() { s.steps.Run(ctx) })
 	}
 	errs := make(chan error, max(s.cfg.Workers, 1))

@@ -3,6 +3,7 @@ package ledgerstream
 import (
 	"context"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -73,6 +74,7 @@ type StepSender struct {
 	shards  int
 	outbox  StepOutbox
 	stats   *ledger.Stats
+	observe func(context.Context, ledger.Caught)
 	log     *slog.Logger
 	pending chan sentStep
 }
@@ -80,6 +82,7 @@ type StepSender struct {
 // sentStep is a step published and waiting for its PubAck; one whose
 // publish failed has neither future nor span.
 type sentStep struct {
+	cmd      ledger.Command
 	msgID    string
 	future   jetstream.PubAckFuture
 	span     trace.Span
@@ -89,10 +92,15 @@ type sentStep struct {
 // NewStepSender returns a sender that publishes through js the steps of
 // topo's region, to ledger subjects of topo's shard count (every region
 // has the same), and marks them in outbox. It counts them in stats
-// (StepsSent, StepsLeft), which may be nil. js's asynchronous publishes
-// should time out (jetstream.WithPublishAsyncTimeout), so that PubAcks
-// never answered cannot pile up pending.
-func NewStepSender(js jetstream.JetStream, topo Topology, outbox StepOutbox, stats *ledger.Stats, log *slog.Logger) *StepSender {
+// (StepsSent, StepsLeft), which may be nil, with the duplicates the
+// destination streams' Msg-Id windows caught (a step the relay had sent
+// first, or a copy a publisher retried), which it also hands to observe
+// (if set) with the step's span, as the consumer's Observer.Duplicate.
+// js's asynchronous publishes should time out
+// (jetstream.WithPublishAsyncTimeout), so that PubAcks never answered
+// cannot pile up pending.
+func NewStepSender(js jetstream.JetStream, topo Topology, outbox StepOutbox, stats *ledger.Stats,
+	observe func(context.Context, ledger.Caught), log *slog.Logger) *StepSender {
 	if stats == nil {
 		stats = &ledger.Stats{}
 	}
@@ -100,7 +108,7 @@ func NewStepSender(js jetstream.JetStream, topo Topology, outbox StepOutbox, sta
 		log = slog.New(slog.DiscardHandler)
 	}
 	topo = topo.withDefaults()
-	return &StepSender{js: js, from: topo.Region, shards: topo.Shards, outbox: outbox, stats: stats, log: log,
+	return &StepSender{js: js, from: topo.Region, shards: topo.Shards, outbox: outbox, stats: stats, observe: observe, log: log,
 		pending: make(chan sentStep, stepQueue)}
 }
 
@@ -130,7 +138,7 @@ func (s *StepSender) send(ctx context.Context, step ledger.OutboxMessage) {
 			attribute.String("messaging.message.id", msgID), attribute.String("messaging.operation.type", "send"),
 			attribute.String("paymesh.region", s.from)))
 	natstrace.Inject(sctx, m)
-	st := sentStep{msgID: msgID, span: span, deadline: time.Now().Add(StepAckWait)}
+	st := sentStep{cmd: step.Command, msgID: msgID, span: span, deadline: time.Now().Add(StepAckWait)}
 	f, err := s.js.PublishMsgAsync(m)
 	if err != nil {
 		s.leave(span, "publish: "+err.Error())
@@ -204,8 +212,8 @@ func (s *StepSender) acked(ctx context.Context, st sentStep) bool {
 	select {
 	case ack := <-st.future.Ok():
 		s.stats.StepsSent.Add(1)
-		if ack.Duplicate { // the relay sent it first
-			st.span.SetAttributes(attribute.Bool("paymesh.duplicate", true))
+		if ack.Duplicate {
+			s.caught(st, st.future.Msg())
 		}
 		st.span.End()
 		return true
@@ -217,4 +225,24 @@ func (s *StepSender) acked(ctx context.Context, st sentStep) bool {
 		s.leave(st.span, "stopping")
 	}
 	return false
+}
+
+// caught counts a step the destination stream's Msg-Id window caught, m
+// being the copy it caught, as the router counts its own publishes'
+// duplicates: layer msg_id, the cause its attempt header says.
+func (s *StepSender) caught(st sentStep, m *nats.Msg) {
+	attempt := 1
+	if m != nil {
+		if n, err := strconv.Atoi(m.Header.Get(HeaderAttempt)); err == nil {
+			attempt = n
+		}
+	}
+	c := ledger.Caught{Topic: st.cmd.Topic(), Layer: ledger.LayerMsgID, Age: ledger.AgeOf(st.cmd, ledger.Result{}, time.Now()),
+		Cause: ledger.Arrival{Deliveries: 1, Attempt: attempt, Step: true}.Cause()}
+	s.stats.Caught(c)
+	st.span.SetAttributes(attribute.String("paymesh.dedup.outcome", "duplicate"), attribute.String("paymesh.dedup.layer", string(ledger.LayerMsgID)))
+	RecordCaught(st.span, c)
+	if s.observe != nil {
+		s.observe(trace.ContextWithSpan(context.Background(), st.span), c)
+	}
 }
