@@ -41,8 +41,9 @@ const (
 	// refund), from the API of the command's home region or a router
 	// forwarding its route stream.
 	ClassCommand Class = "cmd"
-	// ClassStep carries saga steps, from the router of the region whose
-	// ledger wrote them to its outbox.
+	// ClassStep carries saga steps, from the region whose ledger wrote
+	// them to its outbox: that ledger, right after its commit, or the
+	// region's router relaying the outbox.
 	ClassStep Class = "step"
 	// ClassOps carries the operator's commands (fund, and dead letters
 	// replayed), from the region's own operator user.

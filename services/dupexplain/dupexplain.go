@@ -209,11 +209,13 @@ func (p prom) ages(ctx context.Context, by map[string]*Cause) error {
 }
 
 // deliveries returns what the duplicates are a share of: the ledger's
-// deliveries and the routers' acked publishes in the region.
+// deliveries and the acked publishes of the region's routers and of its
+// ledger (the saga steps it sends).
 func (p prom) deliveries(ctx context.Context) (float64, error) {
 	r := `{region="` + p.cfg.Region + `"}`
 	var sum float64
-	for _, m := range []string{"paymesh_deliveries_total", "paymesh_router_submitted_total", "paymesh_router_forwarded_total", "paymesh_router_relayed_total"} {
+	for _, m := range []string{"paymesh_deliveries_total", "paymesh_router_submitted_total", "paymesh_router_forwarded_total", "paymesh_router_relayed_total",
+		"paymesh_saga_steps_sent_total"} {
 		v, err := p.vector(ctx, `sum(`+p.growth(m+r)+`)`)
 		if err != nil {
 			return 0, err

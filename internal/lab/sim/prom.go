@@ -217,13 +217,15 @@ func (s *sim) sumByRegion(ctx context.Context, from, to time.Time, metrics ...st
 
 // duplicateRate returns duplicates per delivery by region over the span
 // [from, to]: the ledgers' and the routers' (as the alert rules count
-// them).
+// them), over the ledgers' deliveries and the acked publishes of the
+// routers and of the ledgers (their saga steps).
 func (s *sim) duplicateRate(ctx context.Context, from, to time.Time) (map[string]float64, error) {
 	dups, err := s.sumByRegion(ctx, from, to, "paymesh_duplicates_total", "paymesh_router_duplicates_total")
 	if err != nil {
 		return nil, err
 	}
-	dels, err := s.sumByRegion(ctx, from, to, "paymesh_deliveries_total", "paymesh_router_submitted_total", "paymesh_router_forwarded_total", "paymesh_router_relayed_total")
+	dels, err := s.sumByRegion(ctx, from, to, "paymesh_deliveries_total", "paymesh_router_submitted_total", "paymesh_router_forwarded_total", "paymesh_router_relayed_total",
+		"paymesh_saga_steps_sent_total")
 	if err != nil {
 		return nil, err
 	}

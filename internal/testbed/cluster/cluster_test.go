@@ -17,6 +17,7 @@ import (
 	"github.com/paymesh/paymesh/internal/testbed/cluster"
 	"github.com/paymesh/paymesh/internal/testbed/natsembed"
 	"github.com/paymesh/paymesh/internal/testbed/pgtest"
+	"github.com/paymesh/paymesh/internal/testbed/scrape"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/platform/subjects"
 	"github.com/paymesh/paymesh/services/ledger"
@@ -501,6 +502,15 @@ func TestLedgerSendsItsSteps(t *testing.T) {
 		sent, left, relayed = sent+s, left+l, relayed+rl
 	}
 	t.Logf("us and ap: %d steps sent by the ledgers, %d left, %d relayed", sent, left, relayed)
+	for _, r := range c.Names() { // as /metrics says
+		reg := c.Region(r)
+		for name, want := range map[string]int64{"paymesh_saga_steps_sent_total": reg.Ledger.Stats.StepsSent.Load(),
+			"paymesh_saga_steps_left_total": reg.Ledger.Stats.StepsLeft.Load()} {
+			if got := scrape.Sum(t, reg.LedgerMetricsURL, name, map[string]string{"region": r}); got != want {
+				t.Errorf("%s: %s %d, want %d", r, name, got, want)
+			}
+		}
+	}
 	if sent+left != 3*n || sent == 0 {
 		t.Errorf("us and ap's ledgers sent %d steps and left %d, want the %d their batches wrote, sent", sent, left, 3*n)
 	}
