@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -23,8 +24,8 @@ import (
 // causes it (the debit writes the credit, the credit writes the confirm).
 // The relay (services/router) reads the outbox and sends it; woken by the
 // commit, that is still a round of its own after the COMMIT: read, publish,
-// PubAck, mark, about a third of a cross-region transfer's time at half
-// its peak (docs/BENCHMARKS.md). A StepSender takes that hop out: the
+// PubAck, mark, about 9 ms under load, twice in a cross-region transfer
+// (docs/BENCHMARKS.md). A StepSender takes that round out: the
 // consumer hands it the steps of each batch right after COMMIT, it
 // publishes them at once, with the step's Nats-Msg-Id, on the subject the
 // relay would use, and once the destination stream acked them it marks
@@ -37,7 +38,9 @@ import (
 // process died between the COMMIT and the mark. A step sent by both is
 // absorbed by the destination's Msg-Id window and consume-log, as a relay
 // crash between PubAck and mark always was. Nothing marks a row sent
-// without its PubAck.
+// without its PubAck. A region whose step was not acked has its steps left
+// to the relay for stepRegionPause, so that a region down cannot fill the
+// connection's pending PubAcks and stall the batch loop.
 
 // StepOutbox is what the sender needs of its region's outbox: marking the
 // steps, by Nats-Msg-Id, that their destination streams acked and those
@@ -63,6 +66,9 @@ const (
 	stepQueue = 8192
 	// stepMarkBatch is the most steps marked in one statement.
 	stepMarkBatch = 512
+	// stepRegionPause is how long a region whose step was not acked has
+	// its steps left to the relay, which backs off from it on its own.
+	stepRegionPause = DefaultStepHandoff
 )
 
 // StepSender publishes the saga steps a committed batch wrote, for the
@@ -77,12 +83,19 @@ type StepSender struct {
 	observe func(context.Context, ledger.Caught)
 	log     *slog.Logger
 	pending chan sentStep
+	// down holds, for each region whose step was not acked lately, until
+	// when the sender leaves that region's steps to the relay at once
+	// (region → time.Time): publishes into a region that does not answer
+	// would fill the connection's pending PubAcks, and a full set blocks
+	// the batch loop that publishes.
+	down sync.Map
 }
 
 // sentStep is a step published and waiting for its PubAck; one whose
 // publish failed has neither future nor span.
 type sentStep struct {
 	cmd      ledger.Command
+	region   string
 	msgID    string
 	future   jetstream.PubAckFuture
 	span     trace.Span
@@ -127,6 +140,10 @@ func (s *StepSender) Send(ctx context.Context, results []ledger.Result, spans []
 }
 
 func (s *StepSender) send(ctx context.Context, step ledger.OutboxMessage) {
+	if until, ok := s.down.Load(step.Region); ok && time.Now().Before(until.(time.Time)) {
+		s.stats.StepsLeft.Add(1) // the relay sends it once due, and backs off from the region
+		return
+	}
 	topo := Topology{Region: step.Region, Shards: s.shards}
 	msgID := step.Command.MsgKey()
 	m := nats.NewMsg(topo.Subject(step.Account, subjects.ClassStep, s.from))
@@ -138,7 +155,7 @@ func (s *StepSender) send(ctx context.Context, step ledger.OutboxMessage) {
 			attribute.String("messaging.message.id", msgID), attribute.String("messaging.operation.type", "send"),
 			attribute.String("paymesh.region", s.from)))
 	natstrace.Inject(sctx, m)
-	st := sentStep{cmd: step.Command, msgID: msgID, span: span, deadline: time.Now().Add(StepAckWait)}
+	st := sentStep{cmd: step.Command, region: step.Region, msgID: msgID, span: span, deadline: time.Now().Add(StepAckWait)}
 	f, err := s.js.PublishMsgAsync(m)
 	if err != nil {
 		s.leave(span, "publish: "+err.Error())
@@ -180,6 +197,7 @@ func (s *StepSender) Run(ctx context.Context) {
 				sent = append(sent, st.msgID)
 			} else {
 				failed = append(failed, st.msgID)
+				s.down.Store(st.region, time.Now().Add(stepRegionPause))
 			}
 			if len(sent)+len(failed) >= stepMarkBatch {
 				break
