@@ -159,7 +159,7 @@ func (s *StepSender) send(ctx context.Context, step ledger.OutboxMessage) {
 	f, err := s.js.PublishMsgAsync(m)
 	if err != nil {
 		s.leave(span, "publish: "+err.Error())
-		st.span = nil // Run counts the attempt
+		f, st.span = nil, nil // Run counts the attempt
 	}
 	st.future = f
 	select {
