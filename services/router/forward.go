@@ -148,7 +148,7 @@ func (r *Router) forward(ctx context.Context, msgs []jetstream.Msg, log *slog.Lo
 			out.Header.Set(ledgerstream.HeaderAnswerTo, to) // the submitting API's, for the ledger to tell
 		}
 		parent := natstrace.Extract(ctx, m.Headers())
-		opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(messaging(r.cfg.Region, subject, msgID, "send")...)}
+		opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(ledgerstream.Messaging(r.cfg.Region, subject, msgID, "send")...)}
 		md, mdErr := m.Metadata()
 		// The forward's attempt: the route stream's delivery of it.
 		out.Header.Set(ledgerstream.HeaderAttempt, "1")

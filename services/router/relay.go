@@ -3,16 +3,13 @@ package router
 import (
 	"context"
 	"log/slog"
-	"strconv"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/paymesh/paymesh/pkg/natstrace"
-	"github.com/paymesh/paymesh/platform/subjects"
 	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 )
@@ -130,12 +127,9 @@ func (r *Router) relay(ctx context.Context, steps []Step) (sent, failed []int64,
 // span that continues the transfer's trace, and returns the PubAck futures
 // and the span, which the caller ends.
 func (r *Router) publishStep(ctx context.Context, st Step) ([]jetstream.PubAckFuture, trace.Span) {
-	m := nats.NewMsg(r.topo(st.Region).Subject(st.Account, subjects.ClassStep, r.cfg.Region))
-	m.Data = st.Payload
-	m.Header.Set(jetstream.MsgIDHeader, st.MsgID)
-	m.Header.Set(ledgerstream.HeaderAttempt, strconv.Itoa(st.Attempts+1))
+	m := ledgerstream.StepMsg(r.topo(st.Region), st.Account, r.cfg.Region, st.MsgID, st.Payload, st.Attempts+1)
 	sctx, span := tracer.Start(natstrace.WithTraceParent(ctx, st.TraceParent), "relay "+m.Subject,
-		trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(messaging(r.cfg.Region, m.Subject, st.MsgID, "send")...))
+		trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(ledgerstream.Messaging(r.cfg.Region, m.Subject, st.MsgID, "send")...))
 	if st.Attempts > 0 {
 		span.AddEvent("retry", trace.WithAttributes(attribute.Int64("paymesh.attempt", int64(st.Attempts+1))))
 	}

@@ -25,7 +25,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -195,7 +194,7 @@ func (r *Router) submit(ctx context.Context, cmd ledger.Command, subject, stream
 		m.Header.Set(ledgerstream.HeaderAnswerTo, r.cfg.AnswerTo)
 	}
 	ctx, span := tracer.Start(ctx, "send "+m.Subject, trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(
-		messaging(r.cfg.Region, m.Subject, cmd.MsgKey(), "send")...))
+		ledgerstream.Messaging(r.cfg.Region, m.Subject, cmd.MsgKey(), "send")...))
 	defer span.End()
 	natstrace.Inject(ctx, m)
 	ack, err := r.js.PublishMsg(ctx, m, jetstream.WithExpectStream(stream))
@@ -217,9 +216,7 @@ func (r *Router) submit(ctx context.Context, cmd ledger.Command, subject, stream
 // the request's creation (the window keeps no time of the first copy).
 // ctx holds the publish's span, which records the cause and age.
 func (r *Router) caught(ctx context.Context, stage Stage, m *nats.Msg, cmd ledger.Command) {
-	attempt, _ := strconv.Atoi(m.Header.Get(ledgerstream.HeaderAttempt))
-	c := ledger.Caught{Topic: cmd.Topic(), Layer: ledger.LayerMsgID, Age: ledger.AgeOf(cmd, ledger.Result{}, time.Now()),
-		Cause: ledger.Arrival{Deliveries: 1, Attempt: attempt, Step: cmd.IsStep()}.Cause()}
+	c := ledgerstream.CaughtAtMsgID(cmd, m)
 	r.cfg.Stats.caught(stage, c.Cause)
 	ledgerstream.RecordCaught(trace.SpanFromContext(ctx), c)
 	if r.cfg.Observe != nil {
@@ -228,14 +225,3 @@ func (r *Router) caught(ctx context.Context, stage Stage, m *nats.Msg, cmd ledge
 }
 
 var tracer = otel.Tracer("github.com/paymesh/paymesh/services/router")
-
-// messaging returns the OTel messaging attributes of a publish.
-func messaging(region, subject, msgID, op string) []attribute.KeyValue {
-	return []attribute.KeyValue{
-		attribute.String("messaging.system", "nats"),
-		attribute.String("messaging.destination.name", subject),
-		attribute.String("messaging.message.id", msgID),
-		attribute.String("messaging.operation.type", op),
-		attribute.String("paymesh.region", region),
-	}
-}

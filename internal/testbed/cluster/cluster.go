@@ -242,11 +242,7 @@ func (c *Cluster) ledgerJetStream(r *Region) func(jetstream.JetStream) jetstream
 		if c.cfg.DropAck != nil {
 			deliver = func(m jetstream.Msg) jetstream.Msg { return jsfault.DropAck(m, c.cfg.DropAck) }
 		}
-		j := jsfault.Wrap(js, c.cfg.Inject, deliver)
-		if c.cfg.Inject != nil {
-			j.Injected = r.countInjected
-		}
-		return j
+		return &jsfault.JetStream{JetStream: js, Twice: c.cfg.Inject, Injected: r.countInjected, Deliver: deliver}
 	}
 }
 

@@ -3,18 +3,15 @@ package ledgerstream
 import (
 	"context"
 	"log/slog"
-	"strconv"
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/paymesh/paymesh/pkg/natstrace"
-	"github.com/paymesh/paymesh/platform/subjects"
 	"github.com/paymesh/paymesh/services/ledger"
 )
 
@@ -144,16 +141,10 @@ func (s *StepSender) send(ctx context.Context, step ledger.OutboxMessage) {
 		s.stats.StepsLeft.Add(1) // the relay sends it once due, and backs off from the region
 		return
 	}
-	topo := Topology{Region: step.Region, Shards: s.shards}
 	msgID := step.Command.MsgKey()
-	m := nats.NewMsg(topo.Subject(step.Account, subjects.ClassStep, s.from))
-	m.Data = step.Command.Encode()
-	m.Header.Set(jetstream.MsgIDHeader, msgID)
-	m.Header.Set(HeaderAttempt, "1")
+	m := StepMsg(Topology{Region: step.Region, Shards: s.shards}, step.Account, s.from, msgID, step.Command.Encode(), 1)
 	sctx, span := tracer.Start(ctx, "step "+m.Subject, trace.WithSpanKind(trace.SpanKindProducer),
-		trace.WithAttributes(attribute.String("messaging.system", "nats"), attribute.String("messaging.destination.name", m.Subject),
-			attribute.String("messaging.message.id", msgID), attribute.String("messaging.operation.type", "send"),
-			attribute.String("paymesh.region", s.from)))
+		trace.WithAttributes(Messaging(s.from, m.Subject, msgID, "send")...))
 	natstrace.Inject(sctx, m)
 	st := sentStep{cmd: step.Command, region: step.Region, msgID: msgID, span: span, deadline: time.Now().Add(StepAckWait)}
 	f, err := s.js.PublishMsgAsync(m)
@@ -231,7 +222,7 @@ func (s *StepSender) acked(ctx context.Context, st sentStep) bool {
 	case ack := <-st.future.Ok():
 		s.stats.StepsSent.Add(1)
 		if ack.Duplicate {
-			s.caught(st, st.future.Msg())
+			s.caught(st.span, CaughtAtMsgID(st.cmd, st.future.Msg()))
 		}
 		st.span.End()
 		return true
@@ -245,22 +236,13 @@ func (s *StepSender) acked(ctx context.Context, st sentStep) bool {
 	return false
 }
 
-// caught counts a step the destination stream's Msg-Id window caught, m
-// being the copy it caught, as the router counts its own publishes'
-// duplicates: layer msg_id, the cause its attempt header says.
-func (s *StepSender) caught(st sentStep, m *nats.Msg) {
-	attempt := 1
-	if m != nil {
-		if n, err := strconv.Atoi(m.Header.Get(HeaderAttempt)); err == nil {
-			attempt = n
-		}
-	}
-	c := ledger.Caught{Topic: st.cmd.Topic(), Layer: ledger.LayerMsgID, Age: ledger.AgeOf(st.cmd, ledger.Result{}, time.Now()),
-		Cause: ledger.Arrival{Deliveries: 1, Attempt: attempt, Step: true}.Cause()}
+// caught counts a step the destination stream's Msg-Id window caught, as
+// the router counts its own publishes' duplicates, on the step's span.
+func (s *StepSender) caught(span trace.Span, c ledger.Caught) {
 	s.stats.Caught(c)
-	st.span.SetAttributes(attribute.String("paymesh.dedup.outcome", "duplicate"), attribute.String("paymesh.dedup.layer", string(ledger.LayerMsgID)))
-	RecordCaught(st.span, c)
+	span.SetAttributes(attribute.String("paymesh.dedup.outcome", "duplicate"), attribute.String("paymesh.dedup.layer", string(ledger.LayerMsgID)))
+	RecordCaught(span, c)
 	if s.observe != nil {
-		s.observe(trace.ContextWithSpan(context.Background(), st.span), c)
+		s.observe(trace.ContextWithSpan(context.Background(), span), c)
 	}
 }

@@ -132,14 +132,14 @@ func (s *Store) PendingOutbox(ctx context.Context, limit int, skip ...string) ([
 // applies to the statement's own implicit transaction, so one round trip
 // does it.
 func (s *Store) MarkSent(ctx context.Context, ids []int64) error {
-	return s.mark(ctx, "id", ids, len(ids), true)
+	return markOutbox(ctx, s, "id", ids, true)
 }
 
 // MarkFailed counts a failed relay attempt of the rows, committed
 // asynchronously as MarkSent's mark: a count lost in a crash is one attempt
 // fewer in the row.
 func (s *Store) MarkFailed(ctx context.Context, ids []int64) error {
-	return s.mark(ctx, "id", ids, len(ids), false)
+	return markOutbox(ctx, s, "id", ids, false)
 }
 
 // MarkStepsSent records that the steps msgIDs (their Nats-Msg-Ids, the
@@ -147,20 +147,20 @@ func (s *Store) MarkFailed(ctx context.Context, ids []int64) error {
 // them, were acked by their destination streams, as MarkSent does for the
 // relay's, and committed asynchronously in the same way.
 func (s *Store) MarkStepsSent(ctx context.Context, msgIDs []string) error {
-	return s.mark(ctx, "msg_id", msgIDs, len(msgIDs), true)
+	return markOutbox(ctx, s, "msg_id", msgIDs, true)
 }
 
 // MarkStepsFailed counts a failed publish of the steps msgIDs, as
 // MarkFailed does for the relay's: the relay sends them once they are due.
 func (s *Store) MarkStepsFailed(ctx context.Context, msgIDs []string) error {
-	return s.mark(ctx, "msg_id", msgIDs, len(msgIDs), false)
+	return markOutbox(ctx, s, "msg_id", msgIDs, false)
 }
 
-// mark counts an attempt of the n unsent rows whose column (id or msg_id,
-// both unique) is in keys, and marks them sent when sent, in a statement
-// committed asynchronously.
-func (s *Store) mark(ctx context.Context, column string, keys any, n int, sent bool) error {
-	if n == 0 {
+// markOutbox counts an attempt of the unsent rows whose column (id or
+// msg_id, both unique) is in keys, and marks them sent when sent, in a
+// statement committed asynchronously.
+func markOutbox[K int64 | string](ctx context.Context, s *Store, column string, keys []K, sent bool) error {
+	if len(keys) == 0 {
 		return nil
 	}
 	set, what := "attempts = attempts + 1", "mark outbox attempt"
