@@ -7,7 +7,7 @@ BENCHSTAT   ?= $(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-2
 BENCH_COUNT ?= 10
 BENCH_TIME  ?= 20000x
 
-.PHONY: jaeger demo sim bench chaos bench-telemetry test test-short build fuzz services browser prometheus pgautofailover lint-openapi clean compose-up compose-down compose-load
+.PHONY: jaeger demo sim bench chaos bench-telemetry test test-long test-short build fuzz services browser prometheus pgautofailover lint-openapi clean compose-up compose-down compose-load
 
 ## demo: run the three-region demo on the local Postgres and an embedded NATS topology
 demo: services
@@ -45,19 +45,25 @@ chaos: services pgautofailover
 ## and real JetStream, then the quick process simulation (make sim ARGS=--quick)
 ## (the browser test's screenshot lands in artifacts/). Three test binaries
 ## at a time: the suite mostly waits (fsyncs, elections, timeouts), and uses
-## about a third of two cores with the default of two. The simulation's own
-## tests run after the rest, on their own: each starts compose's whole
-## topology (nine Postgres servers among its processes), which beside the
-## fault suite left the machine too busy for the suite's deliberate bugs to
-## show.
-SIM_PKG = ./internal/lab/sim
+## about a third of two cores with the default of two. The long fault runs
+## are make test-long's: make test runs the fault suite's clean scenarios of
+## its set (ciScenarios) and its deliberate-bug cases marked ci, and the quick
+## simulation rather than the tests that start compose's whole topology.
 test: services browser prometheus pgautofailover
 	$(GO) vet ./...
 	./scripts/lint-openapi
 	@mkdir -p artifacts
-	$(GO) test -p 3 -count=1 -timeout 30m -artifacts -outputdir $(CURDIR)/artifacts $$($(GO) list ./... | grep -v '/internal/lab/sim$$')
-	$(GO) test -count=1 -timeout 30m $(SIM_PKG)
+	$(GO) test -p 3 -count=1 -timeout 30m -artifacts -outputdir $(CURDIR)/artifacts ./...
 	$(MAKE) sim ARGS=--quick
+
+## test-long: the runs make test leaves out (about 25 minutes): every
+## scenario of the fault suite once (make chaos runs each with three seeds
+## and every deliberate-bug case), and the simulation's tests that start
+## compose's whole topology (a run cancelled midway frees everything; a
+## run that loses commands fails and names them)
+test-long: services prometheus pgautofailover
+	$(GO) test -count=1 -timeout 40m -run 'TestScenarios' ./internal/lab/chaos -args -chaos.allscenarios
+	$(GO) test -count=1 -timeout 40m ./internal/lab/sim -args -sim.long
 
 ## test-short: the suite without the long randomized runs
 test-short: services

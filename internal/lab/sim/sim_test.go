@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"flag"
 	"io"
 	"net"
 	"os"
@@ -18,16 +19,21 @@ import (
 	"github.com/paymesh/paymesh/internal/testbed/promcheck"
 )
 
-// needSim skips the test unless a simulation can run here: not -short,
-// the local PostgreSQL and Prometheus binaries installed, and every fixed
+// long puts the tests that run compose's whole topology (minutes each, nine
+// Postgres servers among their processes) in the run: make test-long passes
+// it; make test runs the quick simulation instead.
+var long = flag.Bool("sim.long", false, "run the tests that start compose's whole topology (make test-long)")
+
+// needSim skips the test unless a simulation can run here: -sim.long, not
+// -short, the local PostgreSQL and Prometheus binaries installed, and every fixed
 // port of the simulation free (a `make sim` or a demo running alongside
 // holds them; the test then skips rather than fight it). It returns the
 // config of a run with the product and lab binaries, built into a
 // temporary folder.
 func needSim(t *testing.T) Config {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("runs the whole topology as processes")
+	if testing.Short() || !*long {
+		t.Skip("runs the whole topology as processes: make test-long (-sim.long)")
 	}
 	if err := pgserver.Available(); err != nil {
 		t.Skip(err)
