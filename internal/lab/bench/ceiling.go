@@ -50,12 +50,47 @@ func (c CeilingRun) line() string {
 		capped, invariants(c.Verified, c.VerifyReport))
 }
 
-// The apply transaction's statements, copied from the write and claim stages
-// of services/ledger/postgres/apply.go (queuePlan, queueLockState,
-// updateBalancesSQL) and the column list of accounts.go (accountColumns),
-// which keep them unexported; TestCeilingSQLIsApplys fails when a copy and
+// The apply transaction's statements, copied from services/ledger/postgres,
+// which keeps them unexported: its BEGIN (store.go, beginQuery), the claim
+// stage's account locks and business-key lookup (apply.go, queueLockState
+// and queueExistingTransfers, with the column lists of accounts.go and
+// transfers.go), and the write stage's inserts of transfers, postings and
+// events and its balance update (apply.go, queuePlan and updateBalancesSQL;
+// events.go, insertEventsSQL). TestCeilingSQLIsApplys fails when a copy and
 // its source drift apart. The claim is pkg/dedup's own (QueueClaimForTx).
 const (
+	ceilingBeginSQL = "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL enable_seqscan = off"
+
+	ceilingTransferColumns = `id, client_id, idempotency_key, fingerprint, from_account, to_account, amount, currency,
+	status, coalesce(reason, ''), version, created_at, expires_at, coalesce(captured_amount, 0), coalesce(refund_of, ''),
+	refunded_amount, coalesce(reference, ''), metadata`
+
+	ceilingKeysSQL = `
+		SELECT t.* FROM unnest($1::text[], $2::text[]) AS k(client_id, idempotency_key)
+		CROSS JOIN LATERAL (
+		    -- LIMIT 1 keeps this a per-key index lookup whatever the plan.
+		    SELECT ` + ceilingTransferColumns + ` FROM transfers
+		    WHERE client_id = k.client_id AND idempotency_key = k.idempotency_key LIMIT 1) t
+		UNION
+		SELECT ` + ceilingTransferColumns + ` FROM transfers WHERE id = ANY($3::text[])`
+
+	ceilingEventsSQL = `
+	WITH ev AS (
+		SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bigint[], $8::bigint[])
+		     WITH ORDINALITY AS u(account_id, client_id, type, object_id, status, reason, version, captured_amount, ord)
+	), n AS (
+		SELECT account_id, count(*) AS c FROM ev GROUP BY account_id
+	), seq AS (
+		INSERT INTO event_sequences AS s (account_id, last)
+		SELECT account_id, c FROM n ORDER BY account_id
+		ON CONFLICT (account_id) DO UPDATE SET last = s.last + excluded.last
+		RETURNING account_id, last
+	)
+	INSERT INTO events (account_id, sequence, client_id, type, object_id, status, reason, version, captured_amount)
+	SELECT ev.account_id, seq.last - n.c + row_number() OVER (PARTITION BY ev.account_id ORDER BY ev.ord),
+	       coalesce(acc.client_id, ev.client_id), ev.type, ev.object_id, ev.status, ev.reason, ev.version, ev.captured_amount
+	FROM ev JOIN n USING (account_id) JOIN seq USING (account_id) LEFT JOIN accounts acc ON acc.id = ev.account_id`
+
 	ceilingLockSQL = `SELECT id, client_id, kind, currency, balance, floor, closed, version, created_at, held, frozen FROM accounts WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE`
 
 	ceilingTransfersSQL = `
@@ -195,12 +230,14 @@ func (e *env) ceiling(ctx context.Context) (CeilingRun, error) {
 // a balance update that misses, is an error: the workload never repeats a
 // key, and the locks hold the versions read.
 func applyCeiling(ctx context.Context, pool *pgxpool.Pool, log *dedup.Log, xs []ceilingTransfer, now time.Time) error {
-	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	return pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{BeginQuery: ceilingBeginSQL}, func(tx pgx.Tx) error {
 		keys := make([]dedup.Key, len(xs))
 		ids := make([]string, 0, 2*len(xs))
+		clients, ikeys, tids := make([]string, len(xs)), make([]string, len(xs)), make([]string, len(xs))
 		for i, x := range xs {
 			keys[i] = dedup.Key{ID: x.msgKey, Origin: now, Fingerprint: x.fp}
 			ids = append(ids, x.from, x.to)
+			clients[i], ikeys[i], tids[i] = Client, x.key, x.id
 		}
 		slices.Sort(ids)
 		ids = slices.Compact(ids)
@@ -210,6 +247,13 @@ func applyCeiling(ctx context.Context, pool *pgxpool.Pool, log *dedup.Log, xs []
 		if err != nil {
 			return err
 		}
+		known := 0
+		b.Queue(ceilingKeysSQL, clients, ikeys, tids).Query(func(rows pgx.Rows) error {
+			for rows.Next() {
+				known++
+			}
+			return rows.Err()
+		})
 		type row struct{ balance, version, from int64 }
 		acc := make(map[string]*row, len(ids))
 		b.Queue(ceilingLockSQL, ids).Query(func(rows pgx.Rows) error {
@@ -241,6 +285,9 @@ func applyCeiling(ctx context.Context, pool *pgxpool.Pool, log *dedup.Log, xs []
 		if len(acc) != len(ids) {
 			return fmt.Errorf("locked %d of %d accounts", len(acc), len(ids))
 		}
+		if known != 0 {
+			return fmt.Errorf("%d transfers already recorded under the batch's keys, want none", known)
+		}
 
 		n := len(xs)
 		var (
@@ -253,6 +300,12 @@ func applyCeiling(ctx context.Context, pool *pgxpool.Pool, log *dedup.Log, xs []
 			tRefundOf                                            = make([]*string, n)
 			pTransfer, pLeg, pAccount                            = make([]string, 0, 2*n), make([]string, 0, 2*n), make([]string, 0, 2*n)
 			pAmount, pAfter, pVersion                            = make([]int64, 0, 2*n), make([]int64, 0, 2*n), make([]int64, 0, 2*n)
+			// Each transfer's events, as the apply writes them for a
+			// transfer completed in one region: created, then completed,
+			// both in the payer's feed.
+			eAccount, eClient, eType, eObject, eStatus = make([]string, 0, 2*n), make([]string, 0, 2*n), make([]string, 0, 2*n), make([]string, 0, 2*n), make([]string, 0, 2*n)
+			eReason                                    = make([]*string, 2*n)
+			eVersion, eCaptured                        = make([]int64, 0, 2*n), make([]int64, 2*n)
 		)
 		post := func(transfer, leg, account string, amount int64) {
 			a := acc[account]
@@ -266,6 +319,10 @@ func applyCeiling(ctx context.Context, pool *pgxpool.Pool, log *dedup.Log, xs []
 			tFP[i], tAmount[i], tVersion[i], tCreated[i] = x.fp, x.amount, 1, now
 			post(x.id, string(ledger.LegDebit), x.from, -x.amount)
 			post(x.id, string(ledger.LegCredit), x.to, x.amount)
+			for _, typ := range []ledger.EventType{ledger.TransferCreated, ledger.TransferCompleted} {
+				eAccount, eClient, eType, eObject = append(eAccount, x.from), append(eClient, Client), append(eType, string(typ)), append(eObject, x.id)
+				eStatus, eVersion = append(eStatus, string(ledger.StatusCompleted)), append(eVersion, 1)
+			}
 		}
 		aID := make([]string, len(ids))
 		aFrom, aTo, aBal, aHeld := make([]int64, len(ids)), make([]int64, len(ids)), make([]int64, len(ids)), make([]int64, len(ids))
@@ -278,6 +335,7 @@ func applyCeiling(ctx context.Context, pool *pgxpool.Pool, log *dedup.Log, xs []
 		b.Queue(ceilingTransfersSQL, tID, tClient, tKey, tType, tFrom, tTo, tCur, tStatus, tReason, tFP, tAmount, tVersion, tCreated, tExpires, tRefundOf,
 			[]*string(nil), []*string(nil)) // no references or metadata: NULL arrays, as the apply sends them
 		b.Queue(ceilingPostingsSQL, pTransfer, pLeg, pAccount, pAmount, pAfter, pVersion)
+		b.Queue(ceilingEventsSQL, eAccount, eClient, eType, eObject, eStatus, eReason, eVersion, eCaptured)
 		b.Queue(ceilingBalancesSQL, aID, aFrom, aTo, aBal, aHeld, aHeld).Exec(func(tag pgconn.CommandTag) error {
 			if tag.RowsAffected() != int64(len(aID)) {
 				return errors.New("balance compare-and-set missed an account")

@@ -20,7 +20,7 @@ func TestCeilingSQLIsApplys(t *testing.T) {
 		}
 		return squash(string(b))
 	}
-	apply, accounts := src("apply.go"), src("accounts.go")
+	apply, accounts, transfers, events, store := src("apply.go"), src("accounts.go"), src("transfers.go"), src("events.go"), src("store.go")
 	lockCols, lockTail, ok := strings.Cut(ceilingLockSQL, " FROM ")
 	if !ok {
 		t.Fatalf("ceilingLockSQL %q has no FROM", ceilingLockSQL)
@@ -31,6 +31,10 @@ func TestCeilingSQLIsApplys(t *testing.T) {
 		{"transfers insert (queuePlan)", ceilingTransfersSQL, apply},
 		{"postings insert (queuePlan)", ceilingPostingsSQL, apply},
 		{"balance compare-and-set (updateBalancesSQL)", ceilingBalancesSQL, apply},
+		{"BEGIN (beginQuery)", `"` + ceilingBeginSQL + `"`, store},
+		{"transfer columns (transferColumns)", "`" + ceilingTransferColumns + "`", transfers},
+		{"business-key lookup (queueExistingTransfers)", "`" + strings.ReplaceAll(ceilingKeysSQL, ceilingTransferColumns, "`+transferColumns+`") + "`", apply},
+		{"events insert (insertEventsSQL)", "`" + ceilingEventsSQL + "`", events},
 	} {
 		if !strings.Contains(c.in, squash(c.copy)) {
 			t.Errorf("%s: the ceiling's copy is not in services/ledger/postgres any more:\n%s", c.name, c.copy)
