@@ -323,8 +323,20 @@ func CreateEndpoint(ctx context.Context, cl *api.Client, url, key string) (api.W
 // again one in oneIn of the client's events in every region, as a client
 // would after losing its own record, and returns how many it asked for:
 // each must come to the receiver as a duplicate (cause redelivery), and
-// none be applied again.
+// none be applied again. It asks only for events the receiver has already
+// recorded: one still on its way (a delivery waiting for its retry) would
+// reach the receiver first as the redelivered copy, which is then no
+// duplicate.
 func (t Target) Redeliver(ctx context.Context, cl *api.Client, oneIn int) (int64, error) {
+	rows, _ := t.Receiver.Query(ctx, `SELECT account || '.' || sequence FROM receiver_events`)
+	recorded, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return 0, fmt.Errorf("the receiver's events: %w", err)
+	}
+	have := make(map[string]bool, len(recorded))
+	for _, id := range recorded {
+		have[id] = true
+	}
 	var ids []string
 	for _, r := range t.Regions {
 		rows, _ := r.Pool.Query(ctx, `SELECT account_id || '.' || sequence FROM events
@@ -333,7 +345,11 @@ func (t Target) Redeliver(ctx context.Context, cl *api.Client, oneIn int) (int64
 		if err != nil {
 			return 0, fmt.Errorf("events of %s: %w", r.Name, err)
 		}
-		ids = append(ids, got...)
+		for _, id := range got {
+			if have[id] {
+				ids = append(ids, id)
+			}
+		}
 	}
 	var n int64
 	for _, id := range ids {
