@@ -56,7 +56,7 @@ test: services browser prometheus pgautofailover
 	$(GO) test -p 3 -count=1 -timeout 30m -artifacts -outputdir $(CURDIR)/artifacts ./...
 	$(MAKE) sim ARGS=--quick
 
-## test-long: the runs make test leaves out (about 25 minutes): every
+## test-long: the runs make test leaves out (about 20 minutes): every
 ## scenario of the fault suite once (make chaos runs each with three seeds
 ## and every deliberate-bug case), and the simulation's tests that start
 ## compose's whole topology (a run cancelled midway frees everything; a
