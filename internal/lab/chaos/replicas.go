@@ -3,7 +3,6 @@ package chaos
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -33,17 +32,12 @@ func (e *env) currentCheck(ctx context.Context, region string) Check {
 	want := e.topo.Replicas(region)
 	ctx, cancel := context.WithTimeout(ctx, currentWait)
 	defer cancel()
-	for {
-		chk := e.lookCurrent(ctx, region, want)
-		if chk.OK || ctx.Err() != nil {
-			return chk
-		}
-		select {
-		case <-ctx.Done():
-			return chk
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
+	var chk Check
+	until(ctx, func() bool {
+		chk = e.lookCurrent(ctx, region, want)
+		return chk.OK
+	})
+	return chk
 }
 
 // lookCurrent is one look of currentCheck.
