@@ -31,7 +31,7 @@ type benchCmd struct {
 	APIProfile     string        `name:"api-cpuprofile" help:"Write a CPU profile of the first api run (its requests, not its set-up) to this file." type:"path"`
 	Keep           bool          `help:"Keep the bench databases afterwards."`
 	Seed           uint64        `default:"1" help:"Seed of the random workload."`
-	Telemetry      bool          `default:"true" negatable:"" help:"Run the services as they ship: traced with the OTEL_* variables' sampler (every span by default), exported over OTLP to those variables' collector or else to a receiver in this process that drops what it takes, and their /metrics scraped every 5 s. --no-telemetry runs them without."`
+	Telemetry      bool          `default:"true" negatable:"" help:"Run the services as they ship: traced with the OTEL_* variables' sampler (by default paymesh's: every retry and redelivery, and one new trace in 100), exported over OTLP to those variables' collector or else to a receiver in this process that drops what it takes, and their /metrics scraped every 5 s. --no-telemetry runs them without."`
 	Paymesh        string        `name:"paymesh" help:"The product binary the process scenarios run (default: paymesh beside this command, else on PATH)." type:"existingfile"`
 }
 

@@ -67,7 +67,7 @@ func main() {
 		c.Demo.traces = dashboard.NewRecorder()
 		procs = append(procs, c.Demo.traces)
 	}
-	shutdown, err := telemetry.SetupTracing(ctx, "paymesh-"+strings.Fields(k.Command())[0], procs...)
+	shutdown, err := telemetry.SetupTracing(ctx, "paymesh-"+strings.Fields(k.Command())[0], nil, procs...)
 	k.FatalIfErrorf(err)
 	err = k.Run(table, log)
 	_ = shutdown(context.Background())

@@ -28,8 +28,9 @@ import (
 var errFailed = errors.New("failed")
 
 type cli struct {
-	RegionsFile string `name:"regions-file" env:"PAYMESH_REGIONS_FILE" help:"Region table (default: the built-in deploy/regions/regions.yaml)." type:"existingfile"`
-	Verbose     bool   `short:"v" help:"Log debug messages."`
+	RegionsFile string  `name:"regions-file" env:"PAYMESH_REGIONS_FILE" help:"Region table (default: the built-in deploy/regions/regions.yaml)." type:"existingfile"`
+	Verbose     bool    `short:"v" help:"Log debug messages."`
+	TraceRatio  float64 `name:"trace-ratio" env:"PAYMESH_TRACE_RATIO" default:"${default_trace_ratio}" help:"Share of new traces recorded when OTEL_TRACES_SAMPLER names no sampler, 0 to 1; every retry and redelivery is recorded whatever the share."`
 
 	Ledger    ledgerCmd    `cmd:"" help:"Run a region's ledger: consume its JetStream stream and apply transfers exactly once."`
 	Router    routerCmd    `cmd:"" help:"Run a region's router: forward its route stream to the home regions and relay its ledger's outbox."`
@@ -47,8 +48,17 @@ type cli struct {
 	Receiver  receiverCmd  `cmd:"" help:"Run the reference webhook receiver: verify each delivery, apply each event once (in its own Postgres, in order per account), count duplicates by cause."`
 }
 
+// Validate refuses a --trace-ratio that is not a share.
+func (c *cli) Validate() error {
+	if err := telemetry.CheckTraceRatio(c.TraceRatio); err != nil {
+		return fmt.Errorf("--trace-ratio: %w", err)
+	}
+	return nil
+}
+
 // cliVars are the defaults the flags' help and default tags name.
-var cliVars = kong.Vars{"default_pg": pgdb.DefaultURL, "default_batch": fmt.Sprint(ledgerstream.DefaultBatchSize), "default_shards": fmt.Sprint(ledgerstream.DefaultShards)}
+var cliVars = kong.Vars{"default_pg": pgdb.DefaultURL, "default_batch": fmt.Sprint(ledgerstream.DefaultBatchSize), "default_shards": fmt.Sprint(ledgerstream.DefaultShards),
+	"default_trace_ratio": fmt.Sprint(telemetry.DefaultTraceRatio)}
 
 func main() {
 	var c cli
@@ -68,7 +78,7 @@ func main() {
 	ids, err := idgen.NewRegions(table.Codes())
 	k.FatalIfErrorf(err)
 	k.BindTo(ctx, (*context.Context)(nil))
-	shutdown, err := telemetry.SetupTracing(ctx, "paymesh-"+strings.Fields(k.Command())[0])
+	shutdown, err := telemetry.SetupTracing(ctx, "paymesh-"+strings.Fields(k.Command())[0], telemetry.RetrySampler(c.TraceRatio))
 	k.FatalIfErrorf(err)
 	err = k.Run(table, ids, log)
 	_ = shutdown(context.Background())

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/alecthomas/kong"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/paymesh/paymesh/deploy/regions"
 	"github.com/paymesh/paymesh/internal/testbed/ledgertest"
@@ -16,6 +17,7 @@ import (
 	"github.com/paymesh/paymesh/pkg/dedup"
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/platform/pgdb"
+	"github.com/paymesh/paymesh/platform/telemetry"
 	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/postgres"
 )
@@ -131,5 +133,28 @@ func TestVerifyAll(t *testing.T) {
 	}
 	if err := cmd.Run(ctx, tab, ids); !errors.Is(err, errFailed) {
 		t.Fatalf("transit money without a transfer: got %v, want the failing exit", err)
+	}
+}
+
+// TestTraceRatioFlag: --trace-ratio defaults to telemetry.DefaultTraceRatio,
+// is read from PAYMESH_TRACE_RATIO, and a value that is not a share from 0
+// to 1 fails the parse with an error naming the flag.
+func TestTraceRatioFlag(t *testing.T) {
+	if c := parse(t, "verify"); c.TraceRatio != telemetry.DefaultTraceRatio {
+		t.Errorf("default: %v, want %v", c.TraceRatio, telemetry.DefaultTraceRatio)
+	}
+	t.Setenv("PAYMESH_TRACE_RATIO", "0.25")
+	if c := parse(t, "verify"); c.TraceRatio != 0.25 {
+		t.Errorf("from PAYMESH_TRACE_RATIO: %v, want 0.25", c.TraceRatio)
+	}
+	for _, v := range []string{"2", "-0.5", "NaN", "lots"} {
+		var c cli
+		k, err := kong.New(&c, kong.Name("paymesh"), cliVars)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := k.Parse([]string{"--trace-ratio", v, "verify"}); err == nil || !strings.Contains(err.Error(), "--trace-ratio") {
+			t.Errorf("--trace-ratio %s: got %v, want an error naming the flag", v, err)
+		}
 	}
 }

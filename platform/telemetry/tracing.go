@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/semconv/v1.26.0"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/paymesh/paymesh/pkg/natstrace"
 )
@@ -26,14 +27,19 @@ func TracingEnabled() bool {
 // variables ask for OTLP export (endpoint, headers, sampler and resource all
 // come from those variables), or when in-process processors are given (the
 // demo's live page records spans). Without either nothing is installed, the
-// global provider stays a no-op and tracing costs next to nothing. The
-// returned function flushes and stops the provider.
-func SetupTracing(ctx context.Context, service string, procs ...sdktrace.SpanProcessor) (func(context.Context) error, error) {
+// global provider stays a no-op and tracing costs next to nothing. sampler
+// decides which spans are recorded unless OTEL_TRACES_SAMPLER names one;
+// nil leaves it to the SDK (every span, unless the variable says
+// otherwise). The returned function flushes and stops the provider.
+func SetupTracing(ctx context.Context, service string, sampler sdktrace.Sampler, procs ...sdktrace.SpanProcessor) (func(context.Context) error, error) {
 	otel.SetTextMapPropagator(propagation.TraceContext{})
 	if !TracingEnabled() && len(procs) == 0 {
 		return func(context.Context) error { return nil }, nil
 	}
 	opts := []sdktrace.TracerProviderOption{sdktrace.WithIDGenerator(natstrace.IDGenerator{})}
+	if sampler != nil && os.Getenv("OTEL_TRACES_SAMPLER") == "" {
+		opts = append(opts, sdktrace.WithSampler(sampler))
+	}
 	if TracingEnabled() {
 		exp, err := otlptracehttp.New(ctx)
 		if err != nil {
@@ -54,4 +60,70 @@ func SetupTracing(ctx context.Context, service string, procs ...sdktrace.SpanPro
 	tp := sdktrace.NewTracerProvider(append(opts, sdktrace.WithResource(res))...)
 	otel.SetTracerProvider(tp)
 	return tp.Shutdown, nil
+}
+
+// DefaultTraceRatio is the share of new traces the services record when
+// the OTEL_* variables name no sampler: one in a hundred. Every retry and
+// redelivery is recorded whatever the ratio (RetrySampler).
+const DefaultTraceRatio = 0.01
+
+// Span attributes that mark a repeated attempt when a span starts with
+// them: a delivery after the first, a publish after the first.
+const (
+	AttrDeliveryCount = "messaging.nats.delivery_count"
+	AttrAttempt       = "paymesh.attempt"
+)
+
+// CheckTraceRatio returns an error unless ratio is a share, 0 to 1.
+func CheckTraceRatio(ratio float64) error {
+	if !(ratio >= 0 && ratio <= 1) {
+		return fmt.Errorf("trace ratio %v: want a share from 0 to 1", ratio)
+	}
+	return nil
+}
+
+// RetrySampler returns the services' sampler: a span is recorded when it
+// starts as a repeated attempt (AttrDeliveryCount or AttrAttempt above
+// 1), when one of its links is to a recorded span (a batch's transaction
+// and any of its deliveries; a retry and its first attempt), or when its
+// parent is; a trace that none of these starts is recorded with
+// probability ratio, decided on its trace id so that every process agrees.
+// Retries and redeliveries are rare and are what a trace is read for; a
+// first delivery's span on every message costs the tail at load (see
+// docs/BENCHMARKS.md, "The services' sampler").
+func RetrySampler(ratio float64) sdktrace.Sampler {
+	return retrySampler{ratio: ratio, base: sdktrace.ParentBased(sdktrace.TraceIDRatioBased(ratio))}
+}
+
+type retrySampler struct {
+	ratio float64
+	base  sdktrace.Sampler
+}
+
+func (s retrySampler) ShouldSample(p sdktrace.SamplingParameters) sdktrace.SamplingResult {
+	if repeated(p) {
+		return sdktrace.SamplingResult{Decision: sdktrace.RecordAndSample,
+			Tracestate: trace.SpanContextFromContext(p.ParentContext).TraceState()}
+	}
+	return s.base.ShouldSample(p)
+}
+
+func (s retrySampler) Description() string {
+	return fmt.Sprintf("RetrySampler{retries, redeliveries, sampled links, else %s}", s.base.Description())
+}
+
+// repeated reports whether the span starts as a repeated attempt or links
+// to a recorded span.
+func repeated(p sdktrace.SamplingParameters) bool {
+	for _, a := range p.Attributes {
+		if (a.Key == AttrDeliveryCount || a.Key == AttrAttempt) && a.Value.AsInt64() > 1 {
+			return true
+		}
+	}
+	for _, l := range p.Links {
+		if l.SpanContext.IsSampled() {
+			return true
+		}
+	}
+	return false
 }

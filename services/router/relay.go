@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/paymesh/paymesh/pkg/natstrace"
+	"github.com/paymesh/paymesh/platform/telemetry"
 	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 )
@@ -128,8 +129,12 @@ func (r *Router) relay(ctx context.Context, steps []Step) (sent, failed []int64,
 // and the span, which the caller ends.
 func (r *Router) publishStep(ctx context.Context, st Step) ([]jetstream.PubAckFuture, trace.Span) {
 	m := ledgerstream.StepMsg(r.topo(st.Region), st.Account, r.cfg.Region, st.MsgID, st.Payload, st.Attempts+1)
+	attrs := ledgerstream.Messaging(r.cfg.Region, m.Subject, st.MsgID, "send")
+	if st.Attempts > 0 {
+		attrs = append(attrs, attribute.Int(telemetry.AttrAttempt, st.Attempts+1)) // recorded whatever the sampler's ratio
+	}
 	sctx, span := tracer.Start(natstrace.WithTraceParent(ctx, st.TraceParent), "relay "+m.Subject,
-		trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(ledgerstream.Messaging(r.cfg.Region, m.Subject, st.MsgID, "send")...))
+		trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...))
 	if st.Attempts > 0 {
 		span.AddEvent("retry", trace.WithAttributes(attribute.Int64("paymesh.attempt", int64(st.Attempts+1))))
 	}

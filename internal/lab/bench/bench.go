@@ -125,7 +125,7 @@ type Config struct {
 	APIProfile string `json:"api_cpu_profile,omitempty"`
 	Seed       uint64 `json:"seed"`
 	// Telemetry runs the services as they ship: traced with the sampler
-	// of the OTEL_* variables (every span by default) and exported over
+	// of the OTEL_* variables (paymesh's RetrySampler by default) and exported over
 	// OTLP, and their /metrics scraped every 5 s.
 	Telemetry bool `json:"telemetry"`
 }

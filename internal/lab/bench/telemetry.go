@@ -27,7 +27,7 @@ const scrapeEvery = 5 * time.Second
 // shipped and their /metrics scraped as the compose deployment's
 // Prometheus scrapes them.
 type Telemetry struct {
-	// Sampler is OTEL_TRACES_SAMPLER, or the SDK's default when unset.
+	// Sampler is OTEL_TRACES_SAMPLER, or paymesh's default when unset.
 	Sampler string `json:"sampler"`
 	// Endpoint is where the traces went: the OTLP endpoint the OTEL_*
 	// variables name, or the bench's own receiver.
@@ -92,7 +92,7 @@ func startTelemetry(ctx context.Context) (*shipped, error) {
 		_ = t.srv.Close()
 		return nil, err
 	}
-	stop, err := telemetry.SetupTracing(ctx, "paymesh-bench", sdktrace.NewBatchSpanProcessor(countingExporter{exp, &t.spans}))
+	stop, err := telemetry.SetupTracing(ctx, "paymesh-bench", telemetry.RetrySampler(telemetry.DefaultTraceRatio), sdktrace.NewBatchSpanProcessor(countingExporter{exp, &t.spans}))
 	if err != nil {
 		_ = t.srv.Close()
 		return nil, err
@@ -129,7 +129,7 @@ func (t *shipped) env(service string) []string {
 func (t *shipped) result() *Telemetry {
 	sampler := os.Getenv("OTEL_TRACES_SAMPLER")
 	if sampler == "" {
-		sampler = "parentbased_always_on (the SDK's default)"
+		sampler = telemetry.RetrySampler(telemetry.DefaultTraceRatio).Description() + " (paymesh's default)"
 	}
 	return &Telemetry{Sampler: sampler, Endpoint: t.endpoint, Spans: t.spans.Load(), ReceivedBytes: t.received.Load(),
 		Scrapes: t.scrapes.Load(), ScrapeErrors: t.failed.Load()}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/pkg/natstrace"
+	"github.com/paymesh/paymesh/platform/telemetry"
 	"github.com/paymesh/paymesh/services/ledger"
 )
 
@@ -362,7 +363,7 @@ var tracer = otel.Tracer("github.com/paymesh/paymesh/services/ledger/ledgerstrea
 // it has none.
 func (c *Consumer) startSpan(ctx context.Context, m jetstream.Msg, md *jetstream.MsgMetadata) trace.Span {
 	h := m.Headers()
-	attrs := make([]attribute.KeyValue, 0, 8) // room for the metadata's: one allocation
+	attrs := make([]attribute.KeyValue, 0, 9) // room for the metadata's and an attempt: one allocation
 	attrs = append(attrs,
 		attribute.String("messaging.system", "nats"),
 		attribute.String("messaging.destination.name", m.Subject()),
@@ -370,10 +371,14 @@ func (c *Consumer) startSpan(ctx context.Context, m jetstream.Msg, md *jetstream
 		attribute.String("messaging.operation.type", "process"),
 		attribute.String("paymesh.region", c.cfg.Topology.Region),
 	)
+	if n, _ := strconv.Atoi(h.Get(HeaderAttempt)); n > 1 {
+		// A publisher's retry: recorded whatever the sampler's ratio.
+		attrs = append(attrs, attribute.Int(telemetry.AttrAttempt, n))
+	}
 	parent := natstrace.Extract(ctx, h)
 	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
 	if md != nil {
-		attrs = append(attrs, attribute.Int64("messaging.nats.delivery_count", int64(md.NumDelivered)),
+		attrs = append(attrs, attribute.Int64(telemetry.AttrDeliveryCount, int64(md.NumDelivered)),
 			attribute.Int64("messaging.nats.stream_sequence", int64(md.Sequence.Stream)),
 			attribute.String("messaging.consumer.group.name", md.Consumer))
 		// Every attempt's span id derives from the message, so a redelivery

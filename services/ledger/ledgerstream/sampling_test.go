@@ -1,0 +1,101 @@
+package ledgerstream_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/paymesh/paymesh/internal/testbed/jsfault"
+	"github.com/paymesh/paymesh/pkg/natstrace"
+	"github.com/paymesh/paymesh/platform/telemetry"
+	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
+)
+
+// TestSamplerRecordsRepeats: with the services' sampler at a ratio of 0, a
+// first delivery of a first publish leaves no span, but the delivery of a
+// publisher's retry (Paymesh-Attempt 2) and a redelivery (its first ack
+// lost) are recorded, and so is the batch transaction each one was in:
+// the consumer starts its spans with what the sampler decides on. (This
+// package's only global tracer provider: tracers bind to the first.)
+func TestSamplerRecordsRepeats(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(telemetry.RetrySampler(0)), sdktrace.WithSpanProcessor(rec),
+		sdktrace.WithIDGenerator(natstrace.IDGenerator{}))
+	otel.SetTracerProvider(tp)
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+
+	h := mustHarness(t)
+	a, b := h.f.Account(t, "EUR", 100), h.f.Account(t, "EUR", 0)
+	first, retried, redelivered := h.f.Transfer(t, a, b, 1), h.f.Transfer(t, a, b, 2), h.f.Transfer(t, a, b, 3)
+	var dropped atomic.Bool
+	js := h.js
+	h.js = jsfault.Wrap(js, nil, func(m jetstream.Msg) jetstream.Msg {
+		if m.Headers().Get(jetstream.MsgIDHeader) != redelivered.MsgKey() || !dropped.CompareAndSwap(false, true) {
+			return m
+		}
+		return jsfault.DropAck(m, func() bool { return true })
+	})
+	h.worker(t, h.f.Store, func(c *ledgerstream.ConsumerConfig) { c.AckWait = time.Second })
+	h.js = js
+
+	if _, err := h.pub.Publish(context.Background(), first); err != nil {
+		t.Fatal(err)
+	}
+	m := h.pub.Msg(retried)
+	m.Header.Set(ledgerstream.HeaderAttempt, "2")
+	if _, err := h.js.PublishMsg(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	h.drained(t)
+	if _, err := h.pub.Publish(context.Background(), redelivered); err != nil {
+		t.Fatal(err)
+	}
+	h.drained(t)
+	if !dropped.Load() {
+		t.Fatal("no ack was dropped")
+	}
+	if got := h.f.Balance(t, b); got != 6 {
+		t.Fatalf("balance: got %d, want 6", got)
+	}
+
+	process := map[string][]string{} // message id -> delivery counts of its recorded spans
+	batches := 0
+	for _, s := range rec.Ended() {
+		attrs := spanAttrs(s)
+		switch s.Name() {
+		case "apply batch":
+			batches++
+		default:
+			if attrs["messaging.operation.type"] == "process" {
+				id := attrs["messaging.message.id"]
+				process[id] = append(process[id], attrs["messaging.nats.delivery_count"])
+			}
+		}
+	}
+	if got := process[first.MsgKey()]; len(got) != 0 {
+		t.Errorf("first delivery of a first publish recorded: %v", got)
+	}
+	if got := process[retried.MsgKey()]; len(got) != 1 {
+		t.Errorf("delivery of a publisher's retry: %d spans recorded, want 1", len(got))
+	}
+	if got := process[redelivered.MsgKey()]; len(got) != 1 || got[0] != "2" {
+		t.Errorf("redelivered message: spans of delivery counts %v recorded, want [2]", got)
+	}
+	if batches < 2 {
+		t.Errorf("batch transactions recorded: %d, want one for the retry's and one for the redelivery's", batches)
+	}
+}
+
+func spanAttrs(s sdktrace.ReadOnlySpan) map[string]string {
+	attrs := map[string]string{}
+	for _, a := range s.Attributes() {
+		attrs[string(a.Key)] = a.Value.Emit()
+	}
+	return attrs
+}
