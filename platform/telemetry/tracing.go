@@ -67,11 +67,13 @@ func SetupTracing(ctx context.Context, service string, sampler sdktrace.Sampler,
 // redelivery is recorded whatever the ratio (RetrySampler).
 const DefaultTraceRatio = 0.01
 
-// Span attributes that mark a repeated attempt when a span starts with
-// them: a delivery after the first, a publish after the first.
+// Span attributes that RetrySampler records a span for when it starts
+// with them: a delivery after the first, a publish after the first (above
+// 1), a duplicate caught ("duplicate").
 const (
 	AttrDeliveryCount = "messaging.nats.delivery_count"
 	AttrAttempt       = "paymesh.attempt"
+	AttrDedupOutcome  = "paymesh.dedup.outcome"
 )
 
 // CheckTraceRatio returns an error unless ratio is a share, 0 to 1.
@@ -83,10 +85,10 @@ func CheckTraceRatio(ratio float64) error {
 }
 
 // RetrySampler returns the services' sampler: a span is recorded when it
-// starts as a repeated attempt (AttrDeliveryCount or AttrAttempt above
-// 1), when one of its links is to a recorded span (a batch's transaction
-// and any of its deliveries; a retry and its first attempt), or when its
-// parent is; a trace that none of these starts is recorded with
+// starts as a repeated attempt (AttrDeliveryCount or AttrAttempt above 1)
+// or as a duplicate caught (AttrDedupOutcome), when one of its links is to
+// a recorded span (a batch's transaction and any of its deliveries; a retry
+// and its first attempt), or when its parent is; a trace that none of these starts is recorded with
 // probability ratio, decided on its trace id so that every process agrees.
 // Retries and redeliveries are rare and are what a trace is read for; a
 // first delivery's span on every message costs the tail at load (see
@@ -116,7 +118,8 @@ func (s retrySampler) Description() string {
 // to a recorded span.
 func repeated(p sdktrace.SamplingParameters) bool {
 	for _, a := range p.Attributes {
-		if (a.Key == AttrDeliveryCount || a.Key == AttrAttempt) && a.Value.AsInt64() > 1 {
+		if (a.Key == AttrDeliveryCount || a.Key == AttrAttempt) && a.Value.AsInt64() > 1 ||
+			a.Key == AttrDedupOutcome && a.Value.AsString() == "duplicate" {
 			return true
 		}
 	}

@@ -43,7 +43,7 @@ func TestSetupTracing(t *testing.T) {
 }
 
 // TestRetrySampler: at a ratio of 0 a new trace is not recorded, but a
-// redelivery, a publisher's retry, a span linked to a recorded one and the
+// redelivery, a publisher's retry, a duplicate caught, a span linked to a recorded one and the
 // children of any of them are; at 1 everything is; in between about that
 // share of new traces.
 func TestRetrySampler(t *testing.T) {
@@ -61,6 +61,8 @@ func TestRetrySampler(t *testing.T) {
 	again := start(ctx, "redelivery", trace.WithAttributes(attribute.Int64(telemetry.AttrDeliveryCount, 2)))
 	retry := start(ctx, "publisher retry", trace.WithAttributes(attribute.Int(telemetry.AttrAttempt, 3)))
 	start(ctx, "first publish", trace.WithAttributes(attribute.Int(telemetry.AttrAttempt, 1)))
+	start(ctx, "duplicate caught", trace.WithAttributes(attribute.String(telemetry.AttrDedupOutcome, "duplicate")))
+	start(ctx, "first effect", trace.WithAttributes(attribute.String(telemetry.AttrDedupOutcome, "first")))
 	start(trace.ContextWithSpan(ctx, again), "child of the redelivery")
 	start(trace.ContextWithSpan(ctx, first), "child of the first delivery")
 	start(ctx, "batch of a redelivery", trace.WithLinks(trace.Link{SpanContext: first.SpanContext()}, trace.Link{SpanContext: retry.SpanContext()}))
@@ -70,7 +72,7 @@ func TestRetrySampler(t *testing.T) {
 	for _, s := range rec.Ended() {
 		got = append(got, s.Name())
 	}
-	want := []string{"redelivery", "publisher retry", "child of the redelivery", "batch of a redelivery"}
+	want := []string{"redelivery", "publisher retry", "duplicate caught", "child of the redelivery", "batch of a redelivery"}
 	if !slices.Equal(got, want) {
 		t.Fatalf("recorded %q, want %q", got, want)
 	}

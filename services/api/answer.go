@@ -252,9 +252,10 @@ func (a *answerer) replay(ctx context.Context, k IdempotencyKey, t ledger.Topic)
 		Age: ledger.AgeOf(ledger.Command{CreatedAt: k.CreatedAt}, ledger.Result{}, a.cfg.Now())}
 	span := trace.SpanFromContext(ctx)
 	ledgerstream.RecordOutcome(span, a.cfg.Region, ledger.Result{Kind: ledger.Duplicate, Layer: ledger.LayerIdempotencyKey})
-	ledgerstream.RecordCaught(span, c)
 	if a.cfg.Duplicate != nil {
-		a.cfg.Duplicate(ctx, c)
+		a.cfg.Duplicate(ledgerstream.RecordCaught(ctx, span, c), c)
+	} else {
+		ledgerstream.RecordCaught(ctx, span, c)
 	}
 	return a.frozen(ctx, k.ClientID, k.Key, k, true)
 }

@@ -218,7 +218,7 @@ func (r *Router) submit(ctx context.Context, cmd ledger.Command, subject, stream
 func (r *Router) caught(ctx context.Context, stage Stage, m *nats.Msg, cmd ledger.Command) {
 	c := ledgerstream.CaughtAtMsgID(cmd, m)
 	r.cfg.Stats.caught(stage, c.Cause)
-	ledgerstream.RecordCaught(trace.SpanFromContext(ctx), c)
+	ctx = ledgerstream.RecordCaught(ctx, trace.SpanFromContext(ctx), c)
 	if r.cfg.Observe != nil {
 		r.cfg.Observe(ctx, stage, c)
 	}

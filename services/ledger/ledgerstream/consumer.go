@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
+	"golang.org/x/time/rate"
 
 	"github.com/paymesh/paymesh/pkg/idgen"
 	"github.com/paymesh/paymesh/pkg/natstrace"
@@ -493,9 +494,10 @@ func (c *Consumer) record(ctx context.Context, cmds []ledger.Command, spans []tr
 		if r.Kind == ledger.Duplicate {
 			d := ledger.Caught{Topic: cmds[i].Topic(), Layer: r.Layer, Cause: arrivals[i].Cause(), Age: ledger.AgeOf(cmds[i], r, now)}
 			c.cfg.Stats.Caught(d)
-			RecordCaught(spans[i], d)
 			if c.cfg.Observe.Duplicate != nil {
-				c.cfg.Observe.Duplicate(sctx, d)
+				c.cfg.Observe.Duplicate(RecordCaught(ctx, spans[i], d), d)
+			} else {
+				RecordCaught(ctx, spans[i], d)
 			}
 		} else {
 			c.cfg.Stats.Record(cmds[i].Topic(), r)
@@ -509,10 +511,30 @@ func (c *Consumer) record(ctx context.Context, cmds []ledger.Command, spans []tr
 
 // RecordCaught records on span why a duplicate was sent and its age
 // (paymesh.dedup.cause, paymesh.dedup.age_ms): what a trace search for a
-// region's duplicates reads.
-func RecordCaught(span trace.Span, d ledger.Caught) {
-	span.SetAttributes(attribute.String("paymesh.dedup.cause", string(d.Cause)), attribute.Int64("paymesh.dedup.age_ms", d.Age.Milliseconds()))
+// region's duplicates reads. It returns the context to record the
+// duplicate's metrics with, whose span becomes their trace exemplar: span's,
+// or, when the sampler did not record span (a duplicate known only after
+// its span started: a new request of a key already applied), a span of its
+// own in span's trace, started with the attributes that make
+// telemetry.RetrySampler record it, for at most lateSpans a second.
+func RecordCaught(ctx context.Context, span trace.Span, d ledger.Caught) context.Context {
+	attrs := []attribute.KeyValue{attribute.String("paymesh.dedup.cause", string(d.Cause)), attribute.Int64("paymesh.dedup.age_ms", d.Age.Milliseconds())}
+	span.SetAttributes(attrs...)
+	ctx = trace.ContextWithSpan(ctx, span)
+	if span.IsRecording() || !span.SpanContext().IsValid() || !lateSpans.Allow() {
+		return ctx
+	}
+	ctx, own := tracer.Start(ctx, "duplicate caught", trace.WithAttributes(append(attrs,
+		attribute.String(telemetry.AttrDedupOutcome, "duplicate"), attribute.String("paymesh.dedup.layer", string(d.Layer)),
+		attribute.String("paymesh.dedup.topic", d.Topic.String()))...))
+	own.End()
+	return ctx
 }
+
+// lateSpans bounds the spans RecordCaught starts, in each process: a
+// replay of a stream's every message must not become a span apiece, and
+// a duplicate histogram's bucket keeps one exemplar per scrape anyway.
+var lateSpans = rate.NewLimiter(10, 10)
 
 // limit is the delivery on which a message that did not apply is
 // dead-lettered, with the reason.

@@ -10,10 +10,12 @@ import (
 	"go.opentelemetry.io/otel"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/paymesh/paymesh/internal/testbed/jsfault"
 	"github.com/paymesh/paymesh/pkg/natstrace"
 	"github.com/paymesh/paymesh/platform/telemetry"
+	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
 )
 
@@ -21,7 +23,9 @@ import (
 // first delivery of a first publish leaves no span, but the delivery of a
 // publisher's retry (Paymesh-Attempt 2) and a redelivery (its first ack
 // lost) are recorded, and so is the batch transaction each one was in:
-// the consumer starts its spans with what the sampler decides on. (This
+// the consumer starts its spans with what the sampler decides on. A new
+// message of a key already applied, a duplicate known only after its span
+// started, gets a span of its own, and its duplicate metric that span. (This
 // package's only global tracer provider: tracers bind to the first.)
 func TestSamplerRecordsRepeats(t *testing.T) {
 	rec := tracetest.NewSpanRecorder()
@@ -41,7 +45,16 @@ func TestSamplerRecordsRepeats(t *testing.T) {
 		}
 		return jsfault.DropAck(m, func() bool { return true })
 	})
-	h.worker(t, h.f.Store, func(c *ledgerstream.ConsumerConfig) { c.AckWait = time.Second })
+	var exemplars, sampled atomic.Int64
+	h.worker(t, h.f.Store, func(c *ledgerstream.ConsumerConfig) {
+		c.AckWait = time.Second
+		c.Observe.Duplicate = func(ctx context.Context, _ ledger.Caught) {
+			exemplars.Add(1)
+			if trace.SpanContextFromContext(ctx).IsSampled() {
+				sampled.Add(1)
+			}
+		}
+	})
 	h.js = js
 
 	if _, err := h.pub.Publish(context.Background(), first); err != nil {
@@ -57,6 +70,8 @@ func TestSamplerRecordsRepeats(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.drained(t)
+	h.publishRaw(t, first) // a new message of a key already applied: a duplicate known only once looked up
+	h.drained(t)
 	if !dropped.Load() {
 		t.Fatal("no ack was dropped")
 	}
@@ -65,12 +80,17 @@ func TestSamplerRecordsRepeats(t *testing.T) {
 	}
 
 	process := map[string][]string{} // message id -> delivery counts of its recorded spans
-	batches := 0
+	batches, late := 0, 0
 	for _, s := range rec.Ended() {
 		attrs := spanAttrs(s)
 		switch s.Name() {
 		case "apply batch":
 			batches++
+		case "duplicate caught":
+			if attrs["paymesh.dedup.cause"] == "" || attrs["paymesh.dedup.layer"] == "" {
+				t.Errorf("duplicate caught: attributes %v", attrs)
+			}
+			late++
 		default:
 			if attrs["messaging.operation.type"] == "process" {
 				id := attrs["messaging.message.id"]
@@ -86,6 +106,14 @@ func TestSamplerRecordsRepeats(t *testing.T) {
 	}
 	if got := process[redelivered.MsgKey()]; len(got) != 1 || got[0] != "2" {
 		t.Errorf("redelivered message: spans of delivery counts %v recorded, want [2]", got)
+	}
+	// The redelivery's duplicate is recorded on its own span; the raw copy
+	// of the first gets a span of its own, which its exemplar points at.
+	if late != 1 {
+		t.Errorf("duplicate caught spans: %d, want 1 (the raw copy's)", late)
+	}
+	if n, s := exemplars.Load(), sampled.Load(); n != 2 || s != 2 {
+		t.Errorf("duplicates observed: %d, %d of them with a recorded span, want 2 and 2", n, s)
 	}
 	if batches < 2 {
 		t.Errorf("batch transactions recorded: %d, want one for the retry's and one for the redelivery's", batches)

@@ -241,8 +241,8 @@ func (s *StepSender) acked(ctx context.Context, st sentStep) bool {
 func (s *StepSender) caught(span trace.Span, c ledger.Caught) {
 	s.stats.Caught(c)
 	span.SetAttributes(attribute.String("paymesh.dedup.outcome", "duplicate"), attribute.String("paymesh.dedup.layer", string(ledger.LayerMsgID)))
-	RecordCaught(span, c)
+	ctx := RecordCaught(context.Background(), span, c)
 	if s.observe != nil {
-		s.observe(trace.ContextWithSpan(context.Background(), span), c)
+		s.observe(ctx, c)
 	}
 }
