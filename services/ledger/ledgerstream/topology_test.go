@@ -73,7 +73,11 @@ func waitPeers(t *testing.T, js jetstream.JetStream, stream string, want int) *j
 // one above the region's servers, is an error that leaves the streams as
 // they were.
 func TestEnsureStreamsScalesToR3(t *testing.T) {
-	ctx := context.Background()
+	// A deadline of its own: without one each JetStream call has the
+	// client's 5 s, which a cluster just formed on a loaded machine can
+	// take to place a stream (seen once: "context deadline exceeded").
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
 	topo := natsembed.MustStartTopologyWith(t, natsembed.TopologyOptions{Regions: []string{"eu"}, Nodes: 3})
 	led, rt := connectAs(t, topo, "eu", natsauth.Ledger), connectAs(t, topo, "eu", natsauth.Router)
 	topology := ledgerstream.Topology{Region: "eu", Shards: 2}
