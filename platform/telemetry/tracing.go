@@ -88,19 +88,16 @@ func CheckTraceRatio(ratio float64) error {
 // starts as a repeated attempt (AttrDeliveryCount or AttrAttempt above 1)
 // or as a duplicate caught (AttrDedupOutcome), when one of its links is to
 // a recorded span (a batch's transaction and any of its deliveries; a retry
-// and its first attempt), or when its parent is; a trace that none of these starts is recorded with
-// probability ratio, decided on its trace id so that every process agrees.
-// Retries and redeliveries are rare and are what a trace is read for; a
-// first delivery's span on every message costs the tail at load (see
-// docs/BENCHMARKS.md, "The services' sampler").
+// and its first attempt), or when its parent is; a trace that none of these
+// starts is recorded with probability ratio, decided on its trace id so
+// that every process agrees. Retries, redeliveries and duplicates are rare
+// and are what a trace is read for; a span for every first delivery costs
+// CPU on every message (docs/BENCHMARKS.md, "The services' sampler").
 func RetrySampler(ratio float64) sdktrace.Sampler {
-	return retrySampler{ratio: ratio, base: sdktrace.ParentBased(sdktrace.TraceIDRatioBased(ratio))}
+	return retrySampler{base: sdktrace.ParentBased(sdktrace.TraceIDRatioBased(ratio))}
 }
 
-type retrySampler struct {
-	ratio float64
-	base  sdktrace.Sampler
-}
+type retrySampler struct{ base sdktrace.Sampler }
 
 func (s retrySampler) ShouldSample(p sdktrace.SamplingParameters) sdktrace.SamplingResult {
 	if repeated(p) {
@@ -111,11 +108,11 @@ func (s retrySampler) ShouldSample(p sdktrace.SamplingParameters) sdktrace.Sampl
 }
 
 func (s retrySampler) Description() string {
-	return fmt.Sprintf("RetrySampler{retries, redeliveries, sampled links, else %s}", s.base.Description())
+	return fmt.Sprintf("RetrySampler{retries, redeliveries, duplicates, sampled links, else %s}", s.base.Description())
 }
 
-// repeated reports whether the span starts as a repeated attempt or links
-// to a recorded span.
+// repeated reports whether the span starts as a repeated attempt or a
+// duplicate caught, or links to a recorded span.
 func repeated(p sdktrace.SamplingParameters) bool {
 	for _, a := range p.Attributes {
 		if (a.Key == AttrDeliveryCount || a.Key == AttrAttempt) && a.Value.AsInt64() > 1 ||

@@ -252,10 +252,9 @@ func (a *answerer) replay(ctx context.Context, k IdempotencyKey, t ledger.Topic)
 		Age: ledger.AgeOf(ledger.Command{CreatedAt: k.CreatedAt}, ledger.Result{}, a.cfg.Now())}
 	span := trace.SpanFromContext(ctx)
 	ledgerstream.RecordOutcome(span, a.cfg.Region, ledger.Result{Kind: ledger.Duplicate, Layer: ledger.LayerIdempotencyKey})
+	dctx := ledgerstream.RecordCaught(ctx, span, c)
 	if a.cfg.Duplicate != nil {
-		a.cfg.Duplicate(ledgerstream.RecordCaught(ctx, span, c), c)
-	} else {
-		ledgerstream.RecordCaught(ctx, span, c)
+		a.cfg.Duplicate(dctx, c)
 	}
 	return a.frozen(ctx, k.ClientID, k.Key, k, true)
 }

@@ -494,10 +494,9 @@ func (c *Consumer) record(ctx context.Context, cmds []ledger.Command, spans []tr
 		if r.Kind == ledger.Duplicate {
 			d := ledger.Caught{Topic: cmds[i].Topic(), Layer: r.Layer, Cause: arrivals[i].Cause(), Age: ledger.AgeOf(cmds[i], r, now)}
 			c.cfg.Stats.Caught(d)
+			dctx := RecordCaught(ctx, spans[i], d)
 			if c.cfg.Observe.Duplicate != nil {
-				c.cfg.Observe.Duplicate(RecordCaught(ctx, spans[i], d), d)
-			} else {
-				RecordCaught(ctx, spans[i], d)
+				c.cfg.Observe.Duplicate(dctx, d)
 			}
 		} else {
 			c.cfg.Stats.Record(cmds[i].Topic(), r)
