@@ -5,11 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"go.opentelemetry.io/otel"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-
-	"github.com/paymesh/paymesh/pkg/natstrace"
+	"github.com/paymesh/paymesh/internal/testbed/tracerec"
 	"github.com/paymesh/paymesh/platform/telemetry"
 	"github.com/paymesh/paymesh/services/api"
 )
@@ -20,10 +16,7 @@ import (
 // leaves a span of its own naming the layer and the cause. (This package's
 // only global tracer provider: tracers bind to the first.)
 func TestReplayLeavesATrace(t *testing.T) {
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(telemetry.RetrySampler(0)), sdktrace.WithSpanProcessor(rec),
-		sdktrace.WithIDGenerator(natstrace.IDGenerator{}))
-	otel.SetTracerProvider(tp)
+	rec := tracerec.Install(telemetry.RetrySampler(0))
 	e := mustEnv(t, 24*time.Hour)
 	from, to := e.account(t, "eu", keyA, 100), e.account(t, "eu", keyA, 0)
 	first := e.do(t, "eu", "POST", "/v1/transfers", keyA, "traced-replay", transferJSON(from, to, 5))
@@ -36,10 +29,7 @@ func TestReplayLeavesATrace(t *testing.T) {
 	}
 	var caught []map[string]string
 	for _, s := range rec.Ended() {
-		attrs := map[string]string{}
-		for _, a := range s.Attributes() {
-			attrs[string(a.Key)] = a.Value.Emit()
-		}
+		attrs := tracerec.Attrs(s)
 		if s.Name() == "duplicate caught" {
 			caught = append(caught, attrs)
 		} else if attrs["paymesh.dedup.outcome"] == "" && attrs[telemetry.AttrAttempt] == "" {

@@ -7,12 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/attribute"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
-	"github.com/paymesh/paymesh/pkg/natstrace"
+	"github.com/paymesh/paymesh/internal/testbed/tracerec"
 	"github.com/paymesh/paymesh/services/ledger"
 )
 
@@ -26,10 +24,7 @@ var (
 // provider set, so the tests share this one and tell their spans apart by
 // message ids.
 func recorder() *tracetest.SpanRecorder {
-	recOnce.Do(func() {
-		rec = tracetest.NewSpanRecorder()
-		otel.SetTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec), sdktrace.WithIDGenerator(natstrace.IDGenerator{})))
-	})
+	recOnce.Do(func() { rec = tracerec.Install(nil) })
 	return rec
 }
 
@@ -73,7 +68,7 @@ func TestRetriesAcrossRegionsInOneTrace(t *testing.T) {
 	var sends, retriedPublishes int
 	var redelivery sdktrace.ReadOnlySpan
 	for _, s := range rec.Ended() {
-		attrs := spanAttrs(s)
+		attrs := tracerec.Attrs(s)
 		if !keys[attrs["messaging.message.id"]] {
 			continue
 		}
@@ -118,26 +113,18 @@ func TestRetriesAcrossRegionsInOneTrace(t *testing.T) {
 	if redelivery == nil {
 		t.Fatal("no span for the redelivery of the debit")
 	}
-	attrs := spanAttrs(redelivery)
+	attrs := tracerec.Attrs(redelivery)
 	if attrs["paymesh.dedup.outcome"] != "duplicate" || attrs["paymesh.dedup.layer"] == "" {
 		t.Errorf("redelivery span: outcome %q layer %q", attrs["paymesh.dedup.outcome"], attrs["paymesh.dedup.layer"])
 	}
 	linked := false
 	for _, l := range redelivery.Links() {
 		first, ok := byID[l.SpanContext.SpanID().String()]
-		if ok && l.SpanContext.TraceID() == redelivery.SpanContext().TraceID() && spanAttrs(first)["messaging.nats.delivery_count"] == "1" {
+		if ok && l.SpanContext.TraceID() == redelivery.SpanContext().TraceID() && tracerec.Attrs(first)["messaging.nats.delivery_count"] == "1" {
 			linked = true
 		}
 	}
 	if !linked {
 		t.Errorf("the redelivery does not link to its first attempt: links %v", redelivery.Links())
 	}
-}
-
-func spanAttrs(s sdktrace.ReadOnlySpan) map[attribute.Key]string {
-	attrs := map[attribute.Key]string{}
-	for _, a := range s.Attributes() {
-		attrs[a.Key] = a.Value.Emit()
-	}
-	return attrs
 }

@@ -7,13 +7,10 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"go.opentelemetry.io/otel"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/paymesh/paymesh/internal/testbed/jsfault"
-	"github.com/paymesh/paymesh/pkg/natstrace"
+	"github.com/paymesh/paymesh/internal/testbed/tracerec"
 	"github.com/paymesh/paymesh/platform/telemetry"
 	"github.com/paymesh/paymesh/services/ledger"
 	"github.com/paymesh/paymesh/services/ledger/ledgerstream"
@@ -28,11 +25,7 @@ import (
 // started, gets a span of its own, and its duplicate metric that span. (This
 // package's only global tracer provider: tracers bind to the first.)
 func TestSamplerRecordsRepeats(t *testing.T) {
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(telemetry.RetrySampler(0)), sdktrace.WithSpanProcessor(rec),
-		sdktrace.WithIDGenerator(natstrace.IDGenerator{}))
-	otel.SetTracerProvider(tp)
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	rec := tracerec.Install(telemetry.RetrySampler(0))
 
 	h := mustHarness(t)
 	a, b := h.f.Account(t, "EUR", 100), h.f.Account(t, "EUR", 0)
@@ -82,7 +75,7 @@ func TestSamplerRecordsRepeats(t *testing.T) {
 	process := map[string][]string{} // message id -> delivery counts of its recorded spans
 	batches, late := 0, 0
 	for _, s := range rec.Ended() {
-		attrs := spanAttrs(s)
+		attrs := tracerec.Attrs(s)
 		switch s.Name() {
 		case "apply batch":
 			batches++
@@ -120,10 +113,3 @@ func TestSamplerRecordsRepeats(t *testing.T) {
 	}
 }
 
-func spanAttrs(s sdktrace.ReadOnlySpan) map[string]string {
-	attrs := map[string]string{}
-	for _, a := range s.Attributes() {
-		attrs[string(a.Key)] = a.Value.Emit()
-	}
-	return attrs
-}
