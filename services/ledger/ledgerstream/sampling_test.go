@@ -112,4 +112,3 @@ func TestSamplerRecordsRepeats(t *testing.T) {
 		t.Errorf("batch transactions recorded: %d, want one for the retry's and one for the redelivery's", batches)
 	}
 }
-
