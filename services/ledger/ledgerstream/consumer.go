@@ -58,10 +58,11 @@ const (
 	HeaderReplayOf = "Paymesh-Replay-Of"
 )
 
-// ArrivalOf returns what m, carrying cmd, says of how it came: md's
-// delivery count (nil: the first), the publisher's attempt, a replay.
-func ArrivalOf(m jetstream.Msg, md *jetstream.MsgMetadata, cmd ledger.Command) ledger.Arrival {
-	a := ledger.Arrival{Deliveries: 1, Step: cmd.IsStep()}
+// ArrivalOf returns what m says of how it came: md's delivery count (nil:
+// the first), the publisher's attempt, a replay. Whether it is a saga step
+// is its command's to say (Arrival.Step).
+func ArrivalOf(m jetstream.Msg, md *jetstream.MsgMetadata) ledger.Arrival {
+	a := ledger.Arrival{Deliveries: 1}
 	if md != nil {
 		a.Deliveries = md.NumDelivered
 	}
@@ -324,7 +325,8 @@ func (c *Consumer) process(ctx context.Context, msgs []jetstream.Msg, formed tim
 		if err != nil {
 			md = nil
 		}
-		span := c.startSpan(ctx, m, md)
+		arrival := ArrivalOf(m, md)
+		span := c.startSpan(ctx, m, md, arrival.Attempt)
 		if md != nil && md.NumDelivered > 1 {
 			c.cfg.Stats.Redeliveries.Add(1)
 		}
@@ -350,7 +352,8 @@ func (c *Consumer) process(ctx context.Context, msgs []jetstream.Msg, formed tim
 			times.Stored = md.Timestamp
 		}
 		cmds, valid, spans = append(cmds, cmd), append(valid, m), append(spans, span)
-		arrivals = append(arrivals, ArrivalOf(m, md, cmd))
+		arrival.Step = cmd.IsStep()
+		arrivals = append(arrivals, arrival)
 	}
 	if len(cmds) > 0 {
 		c.apply(ctx, times, cmds, valid, spans, arrivals)
@@ -361,8 +364,8 @@ var tracer = otel.Tracer("github.com/paymesh/paymesh/services/ledger/ledgerstrea
 
 // startSpan starts the span of one delivery attempt, a child of the trace
 // context in the message's headers. md is the message's metadata, nil when
-// it has none.
-func (c *Consumer) startSpan(ctx context.Context, m jetstream.Msg, md *jetstream.MsgMetadata) trace.Span {
+// it has none; attempt is the publisher's (Arrival.Attempt).
+func (c *Consumer) startSpan(ctx context.Context, m jetstream.Msg, md *jetstream.MsgMetadata, attempt int) trace.Span {
 	h := m.Headers()
 	attrs := make([]attribute.KeyValue, 0, 9) // room for the metadata's and an attempt: one allocation
 	attrs = append(attrs,
@@ -372,9 +375,9 @@ func (c *Consumer) startSpan(ctx context.Context, m jetstream.Msg, md *jetstream
 		attribute.String("messaging.operation.type", "process"),
 		attribute.String("paymesh.region", c.cfg.Topology.Region),
 	)
-	if n, _ := strconv.Atoi(h.Get(HeaderAttempt)); n > 1 {
+	if attempt > 1 {
 		// A publisher's retry: recorded whatever the sampler's ratio.
-		attrs = append(attrs, attribute.Int(telemetry.AttrAttempt, n))
+		attrs = append(attrs, attribute.Int(telemetry.AttrAttempt, attempt))
 	}
 	parent := natstrace.Extract(ctx, h)
 	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
